@@ -1,0 +1,3 @@
+//! spool-runtime: event-sourced agent sessions on the spool engine.
+
+pub mod transcript;

@@ -1,0 +1,7 @@
+//! The transcript: a tree of entries with a persisted leaf.
+
+pub mod entry;
+
+pub use entry::{
+    now_ms, ContentBlock, Entry, EntryId, EntryKind, InvalidEntryId, Message, StopReason, Usage,
+};
