@@ -1,9 +1,23 @@
-//! The transcript: a tree of entries with a persisted leaf.
+//! The transcript: a tree of entries with a persisted leaf, the model
+//! context built from its root→leaf path, and bounded resident selections.
 
+pub mod context;
 pub mod entry;
+pub mod resident;
 pub mod tree;
 
+pub use context::{
+    build_context, context_messages, context_start, path_settings, split_model, ContextMessage,
+    ContextRole, ModelContext, PathMarker, SYNTHETIC_TOOL_RESULT_TEXT,
+};
 pub use entry::{
     now_ms, ContentBlock, Entry, EntryId, EntryKind, InvalidEntryId, Message, StopReason, Usage,
 };
-pub use tree::{Transcript, TranscriptError};
+pub use resident::{
+    entry_size, select_resident, BoundaryCounts, Budget, ChildLinks, EntryFacts, EntrySource,
+    NavLinks, OmittedEntry, ResidentError, ResidentSelection, CHILD_LINKS_MAX,
+    DEFAULT_RESIDENT_BYTES_MAX, DEFAULT_RESIDENT_EVENTS_MAX,
+};
+pub use tree::{
+    entry_summary, Navigation, Transcript, TranscriptError, TreeRow, TREE_SUMMARY_CHARS_MAX,
+};

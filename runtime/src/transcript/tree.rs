@@ -1,16 +1,82 @@
 //! The in-memory transcript tree: every entry of a session plus its leaf.
+//!
+//! Besides the entries in append order, a [`Transcript`] keeps derived
+//! in-memory indexes (id → position, parent → children in append order,
+//! resolved labels) so that lookups cost O(1) and navigation costs are
+//! proportional to what they return. The indexes are never serialized: the
+//! serialized form stays `{"entries": [...], "leaf": ...}` and the indexes are
+//! rebuilt when a transcript is deserialized or replaced.
+//!
+//! Tree queries here are pure; they never mutate the transcript. Operations
+//! that change it ([`Navigation`]) are planned by pure functions and applied
+//! with [`Transcript::apply`], so a caller can persist the planned event first
+//! and apply it only once it is committed.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use serde::{Deserialize, Serialize};
 
-use super::entry::{Entry, EntryId};
+use super::entry::{ContentBlock, Entry, EntryId, EntryKind, Message};
+
+/// Maximum number of characters of a [`TreeRow::summary`]; longer texts are
+/// shortened with a trailing `…` (the row is a display aid, the entry itself
+/// is never shortened).
+pub const TREE_SUMMARY_CHARS_MAX: usize = 80;
 
 /// A whole transcript held in memory: entries in append order and the
 /// persisted leaf (the entry new entries attach to). This is what a fully
-/// loaded `AgentState` carries; bounded views live in the working-set module.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+/// loaded `AgentState` carries; bounded views are built with
+/// [`select_resident`](super::resident::select_resident).
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(from = "TranscriptRepr")]
 pub struct Transcript {
     entries: Vec<Entry>,
     leaf: Option<EntryId>,
+    /// Derived: id → position in `entries` (first occurrence wins).
+    by_id: HashMap<EntryId, usize>,
+    /// Derived: parent id → positions of its children, in append order.
+    children: HashMap<EntryId, Vec<usize>>,
+    /// Derived: resolved labels (replaying label entries in append order).
+    labels: HashMap<EntryId, String>,
+}
+
+/// The serialized form of a [`Transcript`] (indexes are derived, not stored).
+#[derive(Deserialize)]
+struct TranscriptRepr {
+    entries: Vec<Entry>,
+    leaf: Option<EntryId>,
+}
+
+#[derive(Serialize)]
+struct TranscriptReprRef<'a> {
+    entries: &'a [Entry],
+    leaf: &'a Option<EntryId>,
+}
+
+impl From<TranscriptRepr> for Transcript {
+    fn from(r: TranscriptRepr) -> Self {
+        let mut t = Transcript::new();
+        t.replace_all(r.entries, r.leaf);
+        t
+    }
+}
+
+impl Serialize for Transcript {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        TranscriptReprRef {
+            entries: &self.entries,
+            leaf: &self.leaf,
+        }
+        .serialize(s)
+    }
+}
+
+impl PartialEq for Transcript {
+    /// Two transcripts are equal when their entries and leaf are; the
+    /// indexes are derived from those.
+    fn eq(&self, other: &Self) -> bool {
+        self.entries == other.entries && self.leaf == other.leaf
+    }
 }
 
 /// A transcript operation was refused.
@@ -21,6 +87,57 @@ pub enum TranscriptError {
     DuplicateEntry(EntryId),
     #[error("entry {0} is not in this transcript")]
     UnknownEntry(EntryId),
+    /// The parent links reachable from an entry loop back on themselves
+    /// (only possible in entries installed with `replace_all` or read from
+    /// damaged data; `append` cannot create a cycle).
+    #[error("the parent links above entry {0} form a cycle")]
+    ParentCycle(EntryId),
+}
+
+/// One row of [`Transcript::tree`]: a node of the tree in pre-order.
+///
+/// The tree is returned flat (rows in depth-first pre-order, children in
+/// append order) rather than as nested nodes: a linear history of many
+/// thousands of entries is a tree that deep, and building, dropping or
+/// serializing it recursively would exhaust the stack.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct TreeRow {
+    pub id: EntryId,
+    pub parent_id: Option<EntryId>,
+    /// Entry kind name (`message`, `custom`, ...; see [`Entry::kind_name`]).
+    pub kind: &'static str,
+    /// For messages the role (`user`, `assistant`, `tool_result`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub role: Option<&'static str>,
+    /// A one-line display text, at most [`TREE_SUMMARY_CHARS_MAX`] chars.
+    pub summary: String,
+    /// The resolved label of this entry, if any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub label: Option<String>,
+    pub timestamp_ms: i64,
+    /// Distance from the root of its tree (roots have depth 0).
+    pub depth: u32,
+    /// Number of ancestors with more than one child: the indentation a
+    /// printer needs (a linear run stays at the same indentation).
+    pub branch_depth: u32,
+    /// Children ids in append order.
+    pub children: Vec<EntryId>,
+    /// This entry is the current leaf.
+    pub is_leaf: bool,
+    /// This entry is on the root→leaf path.
+    pub on_path: bool,
+}
+
+/// A planned change to a transcript, produced by the pure `plan_*`
+/// functions and applied with [`Transcript::apply`]. The caller persists it
+/// (an appended entry or a leaf move event) before applying it.
+#[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
+pub enum Navigation {
+    /// Move the leaf to an existing entry, or to `None` (before the root).
+    MoveLeaf { to: Option<EntryId> },
+    /// Append this entry (its parent is already set); it becomes the leaf.
+    Append { entry: Entry },
 }
 
 impl Transcript {
@@ -47,12 +164,14 @@ impl Transcript {
         self.leaf.as_ref()
     }
 
+    /// The entry with this id (O(1)). If a transcript installed with
+    /// `replace_all` holds an id twice, the first occurrence is returned.
     pub fn get(&self, id: &EntryId) -> Option<&Entry> {
-        self.entries.iter().find(|e| &e.id == id)
+        self.by_id.get(id).and_then(|&i| self.entries.get(i))
     }
 
     pub fn contains(&self, id: &EntryId) -> bool {
-        self.get(id).is_some()
+        self.by_id.contains_key(id)
     }
 
     /// Appends an entry and makes it the leaf. Its parent must be absent
@@ -67,7 +186,9 @@ impl Transcript {
             }
         }
         self.leaf = Some(entry.id.clone());
+        let pos = self.entries.len();
         self.entries.push(entry);
+        self.index_entry(pos);
         Ok(())
     }
 
@@ -83,9 +204,439 @@ impl Transcript {
     }
 
     /// Replaces all entries and the leaf at once (used by rewrites and
-    /// state clears). The caller guarantees the parent links are valid.
+    /// state clears). The caller guarantees the parent links are valid;
+    /// if they are not, queries stay panic-free: a missing parent ends a
+    /// path there, a cycle is reported as [`TranscriptError::ParentCycle`],
+    /// and of duplicated ids only the first occurrence is indexed.
     pub fn replace_all(&mut self, entries: Vec<Entry>, leaf: Option<EntryId>) {
         self.entries = entries;
         self.leaf = leaf;
+        self.by_id.clear();
+        self.children.clear();
+        self.labels.clear();
+        self.by_id.reserve(self.entries.len());
+        for pos in 0..self.entries.len() {
+            self.index_entry(pos);
+        }
     }
+
+    /// Adds the entry at `pos` to the derived indexes.
+    fn index_entry(&mut self, pos: usize) {
+        let Some(entry) = self.entries.get(pos) else {
+            return;
+        };
+        if self.by_id.contains_key(&entry.id) {
+            // A duplicate id (only via replace_all): the first one stays
+            // authoritative, the duplicate is not linked into the tree.
+            return;
+        }
+        self.by_id.insert(entry.id.clone(), pos);
+        if let Some(p) = &entry.parent_id {
+            self.children.entry(p.clone()).or_default().push(pos);
+        }
+        if let EntryKind::Label { target_id, label } = &entry.kind {
+            match label.as_deref() {
+                Some(l) if !l.is_empty() => {
+                    self.labels.insert(target_id.clone(), l.to_string());
+                }
+                // `None` or an empty label clears it.
+                _ => {
+                    self.labels.remove(target_id);
+                }
+            }
+        }
+    }
+
+    // ----------------------------------------------------------------
+    // Tree queries
+    // ----------------------------------------------------------------
+
+    /// The children of `id` in append order (empty for an unknown id or a
+    /// leaf entry).
+    pub fn children(&self, id: &EntryId) -> Vec<&Entry> {
+        self.children
+            .get(id)
+            .map(|v| v.iter().filter_map(|&i| self.entries.get(i)).collect())
+            .unwrap_or_default()
+    }
+
+    /// The ids of the children of `id` in append order.
+    pub fn children_ids(&self, id: &EntryId) -> Vec<EntryId> {
+        self.children(id).into_iter().map(|e| e.id.clone()).collect()
+    }
+
+    /// Number of children of `id`.
+    pub fn child_count(&self, id: &EntryId) -> usize {
+        self.children.get(id).map_or(0, Vec::len)
+    }
+
+    /// Root entries (no parent) and orphans (parent missing), append order.
+    pub fn roots(&self) -> Vec<&Entry> {
+        self.entries
+            .iter()
+            .enumerate()
+            .filter(|(i, e)| {
+                self.by_id.get(&e.id) == Some(i)
+                    && e.parent_id.as_ref().map_or(true, |p| !self.contains(p))
+            })
+            .map(|(_, e)| e)
+            .collect()
+    }
+
+    /// The entries from `id` up to its root, `id` first.
+    ///
+    /// If an entry's parent is not in the transcript (an orphan), the path
+    /// stops at that entry. Errors: `id` unknown; a parent cycle.
+    pub fn path_to_root(&self, id: &EntryId) -> Result<Vec<&Entry>, TranscriptError> {
+        let mut cur = self
+            .get(id)
+            .ok_or_else(|| TranscriptError::UnknownEntry(id.clone()))?;
+        let mut out = vec![cur];
+        while let Some(p) = cur.parent_id.as_ref().and_then(|p| self.get(p)) {
+            // A path longer than the transcript must revisit an entry.
+            if out.len() >= self.entries.len() {
+                return Err(TranscriptError::ParentCycle(id.clone()));
+            }
+            out.push(p);
+            cur = p;
+        }
+        Ok(out)
+    }
+
+    /// The entries from the root down to `id` (`id` last); see
+    /// [`path_to_root`](Self::path_to_root) for orphans and errors.
+    pub fn root_path(&self, id: &EntryId) -> Result<Vec<&Entry>, TranscriptError> {
+        let mut p = self.path_to_root(id)?;
+        p.reverse();
+        Ok(p)
+    }
+
+    /// The root→leaf path of the current leaf (empty when the leaf is
+    /// `None`). Errors if the leaf is unknown or the path has a cycle.
+    pub fn current_path(&self) -> Result<Vec<&Entry>, TranscriptError> {
+        match &self.leaf {
+            None => Ok(Vec::new()),
+            Some(l) => self.root_path(l),
+        }
+    }
+
+    /// The deepest entry that is an ancestor-or-self of both `a` and `b`;
+    /// `None` when they lie in different trees (different roots or an
+    /// orphaned subtree).
+    pub fn common_ancestor(
+        &self,
+        a: &EntryId,
+        b: &EntryId,
+    ) -> Result<Option<EntryId>, TranscriptError> {
+        let pa = self.path_to_root(a)?;
+        let pb = self.path_to_root(b)?;
+        let set: HashSet<&EntryId> = pa.iter().map(|e| &e.id).collect();
+        Ok(pb.iter().find(|e| set.contains(&e.id)).map(|e| e.id.clone()))
+    }
+
+    /// Entries with more than one child (where the tree branches), in
+    /// append order.
+    pub fn branch_points(&self) -> Vec<EntryId> {
+        self.entries
+            .iter()
+            .enumerate()
+            .filter(|(i, e)| self.by_id.get(&e.id) == Some(i) && self.child_count(&e.id) > 1)
+            .map(|(_, e)| e.id.clone())
+            .collect()
+    }
+
+    /// The resolved label of an entry, if any.
+    pub fn label(&self, id: &EntryId) -> Option<&str> {
+        self.labels.get(id).map(String::as_str)
+    }
+
+    /// All resolved labels: a label entry sets (or with `None` / an empty
+    /// string clears) the label of its target; the last one in append order
+    /// wins. Labels of targets that are not in the transcript are kept (a
+    /// label entry may have been imported without its target).
+    pub fn labels(&self) -> BTreeMap<EntryId, String> {
+        self.labels
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect()
+    }
+
+    /// The whole tree as flat rows in depth-first pre-order (roots and
+    /// children in append order), with labels and leaf/path flags. Entries
+    /// on a parent cycle (damaged data) are not reachable from a root and
+    /// are not listed.
+    pub fn tree(&self) -> Vec<TreeRow> {
+        let on_path: HashSet<&EntryId> = match &self.leaf {
+            Some(l) => self
+                .path_to_root(l)
+                .map(|p| p.into_iter().map(|e| &e.id).collect())
+                .unwrap_or_default(),
+            None => HashSet::new(),
+        };
+        let mut rows = Vec::with_capacity(self.entries.len());
+        // Explicit stack (not recursion): trees can be arbitrarily deep.
+        let mut stack: Vec<(&Entry, u32, u32)> = self
+            .roots()
+            .into_iter()
+            .rev()
+            .map(|e| (e, 0u32, 0u32))
+            .collect();
+        let mut visited: HashSet<&EntryId> = HashSet::new();
+        while let Some((e, depth, branch_depth)) = stack.pop() {
+            if !visited.insert(&e.id) {
+                continue;
+            }
+            let kids = self.children(&e.id);
+            let child_branch_depth = if kids.len() > 1 {
+                branch_depth.saturating_add(1)
+            } else {
+                branch_depth
+            };
+            for k in kids.iter().rev() {
+                stack.push((k, depth.saturating_add(1), child_branch_depth));
+            }
+            let (summary, role) = entry_summary(e, TREE_SUMMARY_CHARS_MAX);
+            rows.push(TreeRow {
+                id: e.id.clone(),
+                parent_id: e.parent_id.clone(),
+                kind: e.kind_name(),
+                role,
+                summary,
+                label: self.labels.get(&e.id).cloned(),
+                timestamp_ms: e.timestamp_ms,
+                depth,
+                branch_depth,
+                children: kids.iter().map(|k| k.id.clone()).collect(),
+                is_leaf: self.leaf.as_ref() == Some(&e.id),
+                on_path: on_path.contains(&e.id),
+            });
+        }
+        rows
+    }
+
+    // ----------------------------------------------------------------
+    // Navigation (pure planning + apply)
+    // ----------------------------------------------------------------
+
+    /// Plans a leaf move to `to` (an existing entry) or to `None` (before
+    /// the root: the next append starts a new root).
+    pub fn plan_move_leaf(&self, to: Option<&EntryId>) -> Result<Navigation, TranscriptError> {
+        if let Some(id) = to {
+            if !self.contains(id) {
+                return Err(TranscriptError::UnknownEntry(id.clone()));
+            }
+        }
+        Ok(Navigation::MoveLeaf { to: to.cloned() })
+    }
+
+    /// Plans a branch with a summary: a `BranchSummary` entry whose parent
+    /// is `target` (or `None`: a new root) and whose `from_id` is the
+    /// current leaf (the branch being left). Applying it makes the summary
+    /// the leaf, so the model sees the summary where the new branch starts.
+    pub fn plan_branch_with_summary(
+        &self,
+        target: Option<&EntryId>,
+        summary: impl Into<String>,
+        timestamp_ms: i64,
+    ) -> Result<Navigation, TranscriptError> {
+        if let Some(id) = target {
+            if !self.contains(id) {
+                return Err(TranscriptError::UnknownEntry(id.clone()));
+            }
+        }
+        let entry = Entry {
+            id: self.fresh_id(),
+            parent_id: target.cloned(),
+            timestamp_ms,
+            kind: EntryKind::BranchSummary {
+                from_id: self.leaf.clone(),
+                summary: summary.into(),
+            },
+        };
+        Ok(Navigation::Append { entry })
+    }
+
+    /// Plans setting (`Some`, non-empty) or clearing (`None` or empty) the
+    /// label of `target`. The label entry is appended as a child of the
+    /// current leaf (like every append) and becomes the leaf; labels never
+    /// enter the model context, so the context is unchanged.
+    pub fn plan_label(
+        &self,
+        target: &EntryId,
+        label: Option<String>,
+        timestamp_ms: i64,
+    ) -> Result<Navigation, TranscriptError> {
+        if !self.contains(target) {
+            return Err(TranscriptError::UnknownEntry(target.clone()));
+        }
+        let label = label.filter(|l| !l.is_empty());
+        let entry = Entry {
+            id: self.fresh_id(),
+            parent_id: self.leaf.clone(),
+            timestamp_ms,
+            kind: EntryKind::Label {
+                target_id: target.clone(),
+                label,
+            },
+        };
+        Ok(Navigation::Append { entry })
+    }
+
+    /// Applies a planned navigation.
+    pub fn apply(&mut self, nav: Navigation) -> Result<(), TranscriptError> {
+        match nav {
+            Navigation::MoveLeaf { to } => self.set_leaf(to),
+            Navigation::Append { entry } => self.append(entry),
+        }
+    }
+
+    /// A new transcript holding the root→`id` path (same ids, parents and
+    /// timestamps), without its label entries; the labels resolved for
+    /// entries of that path are re-created as fresh label entries chained
+    /// after `id` (with `timestamp_ms`). The fork's leaf is its last entry:
+    /// `id`, or the last re-created label entry (which leaves the context
+    /// unchanged, labels never enter it).
+    pub fn fork_at(&self, id: &EntryId, timestamp_ms: i64) -> Result<Transcript, TranscriptError> {
+        let path = self.root_path(id)?;
+        let mut fork = Transcript::new();
+        let mut on_path: Vec<&EntryId> = Vec::with_capacity(path.len());
+        for e in &path {
+            on_path.push(&e.id);
+            if matches!(e.kind, EntryKind::Label { .. }) {
+                continue;
+            }
+            let mut copy = (*e).clone();
+            // A label entry removed above may have been the parent of a
+            // later path entry: re-attach to the nearest kept ancestor.
+            copy.parent_id = fork.leaf.clone();
+            fork.append(copy)?;
+        }
+        let mut labels: Vec<(&EntryId, &String)> = on_path
+            .iter()
+            .filter_map(|id| self.labels.get(*id).map(|l| (*id, l)))
+            .collect();
+        labels.sort();
+        for (target, label) in labels {
+            let entry = Entry {
+                id: fresh_id_avoiding(|c| fork.contains(c) || self.contains(c)),
+                parent_id: fork.leaf.clone(),
+                timestamp_ms,
+                kind: EntryKind::Label {
+                    target_id: target.clone(),
+                    label: Some(label.clone()),
+                },
+            };
+            fork.append(entry)?;
+        }
+        Ok(fork)
+    }
+
+    /// A generated id that is not yet used in this transcript.
+    pub fn fresh_id(&self) -> EntryId {
+        fresh_id_avoiding(|c| self.contains(c))
+    }
+}
+
+/// A generated id for which `taken` is false. Generated ids are random
+/// (8 hex chars); after a few collisions a full 32-char UUID is used.
+fn fresh_id_avoiding(taken: impl Fn(&EntryId) -> bool) -> EntryId {
+    const SHORT_ID_ATTEMPTS: usize = 100;
+    for _ in 0..SHORT_ID_ATTEMPTS {
+        let id = EntryId::generate();
+        if !taken(&id) {
+            return id;
+        }
+    }
+    loop {
+        let s = uuid::Uuid::new_v4().simple().to_string();
+        if let Ok(id) = EntryId::parse(&s) {
+            if !taken(&id) {
+                return id;
+            }
+        }
+    }
+}
+
+/// A one-line display text for an entry (at most `max_chars` chars) and,
+/// for messages, the role name.
+pub fn entry_summary(entry: &Entry, max_chars: usize) -> (String, Option<&'static str>) {
+    let (text, role) = match &entry.kind {
+        EntryKind::Message { message } => match message {
+            Message::User { content } => (blocks_text(content), Some("user")),
+            Message::Assistant {
+                content,
+                stop_reason,
+                error_message,
+                ..
+            } => {
+                let mut t = blocks_text(content);
+                if let Some(err) = error_message {
+                    if !t.is_empty() {
+                        t.push(' ');
+                    }
+                    t.push_str(&format!("[{stop_reason:?}: {err}]"));
+                }
+                (t, Some("assistant"))
+            }
+            Message::ToolResult {
+                tool_name,
+                content,
+                is_error,
+                ..
+            } => {
+                let tag = if *is_error { "error" } else { "ok" };
+                (
+                    format!("{tool_name} ({tag}): {}", blocks_text(content)),
+                    Some("tool_result"),
+                )
+            }
+        },
+        EntryKind::Custom { custom_type, .. } => (custom_type.clone(), None),
+        EntryKind::CustomMessage {
+            custom_type,
+            content,
+            ..
+        } => (format!("{custom_type}: {}", blocks_text(content)), None),
+        EntryKind::BranchSummary { summary, .. } => (summary.clone(), None),
+        EntryKind::Compaction { summary, .. } => (summary.clone(), None),
+        EntryKind::Reset => (String::new(), None),
+        EntryKind::ModelChange { provider, model_id } => (format!("{provider}/{model_id}"), None),
+        EntryKind::ThinkingLevelChange { thinking_level } => (thinking_level.clone(), None),
+        EntryKind::Label { target_id, label } => (
+            match label {
+                Some(l) => format!("{target_id} = {l}"),
+                None => format!("{target_id} cleared"),
+            },
+            None,
+        ),
+        EntryKind::SessionInfo { name } => (name.clone().unwrap_or_default(), None),
+    };
+    (shorten_line(&text, max_chars), role)
+}
+
+/// Text of content blocks on one line: text blocks, then `[tool name]` for
+/// tool calls, `[image]` for images; thinking is left out.
+fn blocks_text(blocks: &[ContentBlock]) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    for b in blocks {
+        match b {
+            ContentBlock::Text { text } => parts.push(text.clone()),
+            ContentBlock::ToolCall { name, .. } => parts.push(format!("[{name}]")),
+            ContentBlock::Image { .. } => parts.push("[image]".to_string()),
+            ContentBlock::Thinking { .. } => {}
+        }
+    }
+    parts.join(" ")
+}
+
+/// Collapses whitespace runs to single spaces and shortens to `max_chars`
+/// characters (on a char boundary), marking a cut with `…`.
+fn shorten_line(s: &str, max_chars: usize) -> String {
+    let collapsed = s.split_whitespace().collect::<Vec<_>>().join(" ");
+    if collapsed.chars().count() <= max_chars {
+        return collapsed;
+    }
+    let mut out: String = collapsed.chars().take(max_chars.saturating_sub(1)).collect();
+    out.push('…');
+    out
 }

@@ -1,0 +1,475 @@
+//! Resident-snapshot selection: the bounded part of a transcript a live
+//! session keeps in memory.
+//!
+//! [`select_resident`] walks back from a leaf along the context path (the
+//! entries from [`context_start`](super::context::context_start) to the
+//! leaf) and keeps, newest first, the entries that fit a [`Budget`] of bytes
+//! and events. Nothing is dropped or truncated silently:
+//!
+//! * an entry larger than the whole byte budget is recorded as
+//!   [omitted](OmittedEntry) (id, kind, size) and the walk goes on past it;
+//! * the first entry that does not fit what is left of the budget ends the
+//!   walk: it and every older context entry are not resident, and the
+//!   selection says so (`complete == false`, with counts).
+//!
+//! **Unit of the byte budget**: the length in bytes of an entry's compact
+//! JSON encoding (`serde_json::to_vec(entry)`), see [`entry_size`]. It is
+//! deterministic for a given entry. **Events**: each resident entry and each
+//! omitted-entry record uses one event of `events_max` (so the memory of the
+//! omitted list is bounded too).
+//!
+//! The selection is storage independent: it reads through [`EntrySource`],
+//! implemented here for [`Transcript`] and by the store for its indexes.
+//! The walk uses O(1) memory besides the selection itself (parent cycles in
+//! damaged data are detected with Brent's algorithm, not a visited set), so
+//! what a live handle holds does not grow with history length; its time is
+//! proportional to the path length (one [`EntrySource::facts`] lookup per
+//! path entry), plus loading the resident entries.
+
+use std::borrow::Cow;
+use std::convert::Infallible;
+
+use serde::Serialize;
+
+use super::context::{context_messages_segment, ModelContext, PathMarker};
+use super::entry::{Entry, EntryId};
+use super::tree::Transcript;
+
+/// Default resident byte budget (64 KiB).
+pub const DEFAULT_RESIDENT_BYTES_MAX: u64 = 64 * 1024;
+/// Default resident event budget.
+pub const DEFAULT_RESIDENT_EVENTS_MAX: u64 = 1024;
+/// Maximum number of child ids kept in the navigation links of one
+/// resident entry; [`NavLinks::children_total`] gives the full count.
+pub const CHILD_LINKS_MAX: usize = 64;
+
+/// A byte and event budget for a resident selection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct Budget {
+    /// Maximum sum of [`entry_size`] of the resident entries.
+    pub bytes_max: u64,
+    /// Maximum number of resident entries plus omitted-entry records.
+    pub events_max: u64,
+}
+
+impl Budget {
+    pub const UNLIMITED: Budget = Budget {
+        bytes_max: u64::MAX,
+        events_max: u64::MAX,
+    };
+
+    pub const fn new(bytes_max: u64, events_max: u64) -> Self {
+        Budget {
+            bytes_max,
+            events_max,
+        }
+    }
+}
+
+impl Default for Budget {
+    fn default() -> Self {
+        Budget::new(DEFAULT_RESIDENT_BYTES_MAX, DEFAULT_RESIDENT_EVENTS_MAX)
+    }
+}
+
+/// What walking the context path needs to know about an entry, without
+/// its payload.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EntryFacts {
+    pub parent_id: Option<EntryId>,
+    /// [`Entry::kind_name`] of the entry.
+    pub kind: String,
+    pub marker: PathMarker,
+}
+
+impl EntryFacts {
+    pub fn of(entry: &Entry) -> Self {
+        EntryFacts {
+            parent_id: entry.parent_id.clone(),
+            kind: entry.kind_name().to_string(),
+            marker: PathMarker::of(entry),
+        }
+    }
+}
+
+/// Up to a limit of child ids (append order) and the total count.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct ChildLinks {
+    pub ids: Vec<EntryId>,
+    pub total: u64,
+}
+
+/// Where a resident selection reads entries from.
+pub trait EntrySource {
+    type Error: std::error::Error + 'static;
+
+    /// The entry with this id, `None` if absent.
+    fn entry(&self, id: &EntryId) -> Result<Option<Cow<'_, Entry>>, Self::Error>;
+
+    /// Up to `limit` children of `id` in append order, and how many there
+    /// are in all.
+    fn children(&self, id: &EntryId, limit: usize) -> Result<ChildLinks, Self::Error>;
+
+    /// Facts of the entry, `None` if absent. The default loads the entry;
+    /// a store should answer from an index.
+    fn facts(&self, id: &EntryId) -> Result<Option<EntryFacts>, Self::Error> {
+        Ok(self.entry(id)?.map(|e| EntryFacts::of(&e)))
+    }
+
+    /// [`entry_size`] of the entry, `None` if absent. The default encodes
+    /// the entry; a store may keep the size in an index.
+    fn entry_size(&self, id: &EntryId) -> Result<Option<u64>, Self::Error> {
+        Ok(self.entry(id)?.map(|e| entry_size(&e)))
+    }
+}
+
+impl EntrySource for Transcript {
+    type Error = Infallible;
+
+    fn entry(&self, id: &EntryId) -> Result<Option<Cow<'_, Entry>>, Infallible> {
+        Ok(self.get(id).map(Cow::Borrowed))
+    }
+
+    fn children(&self, id: &EntryId, limit: usize) -> Result<ChildLinks, Infallible> {
+        let kids = self.children(id);
+        Ok(ChildLinks {
+            total: u64::try_from(kids.len()).unwrap_or(u64::MAX),
+            ids: kids.into_iter().take(limit).map(|e| e.id.clone()).collect(),
+        })
+    }
+
+    fn facts(&self, id: &EntryId) -> Result<Option<EntryFacts>, Infallible> {
+        Ok(self.get(id).map(EntryFacts::of))
+    }
+}
+
+/// The size of an entry in byte-budget units: the length of its compact
+/// JSON encoding. Counted without building the encoding. Entry types
+/// always encode; if one ever failed, `u64::MAX` is returned so the entry
+/// is treated as oversized (omitted and reported), never silently dropped.
+pub fn entry_size(entry: &Entry) -> u64 {
+    struct Counter(u64);
+    impl std::io::Write for Counter {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0 = self
+                .0
+                .saturating_add(u64::try_from(buf.len()).unwrap_or(u64::MAX));
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut c = Counter(0);
+    match serde_json::to_writer(&mut c, entry) {
+        Ok(()) => c.0,
+        Err(_) => u64::MAX,
+    }
+}
+
+/// An entry of the current context that is not resident because it alone
+/// is larger than the byte budget. It is still stored in full.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct OmittedEntry {
+    pub id: EntryId,
+    pub kind: String,
+    pub size: u64,
+}
+
+/// Navigation links of a resident entry.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct NavLinks {
+    pub id: EntryId,
+    pub parent_id: Option<EntryId>,
+    /// At most [`CHILD_LINKS_MAX`] children, append order.
+    pub children: Vec<EntryId>,
+    pub children_total: u64,
+}
+
+/// Boundary counts of a resident selection.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct BoundaryCounts {
+    /// Entries on the root→leaf path.
+    pub path_entries: u64,
+    /// Entries of the current context segment (context start → leaf).
+    pub context_entries: u64,
+    /// Entries held in the selection.
+    pub resident_entries: u64,
+    /// Sum of [`entry_size`] of the resident entries.
+    pub resident_bytes: u64,
+    /// Context entries recorded as omitted (oversized).
+    pub omitted_entries: u64,
+    /// Older context entries beyond the budget (neither resident nor
+    /// recorded as omitted).
+    pub beyond_budget_entries: u64,
+}
+
+/// A bounded selection of the current context of a leaf.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ResidentSelection {
+    pub leaf: Option<EntryId>,
+    pub budget: Budget,
+    /// First entry of the context segment (`None` for an empty path).
+    pub context_start: Option<EntryId>,
+    /// Resident entries in path order (oldest first), byte-exact.
+    pub entries: Vec<Entry>,
+    /// Oversized context entries, in path order.
+    pub omitted: Vec<OmittedEntry>,
+    /// Navigation links of the resident entries, same order as `entries`.
+    pub links: Vec<NavLinks>,
+    /// Model in force at the leaf (from the whole path).
+    pub model: Option<(String, String)>,
+    /// Thinking level in force at the leaf (from the whole path).
+    pub thinking_level: Option<String>,
+    pub counts: BoundaryCounts,
+    /// Every context entry is resident (nothing omitted, nothing beyond
+    /// the budget).
+    pub complete: bool,
+    /// Whether the latest compaction in the context keeps the entries of
+    /// the segment before it (its first kept entry was found on the path).
+    compaction_keeps_prefix: bool,
+}
+
+impl ResidentSelection {
+    /// The model context built from the resident entries. Equal to the
+    /// full context when the selection is complete; otherwise it lacks the
+    /// messages of the omitted and beyond-budget entries (and tool results
+    /// whose calls are among those are dropped as orphans).
+    pub fn context(&self) -> ModelContext {
+        let refs: Vec<&Entry> = self.entries.iter().collect();
+        ModelContext {
+            messages: context_messages_segment(&refs, self.compaction_keeps_prefix),
+            model: self.model.clone(),
+            thinking_level: self.thinking_level.clone(),
+        }
+    }
+
+    /// A resident entry by id.
+    pub fn get(&self, id: &EntryId) -> Option<&Entry> {
+        self.entries.iter().find(|e| &e.id == id)
+    }
+}
+
+/// A resident selection failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ResidentError<E: std::error::Error + 'static> {
+    #[error("reading the entry source failed")]
+    Source(#[source] E),
+    #[error("leaf {0} is not in the transcript")]
+    UnknownLeaf(EntryId),
+    #[error("the parent links above entry {0} form a cycle")]
+    ParentCycle(EntryId),
+    /// The source changed while it was walked (an entry seen in the first
+    /// pass is absent in the second); the caller should read from a
+    /// consistent snapshot.
+    #[error("entry {0} vanished from the source during the selection")]
+    Vanished(EntryId),
+}
+
+/// Where the context segment starts, found while walking back.
+enum Seek {
+    /// No reset or compaction seen yet: every entry is in the segment.
+    Open,
+    /// The latest compaction was seen; looking for its first kept entry.
+    /// `pending` entries between it and here join the segment if found.
+    Kept {
+        first_kept: EntryId,
+        compaction: EntryId,
+        pending: u64,
+    },
+    Closed,
+}
+
+/// Selects the resident part of the context of `leaf` (see the module
+/// docs). `leaf == None` gives an empty, complete selection.
+pub fn select_resident<S: EntrySource + ?Sized>(
+    source: &S,
+    leaf: Option<&EntryId>,
+    budget: Budget,
+) -> Result<ResidentSelection, ResidentError<S::Error>> {
+    let mut sel = ResidentSelection {
+        leaf: leaf.cloned(),
+        budget,
+        context_start: None,
+        entries: Vec::new(),
+        omitted: Vec::new(),
+        links: Vec::new(),
+        model: None,
+        thinking_level: None,
+        counts: BoundaryCounts::default(),
+        complete: true,
+        compaction_keeps_prefix: false,
+    };
+    let Some(leaf) = leaf else {
+        return Ok(sel);
+    };
+
+    // Pass 1 (facts only): path length, settings, context segment.
+    let mut seek = Seek::Open;
+    let mut context_entries: u64 = 0;
+    let mut start: Option<EntryId> = None;
+    let mut last: EntryId = leaf.clone();
+    walk_path(source, leaf, |id, facts| {
+        sel.counts.path_entries = sel.counts.path_entries.saturating_add(1);
+        match &facts.marker {
+            PathMarker::Model { provider, model_id } if sel.model.is_none() => {
+                sel.model = Some((provider.clone(), model_id.clone()));
+            }
+            PathMarker::ThinkingLevel { thinking_level } if sel.thinking_level.is_none() => {
+                sel.thinking_level = Some(thinking_level.clone());
+            }
+            _ => {}
+        }
+        match &mut seek {
+            Seek::Open => {
+                context_entries = context_entries.saturating_add(1);
+                match &facts.marker {
+                    PathMarker::Reset => {
+                        start = Some(id.clone());
+                        seek = Seek::Closed;
+                    }
+                    PathMarker::Compaction {
+                        first_kept_entry_id,
+                    } => {
+                        seek = Seek::Kept {
+                            first_kept: first_kept_entry_id.clone(),
+                            compaction: id.clone(),
+                            pending: 0,
+                        };
+                    }
+                    _ => {}
+                }
+            }
+            Seek::Kept {
+                first_kept,
+                compaction,
+                pending,
+            } => {
+                if facts.marker == PathMarker::Reset {
+                    // The first kept entry is not after the latest reset:
+                    // nothing before the compaction is kept.
+                    start = Some(compaction.clone());
+                    seek = Seek::Closed;
+                } else if id == first_kept {
+                    context_entries = context_entries.saturating_add(pending.saturating_add(1));
+                    start = Some(id.clone());
+                    sel.compaction_keeps_prefix = true;
+                    seek = Seek::Closed;
+                } else {
+                    *pending = pending.saturating_add(1);
+                }
+            }
+            Seek::Closed => {}
+        }
+        last = id.clone();
+    })?;
+    match seek {
+        Seek::Open => start = Some(last),
+        Seek::Kept { compaction, .. } => start = Some(compaction),
+        Seek::Closed => {}
+    }
+    sel.context_start = start;
+    sel.counts.context_entries = context_entries;
+
+    // Pass 2: newest first, keep what fits.
+    let mut events_used: u64 = 0;
+    let mut cur = leaf.clone();
+    let mut seen: u64 = 0;
+    while seen < context_entries {
+        let facts = source
+            .facts(&cur)
+            .map_err(ResidentError::Source)?
+            .ok_or_else(|| ResidentError::Vanished(cur.clone()))?;
+        let size = source
+            .entry_size(&cur)
+            .map_err(ResidentError::Source)?
+            .ok_or_else(|| ResidentError::Vanished(cur.clone()))?;
+        if events_used >= budget.events_max {
+            break;
+        }
+        if size > budget.bytes_max {
+            sel.omitted.push(OmittedEntry {
+                id: cur.clone(),
+                kind: facts.kind.clone(),
+                size,
+            });
+        } else if size > budget.bytes_max - sel.counts.resident_bytes {
+            break;
+        } else {
+            let entry = source
+                .entry(&cur)
+                .map_err(ResidentError::Source)?
+                .ok_or_else(|| ResidentError::Vanished(cur.clone()))?
+                .into_owned();
+            sel.counts.resident_bytes = sel.counts.resident_bytes.saturating_add(size);
+            sel.entries.push(entry);
+        }
+        events_used = events_used.saturating_add(1);
+        seen = seen.saturating_add(1);
+        match facts.parent_id {
+            Some(p) => cur = p,
+            None => break,
+        }
+    }
+    sel.entries.reverse();
+    sel.omitted.reverse();
+    sel.counts.resident_entries = u64::try_from(sel.entries.len()).unwrap_or(u64::MAX);
+    sel.counts.omitted_entries = u64::try_from(sel.omitted.len()).unwrap_or(u64::MAX);
+    sel.counts.beyond_budget_entries = context_entries
+        .saturating_sub(sel.counts.resident_entries)
+        .saturating_sub(sel.counts.omitted_entries);
+    sel.complete = sel.counts.resident_entries == context_entries;
+
+    for e in &sel.entries {
+        let kids = source
+            .children(&e.id, CHILD_LINKS_MAX)
+            .map_err(ResidentError::Source)?;
+        sel.links.push(NavLinks {
+            id: e.id.clone(),
+            parent_id: e.parent_id.clone(),
+            children: kids.ids,
+            children_total: kids.total,
+        });
+    }
+    Ok(sel)
+}
+
+/// Calls `visit` for each entry from `leaf` up to its root (or to an entry
+/// whose parent is absent: the path stops there). O(1) memory; a parent
+/// cycle is detected with Brent's algorithm.
+fn walk_path<S: EntrySource + ?Sized>(
+    source: &S,
+    leaf: &EntryId,
+    mut visit: impl FnMut(&EntryId, &EntryFacts),
+) -> Result<(), ResidentError<S::Error>> {
+    let mut facts = source
+        .facts(leaf)
+        .map_err(ResidentError::Source)?
+        .ok_or_else(|| ResidentError::UnknownLeaf(leaf.clone()))?;
+    let mut cur = leaf.clone();
+    let mut tortoise = leaf.clone();
+    let mut power: u64 = 1;
+    let mut lam: u64 = 0;
+    loop {
+        visit(&cur, &facts);
+        let Some(parent) = facts.parent_id.take() else {
+            return Ok(());
+        };
+        let Some(pf) = source.facts(&parent).map_err(ResidentError::Source)? else {
+            // Orphan: the parent is not in the transcript.
+            return Ok(());
+        };
+        if lam == power {
+            tortoise = cur.clone();
+            power = power.saturating_mul(2);
+            lam = 0;
+        }
+        cur = parent;
+        facts = pf;
+        lam += 1;
+        if cur == tortoise {
+            return Err(ResidentError::ParentCycle(leaf.clone()));
+        }
+    }
+}
