@@ -170,9 +170,7 @@ impl PathMarker {
                 model_id: model_id.clone(),
             },
             EntryKind::Message {
-                message: Message::Assistant {
-                    model: Some(m), ..
-                },
+                message: Message::Assistant { model: Some(m), .. },
             } => match split_model(m) {
                 Some((provider, model_id)) => PathMarker::Model { provider, model_id },
                 None => PathMarker::Plain,
@@ -302,7 +300,11 @@ fn messages_with(path: &[&Entry], keep_prefix: Option<bool>) -> Vec<ContextMessa
     let mut bounds = Bounds::of(path);
     if let (Some(keep), Some((c, kept))) = (keep_prefix, bounds.compaction.as_mut()) {
         let after_reset = bounds.reset.map_or(0, |r| r + 1);
-        *kept = if keep { Some(after_reset.min(*c)) } else { None };
+        *kept = if keep {
+            Some(after_reset.min(*c))
+        } else {
+            None
+        };
     }
     let after_reset = bounds.reset.map_or(0, |r| r + 1);
     let mut raw: Vec<ContextMessage> = Vec::new();

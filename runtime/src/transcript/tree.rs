@@ -262,7 +262,10 @@ impl Transcript {
 
     /// The ids of the children of `id` in append order.
     pub fn children_ids(&self, id: &EntryId) -> Vec<EntryId> {
-        self.children(id).into_iter().map(|e| e.id.clone()).collect()
+        self.children(id)
+            .into_iter()
+            .map(|e| e.id.clone())
+            .collect()
     }
 
     /// Number of children of `id`.
@@ -277,7 +280,7 @@ impl Transcript {
             .enumerate()
             .filter(|(i, e)| {
                 self.by_id.get(&e.id) == Some(i)
-                    && e.parent_id.as_ref().map_or(true, |p| !self.contains(p))
+                    && !matches!(&e.parent_id, Some(p) if self.contains(p))
             })
             .map(|(_, e)| e)
             .collect()
@@ -331,7 +334,10 @@ impl Transcript {
         let pa = self.path_to_root(a)?;
         let pb = self.path_to_root(b)?;
         let set: HashSet<&EntryId> = pa.iter().map(|e| &e.id).collect();
-        Ok(pb.iter().find(|e| set.contains(&e.id)).map(|e| e.id.clone()))
+        Ok(pb
+            .iter()
+            .find(|e| set.contains(&e.id))
+            .map(|e| e.id.clone()))
     }
 
     /// Entries with more than one child (where the tree branches), in
@@ -636,7 +642,10 @@ fn shorten_line(s: &str, max_chars: usize) -> String {
     if collapsed.chars().count() <= max_chars {
         return collapsed;
     }
-    let mut out: String = collapsed.chars().take(max_chars.saturating_sub(1)).collect();
+    let mut out: String = collapsed
+        .chars()
+        .take(max_chars.saturating_sub(1))
+        .collect();
     out.push('…');
     out
 }
