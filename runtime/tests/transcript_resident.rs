@@ -1,0 +1,561 @@
+//! Resident-snapshot selection under byte and event budgets.
+
+mod transcript_support;
+
+use std::borrow::Cow;
+use std::cell::RefCell;
+use std::collections::HashMap;
+
+use proptest::prelude::*;
+use proptest::test_runner::{Config as ProptestConfig, RngSeed};
+use spool_runtime::transcript::{
+    context_messages, context_start, entry_size, select_resident, Budget, ChildLinks, Entry,
+    EntryFacts, EntryId, EntryKind, EntrySource, ResidentError, StopReason, Transcript,
+    CHILD_LINKS_MAX,
+};
+use transcript_support::{id, render, B};
+
+fn sel(t: &Transcript, budget: Budget) -> spool_runtime::transcript::ResidentSelection {
+    select_resident(t, t.leaf(), budget).expect("selection")
+}
+
+fn size_of(t: &Transcript, i: &EntryId) -> u64 {
+    entry_size(t.get(i).unwrap())
+}
+
+#[test]
+fn unlimited_budget_holds_the_whole_context() {
+    let mut b = B::new();
+    b.model("p", "m");
+    b.user("u1");
+    let a1 = b.assistant("a1");
+    b.user("u2");
+    b.compaction("S", &a1);
+    b.calls(&[("c1", "read")]);
+    b.result("c1", "read", "r");
+    b.thinking("high");
+    let s = sel(&b.t, Budget::UNLIMITED);
+    assert!(s.complete);
+    assert_eq!(s.context(), b.t.context().unwrap());
+    assert_eq!(s.counts.path_entries, 8);
+    // a1 .. leaf
+    assert_eq!(s.counts.context_entries, 6);
+    assert_eq!(s.counts.resident_entries, 6);
+    assert_eq!(s.counts.beyond_budget_entries, 0);
+    assert_eq!(s.context_start, Some(a1));
+    assert_eq!(s.model, Some(("p".into(), "m".into())));
+    assert_eq!(s.thinking_level.as_deref(), Some("high"));
+    let expect: u64 = s.entries.iter().map(entry_size).sum();
+    assert_eq!(s.counts.resident_bytes, expect);
+}
+
+#[test]
+fn entry_size_is_the_compact_json_length() {
+    let mut b = B::new();
+    let u = b.user("hello");
+    let e = b.t.get(&u).unwrap();
+    assert_eq!(entry_size(e), serde_json::to_vec(e).unwrap().len() as u64);
+}
+
+#[test]
+fn leaf_none_is_empty_and_complete_unknown_leaf_is_an_error() {
+    let mut b = B::new();
+    b.user("u");
+    let s = select_resident(&b.t, None, Budget::default()).unwrap();
+    assert!(s.complete);
+    assert!(s.entries.is_empty());
+    assert!(s.context().messages.is_empty());
+    assert!(matches!(
+        select_resident(&b.t, Some(&id("nope")), Budget::default()),
+        Err(ResidentError::UnknownLeaf(x)) if x == id("nope")
+    ));
+}
+
+#[test]
+fn byte_budget_keeps_the_newest_entries_that_fit() {
+    let mut b = B::new();
+    let mut ids = Vec::new();
+    for i in 0..10 {
+        ids.push(b.user(&format!("message number {i:02}")));
+    }
+    // Sizes differ slightly (ids e1..e10): budget the newest three plus
+    // less than the fourth.
+    let size = |i: usize| size_of(&b.t, &ids[i]);
+    let three = size(7) + size(8) + size(9);
+    let s = sel(&b.t, Budget::new(three + size(6) - 1, 100));
+    assert!(!s.complete);
+    assert_eq!(s.counts.resident_entries, 3);
+    assert_eq!(s.counts.resident_bytes, three);
+    assert_eq!(s.counts.beyond_budget_entries, 7);
+    assert_eq!(s.counts.context_entries, 10);
+    assert!(s.omitted.is_empty());
+    let got: Vec<&EntryId> = s.entries.iter().map(|e| &e.id).collect();
+    assert_eq!(got, ids[7..].iter().collect::<Vec<_>>());
+    assert_eq!(
+        render(&s.context()),
+        [
+            "user:message number 07",
+            "user:message number 08",
+            "user:message number 09"
+        ]
+    );
+    // Exactly enough bytes for all: complete.
+    let all: u64 = (0..10).map(size).sum();
+    let s = sel(&b.t, Budget::new(all, 100));
+    assert!(s.complete);
+    assert_eq!(s.context(), b.t.context().unwrap());
+}
+
+#[test]
+fn event_budget_limits_the_count() {
+    let mut b = B::new();
+    for i in 0..10 {
+        b.user(&format!("m{i}"));
+    }
+    let s = sel(&b.t, Budget::new(u64::MAX, 4));
+    assert_eq!(s.counts.resident_entries, 4);
+    assert_eq!(s.counts.beyond_budget_entries, 6);
+    assert!(!s.complete);
+    assert_eq!(
+        render(&s.context()),
+        ["user:m6", "user:m7", "user:m8", "user:m9"]
+    );
+    let s = sel(&b.t, Budget::new(u64::MAX, 0));
+    assert_eq!(s.counts.resident_entries, 0);
+    assert_eq!(s.counts.beyond_budget_entries, 10);
+}
+
+#[test]
+fn oversized_entry_is_omitted_not_truncated_and_older_entries_stay() {
+    let mut b = B::new();
+    let u1 = b.user("before");
+    let a1 = b.assistant("aborted half-answer");
+    let payload = "x".repeat(5 * 1024 * 1024);
+    let big = b.custom("blob", serde_json::json!({ "payload": payload }));
+    let u2 = b.user("after");
+    let budget = Budget::new(4096, 100);
+    let s = sel(&b.t, budget);
+    assert_eq!(s.omitted.len(), 1);
+    assert_eq!(s.omitted[0].id, big);
+    assert_eq!(s.omitted[0].kind, "custom");
+    assert_eq!(s.omitted[0].size, size_of(&b.t, &big));
+    assert!(s.omitted[0].size > 5 * 1024 * 1024);
+    let got: Vec<&EntryId> = s.entries.iter().map(|e| &e.id).collect();
+    assert_eq!(got, [&u1, &a1, &u2]);
+    for e in &s.entries {
+        assert_eq!(Some(e), b.t.get(&e.id), "resident entries are byte-exact");
+    }
+    assert!(s.counts.resident_bytes <= 4096);
+    assert_eq!(s.counts.omitted_entries, 1);
+    assert_eq!(s.counts.beyond_budget_entries, 0);
+    assert!(
+        !s.complete,
+        "an omitted entry makes the selection incomplete"
+    );
+    // The custom entry contributes no message, so the context is intact.
+    assert_eq!(s.context(), b.t.context().unwrap());
+    assert!(s.get(&big).is_none());
+    // The source still has it in full.
+    let EntryKind::Custom { data, .. } = &b.t.get(&big).unwrap().kind else {
+        panic!("custom entry expected");
+    };
+    assert_eq!(data["payload"].as_str().unwrap().len(), 5 * 1024 * 1024);
+}
+
+#[test]
+fn omitted_records_use_event_slots() {
+    let mut b = B::new();
+    for _ in 0..5 {
+        b.custom("blob", serde_json::json!("y".repeat(500)));
+    }
+    let s = sel(&b.t, Budget::new(100, 3));
+    assert_eq!(s.omitted.len(), 3);
+    assert_eq!(s.counts.beyond_budget_entries, 2);
+    assert!(s.entries.is_empty());
+}
+
+#[test]
+fn omitted_first_kept_entry_does_not_discard_the_kept_range() {
+    let mut b = B::new();
+    b.user("old");
+    let big = b.user(&"k".repeat(10_000));
+    b.assistant("kept answer");
+    b.compaction("S", &big);
+    b.user("new");
+    let s = sel(&b.t, Budget::new(4096, 100));
+    assert_eq!(s.omitted.len(), 1);
+    assert_eq!(s.context_start, Some(big));
+    assert_eq!(
+        render(&s.context()),
+        ["compaction_summary:S", "assistant:kept answer", "user:new"]
+    );
+}
+
+#[test]
+fn context_segment_starts_at_reset() {
+    let mut b = B::new();
+    b.user("u1");
+    let r = b.reset();
+    b.user("u2");
+    let s = sel(&b.t, Budget::UNLIMITED);
+    assert_eq!(s.context_start, Some(r));
+    assert_eq!(s.counts.path_entries, 3);
+    assert_eq!(s.counts.context_entries, 2);
+    assert_eq!(s.context(), b.t.context().unwrap());
+}
+
+#[test]
+fn compaction_whose_first_kept_is_missing_starts_the_segment() {
+    let mut b = B::new();
+    b.user("u1");
+    let c = b.compaction("S", &id("elsewhere"));
+    b.user("u2");
+    let s = sel(&b.t, Budget::UNLIMITED);
+    assert_eq!(s.context_start, Some(c));
+    assert_eq!(s.counts.context_entries, 2);
+    assert_eq!(s.context(), b.t.context().unwrap());
+}
+
+#[test]
+fn navigation_links_of_resident_entries() {
+    let mut b = B::new();
+    let root = b.user("root");
+    for i in 0..(CHILD_LINKS_MAX + 6) {
+        b.at(&root);
+        b.user(&format!("child {i}"));
+    }
+    let s = sel(&b.t, Budget::UNLIMITED);
+    assert_eq!(s.links.len(), s.entries.len());
+    let l = &s.links[0];
+    assert_eq!(l.id, root);
+    assert_eq!(l.parent_id, None);
+    assert_eq!(l.children.len(), CHILD_LINKS_MAX);
+    assert_eq!(l.children_total, (CHILD_LINKS_MAX + 6) as u64);
+    assert_eq!(l.children[..], b.t.children_ids(&root)[..CHILD_LINKS_MAX]);
+    let leaf_links = &s.links[1];
+    assert_eq!(leaf_links.parent_id.as_ref(), Some(&root));
+    assert!(leaf_links.children.is_empty());
+}
+
+#[test]
+fn orphan_leaf_path_stops_and_cycles_are_errors() {
+    let mk = |i: &str, p: Option<&str>| {
+        let mut b = B::new();
+        let e = b.user(i);
+        let mut entry = b.t.get(&e).unwrap().clone();
+        entry.id = id(i);
+        entry.parent_id = p.map(id);
+        entry
+    };
+    let mut t = Transcript::new();
+    t.replace_all(
+        vec![mk("a", None), mk("c", Some("missing")), mk("d", Some("c"))],
+        Some(id("d")),
+    );
+    let s = sel(&t, Budget::UNLIMITED);
+    assert_eq!(s.counts.path_entries, 2);
+    assert_eq!(s.context_start, Some(id("c")));
+    assert_eq!(s.context(), t.context().unwrap());
+
+    let mut t = Transcript::new();
+    t.replace_all(
+        vec![
+            mk("x", Some("z")),
+            mk("y", Some("x")),
+            mk("z", Some("y")),
+            mk("w", Some("z")),
+        ],
+        Some(id("w")),
+    );
+    assert!(matches!(
+        select_resident(&t, t.leaf(), Budget::UNLIMITED),
+        Err(ResidentError::ParentCycle(_))
+    ));
+}
+
+/// A store-like source: answers facts and sizes from an "index" and
+/// records which payloads were loaded.
+struct IndexedSource {
+    entries: HashMap<EntryId, Entry>,
+    facts: HashMap<EntryId, (EntryFacts, u64)>,
+    loaded: RefCell<Vec<EntryId>>,
+    fail_on: Option<EntryId>,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("disk read failed at {0}")]
+struct DiskError(EntryId);
+
+impl IndexedSource {
+    fn of(t: &Transcript) -> Self {
+        IndexedSource {
+            entries: t
+                .entries()
+                .iter()
+                .map(|e| (e.id.clone(), e.clone()))
+                .collect(),
+            facts: t
+                .entries()
+                .iter()
+                .map(|e| (e.id.clone(), (EntryFacts::of(e), entry_size(e))))
+                .collect(),
+            loaded: RefCell::new(Vec::new()),
+            fail_on: None,
+        }
+    }
+}
+
+impl EntrySource for IndexedSource {
+    type Error = DiskError;
+    fn entry(&self, id: &EntryId) -> Result<Option<Cow<'_, Entry>>, DiskError> {
+        if self.fail_on.as_ref() == Some(id) {
+            return Err(DiskError(id.clone()));
+        }
+        self.loaded.borrow_mut().push(id.clone());
+        Ok(self.entries.get(id).map(Cow::Borrowed))
+    }
+    fn children(&self, _id: &EntryId, _limit: usize) -> Result<ChildLinks, DiskError> {
+        Ok(ChildLinks::default())
+    }
+    fn facts(&self, id: &EntryId) -> Result<Option<EntryFacts>, DiskError> {
+        Ok(self.facts.get(id).map(|(f, _)| f.clone()))
+    }
+    fn entry_size(&self, id: &EntryId) -> Result<Option<u64>, DiskError> {
+        Ok(self.facts.get(id).map(|(_, s)| *s))
+    }
+}
+
+#[test]
+fn only_resident_payloads_are_loaded_from_an_indexed_source() {
+    let mut b = B::new();
+    b.model("p", "m");
+    for i in 0..2000 {
+        b.user(&format!("{i:04} {}", "z".repeat(200)));
+    }
+    let src = IndexedSource::of(&b.t);
+    let s = select_resident(&src, b.t.leaf(), Budget::new(4096, 1000)).unwrap();
+    assert!(!s.complete);
+    assert!(s.counts.resident_entries > 0 && s.counts.resident_entries < 30);
+    assert_eq!(s.counts.path_entries, 2001);
+    // The model setting is found at the root without loading it.
+    assert_eq!(s.model, Some(("p".into(), "m".into())));
+    let loaded = src.loaded.borrow();
+    assert_eq!(
+        loaded.len() as u64,
+        s.counts.resident_entries,
+        "payloads beyond the budget must not be loaded"
+    );
+    let same = select_resident(&b.t, b.t.leaf(), Budget::new(4096, 1000)).unwrap();
+    assert_eq!(s.entries, same.entries);
+    assert_eq!(s.counts, same.counts);
+}
+
+#[test]
+fn source_errors_are_propagated() {
+    let mut b = B::new();
+    b.user("u1");
+    let u2 = b.user("u2");
+    let mut src = IndexedSource::of(&b.t);
+    src.fail_on = Some(u2.clone());
+    match select_resident(&src, Some(&u2), Budget::UNLIMITED) {
+        Err(ResidentError::Source(DiskError(at))) => assert_eq!(at, u2),
+        other => panic!("expected a source error, got {other:?}"),
+    }
+}
+
+// ---------------------------------------------------------------------
+// Property tests: random transcripts, resident context vs full context.
+// ---------------------------------------------------------------------
+
+type Op = (u8, u16, u16);
+
+/// Interprets generated ops as a transcript (deterministic).
+fn build(ops: &[Op], leaf_pick: u16) -> Transcript {
+    let mut b = B::new();
+    let mut all: Vec<EntryId> = Vec::new();
+    let mut calls: Vec<(String, String)> = Vec::new();
+    let pick = |all: &Vec<EntryId>, a: u16| all[usize::from(a) % all.len()].clone();
+    for (n, &(kind, a, x)) in ops.iter().enumerate() {
+        let new = match kind % 14 {
+            0 | 1 => b.user(&format!("u{n}")),
+            2 | 3 => {
+                let stop = match x % 6 {
+                    0 => StopReason::Error,
+                    1 => StopReason::Aborted,
+                    _ => StopReason::Stop,
+                };
+                let model = (x % 4 == 0).then(|| format!("p/m{}", a % 3));
+                b.assistant_full(
+                    vec![spool_runtime::transcript::ContentBlock::text(format!(
+                        "a{n}"
+                    ))],
+                    stop,
+                    model,
+                )
+            }
+            4 => {
+                let k = usize::from(a % 3) + 1;
+                let cs: Vec<(String, String)> = (0..k)
+                    .map(|j| (format!("c{n}_{j}"), format!("t{j}")))
+                    .collect();
+                calls.extend(cs.iter().cloned());
+                let refs: Vec<(&str, &str)> =
+                    cs.iter().map(|(c, t)| (c.as_str(), t.as_str())).collect();
+                let stop = if x % 7 == 0 {
+                    StopReason::Aborted
+                } else {
+                    StopReason::ToolUse
+                };
+                b.calls_with(&refs, stop)
+            }
+            5 | 6 => {
+                if calls.is_empty() || x % 5 == 0 {
+                    b.result("ghost", "t", &format!("r{n}"))
+                } else {
+                    let (c, t) = calls[usize::from(a) % calls.len()].clone();
+                    b.result(&c, &t, &format!("r{n}"))
+                }
+            }
+            7 if !all.is_empty() => {
+                let fk = pick(&all, a);
+                b.compaction(&format!("S{n}"), &fk)
+            }
+            8 if x % 3 == 0 => b.reset(),
+            9 => b.branch_summary(if x % 4 == 0 { "" } else { "B" }),
+            10 => {
+                if x % 2 == 0 {
+                    b.custom("state", serde_json::json!("d".repeat(usize::from(a % 300))))
+                } else {
+                    b.custom_message("cm", &"m".repeat(usize::from(a % 300)))
+                }
+            }
+            11 if !all.is_empty() => {
+                let t = pick(&all, a);
+                b.label(&t, (x % 3 != 0).then_some("L"))
+            }
+            12 => {
+                if x % 2 == 0 {
+                    b.model("prov", &format!("m{}", a % 4))
+                } else {
+                    b.thinking(&format!("level{}", a % 3))
+                }
+            }
+            13 if !all.is_empty() => {
+                if x % 10 == 0 {
+                    b.t.set_leaf(None).unwrap();
+                } else {
+                    let t = pick(&all, a);
+                    b.at(&t);
+                }
+                continue;
+            }
+            _ => b.user(&format!("u{n}")),
+        };
+        all.push(new);
+    }
+    if !all.is_empty() && leaf_pick % 5 != 0 {
+        let l = pick(&all, leaf_pick);
+        b.at(&l);
+    }
+    b.t
+}
+
+fn ops() -> impl Strategy<Value = Vec<Op>> {
+    prop::collection::vec((any::<u8>(), any::<u16>(), any::<u16>()), 0..80)
+}
+
+fn config() -> ProptestConfig {
+    ProptestConfig {
+        cases: 300,
+        rng_seed: RngSeed::Fixed(0x5b001_c0de),
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    }
+}
+
+proptest! {
+    #![proptest_config(config())]
+
+    #[test]
+    fn resident_context_equals_full_context_with_enough_budget(
+        ops in ops(), leaf_pick in any::<u16>()
+    ) {
+        let t = build(&ops, leaf_pick);
+        let s = select_resident(&t, t.leaf(), Budget::UNLIMITED).unwrap();
+        prop_assert!(s.complete);
+        prop_assert_eq!(s.context(), t.context().unwrap());
+        let path = t.current_path().unwrap();
+        prop_assert_eq!(s.counts.path_entries, path.len() as u64);
+        let start = context_start(&path);
+        let segment: Vec<&Entry> = path[start..].to_vec();
+        prop_assert_eq!(s.entries.iter().collect::<Vec<_>>(), segment.clone());
+        prop_assert_eq!(s.context_start.as_ref(), segment.first().map(|e| &e.id));
+        // The segment alone yields the same messages as the whole path.
+        prop_assert_eq!(context_messages(&segment), context_messages(&path));
+    }
+
+    #[test]
+    fn bounded_selection_invariants(
+        ops in ops(),
+        leaf_pick in any::<u16>(),
+        bytes_max in 0u64..3000,
+        events_max in 0u64..40,
+    ) {
+        let t = build(&ops, leaf_pick);
+        let budget = Budget::new(bytes_max, events_max);
+        let s = select_resident(&t, t.leaf(), budget).unwrap();
+        let c = s.counts;
+        prop_assert!(c.resident_bytes <= bytes_max);
+        prop_assert!(c.resident_entries + c.omitted_entries <= events_max);
+        prop_assert_eq!(
+            c.resident_entries + c.omitted_entries + c.beyond_budget_entries,
+            c.context_entries
+        );
+        prop_assert_eq!(c.resident_bytes, s.entries.iter().map(entry_size).sum::<u64>());
+        for e in &s.entries {
+            prop_assert_eq!(Some(e), t.get(&e.id));
+        }
+        for o in &s.omitted {
+            let e = t.get(&o.id).unwrap();
+            prop_assert_eq!(o.size, entry_size(e));
+            prop_assert!(o.size > bytes_max);
+            prop_assert_eq!(o.kind.as_str(), e.kind_name());
+        }
+        // Resident + omitted entries are exactly the newest entries of the
+        // context segment, in path order.
+        let path = t.current_path().unwrap();
+        let segment = &path[context_start(&path)..];
+        prop_assert_eq!(segment.len() as u64, c.context_entries);
+        let taken = (c.resident_entries + c.omitted_entries) as usize;
+        let newest = &segment[segment.len() - taken..];
+        let mut held: Vec<&EntryId> = s.entries.iter().map(|e| &e.id).collect();
+        held.extend(s.omitted.iter().map(|o| &o.id));
+        let mut want: Vec<&EntryId> = newest.iter().map(|e| &e.id).collect();
+        held.sort();
+        want.sort();
+        prop_assert_eq!(held, want);
+        // The walk stopped only because the next entry did not fit.
+        if c.beyond_budget_entries > 0 {
+            let next = segment[segment.len() - taken - 1];
+            let size = entry_size(next);
+            prop_assert!(
+                c.resident_entries + c.omitted_entries == events_max
+                    || (size <= bytes_max && size > bytes_max - c.resident_bytes)
+            );
+        }
+        prop_assert_eq!(s.complete, c.resident_entries == c.context_entries);
+        let full = t.context().unwrap();
+        let ctx = s.context();
+        if s.complete {
+            prop_assert_eq!(&ctx, &full);
+        }
+        // Every message of the bounded context comes from a resident entry.
+        for m in &ctx.messages {
+            if let Some(i) = &m.entry_id {
+                prop_assert!(s.get(i).is_some());
+            }
+        }
+        prop_assert_eq!(ctx.model, full.model);
+        prop_assert_eq!(ctx.thinking_level, full.thinking_level);
+    }
+}
