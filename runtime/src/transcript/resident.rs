@@ -394,7 +394,7 @@ pub fn select_resident<S: EntrySource + ?Sized>(
                 kind: facts.kind.clone(),
                 size,
             });
-        } else if size > budget.bytes_max - sel.counts.resident_bytes {
+        } else if size > budget.bytes_max.saturating_sub(sel.counts.resident_bytes) {
             break;
         } else {
             let entry = source

@@ -27,7 +27,7 @@ pub const TREE_SUMMARY_CHARS_MAX: usize = 80;
 /// persisted leaf (the entry new entries attach to). This is what a fully
 /// loaded `AgentState` carries; bounded views are built with
 /// [`select_resident`](super::resident::select_resident).
-#[derive(Clone, Debug, Default, Deserialize)]
+#[derive(Clone, Default, Deserialize)]
 #[serde(from = "TranscriptRepr")]
 pub struct Transcript {
     entries: Vec<Entry>,
@@ -68,6 +68,16 @@ impl Serialize for Transcript {
             leaf: &self.leaf,
         }
         .serialize(s)
+    }
+}
+
+impl std::fmt::Debug for Transcript {
+    /// Entries and leaf only; the indexes are derived from them.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Transcript")
+            .field("entries", &self.entries)
+            .field("leaf", &self.leaf)
+            .finish()
     }
 }
 
