@@ -486,6 +486,10 @@ impl Sizes {
     }
 }
 
+/// At most this many forks per repetition of `fork` (each copies half of
+/// the source's history, so the store grows with every fork).
+pub const FORKS_PER_REPETITION_MAX: u64 = 10;
+
 /// The concurrent writer counts of `append-durable`.
 pub const DURABLE_WRITERS: [usize; 2] = [1, 16];
 
@@ -508,6 +512,7 @@ pub fn run_with_sizes(
     progress: &mut dyn FnMut(&str),
 ) -> Result<Report, BenchError> {
     let workloads = select_workloads(&config.workloads)?;
+    std::fs::create_dir_all(&config.dir).map_err(|e| io_err("harness", &config.dir, e))?;
     let root = config.dir.join("spool-bench-scratch");
     let machine = Machine::detect(&config.dir);
     let mut results = Vec::new();
@@ -893,8 +898,9 @@ impl Harness<'_> {
             let (dir, store) = self.loaded_store(s, &variant, Durability::Durable, &sessions)?;
             let mut next_key = 1u64;
             // Every fork copies half the history; cap the count so the
-            // store stays a few times the source's size.
-            let max_iters = self.sizes.max_iters.min(50);
+            // store stays within a few times the source's size per
+            // repetition.
+            let max_iters = self.sizes.max_iters.min(FORKS_PER_REPETITION_MAX);
             let samples = stats::repeat(self.sizes.repetitions, |_| {
                 stats::rate_loop(self.sizes.min_time, max_iters, || {
                     let fork = SessionSpec {
