@@ -1,1 +1,3 @@
+mod bench;
+
 fn main() {}

@@ -1,0 +1,413 @@
+//! The result model of a run and its two outputs: one JSON object
+//! (`--json`) and the Markdown that `BENCHMARKS.md` shows (`--markdown`).
+//!
+//! Every figure is a rate, higher is better. `spool` is `null` when no
+//! spool subject took part (the peers-only run).
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::Path;
+
+use serde::Serialize;
+
+use super::stats::{self, Samples};
+use super::{peers, CONTEXT_BUDGET, LIST_ENTRIES_PER_SESSION, PAGE_BUDGET};
+
+/// The order peers appear in tables.
+pub const PEER_ORDER: [&str; 5] = ["sqlite", "jsonl", "json-file", "raw", "raw-append"];
+
+/// A whole run: `{"machine": {...}, "run": {...}, "results": [...]}`.
+#[derive(Clone, Debug, Serialize)]
+pub struct Report {
+    pub machine: Machine,
+    pub run: RunInfo,
+    pub results: Vec<ResultRow>,
+}
+
+/// The machine the figures were measured on. Fields that cannot be read
+/// are `null`.
+#[derive(Clone, Debug, Serialize)]
+pub struct Machine {
+    pub cpus: usize,
+    pub cpu_model: Option<String>,
+    pub memory_bytes: Option<u64>,
+    pub os: String,
+    pub kernel: Option<String>,
+    /// File system type of the scratch directory (from /proc/self/mountinfo).
+    pub fs: Option<String>,
+    /// `release` or `debug`: figures from a debug build mean little.
+    pub build: &'static str,
+}
+
+/// How the run was made.
+#[derive(Clone, Debug, Serialize)]
+pub struct RunInfo {
+    pub quick: bool,
+    pub repetitions: usize,
+    pub seed: u64,
+    pub context_budget: u64,
+    pub page_budget: u64,
+    /// Whether the peak RSS was reset before each workload, so that
+    /// `peak_rss_bytes` is that workload's peak; when false it is the
+    /// process's peak so far (cumulative).
+    pub peak_rss_per_workload: bool,
+}
+
+/// One row: one workload, one variant, one unit.
+#[derive(Clone, Debug, Serialize)]
+pub struct ResultRow {
+    pub workload: String,
+    pub variant: String,
+    pub unit: String,
+    /// Median rate of spool; `None` (JSON `null`) when spool did not run.
+    pub spool: Option<f64>,
+    /// Median rate of each peer that took part, by peer key.
+    pub peers: BTreeMap<String, f64>,
+    /// `[min, max]` of the repetitions, by subject (`spool` and peer keys).
+    pub spread: BTreeMap<String, [f64; 2]>,
+    /// spool's median over each peer's median (absent without spool).
+    pub ratios: BTreeMap<String, f64>,
+    pub repetitions: usize,
+    /// Peak resident set of the process during this workload (see
+    /// [`RunInfo::peak_rss_per_workload`]); includes the generated data and
+    /// every subject, so it is an upper bound for each.
+    pub peak_rss_bytes: Option<u64>,
+    /// Resident bytes of an open spool session handle (`open` only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub spool_resident_bytes: Option<u64>,
+}
+
+impl ResultRow {
+    /// Builds a row from each subject's samples; the subject named `spool`
+    /// is spool, the others are peers.
+    pub fn from_measured(
+        workload: &str,
+        variant: &str,
+        unit: &str,
+        measured: impl IntoIterator<Item = (String, Samples)>,
+    ) -> Self {
+        let mut row = ResultRow {
+            workload: workload.to_string(),
+            variant: variant.to_string(),
+            unit: unit.to_string(),
+            spool: None,
+            peers: BTreeMap::new(),
+            spread: BTreeMap::new(),
+            ratios: BTreeMap::new(),
+            repetitions: 0,
+            peak_rss_bytes: None,
+            spool_resident_bytes: None,
+        };
+        for (name, samples) in measured {
+            row.repetitions = row.repetitions.max(samples.rates.len());
+            let Some(s) = samples.summary() else { continue };
+            row.spread.insert(name.clone(), [s.min, s.max]);
+            if name == "spool" {
+                row.spool = Some(s.median);
+            } else {
+                row.peers.insert(name, s.median);
+            }
+        }
+        if let Some(sp) = row.spool {
+            for (name, &p) in &row.peers {
+                if let Some(r) = stats::ratio(sp, p) {
+                    row.ratios.insert(name.clone(), r);
+                }
+            }
+        }
+        row
+    }
+}
+
+impl Machine {
+    /// Reads what Linux tells about this machine; `dir` is the scratch
+    /// directory whose file system is reported.
+    pub fn detect(dir: &Path) -> Self {
+        let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+        let cpu_model = cpuinfo
+            .lines()
+            .find(|l| l.starts_with("model name"))
+            .and_then(|l| l.split_once(':'))
+            .map(|(_, v)| v.trim().to_string());
+        let memory_bytes = std::fs::read_to_string("/proc/meminfo")
+            .ok()
+            .and_then(|m| kib_field(&m, "MemTotal:"));
+        let os = std::fs::read_to_string("/etc/os-release")
+            .ok()
+            .and_then(|s| {
+                s.lines()
+                    .find_map(|l| l.strip_prefix("PRETTY_NAME="))
+                    .map(|v| v.trim_matches('"').to_string())
+            })
+            .unwrap_or_else(|| std::env::consts::OS.to_string());
+        let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")
+            .ok()
+            .map(|s| s.trim().to_string());
+        Machine {
+            cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            cpu_model,
+            memory_bytes,
+            os,
+            kernel,
+            fs: fs_type(dir),
+            build: if cfg!(debug_assertions) {
+                "debug"
+            } else {
+                "release"
+            },
+        }
+    }
+}
+
+/// A `Name:   1234 kB` field of a /proc file, in bytes.
+fn kib_field(text: &str, name: &str) -> Option<u64> {
+    let line = text.lines().find(|l| l.starts_with(name))?;
+    let kib: u64 = line[name.len()..]
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()?;
+    kib.checked_mul(1024)
+}
+
+/// The file system type of the mount holding `dir`: the longest mount
+/// point that is a prefix of it in /proc/self/mountinfo.
+fn fs_type(dir: &Path) -> Option<String> {
+    let dir = std::fs::canonicalize(dir).ok()?;
+    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    let mut best: Option<(usize, String)> = None;
+    for line in info.lines() {
+        // Fields: id parent major:minor root mount-point options
+        // [optional...] - fstype source super-options
+        let mut parts = line.split(" - ");
+        let (Some(left), Some(right)) = (parts.next(), parts.next()) else {
+            continue;
+        };
+        let Some(mount) = left.split(' ').nth(4) else {
+            continue;
+        };
+        let Some(fstype) = right.split(' ').next() else {
+            continue;
+        };
+        let mount = mount.replace("\\040", " ");
+        let depth = Path::new(&mount).components().count();
+        if dir.starts_with(&mount) && best.as_ref().is_none_or(|(d, _)| depth >= *d) {
+            best = Some((depth, fstype.to_string()));
+        }
+    }
+    best.map(|(_, t)| t)
+}
+
+/// Resets the process's peak RSS to its current RSS (Linux: writing `5`
+/// to /proc/self/clear_refs). Returns whether it worked.
+pub fn reset_peak_rss() -> bool {
+    std::fs::write("/proc/self/clear_refs", "5").is_ok()
+}
+
+/// The process's peak RSS (VmHWM) in bytes.
+pub fn peak_rss_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    kib_field(&status, "VmHWM:")
+}
+
+/// The `--json` output: one object, pretty-printed.
+pub fn to_json(report: &Report) -> String {
+    // Serializing plain data with string keys cannot fail; non-finite
+    // floats never reach a report (stats filters them) and would become
+    // `null` anyway.
+    serde_json::to_string_pretty(report).unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"))
+}
+
+fn fmt_rate(v: f64) -> String {
+    if v >= 100.0 {
+        format!("{v:.0}")
+    } else if v >= 10.0 {
+        format!("{v:.1}")
+    } else {
+        format!("{v:.2}")
+    }
+}
+
+fn fmt_cell(median: Option<f64>, spread: Option<&[f64; 2]>) -> String {
+    match (median, spread) {
+        (Some(m), Some([lo, hi])) => {
+            format!("{} ({}–{})", fmt_rate(m), fmt_rate(*lo), fmt_rate(*hi))
+        }
+        (Some(m), None) => fmt_rate(m),
+        _ => "—".to_string(),
+    }
+}
+
+fn fmt_bytes(b: u64) -> String {
+    const MIB: f64 = 1024.0 * 1024.0;
+    format!("{:.1} MiB", b as f64 / MIB)
+}
+
+/// The `--markdown` output: the results table, then the machine, the
+/// method, the peer configurations and how to rerun.
+pub fn to_markdown(report: &Report) -> String {
+    let mut out = String::new();
+    let peers: Vec<&str> = PEER_ORDER
+        .iter()
+        .copied()
+        .filter(|p| report.results.iter().any(|r| r.peers.contains_key(*p)))
+        .collect();
+    let m = &report.machine;
+    let r = &report.run;
+
+    let _ = writeln!(out, "# Benchmarks\n");
+    let _ = writeln!(
+        out,
+        "Rates, higher is better: median of {} repetitions, (min–max) in brackets. \
+         Ratios are spool's median over each peer's, from the same run.{}\n",
+        r.repetitions,
+        if r.quick {
+            " **Quick run: small sizes, for checking only.**"
+        } else {
+            ""
+        }
+    );
+    let mut header = String::from("| workload | variant | unit | spool |");
+    let mut rule = String::from("|---|---|---|---:|");
+    for p in &peers {
+        let _ = write!(header, " {p} |");
+        rule.push_str("---:|");
+    }
+    header.push_str(" spool ÷ peer | peak RSS |");
+    rule.push_str("---|---:|");
+    let _ = writeln!(out, "{header}\n{rule}");
+    for row in &report.results {
+        let mut line = format!(
+            "| {} | {} | {} | {} |",
+            row.workload,
+            row.variant,
+            row.unit,
+            fmt_cell(row.spool, row.spread.get("spool"))
+        );
+        for p in &peers {
+            let _ = write!(
+                line,
+                " {} |",
+                fmt_cell(row.peers.get(*p).copied(), row.spread.get(*p))
+            );
+        }
+        let ratios: Vec<String> = PEER_ORDER
+            .iter()
+            .filter_map(|p| row.ratios.get(*p).map(|v| format!("{p} {v:.2}×")))
+            .collect();
+        let ratios = if ratios.is_empty() {
+            "—".to_string()
+        } else {
+            ratios.join(", ")
+        };
+        let rss = row.peak_rss_bytes.map_or("—".to_string(), fmt_bytes);
+        let _ = writeln!(line, " {ratios} | {rss} |");
+        out.push_str(&line);
+    }
+    let resident: Vec<String> = report
+        .results
+        .iter()
+        .filter_map(|row| {
+            row.spool_resident_bytes
+                .map(|b| format!("{} {}: {b} bytes", row.workload, row.variant))
+        })
+        .collect();
+    if !resident.is_empty() {
+        let _ = writeln!(
+            out,
+            "\nResident bytes of an open spool session handle: {}.",
+            resident.join("; ")
+        );
+    }
+
+    let _ = writeln!(out, "\n## Machine\n");
+    let _ = writeln!(
+        out,
+        "- CPUs: {} ({})",
+        m.cpus,
+        m.cpu_model.as_deref().unwrap_or("model unknown")
+    );
+    if let Some(b) = m.memory_bytes {
+        let _ = writeln!(out, "- Memory: {}", fmt_bytes(b));
+    }
+    let _ = writeln!(
+        out,
+        "- OS: {}, kernel {}",
+        m.os,
+        m.kernel.as_deref().unwrap_or("unknown")
+    );
+    let _ = writeln!(
+        out,
+        "- File system of the scratch directory: {}",
+        m.fs.as_deref().unwrap_or("unknown")
+    );
+    let _ = writeln!(out, "- Build: {}", m.build);
+
+    let _ = writeln!(out, "\n## Method\n");
+    let _ = writeln!(
+        out,
+        "- Every subject runs through the same harness: the same generated records, the \
+         same threads, the same timer, the same answer checks (a subject whose context, \
+         page or list answer differs from the expected one fails the run).\n\
+         - Data: a fixed seed ({seed:#x}); each record is a user message (35 %, 100–300 \
+         bytes), an assistant message (45 %, 512–1536 bytes) or a tool result (20 %, \
+         2048–6144 bytes): about 1.35 KiB of text on average. Budgets and MB/s count text \
+         bytes (1 MB = 10^6 bytes); the raw peers write 1 KiB per commit.\n\
+         - `append-durable`: each writer thread commits its own session's records one \
+         commit per record, acknowledged only once on stable storage; timed from a common \
+         start to the last writer's end. `append-buffered`: one writer, acknowledged from the \
+         page cache; the final flush is not timed.\n\
+         - `open`: the store is loaded, closed and reopened; then each open builds the model \
+         context, the newest entries fitting {cb} bytes, text in memory. `page`: the whole \
+         branch in pages of {pb} bytes. `list`: the headers of every active session (about \
+         25 %), newest first; every session also holds {le} records. `fork`: a durable fork \
+         at the middle entry, then opening the fork.\n\
+         - Read workloads repeat their operation for a fixed minimum time per repetition \
+         with a warm page cache.\n\
+         - Peak RSS: {rss}",
+        seed = r.seed,
+        cb = CONTEXT_BUDGET,
+        pb = PAGE_BUDGET,
+        le = LIST_ENTRIES_PER_SESSION,
+        rss = if r.peak_rss_per_workload {
+            "the process's VmHWM, reset before each workload; it includes the generated \
+             data and every subject of the workload, so it bounds each from above."
+        } else {
+            "the process's VmHWM so far (it could not be reset, so it is cumulative over \
+             the run)."
+        }
+    );
+
+    let _ = writeln!(out, "\n## Peer configurations\n");
+    let _ = writeln!(
+        out,
+        "- `sqlite`: bundled SQLite through rusqlite; WAL; `synchronous=FULL` (durable) or \
+         `OFF` (buffered); busy_timeout {busy} s; one connection per writer thread; cached \
+         prepared statements; entries in a rowid table with a unique index on (session, \
+         seq); sessions with an index on (status, updated_ms). Append = `BEGIN IMMEDIATE`, \
+         one `INSERT`, `COMMIT`. Open = tail query newest first until the budget. Page = \
+         keyset pagination. Fork = `INSERT ... SELECT` row copy in one transaction, then \
+         the tail query.\n\
+         - `jsonl`: one file per session, one serde_json line per entry written with one \
+         `write` (plus `fdatasync` when durable). Open and page parse the whole file.\n\
+         - `json-file`: one JSON file per session holding header, definition and \
+         transcript; listing reads and parses every file (header deserialized, the rest \
+         skipped), filters and sorts.\n\
+         - `raw`: durable: {rb}-byte `pwrite` + `fdatasync` overwriting a file preallocated \
+         with written zeros (its size never changes), one file per writer; buffered: \
+         sequential {rb}-byte writes to a growing file, no sync. `raw-append`: the durable \
+         loop appending to a growing file.",
+        busy = peers::sqlite::BUSY_TIMEOUT.as_secs(),
+        rb = peers::raw::RAW_RECORD_BYTES,
+    );
+
+    let _ = writeln!(out, "\n## Rerun\n");
+    let _ = writeln!(
+        out,
+        "```sh\ncargo run --release -p spool-tools -- bench --markdown   # full run, minutes\n\
+         cargo run --release -p spool-tools -- bench --quick --json   # seconds\n\
+         cargo run --release -p spool-tools -- bench --workload open --json\n```"
+    );
+    out
+}
