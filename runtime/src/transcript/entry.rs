@@ -83,7 +83,9 @@ pub struct Entry {
 #[non_exhaustive]
 pub enum EntryKind {
     /// A conversation message (user, assistant, tool result).
-    Message { message: Message },
+    Message {
+        message: Message,
+    },
     /// Plugin state: stored and read back byte-exact, never sent to a model.
     Custom {
         custom_type: String,
@@ -112,8 +114,13 @@ pub enum EntryKind {
     },
     /// A hard cut: the model sees nothing before this entry.
     Reset,
-    ModelChange { provider: String, model_id: String },
-    ThinkingLevelChange { thinking_level: String },
+    ModelChange {
+        provider: String,
+        model_id: String,
+    },
+    ThinkingLevelChange {
+        thinking_level: String,
+    },
     /// Sets (or, with `None`, clears) the label of `target_id`. Last wins.
     /// Labels never enter the model context.
     Label {
@@ -121,7 +128,9 @@ pub enum EntryKind {
         label: Option<String>,
     },
     /// Session metadata such as a display name.
-    SessionInfo { name: Option<String> },
+    SessionInfo {
+        name: Option<String>,
+    },
 }
 
 /// A conversation message.
@@ -204,7 +213,9 @@ impl Usage {
     pub fn add(&mut self, other: &Usage) {
         self.input_tokens = self.input_tokens.saturating_add(other.input_tokens);
         self.output_tokens = self.output_tokens.saturating_add(other.output_tokens);
-        self.cache_read_tokens = self.cache_read_tokens.saturating_add(other.cache_read_tokens);
+        self.cache_read_tokens = self
+            .cache_read_tokens
+            .saturating_add(other.cache_read_tokens);
         self.cache_write_tokens = self
             .cache_write_tokens
             .saturating_add(other.cache_write_tokens);

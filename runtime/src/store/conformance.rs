@@ -1,0 +1,1 @@
+//! Store conformance suite (placeholder).

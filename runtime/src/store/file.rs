@@ -1,0 +1,1 @@
+//! The JSON file store (placeholder, filled in below).
