@@ -239,6 +239,22 @@ impl AgentSession {
         std::mem::take(&mut self.pending)
     }
 
+    /// Reassembles a session from its persisted parts (empty pending
+    /// list). For whole-state store implementations: the caller vouches
+    /// that `state` is what the session's events fold to.
+    pub fn from_parts(
+        info: AgentSessionInfo,
+        definition: AgentDefinition,
+        state: AgentState,
+    ) -> AgentSession {
+        AgentSession {
+            info,
+            definition,
+            state,
+            pending: Vec::new(),
+        }
+    }
+
     /// The persisted form a store hands back: `version` and `updated_at_ms`
     /// set by the store, pending list emptied. For store implementations.
     pub fn reconstitute(mut self, version: u64, updated_at_ms: i64) -> AgentSession {

@@ -28,6 +28,7 @@ use crate::session::{
     SessionStatus,
 };
 
+pub use file::{FileStore, FileStoreOptions};
 pub use memory::MemoryStore;
 
 /// A store operation failed. `NotFound` and `Conflict` are expected
