@@ -21,22 +21,23 @@ use spool_runtime::transcript::{ContentBlock, EntryKind, Message, StopReason};
 use spool_runtime::RuntimeError;
 
 fn text_of(kind: &EntryKind) -> String {
-    match kind {
-        EntryKind::Message { message } => match message {
-            Message::User { content }
-            | Message::Assistant { content, .. }
-            | Message::ToolResult { content, .. } => content
-                .iter()
-                .map(|b| match b {
-                    ContentBlock::Text { text } => text.clone(),
-                    ContentBlock::ToolCall { name, .. } => format!("<call {name}>"),
-                    _ => String::new(),
-                })
-                .collect(),
+    let content = match kind {
+        EntryKind::Message {
+            message:
+                Message::User { content }
+                | Message::Assistant { content, .. }
+                | Message::ToolResult { content, .. },
+        } => content,
+        _ => return String::new(),
+    };
+    content
+        .iter()
+        .map(|b| match b {
+            ContentBlock::Text { text } => text.clone(),
+            ContentBlock::ToolCall { name, .. } => format!("<call {name}>"),
             _ => String::new(),
-        },
-        _ => String::new(),
-    }
+        })
+        .collect()
 }
 
 fn role(kind: &EntryKind) -> &'static str {
