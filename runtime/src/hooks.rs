@@ -115,6 +115,19 @@ where
     }
 }
 
+/// The seed's pass-through controller: changes nothing at any stage.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct PassThroughHook;
+
+impl SessionHook for PassThroughHook {
+    fn name(&self) -> &str {
+        "pass-through"
+    }
+    fn on_stage(&self, _stage: HookStage, _session: &mut AgentSession) -> Result<(), HookError> {
+        Ok(())
+    }
+}
+
 /// A failure inside a [`SessionHookStack`]: which hook, and why.
 #[derive(Debug)]
 pub struct StackFailure {

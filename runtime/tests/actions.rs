@@ -492,3 +492,23 @@ fn custom_actions_through_the_public_trait() {
     assert!(sink.events().iter().any(|e| matches!(e,
         spool_runtime::observer::RuntimeEvent::SessionActionExecuted { action, .. } if action == "archive_session")));
 }
+
+#[test]
+fn fork_through_the_repository_like_the_seed() {
+    use spool_runtime::actions::ForkSession;
+    use spool_runtime::store::{SessionRepository, StoreError};
+    let (rt, store, _sink) = memory_runtime();
+    let repo = SessionRepository::new(store);
+    let s = rt.create(definition("a"), None).unwrap();
+    let source = rt.get_session(s.id()).unwrap();
+    let forked = ForkSession::whole().fork(&source).unwrap();
+    assert_eq!(forked.version(), 0);
+    let forked = repo.create(forked).unwrap();
+    assert_eq!(forked.parent_id(), Some(s.id()));
+    assert_eq!(repo.get(forked.id()).unwrap(), forked);
+    let missing = spool_runtime::session::SessionId::generate();
+    assert!(matches!(
+        repo.get(&missing),
+        Err(StoreError::NotFound { .. })
+    ));
+}

@@ -19,6 +19,7 @@
 pub mod conformance;
 pub mod file;
 pub mod memory;
+mod repository;
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -30,6 +31,7 @@ use crate::session::{
 
 pub use file::{FileStore, FileStoreOptions};
 pub use memory::MemoryStore;
+pub use repository::SessionRepository;
 
 /// A store operation failed. `NotFound` and `Conflict` are expected
 /// outcomes callers handle; the others are faults.
