@@ -3,7 +3,8 @@
 //! # Version semantics (every store)
 //!
 //! - `create` takes a fresh session (version 0) and persists it as
-//!   version 1. An existing id is `Conflict { expected: 0, actual }`.
+//!   version 1. An existing id is `Conflict { expected: 0, actual }`; a
+//!   session whose version is not 0 is `InvalidSession`.
 //! - `save` takes a session whose version equals the stored version and
 //!   persists it as version + 1 with a new `updated_at_ms`. A mismatch is
 //!   `Conflict { expected: session.version, actual: stored }` and writes
