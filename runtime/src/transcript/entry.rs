@@ -83,9 +83,7 @@ pub struct Entry {
 #[non_exhaustive]
 pub enum EntryKind {
     /// A conversation message (user, assistant, tool result).
-    Message {
-        message: Message,
-    },
+    Message { message: Message },
     /// Plugin state: stored and read back byte-exact, never sent to a model.
     Custom {
         custom_type: String,
@@ -114,13 +112,8 @@ pub enum EntryKind {
     },
     /// A hard cut: the model sees nothing before this entry.
     Reset,
-    ModelChange {
-        provider: String,
-        model_id: String,
-    },
-    ThinkingLevelChange {
-        thinking_level: String,
-    },
+    ModelChange { provider: String, model_id: String },
+    ThinkingLevelChange { thinking_level: String },
     /// Sets (or, with `None`, clears) the label of `target_id`. Last wins.
     /// Labels never enter the model context.
     Label {
@@ -128,9 +121,7 @@ pub enum EntryKind {
         label: Option<String>,
     },
     /// Session metadata such as a display name.
-    SessionInfo {
-        name: Option<String>,
-    },
+    SessionInfo { name: Option<String> },
 }
 
 /// A conversation message.
@@ -213,9 +204,7 @@ impl Usage {
     pub fn add(&mut self, other: &Usage) {
         self.input_tokens = self.input_tokens.saturating_add(other.input_tokens);
         self.output_tokens = self.output_tokens.saturating_add(other.output_tokens);
-        self.cache_read_tokens = self
-            .cache_read_tokens
-            .saturating_add(other.cache_read_tokens);
+        self.cache_read_tokens = self.cache_read_tokens.saturating_add(other.cache_read_tokens);
         self.cache_write_tokens = self
             .cache_write_tokens
             .saturating_add(other.cache_write_tokens);
