@@ -1,3 +1,29 @@
 //! spool-runtime: event-sourced agent sessions on the spool engine.
+//!
+//! - [`session`]: domain types, domain events, the fold, codecs.
+//! - [`store`]: the [`store::SessionStore`] trait, the in-memory and JSON
+//!   file stores, and the store conformance suite.
+//! - [`actions`]: built-in session actions and the [`actions::SessionAction`] trait.
+//! - [`agent_loop`]: the [`agent_loop::AgentLoop`] trait, loop factories and
+//!   the deterministic scripted loop.
+//! - [`hooks`], [`observer`]: pipeline hooks and observer events.
+//! - [`runtime`]: [`runtime::SessionRuntime`], the create/read/execute boundary.
+//! - [`transcript`]: the transcript tree.
 
+pub mod actions;
+pub mod agent_loop;
+pub mod error;
+pub mod hooks;
+pub mod observer;
+pub mod runtime;
+pub mod session;
+pub mod store;
 pub mod transcript;
+
+pub use error::RuntimeError;
+pub use runtime::SessionRuntime;
+pub use session::{
+    AgentDefinition, AgentSession, AgentSessionInfo, AgentState, ModelConfig, SessionEvent,
+    SessionId, SessionInfoList, SessionStatus,
+};
+pub use store::{ListQuery, SessionStore, StoreError};

@@ -1,0 +1,57 @@
+//! Session actions: the [`SessionAction`] trait and the built-ins.
+//!
+//! An action changes a loaded session through its mutation methods (each
+//! records a domain event); the runtime then saves the session, committing
+//! those events. Actions should be pure transformations of the session;
+//! side effects belong in hooks or observers. If an action returns an
+//! error, nothing is saved.
+//!
+//! Status rules (see [`crate::session::info`] for the full policy):
+//! `SendMessage` needs an `Active` session (resume a suspended or finished
+//! one first); the settings actions (prompt, model, metadata, tasks,
+//! clear) work on any non-deleted session; every action on a deleted
+//! session fails with `SessionDeleted`.
+
+mod builtin;
+mod send;
+
+pub use builtin::{
+    ChangeModel, ChangeSystemPrompt, ClearSession, CompleteSession, DeleteSession, FailSession,
+    ForkSession, RemoveMetadata, ResumeSession, SuspendSession, UpdateTask, WriteMetadata,
+};
+pub use send::SendMessage;
+
+use crate::session::{AgentSession, SessionError};
+
+/// An action refused or failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ActionError {
+    /// The session refused a mutation (deleted, bad transition, bad task
+    /// list, bad transcript entry, ...).
+    #[error(transparent)]
+    Session(#[from] SessionError),
+    /// The action is not allowed in the session's current condition.
+    #[error("not allowed: {reason}")]
+    NotAllowed { reason: String },
+    /// A custom action's own failure.
+    #[error(transparent)]
+    Custom(Box<dyn std::error::Error + Send + Sync>),
+}
+
+impl ActionError {
+    pub fn not_allowed(reason: impl Into<String>) -> Self {
+        ActionError::NotAllowed {
+            reason: reason.into(),
+        }
+    }
+}
+
+/// Something the runtime can execute on a session (the seed's
+/// `CanExecuteSessionAction`). Implement it for custom actions.
+pub trait SessionAction: Send + Sync {
+    /// A short name for events and errors (`send_message`, ...).
+    fn name(&self) -> &str;
+    /// Changes the session through its mutation methods.
+    fn execute(&self, session: &mut AgentSession) -> Result<(), ActionError>;
+}

@@ -1,0 +1,309 @@
+//! [`SessionRuntime`]: the create / read / execute boundary.
+//!
+//! # Create pipeline (`create`, and `fork` after loading the source)
+//! 1. Build the session ([`SessionFactory`] rules).
+//! 2. BeforeCreate hooks. 3. BeforeSave hooks.
+//! 4. `store.create` (version 0 → 1). On failure: `SessionSaveFailed`,
+//!    the store error is returned.
+//! 5. AfterSave hooks. 6. AfterCreate hooks.
+//! 7. `SessionSaved`.
+//!
+//! # Execute pipeline (`execute`, `delete`)
+//! 1. Load. Missing or failing: `SessionLoadFailed`, error returned.
+//! 2. AfterLoad hooks. 3. `SessionLoaded`.
+//! 4. The action (a deleted session fails here with `SessionDeleted`).
+//! 5. AfterAction hooks. 6. BeforeSave hooks.
+//! 7. `SessionActionExecuted` (real before/after versions).
+//! 8. `store.save` (optimistic: a stale version is `Conflict`). On
+//!    failure: `SessionSaveFailed`, error returned.
+//! 9. AfterSave hooks. 10. `SessionSaved`.
+//!
+//! # Fixes to the seed's contract
+//! - `SessionActionExecuted` carries the loaded version as
+//!   `before_version` and the version the save produces as `after_version`.
+//! - A failing action emits `SessionActionFailed`; a failing hook emits
+//!   `SessionHookFailed`; both return an error and (before the save) store
+//!   nothing.
+//! - Changes a post-persist hook (AfterSave, AfterCreate) makes are
+//!   committed in one follow-up save after `SessionSaved`, reported by a
+//!   second `SessionSaved` (or `SessionSaveFailed`); post-persist hooks do
+//!   not run for the follow-up. A post-persist hook failure is reported
+//!   (`SessionHookFailed`, then `SessionSaved` for the commit that did
+//!   happen) and returned as `HookFailed { persisted_version: Some(v) }`.
+//! - Status policy: see [`crate::session::info`]; Deleted is terminal.
+//!   `delete` tombstones through the execute pipeline; `purge` removes.
+//! - Reads (`get_session`, `session_info`, `list_sessions`) run no hooks
+//!   and persist nothing. `get_session` reports `SessionLoaded` /
+//!   `SessionLoadFailed`; `session_info` never loads state.
+
+use std::sync::Arc;
+
+use crate::actions::{ActionError, DeleteSession, ForkSession, SessionAction};
+use crate::error::RuntimeError;
+use crate::hooks::{HookStage, SessionHookStack};
+use crate::observer::{EventSink, RuntimeEvent};
+use crate::session::{
+    AgentDefinition, AgentSession, AgentSessionInfo, AgentState, SessionFactory, SessionId,
+    SessionInfoList, SessionStatus,
+};
+use crate::store::{ListQuery, SessionStore, StoreError};
+use crate::transcript::EntryId;
+
+/// Creates sessions, executes actions, applies hooks, emits events.
+#[derive(Clone)]
+pub struct SessionRuntime {
+    store: Arc<dyn SessionStore>,
+    events: Arc<dyn EventSink>,
+    hooks: SessionHookStack,
+}
+
+impl std::fmt::Debug for SessionRuntime {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SessionRuntime")
+            .field("hooks", &self.hooks)
+            .finish_non_exhaustive()
+    }
+}
+
+impl SessionRuntime {
+    pub fn new(
+        store: Arc<dyn SessionStore>,
+        events: Arc<dyn EventSink>,
+        hooks: SessionHookStack,
+    ) -> Self {
+        SessionRuntime {
+            store,
+            events,
+            hooks,
+        }
+    }
+
+    pub fn store(&self) -> &Arc<dyn SessionStore> {
+        &self.store
+    }
+
+    pub fn hooks(&self) -> &SessionHookStack {
+        &self.hooks
+    }
+
+    fn emit(&self, e: RuntimeEvent) {
+        self.events.emit(&e);
+    }
+
+    fn run_hooks(
+        &self,
+        stage: HookStage,
+        session: &mut AgentSession,
+        persisted_version: Option<u64>,
+    ) -> Result<(), RuntimeError> {
+        self.hooks.run(stage, session).map_err(|f| {
+            self.emit(RuntimeEvent::SessionHookFailed {
+                session_id: session.id().clone(),
+                stage,
+                hook: f.hook.clone(),
+                error: f.error.to_string(),
+            });
+            RuntimeError::HookFailed {
+                id: session.id().clone(),
+                stage,
+                hook: f.hook,
+                persisted_version,
+                source: Box::new(f.error),
+            }
+        })
+    }
+
+    fn save_failed(&self, id: &SessionId, e: StoreError) -> RuntimeError {
+        self.emit(RuntimeEvent::SessionSaveFailed {
+            session_id: id.clone(),
+            error: e.to_string(),
+            error_kind: e.kind().to_string(),
+        });
+        RuntimeError::Store(e)
+    }
+
+    fn saved(&self, s: &AgentSession) {
+        self.emit(RuntimeEvent::SessionSaved {
+            session_id: s.id().clone(),
+            version: s.version(),
+            status: s.status(),
+        });
+    }
+
+    /// Runs post-persist hooks, emits `SessionSaved`, and commits any
+    /// changes the hooks made in one follow-up save.
+    fn after_persist(
+        &self,
+        mut session: AgentSession,
+        stages: &[HookStage],
+    ) -> Result<AgentSession, RuntimeError> {
+        let committed = session.clone();
+        for &stage in stages {
+            if let Err(e) = self.run_hooks(stage, &mut session, Some(committed.version())) {
+                self.saved(&committed);
+                return Err(e);
+            }
+        }
+        self.saved(&committed);
+        if session.pending_events().is_empty() {
+            return Ok(session);
+        }
+        let id = session.id().clone();
+        let follow_up = self
+            .store
+            .save(session)
+            .map_err(|e| self.save_failed(&id, e))?;
+        self.saved(&follow_up);
+        Ok(follow_up)
+    }
+
+    /// The create pipeline for an already built fresh session.
+    fn create_session(&self, mut session: AgentSession) -> Result<AgentSession, RuntimeError> {
+        self.run_hooks(HookStage::BeforeCreate, &mut session, None)?;
+        self.run_hooks(HookStage::BeforeSave, &mut session, None)?;
+        let id = session.id().clone();
+        let persisted = self
+            .store
+            .create(session)
+            .map_err(|e| self.save_failed(&id, e))?;
+        self.after_persist(persisted, &[HookStage::AfterSave, HookStage::AfterCreate])
+    }
+
+    /// Creates and persists a new root session (version 1) from a
+    /// definition and an optional seed state.
+    pub fn create(
+        &self,
+        definition: AgentDefinition,
+        seed: Option<AgentState>,
+    ) -> Result<AgentSession, RuntimeError> {
+        self.create_session(SessionFactory::create(definition, seed))
+    }
+
+    /// Headers from the store's header index: filtered, ordered, paged.
+    /// Never loads a session's state.
+    pub fn list_sessions(&self, query: &ListQuery) -> Result<SessionInfoList, RuntimeError> {
+        Ok(self.store.list_headers(query)?)
+    }
+
+    /// One header, never a full load. Missing: `NotFound`.
+    pub fn session_info(&self, id: &SessionId) -> Result<AgentSessionInfo, RuntimeError> {
+        self.store
+            .header(id)?
+            .ok_or_else(|| RuntimeError::Store(StoreError::NotFound { id: id.clone() }))
+    }
+
+    fn load(&self, id: &SessionId) -> Result<AgentSession, RuntimeError> {
+        let result = match self.store.load(id) {
+            Ok(Some(s)) => return Ok(s),
+            Ok(None) => StoreError::NotFound { id: id.clone() },
+            Err(e) => e,
+        };
+        self.emit(RuntimeEvent::SessionLoadFailed {
+            session_id: id.clone(),
+            error: result.to_string(),
+            error_kind: result.kind().to_string(),
+        });
+        Err(RuntimeError::Store(result))
+    }
+
+    fn loaded(&self, s: &AgentSession) {
+        self.emit(RuntimeEvent::SessionLoaded {
+            session_id: s.id().clone(),
+            version: s.version(),
+            status: s.status(),
+        });
+    }
+
+    /// The whole session (a full load). Runs no hooks, persists nothing.
+    pub fn get_session(&self, id: &SessionId) -> Result<AgentSession, RuntimeError> {
+        let s = self.load(id)?;
+        self.loaded(&s);
+        Ok(s)
+    }
+
+    fn action_failed(&self, id: &SessionId, action: &str, e: ActionError) -> RuntimeError {
+        let err = RuntimeError::from_action(id, action, e);
+        self.emit(RuntimeEvent::SessionActionFailed {
+            session_id: id.clone(),
+            action: action.to_string(),
+            error: err.to_string(),
+            error_kind: err.kind().to_string(),
+        });
+        err
+    }
+
+    /// Loads the session, runs `action`, saves the result (version + 1)
+    /// and returns it. See the module docs for the exact pipeline.
+    pub fn execute(
+        &self,
+        id: &SessionId,
+        action: &dyn SessionAction,
+    ) -> Result<AgentSession, RuntimeError> {
+        let mut session = self.load(id)?;
+        self.run_hooks(HookStage::AfterLoad, &mut session, None)?;
+        self.loaded(&session);
+        let before_version = session.version();
+        let before_status = session.status();
+        if session.is_deleted() {
+            return Err(self.action_failed(
+                id,
+                action.name(),
+                ActionError::Session(crate::session::SessionError::Deleted { id: id.clone() }),
+            ));
+        }
+        if let Err(e) = action.execute(&mut session) {
+            return Err(self.action_failed(id, action.name(), e));
+        }
+        self.run_hooks(HookStage::AfterAction, &mut session, None)?;
+        self.run_hooks(HookStage::BeforeSave, &mut session, None)?;
+        if session.pending_events().is_empty() {
+            // The save still advances the version; record why.
+            session.touch();
+        }
+        self.emit(RuntimeEvent::SessionActionExecuted {
+            session_id: id.clone(),
+            action: action.name().to_string(),
+            before_version,
+            after_version: before_version.saturating_add(1),
+            before_status,
+            after_status: session.status(),
+        });
+        let persisted = self
+            .store
+            .save(session)
+            .map_err(|e| self.save_failed(id, e))?;
+        self.after_persist(persisted, &[HookStage::AfterSave])
+    }
+
+    /// Forks a session (whole when `at` is `None`, else at that entry) into
+    /// a new session with `parent_id` = `id`, persisted through the create
+    /// pipeline. Children are listable with [`ListQuery::children_of`].
+    pub fn fork(&self, id: &SessionId, at: Option<EntryId>) -> Result<AgentSession, RuntimeError> {
+        let source = self.load(id)?;
+        self.loaded(&source);
+        let action = ForkSession { at };
+        let forked = match action.fork(&source) {
+            Ok(f) => f,
+            Err(e) => return Err(self.action_failed(id, "fork_session", e)),
+        };
+        self.create_session(forked)
+    }
+
+    /// Tombstones the session (status `Deleted`, version + 1) through the
+    /// execute pipeline. It stays loadable and listable with
+    /// `include_deleted`; every later action fails with `SessionDeleted`.
+    pub fn delete(&self, id: &SessionId) -> Result<AgentSession, RuntimeError> {
+        self.execute(id, &DeleteSession)
+    }
+
+    /// Removes the session from the store entirely; returns whether it
+    /// existed. No hooks run.
+    pub fn purge(&self, id: &SessionId) -> Result<bool, RuntimeError> {
+        Ok(self.store.delete(id)?)
+    }
+
+    /// Convenience: the status of a session from its header.
+    pub fn status(&self, id: &SessionId) -> Result<SessionStatus, RuntimeError> {
+        Ok(self.session_info(id)?.status)
+    }
+}

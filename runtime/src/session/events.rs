@@ -1,0 +1,112 @@
+//! Domain events: every mutation of a session is one of these.
+//!
+//! A session is exactly the fold of its events ([`super::AgentSession::replay`]).
+//! Events are persisted (MessagePack through [`super::codec`]) so they are
+//! only ever extended: new variants and new optional fields, never renames.
+
+use serde::{Deserialize, Serialize};
+
+use super::definition::{AgentDefinition, ModelConfig};
+use super::id::SessionId;
+use super::info::SessionStatus;
+use super::state::{AgentState, ExecutionStatus, Task};
+use crate::transcript::{Entry, EntryId, Usage};
+
+/// One change to a session.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum SessionEvent {
+    /// The first event of every session: its identity, definition and
+    /// initial state (the seed state, or the copied state of a fork).
+    Created {
+        id: SessionId,
+        parent_id: Option<SessionId>,
+        agent_name: String,
+        label: String,
+        created_at_ms: i64,
+        definition: Box<AgentDefinition>,
+        state: Box<AgentState>,
+    },
+    /// An entry was appended to the transcript and became the leaf.
+    EntryAppended {
+        entry: Entry,
+    },
+    /// The transcript leaf moved (navigation).
+    LeafMoved {
+        leaf: Option<EntryId>,
+    },
+    StatusChanged {
+        from: SessionStatus,
+        to: SessionStatus,
+    },
+    SystemPromptChanged {
+        system_prompt: String,
+    },
+    ModelChanged {
+        model: ModelConfig,
+    },
+    MetadataWritten {
+        key: String,
+        value: serde_json::Value,
+    },
+    MetadataRemoved {
+        key: String,
+    },
+    /// The whole task list after an update.
+    TaskUpdated {
+        tasks: Vec<Task>,
+    },
+    /// The state was reset for the next execution
+    /// (see [`AgentState::for_next_execution`]).
+    StateCleared,
+    /// An execution began; `execution` is its 1-based number.
+    ExecutionStarted {
+        execution: u64,
+    },
+    ExecutionFinished {
+        status: ExecutionStatus,
+        usage: Usage,
+        error: Option<String>,
+    },
+    /// The transcript was replaced by a rewrite as generation `generation`.
+    HistoryRewritten {
+        generation: u64,
+        entries: Vec<Entry>,
+        leaf: Option<EntryId>,
+    },
+    /// This session was forked from `from` (whole, or at `at_entry`).
+    /// Follows `Created` in a fork's first commit.
+    Forked {
+        from: SessionId,
+        at_entry: Option<EntryId>,
+    },
+    /// The session was deleted (tombstoned). Terminal.
+    Deleted,
+    /// A save that changed nothing but must still advance the version.
+    Touched,
+}
+
+impl SessionEvent {
+    /// A short stable name of the event kind (`created`, `entry_appended`, ...).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            SessionEvent::Created { .. } => "created",
+            SessionEvent::EntryAppended { .. } => "entry_appended",
+            SessionEvent::LeafMoved { .. } => "leaf_moved",
+            SessionEvent::StatusChanged { .. } => "status_changed",
+            SessionEvent::SystemPromptChanged { .. } => "system_prompt_changed",
+            SessionEvent::ModelChanged { .. } => "model_changed",
+            SessionEvent::MetadataWritten { .. } => "metadata_written",
+            SessionEvent::MetadataRemoved { .. } => "metadata_removed",
+            SessionEvent::TaskUpdated { .. } => "task_updated",
+            SessionEvent::StateCleared => "state_cleared",
+            SessionEvent::ExecutionStarted { .. } => "execution_started",
+            SessionEvent::ExecutionFinished { .. } => "execution_finished",
+            SessionEvent::HistoryRewritten { .. } => "history_rewritten",
+            SessionEvent::Forked { .. } => "forked",
+            SessionEvent::Deleted => "deleted",
+            SessionEvent::Touched => "touched",
+        }
+    }
+}

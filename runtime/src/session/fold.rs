@@ -1,0 +1,181 @@
+//! The pure fold: `AgentSession::apply` and `AgentSession::replay`.
+//!
+//! The fold checks structure only (a session starts with `Created`, entry
+//! parents exist, ids are unique); policy (status transitions, task-list
+//! bounds) is checked by the mutation methods before an event is recorded,
+//! so a log written by an older policy still replays.
+
+use std::collections::HashSet;
+
+use super::events::SessionEvent;
+use super::info::{AgentSessionInfo, SessionStatus};
+use super::state::ExecutionStatus;
+use super::AgentSession;
+use crate::transcript::{EntryId, TranscriptError, Usage};
+
+/// An event could not be folded into a session.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum FoldError {
+    #[error("an event history must start with `created` (found `{found}`)")]
+    NotCreated { found: &'static str },
+    #[error("`created` can only be the first event")]
+    AlreadyCreated,
+    #[error("empty event history")]
+    Empty,
+    #[error("event `{event}`: {source}")]
+    Transcript {
+        event: &'static str,
+        source: TranscriptError,
+    },
+    #[error("history rewrite: {reason}")]
+    BadRewrite { reason: String },
+}
+
+pub(super) fn session_from_created(ev: &SessionEvent) -> Result<AgentSession, FoldError> {
+    match ev {
+        SessionEvent::Created {
+            id,
+            parent_id,
+            agent_name,
+            label,
+            created_at_ms,
+            definition,
+            state,
+        } => Ok(AgentSession {
+            info: AgentSessionInfo {
+                id: id.clone(),
+                parent_id: parent_id.clone(),
+                status: SessionStatus::Active,
+                version: 0,
+                agent_name: agent_name.clone(),
+                label: label.clone(),
+                created_at_ms: *created_at_ms,
+                updated_at_ms: *created_at_ms,
+            },
+            definition: (**definition).clone(),
+            state: (**state).clone(),
+            pending: Vec::new(),
+        }),
+        other => Err(FoldError::NotCreated {
+            found: other.kind(),
+        }),
+    }
+}
+
+impl AgentSession {
+    /// Folds one event into the session. Pure: no validation beyond
+    /// structure, no pending-list change, no version change.
+    pub fn apply(&mut self, ev: &SessionEvent) -> Result<(), FoldError> {
+        let st = &mut self.state;
+        match ev {
+            SessionEvent::Created { .. } => return Err(FoldError::AlreadyCreated),
+            SessionEvent::EntryAppended { entry } => {
+                st.transcript
+                    .append(entry.clone())
+                    .map_err(|source| FoldError::Transcript {
+                        event: ev.kind(),
+                        source,
+                    })?
+            }
+            SessionEvent::LeafMoved { leaf } => {
+                st.transcript
+                    .set_leaf(leaf.clone())
+                    .map_err(|source| FoldError::Transcript {
+                        event: ev.kind(),
+                        source,
+                    })?
+            }
+            SessionEvent::StatusChanged { to, .. } => self.info.status = *to,
+            SessionEvent::SystemPromptChanged { system_prompt } => {
+                st.system_prompt = system_prompt.clone()
+            }
+            SessionEvent::ModelChanged { model } => st.model = model.clone(),
+            SessionEvent::MetadataWritten { key, value } => {
+                st.metadata.insert(key.clone(), value.clone());
+            }
+            SessionEvent::MetadataRemoved { key } => {
+                st.metadata.remove(key);
+            }
+            SessionEvent::TaskUpdated { tasks } => st.tasks = tasks.clone(),
+            SessionEvent::StateCleared => *st = st.for_next_execution(),
+            SessionEvent::ExecutionStarted { execution } => {
+                st.execution_count = *execution;
+                st.execution = ExecutionStatus::InProgress;
+                st.usage = Usage::default();
+                st.last_error = None;
+            }
+            SessionEvent::ExecutionFinished {
+                status,
+                usage,
+                error,
+            } => {
+                st.execution = *status;
+                st.usage = *usage;
+                st.total_usage.add(usage);
+                st.last_error = error.clone();
+            }
+            SessionEvent::HistoryRewritten {
+                generation,
+                entries,
+                leaf,
+            } => {
+                let mut seen: HashSet<&EntryId> = HashSet::with_capacity(entries.len());
+                for e in entries {
+                    if let Some(p) = &e.parent_id {
+                        if !seen.contains(p) {
+                            return Err(FoldError::BadRewrite {
+                                reason: format!("entry {} precedes its parent {p}", e.id),
+                            });
+                        }
+                    }
+                    if !seen.insert(&e.id) {
+                        return Err(FoldError::BadRewrite {
+                            reason: format!("entry {} appears twice", e.id),
+                        });
+                    }
+                }
+                if let Some(l) = leaf {
+                    if !seen.contains(l) {
+                        return Err(FoldError::BadRewrite {
+                            reason: format!("leaf {l} is not among the entries"),
+                        });
+                    }
+                }
+                st.transcript.replace_all(entries.clone(), leaf.clone());
+                st.generation = *generation;
+            }
+            SessionEvent::Forked { from, .. } => self.info.parent_id = Some(from.clone()),
+            SessionEvent::Deleted => self.info.status = SessionStatus::Deleted,
+            SessionEvent::Touched => {}
+        }
+        Ok(())
+    }
+
+    /// Rebuilds a session from its whole event history (which must start
+    /// with `Created`). The result has version 0 and an empty pending list;
+    /// a store sets the version with [`AgentSession::reconstitute`].
+    pub fn replay<'a, I>(events: I) -> Result<AgentSession, FoldError>
+    where
+        I: IntoIterator<Item = &'a SessionEvent>,
+    {
+        let mut it = events.into_iter();
+        let first = it.next().ok_or(FoldError::Empty)?;
+        let mut s = session_from_created(first)?;
+        for ev in it {
+            s.apply(ev)?;
+        }
+        Ok(s)
+    }
+
+    /// Continues from a snapshot: folds `tail` into `self`.
+    pub fn replay_onto<'a, I>(mut self, tail: I) -> Result<AgentSession, FoldError>
+    where
+        I: IntoIterator<Item = &'a SessionEvent>,
+    {
+        for ev in tail {
+            self.apply(ev)?;
+        }
+        Ok(self)
+    }
+}

@@ -1,0 +1,355 @@
+//! Session stores: the [`SessionStore`] trait, its errors and queries.
+//!
+//! # Version semantics (every store)
+//!
+//! - `create` takes a fresh session (version 0) and persists it as
+//!   version 1. An existing id is `Conflict { expected: 0, actual }`; a
+//!   session whose version is not 0 is `InvalidSession`.
+//! - `save` takes a session whose version equals the stored version and
+//!   persists it as version + 1 with a new `updated_at_ms`. A mismatch is
+//!   `Conflict { expected: session.version, actual: stored }` and writes
+//!   nothing; a missing session is `NotFound`.
+//! - Whatever is persisted by one `create`/`save` is all-or-nothing. An
+//!   event-sourced store commits the session's pending events as one
+//!   commit under the version fence (if the list is empty it commits a
+//!   `Touched` event); a whole-state store persists the folded session.
+//! - Every session a store returns has an empty pending list.
+//! - `header` and `list_headers` never load state; `stats().full_loads`
+//!   counts the loads that do, so callers (and tests) can prove it.
+
+pub mod conformance;
+pub mod file;
+pub mod memory;
+mod repository;
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::session::{
+    AgentSession, AgentSessionInfo, CodecError, InvalidSessionId, SessionId, SessionInfoList,
+    SessionStatus,
+};
+
+pub use file::{FileStore, FileStoreOptions};
+pub use memory::MemoryStore;
+pub use repository::SessionRepository;
+
+/// A store operation failed. `NotFound` and `Conflict` are expected
+/// outcomes callers handle; the others are faults.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    #[error("session {id} not found")]
+    NotFound { id: SessionId },
+    #[error(
+        "session {id}: version conflict (expected version {expected}, stored version {actual})"
+    )]
+    Conflict {
+        id: SessionId,
+        expected: u64,
+        actual: u64,
+    },
+    #[error("session {id} cannot be stored: {reason}")]
+    InvalidSession { id: SessionId, reason: String },
+    #[error("invalid session file {}: {reason}", path.display())]
+    InvalidSessionFile { path: PathBuf, reason: String },
+    #[error(transparent)]
+    InvalidId(#[from] InvalidSessionId),
+    #[error("invalid listing query: {reason}")]
+    InvalidQuery { reason: String },
+    #[error("timed out after {waited_ms} ms waiting for lock {}", path.display())]
+    LockTimeout { path: PathBuf, waited_ms: u64 },
+    #[error("I/O error on {}: {source}", path.display())]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("encoding error ({context}): {source}")]
+    Encoding {
+        context: String,
+        #[source]
+        source: CodecError,
+    },
+    #[error("store backend error: {0}")]
+    Backend(#[source] Box<dyn std::error::Error + Send + Sync>),
+}
+
+impl StoreError {
+    /// A short stable name of the error kind (`not_found`, `conflict`, ...),
+    /// used in observer events and machine-readable output.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            StoreError::NotFound { .. } => "not_found",
+            StoreError::Conflict { .. } => "conflict",
+            StoreError::InvalidSession { .. } => "invalid_session",
+            StoreError::InvalidSessionFile { .. } => "invalid_session_file",
+            StoreError::InvalidId(_) => "invalid_id",
+            StoreError::InvalidQuery { .. } => "invalid_query",
+            StoreError::LockTimeout { .. } => "lock_timeout",
+            StoreError::Io { .. } => "io",
+            StoreError::Encoding { .. } => "encoding",
+            StoreError::Backend(_) => "backend",
+        }
+    }
+
+    pub fn is_conflict(&self) -> bool {
+        matches!(self, StoreError::Conflict { .. })
+    }
+
+    pub fn is_not_found(&self) -> bool {
+        matches!(self, StoreError::NotFound { .. })
+    }
+}
+
+/// Counters a store keeps about its own work.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct StoreStats {
+    /// How many times a session's full state was loaded (`load`, and any
+    /// internal full read). Header reads and listings do not count.
+    pub full_loads: u64,
+}
+
+/// A thread-safe counter of full loads, for store implementations.
+#[derive(Debug, Default)]
+pub struct LoadCounter(AtomicU64);
+
+impl LoadCounter {
+    pub fn bump(&self) {
+        self.0.fetch_add(1, Ordering::Relaxed);
+    }
+    pub fn get(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
+    }
+    pub fn stats(&self) -> StoreStats {
+        StoreStats {
+            full_loads: self.get(),
+        }
+    }
+}
+
+/// Where sessions live. Object safe; implementations are shared across
+/// threads. See the module docs for the version semantics.
+pub trait SessionStore: Send + Sync {
+    /// Persists a fresh session (version 0) as version 1.
+    fn create(&self, session: AgentSession) -> Result<AgentSession, StoreError>;
+    /// Persists a loaded-and-changed session as stored version + 1.
+    fn save(&self, session: AgentSession) -> Result<AgentSession, StoreError>;
+    /// The stored session, or `None`. Counts as a full load.
+    fn load(&self, id: &SessionId) -> Result<Option<AgentSession>, StoreError>;
+    fn exists(&self, id: &SessionId) -> Result<bool, StoreError>;
+    /// Removes the session physically; returns whether it existed. (The
+    /// runtime's `delete` tombstones instead: see `SessionRuntime::delete`.)
+    fn delete(&self, id: &SessionId) -> Result<bool, StoreError>;
+    /// Headers matching `query`, ordered and paged. Never loads state;
+    /// unreadable records are reported in `skipped`, not fatal.
+    fn list_headers(&self, query: &ListQuery) -> Result<SessionInfoList, StoreError>;
+    /// One header, without loading the state.
+    fn header(&self, id: &SessionId) -> Result<Option<AgentSessionInfo>, StoreError>;
+    fn stats(&self) -> StoreStats;
+}
+
+/// What listing sorts by. Ties are broken by session id.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum ListOrder {
+    #[default]
+    UpdatedAt,
+    CreatedAt,
+    Id,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum SortDirection {
+    Ascending,
+    /// Newest (or greatest id) first; the default.
+    #[default]
+    Descending,
+}
+
+/// Maximum page size a query may ask for.
+pub const MAX_PAGE_LIMIT: u64 = 100_000;
+
+/// A listing query: filter, order, page.
+///
+/// Filters combine with AND. Without a `status` filter, deleted
+/// (tombstoned) sessions are left out unless `include_deleted` is set;
+/// `status: Some(Deleted)` lists only them. Paging: `cursor` (from a
+/// previous page's `next_cursor`, valid for the same order) skips to after
+/// that item, then `offset` items are skipped, then at most `limit` are
+/// returned.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ListQuery {
+    pub status: Option<SessionStatus>,
+    pub agent: Option<String>,
+    pub parent: Option<SessionId>,
+    pub include_deleted: bool,
+    pub order: ListOrder,
+    pub direction: SortDirection,
+    pub offset: u64,
+    pub limit: Option<u64>,
+    pub cursor: Option<String>,
+}
+
+impl ListQuery {
+    /// Every non-deleted session, most recently updated first.
+    pub fn all() -> Self {
+        Self::default()
+    }
+    pub fn with_status(mut self, status: SessionStatus) -> Self {
+        self.status = Some(status);
+        self
+    }
+    pub fn with_agent(mut self, agent: impl Into<String>) -> Self {
+        self.agent = Some(agent.into());
+        self
+    }
+    /// Only sessions forked from `parent`.
+    pub fn children_of(mut self, parent: SessionId) -> Self {
+        self.parent = Some(parent);
+        self
+    }
+    pub fn including_deleted(mut self) -> Self {
+        self.include_deleted = true;
+        self
+    }
+    pub fn order_by(mut self, order: ListOrder, direction: SortDirection) -> Self {
+        self.order = order;
+        self.direction = direction;
+        self
+    }
+    pub fn page(mut self, offset: u64, limit: u64) -> Self {
+        self.offset = offset;
+        self.limit = Some(limit);
+        self
+    }
+    pub fn limit(mut self, limit: u64) -> Self {
+        self.limit = Some(limit);
+        self
+    }
+    pub fn after(mut self, cursor: impl Into<String>) -> Self {
+        self.cursor = Some(cursor.into());
+        self
+    }
+
+    /// Whether a header passes the filters.
+    pub fn matches(&self, h: &AgentSessionInfo) -> bool {
+        match self.status {
+            Some(st) if h.status != st => return false,
+            None if h.status == SessionStatus::Deleted && !self.include_deleted => return false,
+            _ => {}
+        }
+        if let Some(a) = &self.agent {
+            if &h.agent_name != a {
+                return false;
+            }
+        }
+        if let Some(p) = &self.parent {
+            if h.parent_id.as_ref() != Some(p) {
+                return false;
+            }
+        }
+        true
+    }
+
+    fn key(&self, h: &AgentSessionInfo) -> (i64, String) {
+        let primary = match self.order {
+            ListOrder::UpdatedAt => h.updated_at_ms,
+            ListOrder::CreatedAt => h.created_at_ms,
+            ListOrder::Id => 0,
+        };
+        (primary, h.id.as_str().to_string())
+    }
+
+    fn order_tag(&self) -> char {
+        match self.order {
+            ListOrder::UpdatedAt => 'u',
+            ListOrder::CreatedAt => 'c',
+            ListOrder::Id => 'i',
+        }
+    }
+
+    fn encode_cursor(&self, h: &AgentSessionInfo) -> String {
+        let (p, id) = self.key(h);
+        format!("{}{}:{}", self.order_tag(), p, id)
+    }
+
+    fn decode_cursor(&self, c: &str) -> Result<(i64, String), StoreError> {
+        let bad = |why: &str| StoreError::InvalidQuery {
+            reason: format!("cursor {c:?}: {why}"),
+        };
+        let mut chars = c.chars();
+        if chars.next() != Some(self.order_tag()) {
+            return Err(bad("it belongs to a different order"));
+        }
+        let rest = chars.as_str();
+        let (p, id) = rest.split_once(':').ok_or_else(|| bad("malformed"))?;
+        let p: i64 = p.parse().map_err(|_| bad("malformed"))?;
+        let id = SessionId::parse(id).map_err(|_| bad("malformed id"))?;
+        Ok((p, id.as_str().to_string()))
+    }
+
+    /// Filters, sorts and pages a set of headers. Stores that keep all
+    /// headers at hand use this so every store answers identically.
+    pub fn apply<I>(&self, headers: I) -> Result<SessionInfoList, StoreError>
+    where
+        I: IntoIterator<Item = AgentSessionInfo>,
+    {
+        if let Some(l) = self.limit {
+            if l > MAX_PAGE_LIMIT {
+                return Err(StoreError::InvalidQuery {
+                    reason: format!("limit {l} exceeds {MAX_PAGE_LIMIT}"),
+                });
+            }
+        }
+        let after = match &self.cursor {
+            Some(c) => Some(self.decode_cursor(c)?),
+            None => None,
+        };
+        let mut keyed: Vec<((i64, String), AgentSessionInfo)> = headers
+            .into_iter()
+            .filter(|h| self.matches(h))
+            .map(|h| (self.key(&h), h))
+            .collect();
+        let total = keyed.len() as u64;
+        keyed.sort_by(|a, b| a.0.cmp(&b.0));
+        if self.direction == SortDirection::Descending {
+            keyed.reverse();
+        }
+        let start = match &after {
+            None => 0,
+            Some(k) => keyed
+                .iter()
+                .position(|(kk, _)| match self.direction {
+                    SortDirection::Ascending => kk > k,
+                    SortDirection::Descending => kk < k,
+                })
+                .unwrap_or(keyed.len()),
+        };
+        let start = start.saturating_add(usize::try_from(self.offset).unwrap_or(usize::MAX));
+        let start = start.min(keyed.len());
+        let end = match self.limit {
+            Some(l) => start
+                .saturating_add(usize::try_from(l).unwrap_or(usize::MAX))
+                .min(keyed.len()),
+            None => keyed.len(),
+        };
+        let next_cursor = if end < keyed.len() && end > start {
+            Some(self.encode_cursor(&keyed[end - 1].1))
+        } else {
+            None
+        };
+        let headers = keyed
+            .into_iter()
+            .skip(start)
+            .take(end - start)
+            .map(|(_, h)| h)
+            .collect();
+        Ok(SessionInfoList {
+            headers,
+            total,
+            next_cursor,
+            skipped: Vec::new(),
+        })
+    }
+}
