@@ -39,4 +39,4 @@ pub use types::{
     Options, Preallocate, RecordedCommit, StoreStats,
 };
 pub use uuid::Uuid;
-pub use verify::{verify, VerifyProblem, VerifyReport};
+pub use verify::{verify, IndexCheck, VerifyProblem, VerifyReport};
