@@ -148,6 +148,17 @@ impl SimVfs {
         crash_state(&mut st, seed);
     }
 
+    /// Crash now keeping only what was synced: no unsynced write or entry survives.
+    pub fn crash_synced_only(&self) {
+        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        for node in st.inodes.values_mut() {
+            node.pending.clear();
+            node.live = node.durable.clone();
+        }
+        st.entries = st.durable_entries.clone();
+        crash_state(&mut st, 0);
+    }
+
     /// The live bytes of a file (for tests that inspect or damage files).
     pub fn read_file(&self, path: &Path) -> io::Result<Vec<u8>> {
         let st = self.lock_state()?;
