@@ -1,1 +1,42 @@
-//! spool-engine
+//! spool-engine: a crash-safe, log-structured event store.
+//!
+//! The segment log is the single source of truth. A commit (1..=N events appended to one
+//! stream behind an expected-version fence) is one checksummed record in a segment file;
+//! sequence numbers are global, dense and 1-based; a stream's version is the number of
+//! commits in it. Derived indexes (stream heads, stream version → position, commit id →
+//! info, and those of registered [`Indexer`]s) live in sled, which is a rebuildable cache
+//! that is never ahead of the log.
+//!
+//! - [`Store::open`] takes an exclusive lock, recovers the log (truncating only a torn
+//!   tail of the last segment; mid-log corruption is an error naming segment and offset)
+//!   and catches the index up from the log or rebuilds it.
+//! - [`Store::append`] is acknowledged after fdatasync ([`Durability::Immediate`],
+//!   shared among concurrent writers by group commit) or after the write
+//!   ([`Durability::Buffered`]). A failed write or fsync poisons the store.
+//! - [`Store::open_read_only`] and [`verify`] never write to the store directory.
+//! - All log I/O goes through [`vfs::Vfs`], so tests can inject faults and crashes.
+//!
+//! The on-disk format is in [`format`] and ARCH-NOTES.md.
+
+mod error;
+pub mod format;
+mod index;
+mod log;
+mod store;
+mod types;
+mod verify;
+pub mod vfs;
+
+pub use error::{Error, IndexError};
+pub use format::{
+    EVENTS_PER_COMMIT_MAX, EVENT_KIND_BYTES_MAX, RECORD_BYTES_HARD_CAP, RECORD_BYTES_MAX_DEFAULT,
+    SEGMENT_BYTES_MAX_DEFAULT, SEGMENT_BYTES_MIN, STREAM_ID_BYTES_MAX,
+};
+pub use index::{Index, IndexBatch, IndexScan, Indexer, StreamHead, INDEX_FORMAT_VERSION};
+pub use store::{LogScan, Store, INDEX_DIR, LOCK_FILE};
+pub use types::{
+    AppendOutcome, CommitInfo, Durability, EventData, ExpectedVersion, LogPosition, NewCommit,
+    Options, Preallocate, RecordedCommit, StoreStats,
+};
+pub use uuid::Uuid;
+pub use verify::{verify, IndexCheck, VerifyProblem, VerifyReport};

@@ -1,0 +1,131 @@
+//! Rough write-path figures: raw 1 KiB write+fdatasync loop vs. spool appends.
+//! `cargo run --release -p spool-engine --example append_bench -- [seconds] [dir]`
+
+use spool_engine::*;
+use std::fs::OpenOptions;
+use std::os::unix::fs::FileExt;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+fn raw_loop(dir: &std::path::Path, secs: f64, prealloc_zero: bool) -> f64 {
+    let path = dir.join("raw.bin");
+    let f = OpenOptions::new()
+        .create(true)
+        .truncate(true)
+        .read(true)
+        .write(true)
+        .open(&path)
+        .unwrap();
+    let size = 64u64 << 20;
+    if prealloc_zero {
+        let z = vec![0u8; 1 << 20];
+        for i in 0..64 {
+            f.write_all_at(&z, i << 20).unwrap();
+        }
+        f.sync_all().unwrap();
+    }
+    let buf = vec![1u8; 1024];
+    let start = Instant::now();
+    let mut n = 0u64;
+    while start.elapsed().as_secs_f64() < secs {
+        f.write_all_at(&buf, (n * 1024) % size).unwrap();
+        f.sync_data().unwrap();
+        n += 1;
+    }
+    let _ = std::fs::remove_file(&path);
+    n as f64 / start.elapsed().as_secs_f64()
+}
+
+fn spool(
+    dir: &std::path::Path,
+    secs: f64,
+    writers: usize,
+    d: Durability,
+    p: Preallocate,
+) -> (f64, StoreStats) {
+    let _ = std::fs::remove_dir_all(dir);
+    let s = Arc::new(Store::open(dir, Options::default().durability(d).preallocate(p)).unwrap());
+    let start = Instant::now();
+    let deadline = start + Duration::from_secs_f64(secs);
+    let handles: Vec<_> = (0..writers)
+        .map(|i| {
+            let s = s.clone();
+            std::thread::spawn(move || {
+                let mut v = 0u64;
+                let stream = format!("w-{i}");
+                while Instant::now() < deadline {
+                    let c = NewCommit::new(
+                        stream.clone(),
+                        ExpectedVersion::Exact(v),
+                        vec![EventData::new("e", vec![2u8; 1024])],
+                    );
+                    match s.append(c).unwrap() {
+                        AppendOutcome::Committed(_) => v += 1,
+                        o => panic!("{o:?}"),
+                    }
+                }
+                v
+            })
+        })
+        .collect();
+    let total: u64 = handles.into_iter().map(|h| h.join().unwrap()).sum();
+    let rate = total as f64 / start.elapsed().as_secs_f64();
+    let st = s.stats();
+    drop(s);
+    let _ = std::fs::remove_dir_all(dir);
+    (rate, st)
+}
+
+fn main() {
+    if std::env::var("ONLY_BUFFERED").is_ok() {
+        let base = std::env::temp_dir().join("spool-bench-b");
+        let (buf, st) = spool(&base, 3.0, 1, Durability::Buffered, Preallocate::ZeroFill);
+        println!("buffered x1: {buf:.0}/s {st:?}");
+        return;
+    }
+    let args: Vec<String> = std::env::args().collect();
+    let secs: f64 = args.get(1).and_then(|s| s.parse().ok()).unwrap_or(2.0);
+    let base = args
+        .get(2)
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| std::env::temp_dir().join("spool-bench"));
+    std::fs::create_dir_all(&base).unwrap();
+    let raw = raw_loop(&base, secs, true);
+    let raw_sparse = raw_loop(&base, secs, false);
+    println!("raw 1KiB write+fdatasync (zero-filled): {raw:.0}/s; (sparse growing-ish): {raw_sparse:.0}/s");
+    for p in [Preallocate::ZeroFill, Preallocate::Fallocate] {
+        let (one, st) = spool(&base.join("s1"), secs, 1, Durability::Immediate, p);
+        println!(
+            "{p:?} immediate x1: {one:.0}/s ({:.2}x raw) fsyncs {}",
+            one / raw,
+            st.fsyncs
+        );
+    }
+    let (one, _) = spool(
+        &base.join("s1"),
+        secs,
+        1,
+        Durability::Immediate,
+        Preallocate::ZeroFill,
+    );
+    let (sixteen, st) = spool(
+        &base.join("s16"),
+        secs,
+        16,
+        Durability::Immediate,
+        Preallocate::ZeroFill,
+    );
+    println!(
+        "immediate x16: {sixteen:.0}/s ({:.2}x one writer) commits/fsync {:.1}",
+        sixteen / one,
+        st.commits as f64 / st.fsyncs.max(1) as f64
+    );
+    let (buf, _) = spool(
+        &base.join("sb"),
+        secs,
+        1,
+        Durability::Buffered,
+        Preallocate::ZeroFill,
+    );
+    println!("buffered x1: {buf:.0}/s");
+}

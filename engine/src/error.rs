@@ -1,0 +1,105 @@
+//! Error types of the engine.
+//!
+//! Expected outcomes (a version conflict, an idempotent retry) are not errors: they are
+//! variants of [`crate::AppendOutcome`]. Everything here is a fault or invalid input.
+
+use std::io;
+use std::path::PathBuf;
+
+/// Every fault the engine can report.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// An I/O call failed. `op` names the operation (e.g. `"sync_data"`).
+    #[error("I/O error during {op} on {}: {source}", path.display())]
+    Io {
+        path: PathBuf,
+        op: &'static str,
+        #[source]
+        source: io::Error,
+    },
+    /// The log is damaged at a place recovery must not repair silently.
+    #[error("corrupt segment {segment} at offset {offset}: {problem}")]
+    Corrupt {
+        /// File name of the segment (e.g. `0000000000000001.seg`).
+        segment: String,
+        offset: u64,
+        problem: String,
+    },
+    /// Another owner holds the store's lock file.
+    #[error("store is locked by another owner: {}", path.display())]
+    Locked { path: PathBuf },
+    /// An earlier write or fsync failed; the outcome of writes is unknown, so every later
+    /// write is refused until the store is reopened (which recovers from the log).
+    #[error("store is poisoned by an earlier write failure; reopen it")]
+    Poisoned,
+    /// A write was attempted on a store opened read-only.
+    #[error("store is opened read-only")]
+    ReadOnly,
+    /// The caller passed something the engine does not accept.
+    #[error("invalid input: {0}")]
+    InvalidInput(String),
+    /// A commit's encoded record exceeds the configured maximum record size.
+    #[error("record of {bytes} bytes exceeds the maximum of {max} bytes")]
+    RecordTooLarge { bytes: u64, max: u64 },
+    /// A file was written by a format version this build does not understand.
+    #[error("{} has format version {found}; this build supports up to {supported}", path.display())]
+    UnsupportedFormat {
+        path: PathBuf,
+        found: u32,
+        supported: u32,
+    },
+    /// The derived index failed. When it happens during an append the commit is durable in
+    /// the log, the store is poisoned, and reopening catches the index up.
+    #[error("index error: {0}")]
+    Index(#[from] IndexError),
+    /// A log position or sequence number that does not name a record.
+    #[error("no record at {0}")]
+    NotFound(String),
+}
+
+impl Error {
+    pub(crate) fn io(path: impl Into<PathBuf>, op: &'static str, source: io::Error) -> Error {
+        Error::Io {
+            path: path.into(),
+            op,
+            source,
+        }
+    }
+
+    pub(crate) fn corrupt(segment: &str, offset: u64, problem: impl Into<String>) -> Error {
+        Error::Corrupt {
+            segment: segment.to_string(),
+            offset,
+            problem: problem.into(),
+        }
+    }
+}
+
+/// Faults of the derived (sled) index layer.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum IndexError {
+    /// sled itself failed.
+    #[error("sled: {0}")]
+    Sled(#[from] sled::Error),
+    /// An [`crate::Indexer`] refused a commit.
+    #[error("indexer {name}: {message}")]
+    Indexer { name: String, message: String },
+    /// The index holds bytes it cannot decode.
+    #[error("index entry is malformed: {0}")]
+    Malformed(String),
+    /// The index disagrees with the log.
+    #[error("index disagrees with the log: {0}")]
+    Mismatch(String),
+}
+
+impl IndexError {
+    /// Convenience for indexers: an error carrying the indexer's name and a message.
+    pub fn indexer(name: &str, message: impl Into<String>) -> IndexError {
+        IndexError::Indexer {
+            name: name.to_string(),
+            message: message.into(),
+        }
+    }
+}

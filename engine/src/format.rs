@@ -1,0 +1,378 @@
+//! The on-disk format: segment header, record frame and commit payload.
+//!
+//! Everything is little-endian with explicit widths; see ARCH-NOTES.md for the byte map.
+
+use crate::types::{CommitInfo, EventData, ExpectedVersion, LogPosition, RecordedCommit};
+use uuid::Uuid;
+
+/// Magic bytes at the start of every segment.
+pub const SEGMENT_MAGIC: [u8; 8] = *b"SPOOLSEG";
+/// The segment format version this build writes and reads.
+pub const SEGMENT_FORMAT_VERSION: u32 = 1;
+/// Size of the segment header in bytes.
+pub const SEGMENT_HEADER_BYTES: u64 = 32;
+/// Size of a record frame's header: len u32 + crc u32 + kind u8.
+pub const FRAME_HEADER_BYTES: u64 = 9;
+/// Record kind of a commit.
+pub const RECORD_KIND_COMMIT: u8 = 1;
+
+/// Default maximum record payload size (16 MiB).
+pub const RECORD_BYTES_MAX_DEFAULT: u32 = 16 << 20;
+/// Hard cap for [`crate::Options::record_bytes_max`] (256 MiB).
+pub const RECORD_BYTES_HARD_CAP: u32 = 256 << 20;
+/// Default segment size (64 MiB).
+pub const SEGMENT_BYTES_MAX_DEFAULT: u64 = 64 << 20;
+/// Smallest accepted segment size (a record larger than a segment gets one of its own).
+pub const SEGMENT_BYTES_MIN: u64 = 4096;
+/// Largest number of events in one commit.
+pub const EVENTS_PER_COMMIT_MAX: usize = 65_536;
+/// Longest stream id in bytes (stream ids are 1..=255 bytes of UTF-8).
+pub const STREAM_ID_BYTES_MAX: usize = 255;
+/// Longest event kind in bytes.
+pub const EVENT_KIND_BYTES_MAX: usize = 255;
+
+const CRC_MASK_DELTA: u32 = 0xa282_ead8;
+
+/// LevelDB-style masking, so that a CRC stored inside data does not validate as data.
+pub fn mask_crc(crc: u32) -> u32 {
+    crc.rotate_right(15).wrapping_add(CRC_MASK_DELTA)
+}
+
+/// The masked record checksum over `segment_id LE ++ kind ++ payload`.
+pub fn record_crc(segment_id: u64, kind: u8, payload: &[u8]) -> u32 {
+    let mut h = crc32fast::Hasher::new();
+    h.update(&segment_id.to_le_bytes());
+    h.update(&[kind]);
+    h.update(payload);
+    mask_crc(h.finalize())
+}
+
+/// File name of a segment: 16 lowercase hex digits + `.seg`.
+pub fn segment_file_name(id: u64) -> String {
+    format!("{id:016x}.seg")
+}
+
+/// Segment id from a file name, `None` when it is not a segment file name.
+pub fn parse_segment_file_name(name: &str) -> Option<u64> {
+    let hex = name.strip_suffix(".seg")?;
+    if hex.len() != 16
+        || !hex
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    {
+        return None;
+    }
+    u64::from_str_radix(hex, 16).ok()
+}
+
+/// Encode a segment header.
+pub fn encode_header(segment_id: u64) -> [u8; SEGMENT_HEADER_BYTES as usize] {
+    let mut h = [0u8; SEGMENT_HEADER_BYTES as usize];
+    h[0..8].copy_from_slice(&SEGMENT_MAGIC);
+    h[8..12].copy_from_slice(&SEGMENT_FORMAT_VERSION.to_le_bytes());
+    // 12..16 flags, 0.
+    h[16..24].copy_from_slice(&segment_id.to_le_bytes());
+    // 24..28 reserved, 0.
+    let crc = mask_crc(crc32fast::hash(&h[0..28]));
+    h[28..32].copy_from_slice(&crc.to_le_bytes());
+    h
+}
+
+/// Why a header did not validate.
+#[derive(Debug, PartialEq, Eq)]
+pub enum HeaderProblem {
+    /// All zero (or shorter than a header): a segment whose creation did not complete.
+    Blank,
+    /// Written by a newer format.
+    FutureVersion(u32),
+    /// Names another segment id than the file name.
+    WrongId(u64),
+    /// Anything else.
+    Invalid(String),
+}
+
+/// Validate a segment header against the id its file name gives.
+pub fn check_header(bytes: &[u8], expected_id: u64) -> Result<(), HeaderProblem> {
+    let Some(h) = bytes.get(..SEGMENT_HEADER_BYTES as usize) else {
+        return if bytes.iter().all(|&b| b == 0) {
+            Err(HeaderProblem::Blank)
+        } else {
+            Err(HeaderProblem::Invalid(
+                "file shorter than a segment header".into(),
+            ))
+        };
+    };
+    if h.iter().all(|&b| b == 0) {
+        return Err(HeaderProblem::Blank);
+    }
+    if h[0..8] != SEGMENT_MAGIC {
+        return Err(HeaderProblem::Invalid("bad magic".into()));
+    }
+    let version = le_u32(&h[8..12]);
+    let crc = le_u32(&h[28..32]);
+    if crc != mask_crc(crc32fast::hash(&h[0..28])) {
+        return Err(HeaderProblem::Invalid("header checksum mismatch".into()));
+    }
+    if version > SEGMENT_FORMAT_VERSION {
+        return Err(HeaderProblem::FutureVersion(version));
+    }
+    if version == 0 {
+        return Err(HeaderProblem::Invalid("format version 0".into()));
+    }
+    let id = le_u64(&h[16..24]);
+    if id != expected_id {
+        return Err(HeaderProblem::WrongId(id));
+    }
+    Ok(())
+}
+
+fn le_u32(b: &[u8]) -> u32 {
+    let mut a = [0u8; 4];
+    a.copy_from_slice(&b[..4]);
+    u32::from_le_bytes(a)
+}
+fn le_u64(b: &[u8]) -> u64 {
+    let mut a = [0u8; 8];
+    a.copy_from_slice(&b[..8]);
+    u64::from_le_bytes(a)
+}
+
+/// Encoded size of a commit payload, `None` on overflow.
+pub fn commit_payload_len(stream: &str, events: &[EventData]) -> Option<u64> {
+    // stream len + stream + expected kind + expected value + new version + commit id
+    // + timestamp + seq + event count
+    let mut n: u64 = 2 + stream.len() as u64 + 1 + 8 + 8 + 16 + 8 + 8 + 4;
+    for e in events {
+        n = n.checked_add(1 + e.kind.len() as u64 + 4 + e.payload.len() as u64)?;
+    }
+    Some(n)
+}
+
+/// Fields of a commit that are not the events.
+pub struct CommitHead<'a> {
+    pub stream: &'a str,
+    pub expected: ExpectedVersion,
+    pub version: u64,
+    pub commit_id: Uuid,
+    pub timestamp_ms: i64,
+    pub seq: u64,
+}
+
+/// Append a whole frame (header + commit payload) for `segment_id` to `out`.
+/// The caller has validated lengths (stream, kinds, event count, total size).
+pub fn encode_commit_frame(
+    out: &mut Vec<u8>,
+    segment_id: u64,
+    head: &CommitHead<'_>,
+    events: &[EventData],
+    payload_len: u32,
+) {
+    let frame_start = out.len();
+    out.extend_from_slice(&payload_len.to_le_bytes());
+    out.extend_from_slice(&[0u8; 4]); // crc, filled in below
+    out.push(RECORD_KIND_COMMIT);
+    let payload_start = out.len();
+    out.extend_from_slice(&(head.stream.len() as u16).to_le_bytes());
+    out.extend_from_slice(head.stream.as_bytes());
+    let (ek, ev) = match head.expected {
+        ExpectedVersion::Any => (0u8, 0u64),
+        ExpectedVersion::NoStream => (1, 0),
+        ExpectedVersion::Exact(n) => (2, n),
+    };
+    out.push(ek);
+    out.extend_from_slice(&ev.to_le_bytes());
+    out.extend_from_slice(&head.version.to_le_bytes());
+    out.extend_from_slice(head.commit_id.as_bytes());
+    out.extend_from_slice(&head.timestamp_ms.to_le_bytes());
+    out.extend_from_slice(&head.seq.to_le_bytes());
+    out.extend_from_slice(&(events.len() as u32).to_le_bytes());
+    for e in events {
+        out.push(e.kind.len() as u8);
+        out.extend_from_slice(e.kind.as_bytes());
+        out.extend_from_slice(&(e.payload.len() as u32).to_le_bytes());
+        out.extend_from_slice(&e.payload);
+    }
+    debug_assert_eq!(out.len() - payload_start, payload_len as usize);
+    let crc = record_crc(segment_id, RECORD_KIND_COMMIT, &out[payload_start..]);
+    out[frame_start + 4..frame_start + 8].copy_from_slice(&crc.to_le_bytes());
+}
+
+/// A frame header as read from disk (not yet validated).
+#[derive(Debug, Clone, Copy)]
+pub struct FrameHeader {
+    pub len: u32,
+    pub crc: u32,
+    pub kind: u8,
+}
+
+impl FrameHeader {
+    pub fn parse(b: &[u8; FRAME_HEADER_BYTES as usize]) -> FrameHeader {
+        FrameHeader {
+            len: le_u32(&b[0..4]),
+            crc: le_u32(&b[4..8]),
+            kind: b[8],
+        }
+    }
+    pub fn is_zero(b: &[u8]) -> bool {
+        b.iter().all(|&x| x == 0)
+    }
+}
+
+/// Outcome of looking at the bytes at one offset of a segment.
+#[derive(Debug)]
+pub enum FrameCheck<'a> {
+    /// A valid frame; `payload` is its payload, `total` its size including the header.
+    Valid {
+        kind: u8,
+        payload: &'a [u8],
+        total: u64,
+    },
+    /// A zero frame header: the clean, never-written tail.
+    Zero,
+    /// Not a valid frame; why.
+    Invalid(String),
+}
+
+/// Check the frame at the start of `bytes` (the rest of the segment's data).
+/// Never trusts the length field: it is checked against `bytes.len()` and `max_len`.
+pub fn check_frame(bytes: &[u8], segment_id: u64, max_len: u32) -> FrameCheck<'_> {
+    let Some(hb) = bytes.get(..FRAME_HEADER_BYTES as usize) else {
+        if FrameHeader::is_zero(bytes) {
+            return FrameCheck::Zero;
+        }
+        return FrameCheck::Invalid("truncated frame header".into());
+    };
+    if FrameHeader::is_zero(hb) {
+        return FrameCheck::Zero;
+    }
+    let mut a = [0u8; FRAME_HEADER_BYTES as usize];
+    a.copy_from_slice(hb);
+    let h = FrameHeader::parse(&a);
+    if h.kind != RECORD_KIND_COMMIT {
+        return FrameCheck::Invalid(format!("unknown record kind {}", h.kind));
+    }
+    if h.len > max_len {
+        return FrameCheck::Invalid(format!(
+            "record length {} exceeds the maximum {max_len}",
+            h.len
+        ));
+    }
+    let end = FRAME_HEADER_BYTES + u64::from(h.len);
+    let Some(payload) = usize::try_from(end)
+        .ok()
+        .and_then(|e| bytes.get(FRAME_HEADER_BYTES as usize..e))
+    else {
+        return FrameCheck::Invalid(format!(
+            "record length {} runs past the end of the segment",
+            h.len
+        ));
+    };
+    if record_crc(segment_id, h.kind, payload) != h.crc {
+        return FrameCheck::Invalid("record checksum mismatch".into());
+    }
+    FrameCheck::Valid {
+        kind: h.kind,
+        payload,
+        total: end,
+    }
+}
+
+/// A bounds-checked little-endian reader over a payload.
+struct Reader<'a> {
+    b: &'a [u8],
+    pos: usize,
+}
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize, what: &str) -> Result<&'a [u8], String> {
+        let end = self
+            .pos
+            .checked_add(n)
+            .filter(|&e| e <= self.b.len())
+            .ok_or_else(|| format!("{what}: needs {n} bytes, {} left", self.b.len() - self.pos))?;
+        let s = &self.b[self.pos..end];
+        self.pos = end;
+        Ok(s)
+    }
+    fn u8(&mut self, what: &str) -> Result<u8, String> {
+        Ok(self.take(1, what)?[0])
+    }
+    fn u16(&mut self, what: &str) -> Result<u16, String> {
+        let s = self.take(2, what)?;
+        Ok(u16::from_le_bytes([s[0], s[1]]))
+    }
+    fn u32(&mut self, what: &str) -> Result<u32, String> {
+        Ok(le_u32(self.take(4, what)?))
+    }
+    fn u64(&mut self, what: &str) -> Result<u64, String> {
+        Ok(le_u64(self.take(8, what)?))
+    }
+    fn str(&mut self, n: usize, what: &str) -> Result<String, String> {
+        let s = self.take(n, what)?;
+        std::str::from_utf8(s)
+            .map(str::to_string)
+            .map_err(|_| format!("{what}: not UTF-8"))
+    }
+}
+
+/// Decode a commit payload. Every length is checked against the remaining bytes before
+/// anything is allocated.
+pub fn decode_commit(payload: &[u8], position: LogPosition) -> Result<RecordedCommit, String> {
+    let mut r = Reader { b: payload, pos: 0 };
+    let slen = r.u16("stream length")? as usize;
+    if slen == 0 || slen > STREAM_ID_BYTES_MAX {
+        return Err(format!("stream length {slen} out of range"));
+    }
+    let stream = r.str(slen, "stream id")?;
+    let ek = r.u8("expected kind")?;
+    let ev = r.u64("expected version")?;
+    let expected = match ek {
+        0 => ExpectedVersion::Any,
+        1 => ExpectedVersion::NoStream,
+        2 => ExpectedVersion::Exact(ev),
+        k => return Err(format!("unknown expected-version kind {k}")),
+    };
+    let version = r.u64("new version")?;
+    let mut id = [0u8; 16];
+    id.copy_from_slice(r.take(16, "commit id")?);
+    let timestamp_ms = r.u64("timestamp")? as i64;
+    let seq = r.u64("seq")?;
+    let count = r.u32("event count")? as usize;
+    if count == 0 || count > EVENTS_PER_COMMIT_MAX {
+        return Err(format!("event count {count} out of range"));
+    }
+    // Each event needs at least 5 bytes: never reserve more than the bytes can hold.
+    let remaining = payload.len() - r.pos;
+    if count > remaining / 5 {
+        return Err(format!(
+            "event count {count} exceeds what {remaining} bytes can hold"
+        ));
+    }
+    let mut events = Vec::with_capacity(count);
+    for _ in 0..count {
+        let klen = r.u8("event kind length")? as usize;
+        let kind = r.str(klen, "event kind")?;
+        let plen = r.u32("event payload length")? as usize;
+        let payload = r.take(plen, "event payload")?.to_vec();
+        events.push(EventData { kind, payload });
+    }
+    if r.pos != payload.len() {
+        return Err(format!(
+            "{} trailing bytes after the events",
+            payload.len() - r.pos
+        ));
+    }
+    Ok(RecordedCommit {
+        info: CommitInfo {
+            stream,
+            version,
+            seq,
+            position,
+            timestamp_ms,
+            commit_id: Uuid::from_bytes(id),
+        },
+        expected,
+        events,
+        record_bytes: u32::try_from(payload.len() as u64 + FRAME_HEADER_BYTES).unwrap_or(u32::MAX),
+    })
+}

@@ -1,0 +1,545 @@
+//! Derived indexes in sled: the engine's own (stream heads, stream+version -> position,
+//! commit id -> info) and those of registered [`Indexer`]s.
+//!
+//! Everything lives in sled's default tree under namespaced keys, so one `apply_batch`
+//! writes a group of commits and the applied sequence number atomically. A separate
+//! `cache` tree holds entries written outside commits; it is dropped on rebuild.
+//!
+//! sled is a cache: its flush is never relied on. On open the store checks the format,
+//! the indexers' versions and the applied seq against the log and rebuilds or catches up.
+
+use crate::error::{Error, IndexError};
+use crate::types::{CommitInfo, LogPosition, RecordedCommit};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use uuid::Uuid;
+
+/// Version of the index layout; a different one in an existing index means rebuild.
+pub const INDEX_FORMAT_VERSION: u32 = 1;
+
+const META_FORMAT: &[u8] = b"\x00meta:format";
+const META_APPLIED: &[u8] = b"\x00meta:applied";
+const META_INDEXER: &[u8] = b"\x00meta:indexer:";
+const HEAD: &[u8] = b"\x01h";
+const VERSION: &[u8] = b"\x01v";
+const COMMIT: &[u8] = b"\x01c";
+const USER: u8 = 0x02;
+
+/// A derived index maintained from every commit, in seq order.
+pub trait Indexer: Send + Sync {
+    /// Namespace of the index's keys; unique among a store's indexers.
+    fn name(&self) -> &'static str;
+    /// Bumping it rebuilds the whole index from the log on the next open.
+    fn version(&self) -> u32;
+    /// Record `commit` into `batch`. An error during an append poisons the store's writes
+    /// (the commit is durable; reopening catches the index up); during open it fails open.
+    fn apply(&self, commit: &RecordedCommit, batch: &mut IndexBatch<'_>) -> Result<(), IndexError>;
+}
+
+/// Pending index writes of a group of commits, seen through one indexer's namespace.
+pub struct IndexBatch<'a> {
+    tree: &'a sled::Tree,
+    writes: &'a mut BTreeMap<Vec<u8>, Option<Vec<u8>>>,
+    prefix: Vec<u8>,
+}
+
+impl IndexBatch<'_> {
+    fn full(&self, key: &[u8]) -> Vec<u8> {
+        let mut k = Vec::with_capacity(self.prefix.len() + key.len());
+        k.extend_from_slice(&self.prefix);
+        k.extend_from_slice(key);
+        k
+    }
+
+    /// The value of `key`, seeing this batch's own pending writes first.
+    pub fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, IndexError> {
+        let k = self.full(key);
+        if let Some(v) = self.writes.get(&k) {
+            return Ok(v.clone());
+        }
+        Ok(self.tree.get(&k)?.map(|v| v.to_vec()))
+    }
+
+    pub fn insert(&mut self, key: &[u8], value: &[u8]) {
+        let k = self.full(key);
+        self.writes.insert(k, Some(value.to_vec()));
+    }
+
+    pub fn remove(&mut self, key: &[u8]) {
+        let k = self.full(key);
+        self.writes.insert(k, None);
+    }
+
+    /// Every (key, value) whose key starts with `prefix`, pending writes applied, sorted.
+    pub fn scan_prefix(&self, prefix: &[u8]) -> Result<Vec<(Vec<u8>, Vec<u8>)>, IndexError> {
+        let p = self.full(prefix);
+        let mut out: BTreeMap<Vec<u8>, Vec<u8>> = BTreeMap::new();
+        for kv in self.tree.scan_prefix(&p) {
+            let (k, v) = kv?;
+            out.insert(k.to_vec(), v.to_vec());
+        }
+        for (k, v) in self.writes.range(p.clone()..) {
+            if !k.starts_with(&p) {
+                break;
+            }
+            match v {
+                Some(v) => out.insert(k.clone(), v.clone()),
+                None => out.remove(k),
+            };
+        }
+        let n = self.prefix.len();
+        Ok(out.into_iter().map(|(k, v)| (k[n..].to_vec(), v)).collect())
+    }
+}
+
+fn user_prefix(ns: &str) -> Vec<u8> {
+    let mut p = Vec::with_capacity(2 + ns.len());
+    p.push(USER);
+    p.push(ns.len().min(255) as u8);
+    p.extend_from_slice(ns.as_bytes());
+    p
+}
+
+fn cache_prefix(ns: &str) -> Vec<u8> {
+    let mut p = Vec::with_capacity(1 + ns.len());
+    p.push(ns.len().min(255) as u8);
+    p.extend_from_slice(ns.as_bytes());
+    p
+}
+
+pub(crate) fn head_key(stream: &str) -> Vec<u8> {
+    let mut k = HEAD.to_vec();
+    k.extend_from_slice(stream.as_bytes());
+    k
+}
+
+pub(crate) fn version_key(stream: &str, version: u64) -> Vec<u8> {
+    let mut k = VERSION.to_vec();
+    k.push(stream.len() as u8);
+    k.extend_from_slice(stream.as_bytes());
+    k.extend_from_slice(&version.to_be_bytes());
+    k
+}
+
+pub(crate) fn commit_key(id: Uuid) -> Vec<u8> {
+    let mut k = COMMIT.to_vec();
+    k.extend_from_slice(id.as_bytes());
+    k
+}
+
+/// The head of a stream as the index records it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StreamHead {
+    pub version: u64,
+    pub seq: u64,
+    pub position: LogPosition,
+}
+
+fn encode_head(i: &CommitInfo) -> [u8; 32] {
+    let mut b = [0u8; 32];
+    b[..8].copy_from_slice(&i.version.to_be_bytes());
+    b[8..16].copy_from_slice(&i.seq.to_be_bytes());
+    b[16..].copy_from_slice(&i.position.to_bytes());
+    b
+}
+
+fn be_u64(b: &[u8]) -> Option<u64> {
+    let a: [u8; 8] = b.get(..8)?.try_into().ok()?;
+    Some(u64::from_be_bytes(a))
+}
+
+fn decode_head(b: &[u8]) -> Result<StreamHead, IndexError> {
+    let bad = || IndexError::Malformed(format!("stream head of {} bytes", b.len()));
+    if b.len() != 32 {
+        return Err(bad());
+    }
+    Ok(StreamHead {
+        version: be_u64(&b[..8]).ok_or_else(bad)?,
+        seq: be_u64(&b[8..16]).ok_or_else(bad)?,
+        position: LogPosition::from_bytes(&b[16..]).ok_or_else(bad)?,
+    })
+}
+
+fn encode_commit_info(i: &CommitInfo) -> Vec<u8> {
+    let mut b = Vec::with_capacity(40 + i.stream.len());
+    b.extend_from_slice(&i.version.to_be_bytes());
+    b.extend_from_slice(&i.seq.to_be_bytes());
+    b.extend_from_slice(&i.position.to_bytes());
+    b.extend_from_slice(&i.timestamp_ms.to_be_bytes());
+    b.extend_from_slice(i.stream.as_bytes());
+    b
+}
+
+fn decode_commit_info(id: Uuid, b: &[u8]) -> Result<CommitInfo, IndexError> {
+    let bad = || IndexError::Malformed(format!("commit entry of {} bytes", b.len()));
+    if b.len() < 40 {
+        return Err(bad());
+    }
+    Ok(CommitInfo {
+        version: be_u64(&b[..8]).ok_or_else(bad)?,
+        seq: be_u64(&b[8..16]).ok_or_else(bad)?,
+        position: LogPosition::from_bytes(&b[16..32]).ok_or_else(bad)?,
+        timestamp_ms: be_u64(&b[32..40]).ok_or_else(bad)? as i64,
+        stream: String::from_utf8(b[40..].to_vec()).map_err(|_| bad())?,
+        commit_id: id,
+    })
+}
+
+/// Read access to the derived indexes (from [`crate::Store::index`]).
+pub struct Index {
+    db: sled::Db,
+    tree: sled::Tree,
+    cache: sled::Tree,
+    indexers: Vec<Arc<dyn Indexer>>,
+    path: Option<PathBuf>,
+}
+
+impl std::fmt::Debug for Index {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Index").field("path", &self.path).finish()
+    }
+}
+
+fn sled_err(e: sled::Error) -> Error {
+    Error::Index(IndexError::Sled(e))
+}
+
+impl Index {
+    fn open_db(path: Option<&Path>) -> Result<sled::Db, sled::Error> {
+        let cfg = sled::Config::new()
+            // The log is the source of truth: sled's periodic flush only bounds how much
+            // catch-up the next open does; it is kept infrequent so it competes little
+            // with the log's fdatasyncs.
+            .flush_every_ms(Some(1000))
+            .mode(sled::Mode::HighThroughput);
+        match path {
+            Some(p) => cfg.path(p).open(),
+            None => cfg.temporary(true).open(),
+        }
+    }
+
+    /// Open (or create) the index at `path` (`None` = a temporary index). Returns the index
+    /// and whether it was (re)created empty. A missing, unreadable or outdated index is
+    /// wiped.
+    pub(crate) fn open(
+        path: Option<&Path>,
+        indexers: Vec<Arc<dyn Indexer>>,
+    ) -> Result<(Index, bool), Error> {
+        let db = match Index::open_db(path) {
+            Ok(db) => db,
+            Err(_) if path.is_some() => {
+                Index::wipe_dir(path)?;
+                Index::open_db(path).map_err(sled_err)?
+            }
+            Err(e) => return Err(sled_err(e)),
+        };
+        let mut ix = Index::from_db(db, indexers.clone(), path)?;
+        if ix.is_current()? {
+            return Ok((ix, false));
+        }
+        if path.is_some() && !ix.tree.is_empty() {
+            drop(ix);
+            Index::wipe_dir(path)?;
+            ix = Index::from_db(Index::open_db(path).map_err(sled_err)?, indexers, path)?;
+        }
+        ix.init_meta()?;
+        Ok((ix, true))
+    }
+
+    /// Open an existing index as it is (no wipe); `None` if it has another format.
+    pub(crate) fn open_existing(path: &Path) -> Result<Option<Index>, Error> {
+        let db = Index::open_db(Some(path)).map_err(sled_err)?;
+        let ix = Index::from_db(db, Vec::new(), Some(path))?;
+        let format = ix.tree.get(META_FORMAT).map_err(sled_err)?;
+        if format.as_deref() != Some(&INDEX_FORMAT_VERSION.to_be_bytes()[..]) {
+            return Ok(None);
+        }
+        Ok(Some(ix))
+    }
+
+    fn from_db(
+        db: sled::Db,
+        indexers: Vec<Arc<dyn Indexer>>,
+        path: Option<&Path>,
+    ) -> Result<Index, Error> {
+        let tree: sled::Tree = (*db).clone();
+        let cache = db.open_tree("cache").map_err(sled_err)?;
+        Ok(Index {
+            db,
+            tree,
+            cache,
+            indexers,
+            path: path.map(Path::to_path_buf),
+        })
+    }
+
+    fn wipe_dir(path: Option<&Path>) -> Result<(), Error> {
+        if let Some(p) = path {
+            match std::fs::remove_dir_all(p) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(Error::io(p, "remove_dir_all", e)),
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether the index has this build's format and the configured indexers' versions.
+    fn is_current(&self) -> Result<bool, Error> {
+        let format = self.tree.get(META_FORMAT).map_err(sled_err)?;
+        if format.as_deref() != Some(&INDEX_FORMAT_VERSION.to_be_bytes()[..]) {
+            return Ok(false);
+        }
+        let mut stored: BTreeMap<Vec<u8>, Vec<u8>> = BTreeMap::new();
+        for kv in self.tree.scan_prefix(META_INDEXER) {
+            let (k, v) = kv.map_err(sled_err)?;
+            stored.insert(k[META_INDEXER.len()..].to_vec(), v.to_vec());
+        }
+        let mut wanted: BTreeMap<Vec<u8>, Vec<u8>> = BTreeMap::new();
+        for ix in &self.indexers {
+            wanted.insert(
+                ix.name().as_bytes().to_vec(),
+                ix.version().to_be_bytes().to_vec(),
+            );
+        }
+        if stored != wanted {
+            return Ok(false);
+        }
+        Ok(self.tree.get(META_APPLIED).map_err(sled_err)?.is_some())
+    }
+
+    /// Write the meta keys of an empty index.
+    fn init_meta(&self) -> Result<(), Error> {
+        let mut b = sled::Batch::default();
+        b.insert(META_FORMAT, &INDEX_FORMAT_VERSION.to_be_bytes()[..]);
+        b.insert(META_APPLIED, &0u64.to_be_bytes()[..]);
+        for ix in &self.indexers {
+            let mut k = META_INDEXER.to_vec();
+            k.extend_from_slice(ix.name().as_bytes());
+            b.insert(k, &ix.version().to_be_bytes()[..]);
+        }
+        self.tree.apply_batch(b).map_err(sled_err)
+    }
+
+    /// Drop every entry (engine, indexers and cache) and start empty.
+    pub(crate) fn clear(&self) -> Result<(), Error> {
+        self.tree.clear().map_err(sled_err)?;
+        self.cache.clear().map_err(sled_err)?;
+        self.init_meta()
+    }
+
+    /// The last seq whose commit is in the index.
+    pub fn applied_seq(&self) -> Result<u64, Error> {
+        Ok(self.applied_marker()?.0)
+    }
+
+    /// The applied seq and the commit id of that commit (which must match the log's
+    /// record with that seq, or the index describes another history).
+    pub(crate) fn applied_marker(&self) -> Result<(u64, Option<Uuid>), Error> {
+        let bad = || Error::Index(IndexError::Malformed("applied seq".into()));
+        match self.tree.get(META_APPLIED).map_err(sled_err)? {
+            Some(v) => {
+                let seq = be_u64(&v).ok_or_else(bad)?;
+                let id = match v.get(8..24) {
+                    Some(b) => Some(Uuid::from_slice(b).map_err(|_| bad())?),
+                    None => None,
+                };
+                Ok((seq, id))
+            }
+            None => Ok((0, None)),
+        }
+    }
+
+    /// Apply `commits` (consecutive, in seq order) in one atomic sled batch, together with
+    /// the new applied seq.
+    pub(crate) fn apply(&self, commits: &[RecordedCommit]) -> Result<(), IndexError> {
+        let Some(last) = commits.last() else {
+            return Ok(());
+        };
+        let mut writes: BTreeMap<Vec<u8>, Option<Vec<u8>>> = BTreeMap::new();
+        for c in commits {
+            let i = &c.info;
+            writes.insert(head_key(&i.stream), Some(encode_head(i).to_vec()));
+            let mut pv = [0u8; 24];
+            pv[..16].copy_from_slice(&i.position.to_bytes());
+            pv[16..].copy_from_slice(&i.seq.to_be_bytes());
+            writes.insert(version_key(&i.stream, i.version), Some(pv.to_vec()));
+            writes.insert(commit_key(i.commit_id), Some(encode_commit_info(i)));
+            for ix in &self.indexers {
+                let mut batch = IndexBatch {
+                    tree: &self.tree,
+                    writes: &mut writes,
+                    prefix: user_prefix(ix.name()),
+                };
+                ix.apply(c, &mut batch)?;
+            }
+        }
+        let mut b = sled::Batch::default();
+        for (k, v) in writes {
+            match v {
+                Some(v) => b.insert(k, v),
+                None => b.remove(k),
+            }
+        }
+        let mut marker = [0u8; 24];
+        marker[..8].copy_from_slice(&last.info.seq.to_be_bytes());
+        marker[8..].copy_from_slice(last.info.commit_id.as_bytes());
+        b.insert(META_APPLIED, &marker[..]);
+        self.tree.apply_batch(b)?;
+        Ok(())
+    }
+
+    /// The head of `stream`, `None` if it does not exist.
+    pub fn stream_head(&self, stream: &str) -> Result<Option<StreamHead>, Error> {
+        match self.tree.get(head_key(stream)).map_err(sled_err)? {
+            Some(v) => Ok(Some(decode_head(&v)?)),
+            None => Ok(None),
+        }
+    }
+
+    /// Where version `version` of `stream` is in the log.
+    pub fn stream_position(
+        &self,
+        stream: &str,
+        version: u64,
+    ) -> Result<Option<LogPosition>, Error> {
+        match self
+            .tree
+            .get(version_key(stream, version))
+            .map_err(sled_err)?
+        {
+            Some(v) => Ok(Some(
+                LogPosition::from_bytes(v.get(..16).unwrap_or(&[]))
+                    .ok_or_else(|| IndexError::Malformed("stream version entry".into()))?,
+            )),
+            None => Ok(None),
+        }
+    }
+
+    /// Positions of `stream`'s versions `>= from`, ascending, at most `limit`.
+    pub(crate) fn stream_positions(
+        &self,
+        stream: &str,
+        from: u64,
+        limit: usize,
+    ) -> Result<Vec<(u64, LogPosition)>, Error> {
+        let start = version_key(stream, from);
+        let end = version_key(stream, u64::MAX);
+        let mut out = Vec::new();
+        for kv in self.tree.range(start..=end) {
+            if out.len() >= limit {
+                break;
+            }
+            let (k, v) = kv.map_err(sled_err)?;
+            let bad = || Error::Index(IndexError::Malformed("stream version entry".into()));
+            let version = be_u64(&k[k.len().saturating_sub(8)..]).ok_or_else(bad)?;
+            let pos = LogPosition::from_bytes(v.get(..16).unwrap_or(&[])).ok_or_else(bad)?;
+            out.push((version, pos));
+        }
+        Ok(out)
+    }
+
+    /// The info of the commit with `id`, if it landed.
+    pub fn commit_by_id(&self, id: Uuid) -> Result<Option<CommitInfo>, Error> {
+        match self.tree.get(commit_key(id)).map_err(sled_err)? {
+            Some(v) => Ok(Some(decode_commit_info(id, &v)?)),
+            None => Ok(None),
+        }
+    }
+
+    /// Every stream with its head version, sorted by name.
+    pub fn streams(&self) -> Result<Vec<(String, u64)>, Error> {
+        let mut out = Vec::new();
+        for kv in self.tree.scan_prefix(HEAD) {
+            let (k, v) = kv.map_err(sled_err)?;
+            let name = String::from_utf8(k[HEAD.len()..].to_vec())
+                .map_err(|_| IndexError::Malformed("stream name".into()))?;
+            out.push((name, decode_head(&v)?.version));
+        }
+        Ok(out)
+    }
+
+    /// An indexer's entry.
+    pub fn get(&self, ns: &str, key: &[u8]) -> Result<Option<Vec<u8>>, Error> {
+        let mut k = user_prefix(ns);
+        k.extend_from_slice(key);
+        Ok(self.tree.get(k).map_err(sled_err)?.map(|v| v.to_vec()))
+    }
+
+    /// An indexer's entries whose keys start with `prefix` (keys without the namespace).
+    pub fn scan_prefix(&self, ns: &str, prefix: &[u8]) -> IndexScan {
+        let mut p = user_prefix(ns);
+        let strip = p.len();
+        p.extend_from_slice(prefix);
+        IndexScan {
+            iter: self.tree.scan_prefix(p),
+            strip,
+        }
+    }
+
+    /// Write a cache entry (outside commits; dropped when the index is rebuilt).
+    pub fn put_cache(&self, ns: &str, key: &[u8], value: &[u8]) -> Result<(), Error> {
+        let mut k = cache_prefix(ns);
+        k.extend_from_slice(key);
+        self.cache.insert(k, value).map_err(sled_err)?;
+        Ok(())
+    }
+
+    pub fn get_cache(&self, ns: &str, key: &[u8]) -> Result<Option<Vec<u8>>, Error> {
+        let mut k = cache_prefix(ns);
+        k.extend_from_slice(key);
+        Ok(self.cache.get(k).map_err(sled_err)?.map(|v| v.to_vec()))
+    }
+
+    pub fn remove_cache(&self, ns: &str, key: &[u8]) -> Result<(), Error> {
+        let mut k = cache_prefix(ns);
+        k.extend_from_slice(key);
+        self.cache.remove(k).map_err(sled_err)?;
+        Ok(())
+    }
+
+    /// Cache entries whose keys start with `prefix` (keys without the namespace).
+    pub fn scan_cache_prefix(&self, ns: &str, prefix: &[u8]) -> IndexScan {
+        let mut p = cache_prefix(ns);
+        let strip = p.len();
+        p.extend_from_slice(prefix);
+        IndexScan {
+            iter: self.cache.scan_prefix(p),
+            strip,
+        }
+    }
+
+    /// Flush sled's buffers (a courtesy on close: correctness never depends on it).
+    pub(crate) fn flush(&self) -> Result<(), Error> {
+        self.db.flush().map_err(sled_err)?;
+        Ok(())
+    }
+
+    /// Every engine and indexer entry (not the cache), for comparing two indexes.
+    pub fn dump(&self) -> Result<Vec<(Vec<u8>, Vec<u8>)>, Error> {
+        let mut out = Vec::new();
+        for kv in self.tree.iter() {
+            let (k, v) = kv.map_err(sled_err)?;
+            out.push((k.to_vec(), v.to_vec()));
+        }
+        Ok(out)
+    }
+}
+
+/// Iterator over index entries: `(key without namespace, value)`.
+pub struct IndexScan {
+    iter: sled::Iter,
+    strip: usize,
+}
+
+impl Iterator for IndexScan {
+    type Item = Result<(Vec<u8>, Vec<u8>), Error>;
+    fn next(&mut self) -> Option<Self::Item> {
+        let kv = self.iter.next()?;
+        Some(match kv {
+            Ok((k, v)) => Ok((k.get(self.strip..).unwrap_or(&[]).to_vec(), v.to_vec())),
+            Err(e) => Err(sled_err(e)),
+        })
+    }
+}

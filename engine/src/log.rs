@@ -1,0 +1,286 @@
+//! Segments: scanning (recovery, verification) and reading records.
+
+use crate::error::Error;
+use crate::format::{self, FrameCheck, FRAME_HEADER_BYTES, SEGMENT_HEADER_BYTES};
+use crate::types::{LogPosition, RecordedCommit};
+use crate::vfs::{Mapped, VfsFile};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// One segment file of an open store.
+#[derive(Debug)]
+pub(crate) struct Segment {
+    pub id: u64,
+    pub name: String,
+    pub file: Arc<dyn VfsFile>,
+    /// End of the acknowledged records: reads never go past it.
+    pub end: AtomicU64,
+    /// File size reserved for records (preallocated length).
+    pub capacity: u64,
+    /// Seq of the first record in the segment, 0 while it has none.
+    pub first_seq: AtomicU64,
+    /// Memory map, made on first read once the segment is sealed (or read-only).
+    map: Mutex<Option<Arc<Mapped>>>,
+    /// Whether reads may use a map: the bytes before `end` never change.
+    pub mappable: std::sync::atomic::AtomicBool,
+}
+
+impl Segment {
+    pub fn new(
+        id: u64,
+        file: Arc<dyn VfsFile>,
+        end: u64,
+        capacity: u64,
+        first_seq: u64,
+    ) -> Segment {
+        Segment {
+            id,
+            name: format::segment_file_name(id),
+            file,
+            end: AtomicU64::new(end),
+            capacity,
+            first_seq: AtomicU64::new(first_seq),
+            map: Mutex::new(None),
+            mappable: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
+
+    pub fn with_map(self, map: Arc<Mapped>) -> Segment {
+        *self.map.lock().unwrap_or_else(|e| e.into_inner()) = Some(map);
+        self.mappable.store(true, Ordering::Release);
+        self
+    }
+
+    fn mapped(&self) -> Result<Option<Arc<Mapped>>, Error> {
+        if !self.mappable.load(Ordering::Acquire) {
+            return Ok(None);
+        }
+        let mut g = self.map.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(m) = g.as_ref() {
+            return Ok(Some(m.clone()));
+        }
+        let m = Arc::new(
+            self.file
+                .map()
+                .map_err(|e| Error::io(&self.name, "map", e))?,
+        );
+        *g = Some(m.clone());
+        Ok(Some(m))
+    }
+
+    /// Read and decode the record at `offset`. Lengths are checked against the segment's
+    /// acknowledged end and `max_len` before anything is allocated.
+    pub fn read(&self, offset: u64, max_len: u32) -> Result<RecordedCommit, Error> {
+        let end = self.end.load(Ordering::Acquire);
+        if offset < SEGMENT_HEADER_BYTES || offset >= end {
+            return Err(Error::NotFound(format!("{}@{offset}", self.name)));
+        }
+        let pos = LogPosition {
+            segment: self.id,
+            offset,
+        };
+        if let Some(map) = self.mapped()? {
+            let bytes = map
+                .get(offset as usize..(end as usize).min(map.len()))
+                .ok_or_else(|| {
+                    Error::corrupt(&self.name, offset, "segment shorter than its end")
+                })?;
+            return match format::check_frame(bytes, self.id, max_len) {
+                FrameCheck::Valid { payload, .. } => format::decode_commit(payload, pos)
+                    .map_err(|p| Error::corrupt(&self.name, offset, p)),
+                FrameCheck::Zero => Err(Error::corrupt(
+                    &self.name,
+                    offset,
+                    "no record here (zero bytes)",
+                )),
+                FrameCheck::Invalid(p) => Err(Error::corrupt(&self.name, offset, p)),
+            };
+        }
+        let mut hb = [0u8; FRAME_HEADER_BYTES as usize];
+        self.file
+            .read_at(&mut hb, offset)
+            .map_err(|e| Error::io(&self.name, "read_at", e))?;
+        let h = format::FrameHeader::parse(&hb);
+        if h.len > max_len || offset + FRAME_HEADER_BYTES + u64::from(h.len) > end {
+            return Err(Error::corrupt(
+                &self.name,
+                offset,
+                format!("record length {} exceeds the segment or the maximum", h.len),
+            ));
+        }
+        let mut payload = vec![0u8; h.len as usize];
+        self.file
+            .read_at(&mut payload, offset + FRAME_HEADER_BYTES)
+            .map_err(|e| Error::io(&self.name, "read_at", e))?;
+        if h.kind != format::RECORD_KIND_COMMIT
+            || format::record_crc(self.id, h.kind, &payload) != h.crc
+        {
+            return Err(Error::corrupt(
+                &self.name,
+                offset,
+                "record checksum mismatch",
+            ));
+        }
+        format::decode_commit(&payload, pos).map_err(|p| Error::corrupt(&self.name, offset, p))
+    }
+}
+
+/// How the records of a segment end.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Tail {
+    /// Only zeros (or nothing) after the last valid record.
+    Clean,
+    /// Bytes after the last valid record that are neither zero nor a valid record, and no
+    /// valid record follows them: a torn write. `written_end` is one past the last nonzero
+    /// byte.
+    Torn { problem: String, written_end: u64 },
+    /// An invalid frame followed by a valid record at `valid_at`: corruption.
+    Corrupt { problem: String, valid_at: u64 },
+}
+
+/// Result of scanning one segment's bytes.
+#[derive(Debug)]
+pub(crate) struct SegmentScan {
+    /// One past the last valid record (where the next record goes).
+    pub end: u64,
+    pub tail: Tail,
+}
+
+/// One past the last nonzero byte of `bytes` (0 if all zero).
+pub(crate) fn written_end(bytes: &[u8]) -> u64 {
+    // Word-wise from the back: the zero tail of a preallocated segment can be large.
+    let mut end = bytes.len();
+    while end >= 8 {
+        let mut w = [0u8; 8];
+        w.copy_from_slice(&bytes[end - 8..end]);
+        if u64::from_ne_bytes(w) != 0 {
+            break;
+        }
+        end -= 8;
+    }
+    while end > 0 && bytes[end - 1] == 0 {
+        end -= 1;
+    }
+    end as u64
+}
+
+/// Find the first offset in `from..to` where a valid frame starts.
+pub(crate) fn find_valid_frame(
+    bytes: &[u8],
+    seg_id: u64,
+    max_len: u32,
+    from: u64,
+    to: u64,
+) -> Option<u64> {
+    let to = to.min(bytes.len() as u64);
+    let mut off = from;
+    while off < to {
+        let rest = &bytes[off as usize..];
+        // Cheap filter before the checksum: the kind byte.
+        if rest.len() > FRAME_HEADER_BYTES as usize && rest[8] == format::RECORD_KIND_COMMIT {
+            if let FrameCheck::Valid { .. } = format::check_frame(rest, seg_id, max_len) {
+                return Some(off);
+            }
+        }
+        off += 1;
+    }
+    None
+}
+
+/// Scan the records of a segment (`bytes` is the whole file, header included, already
+/// validated). `on_record` gets each valid record's offset and payload; an error from it
+/// stops the scan.
+pub(crate) fn scan_segment(
+    bytes: &[u8],
+    seg_id: u64,
+    max_len: u32,
+    start: u64,
+    mut on_record: impl FnMut(u64, &[u8]) -> Result<(), Error>,
+) -> Result<SegmentScan, Error> {
+    let mut off = start;
+    loop {
+        let rest = bytes.get(off as usize..).unwrap_or(&[]);
+        if rest.is_empty() {
+            return Ok(SegmentScan {
+                end: off,
+                tail: Tail::Clean,
+            });
+        }
+        let problem = match format::check_frame(rest, seg_id, max_len) {
+            FrameCheck::Valid { payload, total, .. } => {
+                on_record(off, payload)?;
+                off += total;
+                continue;
+            }
+            FrameCheck::Zero => {
+                let we = written_end(bytes);
+                if we <= off {
+                    return Ok(SegmentScan {
+                        end: off,
+                        tail: Tail::Clean,
+                    });
+                }
+                "zero frame header followed by nonzero bytes".to_string()
+            }
+            FrameCheck::Invalid(p) => p,
+        };
+        let we = written_end(bytes);
+        let tail = match find_valid_frame(bytes, seg_id, max_len, off + 1, we) {
+            Some(valid_at) => Tail::Corrupt { problem, valid_at },
+            None => Tail::Torn {
+                problem,
+                written_end: we,
+            },
+        };
+        return Ok(SegmentScan { end: off, tail });
+    }
+}
+
+/// Checks that the log's records form a valid history: dense seqs, contiguous versions.
+#[derive(Debug, Default)]
+pub(crate) struct HistoryCheck {
+    pub last_seq: u64,
+    pub heads: HashMap<String, u64>,
+}
+
+impl HistoryCheck {
+    /// `Err(problem)` when `rec` does not continue the history.
+    pub fn check(&mut self, rec: &RecordedCommit) -> Result<(), String> {
+        let i = &rec.info;
+        if i.seq != self.last_seq + 1 {
+            return Err(format!(
+                "sequence number {} does not follow {}",
+                i.seq, self.last_seq
+            ));
+        }
+        let prev = self.heads.get(&i.stream).copied();
+        let prev_v = prev.unwrap_or(0);
+        if i.version != prev_v + 1 {
+            return Err(format!(
+                "stream {:?} version {} does not follow {prev_v}",
+                i.stream, i.version
+            ));
+        }
+        if !rec.expected.matches(prev) {
+            return Err(format!(
+                "stream {:?} commit expected {:?} but the stream was at {prev_v}",
+                i.stream, rec.expected
+            ));
+        }
+        self.accept(rec);
+        Ok(())
+    }
+
+    /// Take `rec` as the new state without checking (to go on after a reported problem).
+    pub fn accept(&mut self, rec: &RecordedCommit) {
+        let i = &rec.info;
+        self.last_seq = i.seq;
+        match self.heads.get_mut(&i.stream) {
+            Some(v) => *v = i.version,
+            None => {
+                self.heads.insert(i.stream.clone(), i.version);
+            }
+        }
+    }
+}

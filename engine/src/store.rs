@@ -1,0 +1,1102 @@
+//! The store: open/recovery, the append path with group commit, reads.
+
+use crate::error::{Error, IndexError};
+use crate::format::{self, CommitHead, FRAME_HEADER_BYTES, SEGMENT_HEADER_BYTES};
+use crate::index::Index;
+use crate::log::{self, HistoryCheck, Segment, Tail};
+use crate::types::*;
+use crate::vfs::{Mapped, OpenMode, Vfs, VfsFile, VfsLock};
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock, Weak};
+use std::thread::JoinHandle;
+use uuid::Uuid;
+
+/// Name of the owner lock file in the store directory.
+pub const LOCK_FILE: &str = "LOCK";
+/// Name of the sled index directory in the store directory.
+pub const INDEX_DIR: &str = "index";
+
+/// Commits applied to the index per sled batch while catching up on open.
+const CATCH_UP_BATCH: usize = 1024;
+/// Chunk size for zero-filling a new segment.
+const ZERO_FILL_CHUNK: usize = 1 << 20;
+
+/// A contiguous run of frames in the pending buffer, all for one segment.
+#[derive(Debug, Clone, Copy)]
+struct Chunk {
+    seg: u64,
+    offset: u64,
+    start: usize,
+    end: usize,
+    /// Capacity to give the segment if this chunk starts it.
+    capacity: u64,
+    first_seq: u64,
+}
+
+struct Writer {
+    /// The segment on disk that takes the next write.
+    active: Arc<Segment>,
+    /// Logical end of the log including sequenced but unwritten frames.
+    tail_seg: u64,
+    tail_off: u64,
+    tail_cap: u64,
+    buf: Vec<u8>,
+    chunks: Vec<Chunk>,
+    batch: Vec<RecordedCommit>,
+    spare_buf: Vec<u8>,
+    spare_chunks: Vec<Chunk>,
+    spare_batch: Vec<RecordedCommit>,
+    /// Last seq handed out.
+    next_seq: u64,
+    /// Last seq acknowledged (durable with Immediate, written with Buffered).
+    done_seq: u64,
+    /// A leader is writing a group.
+    leader: bool,
+    /// Heads of streams with commits sequenced but not yet applied to the index.
+    pending_heads: HashMap<String, u64>,
+    /// Commit ids sequenced but not yet applied to the index.
+    pending_ids: HashMap<Uuid, CommitInfo>,
+    last_ts: i64,
+    /// Buffered: written since the last fdatasync.
+    dirty: bool,
+}
+
+#[derive(Default)]
+struct Counters {
+    commits: AtomicU64,
+    fsyncs: AtomicU64,
+    groups: AtomicU64,
+    bytes: AtomicU64,
+    segments_created: AtomicU64,
+}
+
+struct Inner {
+    dir: PathBuf,
+    opts: Options,
+    read_only: bool,
+    lock: Mutex<Option<Box<dyn VfsLock>>>,
+    segments: RwLock<BTreeMap<u64, Arc<Segment>>>,
+    w: Mutex<Writer>,
+    cond: Condvar,
+    index: Index,
+    last_seq: AtomicU64,
+    poisoned: AtomicBool,
+    closed: AtomicBool,
+    counters: Counters,
+    stop: Mutex<bool>,
+    stop_cond: Condvar,
+    flusher: Mutex<Option<JoinHandle<()>>>,
+}
+
+/// An open store. `Send + Sync`; share it in an `Arc`.
+pub struct Store {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Store")
+            .field("dir", &self.inner.dir)
+            .field("read_only", &self.inner.read_only)
+            .finish()
+    }
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Validate a commit; its encoded payload length.
+fn validate(c: &NewCommit, max: u32) -> Result<u32, Error> {
+    if c.stream.is_empty() || c.stream.len() > format::STREAM_ID_BYTES_MAX {
+        return Err(Error::InvalidInput(format!(
+            "stream id must be 1..={} bytes, got {}",
+            format::STREAM_ID_BYTES_MAX,
+            c.stream.len()
+        )));
+    }
+    if c.events.is_empty() || c.events.len() > format::EVENTS_PER_COMMIT_MAX {
+        return Err(Error::InvalidInput(format!(
+            "a commit carries 1..={} events, got {}",
+            format::EVENTS_PER_COMMIT_MAX,
+            c.events.len()
+        )));
+    }
+    for e in &c.events {
+        if e.kind.len() > format::EVENT_KIND_BYTES_MAX {
+            return Err(Error::InvalidInput(format!(
+                "event kind must be at most {} bytes, got {}",
+                format::EVENT_KIND_BYTES_MAX,
+                e.kind.len()
+            )));
+        }
+    }
+    let len = format::commit_payload_len(&c.stream, &c.events).unwrap_or(u64::MAX);
+    if len > u64::from(max) {
+        return Err(Error::RecordTooLarge {
+            bytes: len,
+            max: u64::from(max),
+        });
+    }
+    Ok(len as u32)
+}
+
+/// What scanning the log on open found.
+struct LogState {
+    segments: BTreeMap<u64, Arc<Segment>>,
+    last_seq: u64,
+    last_ts: i64,
+    /// The index's applied seq names a record the log does not have (or another one).
+    index_stale: bool,
+}
+
+impl Store {
+    /// Open (creating if needed) the store in `dir` as its owner. Takes `DIR/LOCK`
+    /// exclusively (a second owner gets [`Error::Locked`]), recovers the log (truncating
+    /// only a torn tail of the last segment) and catches the index up or rebuilds it.
+    pub fn open(dir: impl AsRef<Path>, opts: Options) -> Result<Store, Error> {
+        Store::open_impl(dir.as_ref(), opts, false)
+    }
+
+    /// Open without the lock and without writing anything to `dir`: a torn tail is
+    /// ignored (not truncated) and indexes are built from the log into a temporary sled.
+    /// Works while a writer holds the store; sees the log as it was when opened.
+    pub fn open_read_only(dir: impl AsRef<Path>, opts: Options) -> Result<Store, Error> {
+        Store::open_impl(dir.as_ref(), opts, true)
+    }
+
+    fn open_impl(dir: &Path, opts: Options, read_only: bool) -> Result<Store, Error> {
+        if opts.record_bytes_max == 0 || opts.record_bytes_max > format::RECORD_BYTES_HARD_CAP {
+            return Err(Error::InvalidInput(format!(
+                "record_bytes_max must be 1..={}",
+                format::RECORD_BYTES_HARD_CAP
+            )));
+        }
+        if opts.segment_bytes_max < format::SEGMENT_BYTES_MIN {
+            return Err(Error::InvalidInput(format!(
+                "segment_bytes_max must be at least {}",
+                format::SEGMENT_BYTES_MIN
+            )));
+        }
+        let vfs = opts.vfs.clone();
+        let mut guard = None;
+        if !read_only {
+            vfs.create_dir_all(dir)
+                .map_err(|e| Error::io(dir, "create_dir_all", e))?;
+            let lock_path = dir.join(LOCK_FILE);
+            let existed = vfs
+                .exists(&lock_path)
+                .map_err(|e| Error::io(&lock_path, "exists", e))?;
+            match vfs.lock(&lock_path, true) {
+                Ok(Some(g)) => guard = Some(g),
+                Ok(None) => return Err(Error::Locked { path: lock_path }),
+                Err(e) => return Err(Error::io(&lock_path, "lock", e)),
+            }
+            if !existed {
+                vfs.sync_dir(dir)
+                    .map_err(|e| Error::io(dir, "sync_dir", e))?;
+            }
+        }
+        let index_path = if read_only {
+            None
+        } else {
+            Some(
+                opts.index_dir
+                    .clone()
+                    .unwrap_or_else(|| dir.join(INDEX_DIR)),
+            )
+        };
+        let (index, _fresh) = Index::open(index_path.as_deref(), opts.indexers.clone())?;
+
+        let mut state = scan_log(&*vfs, dir, &opts, &index, read_only)?;
+        if state.index_stale {
+            // The index is ahead of the log or describes another history (e.g. after a
+            // crash with Buffered durability): rebuild it from the log.
+            index.clear()?;
+            state = scan_log(&*vfs, dir, &opts, &index, read_only)?;
+            debug_assert!(!state.index_stale);
+            let _ = index.flush();
+        }
+        let mut segments = state.segments;
+        let active = match segments.values().next_back() {
+            Some(s) => s.clone(),
+            None if read_only => {
+                // An empty read-only store: a placeholder segment that is never written.
+                Arc::new(Segment::new(
+                    0,
+                    Arc::new(NoFile),
+                    SEGMENT_HEADER_BYTES,
+                    0,
+                    0,
+                ))
+            }
+            None => {
+                let seg = create_segment(&*vfs, dir, &opts, 1, opts.segment_bytes_max)?;
+                segments.insert(1, seg.clone());
+                seg
+            }
+        };
+        let end = active.end.load(Ordering::Acquire);
+        let writer = Writer {
+            tail_seg: active.id,
+            tail_off: end,
+            tail_cap: active.capacity,
+            active,
+            buf: Vec::new(),
+            chunks: Vec::new(),
+            batch: Vec::new(),
+            spare_buf: Vec::new(),
+            spare_chunks: Vec::new(),
+            spare_batch: Vec::new(),
+            next_seq: state.last_seq,
+            done_seq: state.last_seq,
+            leader: false,
+            pending_heads: HashMap::new(),
+            pending_ids: HashMap::new(),
+            last_ts: state.last_ts,
+            dirty: false,
+        };
+        let inner = Arc::new(Inner {
+            dir: dir.to_path_buf(),
+            read_only,
+            lock: Mutex::new(guard),
+            segments: RwLock::new(segments),
+            w: Mutex::new(writer),
+            cond: Condvar::new(),
+            index,
+            last_seq: AtomicU64::new(state.last_seq),
+            poisoned: AtomicBool::new(false),
+            closed: AtomicBool::new(false),
+            counters: Counters::default(),
+            stop: Mutex::new(false),
+            stop_cond: Condvar::new(),
+            flusher: Mutex::new(None),
+            opts,
+        });
+        if !read_only && inner.opts.durability == Durability::Buffered {
+            let weak = Arc::downgrade(&inner);
+            let interval = inner.opts.buffered_flush_interval;
+            let handle = std::thread::Builder::new()
+                .name("spool-flusher".into())
+                .spawn(move || flusher_loop(weak, interval))
+                .map_err(|e| Error::io(dir, "spawn flusher thread", e))?;
+            *lock(&inner.flusher) = Some(handle);
+        }
+        Ok(Store { inner })
+    }
+
+    /// Append one commit. Returns when it is acknowledged per the store's durability.
+    pub fn append(&self, commit: NewCommit) -> Result<AppendOutcome, Error> {
+        let inner = &*self.inner;
+        if inner.read_only {
+            return Err(Error::ReadOnly);
+        }
+        let payload_len = validate(&commit, inner.opts.record_bytes_max)?;
+        let frame_len = FRAME_HEADER_BYTES + u64::from(payload_len);
+        let mut w = lock(&inner.w);
+        if inner.poisoned.load(Ordering::Acquire) {
+            return Err(Error::Poisoned);
+        }
+        if let Some(info) = w.pending_ids.get(&commit.commit_id).cloned() {
+            check_retry_stream(&info, &commit)?;
+            let _w = self.wait_done(w, info.seq)?;
+            return Ok(AppendOutcome::AlreadyCommitted(info));
+        }
+        if let Some(info) = inner.index.commit_by_id(commit.commit_id)? {
+            check_retry_stream(&info, &commit)?;
+            return Ok(AppendOutcome::AlreadyCommitted(info));
+        }
+        let actual = match w.pending_heads.get(&commit.stream) {
+            Some(v) => Some(*v),
+            None => inner.index.stream_head(&commit.stream)?.map(|h| h.version),
+        };
+        if !commit.expected.matches(actual) {
+            return Ok(AppendOutcome::Conflict {
+                expected: commit.expected,
+                actual,
+            });
+        }
+        if w.tail_off + frame_len > w.tail_cap {
+            // Roll: the leader that writes this frame creates the next segment. A record
+            // larger than a segment gets a segment of its own.
+            w.tail_seg += 1;
+            w.tail_off = SEGMENT_HEADER_BYTES;
+            w.tail_cap = inner
+                .opts
+                .segment_bytes_max
+                .max(SEGMENT_HEADER_BYTES + frame_len);
+        }
+        w.next_seq += 1;
+        let seq = w.next_seq;
+        let ts = now_ms().max(w.last_ts);
+        w.last_ts = ts;
+        let version = actual.unwrap_or(0) + 1;
+        let position = LogPosition {
+            segment: w.tail_seg,
+            offset: w.tail_off,
+        };
+        let start = w.buf.len();
+        let head = CommitHead {
+            stream: &commit.stream,
+            expected: commit.expected,
+            version,
+            commit_id: commit.commit_id,
+            timestamp_ms: ts,
+            seq,
+        };
+        format::encode_commit_frame(
+            &mut w.buf,
+            position.segment,
+            &head,
+            &commit.events,
+            payload_len,
+        );
+        let end = w.buf.len();
+        let cap = w.tail_cap;
+        match w.chunks.last_mut() {
+            Some(c)
+                if c.seg == position.segment
+                    && c.offset + (c.end - c.start) as u64 == position.offset =>
+            {
+                c.end = end;
+            }
+            _ => w.chunks.push(Chunk {
+                seg: position.segment,
+                offset: position.offset,
+                start,
+                end,
+                capacity: cap,
+                first_seq: seq,
+            }),
+        }
+        w.tail_off += frame_len;
+        let info = CommitInfo {
+            stream: commit.stream,
+            version,
+            seq,
+            position,
+            timestamp_ms: ts,
+            commit_id: commit.commit_id,
+        };
+        w.pending_heads.insert(info.stream.clone(), version);
+        w.pending_ids.insert(info.commit_id, info.clone());
+        w.batch.push(RecordedCommit {
+            info: info.clone(),
+            expected: commit.expected,
+            events: commit.events,
+            record_bytes: frame_len as u32,
+        });
+        let _w = self.wait_done(w, seq)?;
+        Ok(AppendOutcome::Committed(info))
+    }
+
+    /// Wait until `seq` is acknowledged, leading a group write when no one else is.
+    fn wait_done<'a>(
+        &'a self,
+        mut w: MutexGuard<'a, Writer>,
+        seq: u64,
+    ) -> Result<MutexGuard<'a, Writer>, Error> {
+        let inner = &*self.inner;
+        loop {
+            if w.done_seq >= seq {
+                return Ok(w);
+            }
+            if inner.poisoned.load(Ordering::Acquire) {
+                return Err(Error::Poisoned);
+            }
+            if !w.leader {
+                w = self.lead(w)?;
+                continue;
+            }
+            w = inner.cond.wait(w).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+
+    /// Write every sequenced frame as one group: pwrite (per segment), fdatasync with
+    /// Immediate, apply to the index, then acknowledge.
+    fn lead<'a>(&'a self, mut w: MutexGuard<'a, Writer>) -> Result<MutexGuard<'a, Writer>, Error> {
+        let inner = &*self.inner;
+        w.leader = true;
+        let spare_buf = std::mem::take(&mut w.spare_buf);
+        let spare_chunks = std::mem::take(&mut w.spare_chunks);
+        let spare_batch = std::mem::take(&mut w.spare_batch);
+        let mut buf = std::mem::replace(&mut w.buf, spare_buf);
+        let mut chunks = std::mem::replace(&mut w.chunks, spare_chunks);
+        let mut batch = std::mem::replace(&mut w.batch, spare_batch);
+        let active = w.active.clone();
+        drop(w);
+
+        let sync = inner.opts.durability == Durability::Immediate;
+        let res = self
+            .write_group(active.clone(), &buf, &chunks, sync)
+            .and_then(|r| {
+                inner.index.apply(&batch).map_err(Error::Index)?;
+                Ok(r)
+            });
+
+        let mut w = lock(&inner.w);
+        w.leader = false;
+        let outcome = match res {
+            Ok((new_active, ends)) => {
+                for (seg, end, first_seq) in ends {
+                    seg.end.store(end, Ordering::Release);
+                    let _ = seg.first_seq.compare_exchange(
+                        0,
+                        first_seq,
+                        Ordering::AcqRel,
+                        Ordering::Acquire,
+                    );
+                    if seg.id != new_active.id {
+                        seg.mappable.store(true, Ordering::Release);
+                    }
+                }
+                if new_active.id != active.id {
+                    active.mappable.store(true, Ordering::Release);
+                }
+                w.active = new_active;
+                if let Some(last) = batch.last() {
+                    w.done_seq = last.info.seq;
+                    inner.last_seq.store(last.info.seq, Ordering::Release);
+                }
+                for c in &batch {
+                    if w.pending_heads.get(&c.info.stream) == Some(&c.info.version) {
+                        w.pending_heads.remove(&c.info.stream);
+                    }
+                    w.pending_ids.remove(&c.info.commit_id);
+                }
+                if !sync {
+                    w.dirty = true;
+                }
+                let c = &inner.counters;
+                c.commits.fetch_add(batch.len() as u64, Ordering::Relaxed);
+                c.groups.fetch_add(1, Ordering::Relaxed);
+                c.bytes.fetch_add(buf.len() as u64, Ordering::Relaxed);
+                Ok(())
+            }
+            Err(e) => {
+                // The outcome of the write is unknown (or the index is behind a durable
+                // commit): refuse every later write until a reopen recovers.
+                inner.poisoned.store(true, Ordering::Release);
+                Err(e)
+            }
+        };
+        buf.clear();
+        chunks.clear();
+        batch.clear();
+        if w.spare_buf.capacity() < buf.capacity() {
+            w.spare_buf = buf;
+        }
+        w.spare_chunks = chunks;
+        w.spare_batch = batch;
+        inner.cond.notify_all();
+        outcome.map(|()| w)
+    }
+
+    /// The I/O of one group. Returns the new active segment and, per chunk, the segment,
+    /// its new end and the chunk's first seq.
+    #[allow(clippy::type_complexity)]
+    fn write_group(
+        &self,
+        mut seg: Arc<Segment>,
+        buf: &[u8],
+        chunks: &[Chunk],
+        sync: bool,
+    ) -> Result<(Arc<Segment>, Vec<(Arc<Segment>, u64, u64)>), Error> {
+        let inner = &*self.inner;
+        let mut ends = Vec::with_capacity(chunks.len());
+        for ch in chunks {
+            if ch.seg != seg.id {
+                debug_assert_eq!(ch.seg, seg.id + 1);
+                // Seal the current segment: its records must be durable before a later
+                // segment exists, or recovery would find a torn segment in mid-log.
+                self.sync_segment(&seg)?;
+                let new = create_segment(
+                    &*inner.opts.vfs,
+                    &inner.dir,
+                    &inner.opts,
+                    ch.seg,
+                    ch.capacity,
+                )?;
+                inner
+                    .counters
+                    .segments_created
+                    .fetch_add(1, Ordering::Relaxed);
+                inner
+                    .segments
+                    .write()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert(new.id, new.clone());
+                seg = new;
+            }
+            seg.file
+                .write_at(&buf[ch.start..ch.end], ch.offset)
+                .map_err(|e| Error::io(inner.dir.join(&seg.name), "write_at", e))?;
+            ends.push((
+                seg.clone(),
+                ch.offset + (ch.end - ch.start) as u64,
+                ch.first_seq,
+            ));
+        }
+        if sync {
+            self.sync_segment(&seg)?;
+        }
+        Ok((seg, ends))
+    }
+
+    fn sync_segment(&self, seg: &Segment) -> Result<(), Error> {
+        let inner = &*self.inner;
+        inner.counters.fsyncs.fetch_add(1, Ordering::Relaxed);
+        seg.file
+            .sync_data()
+            .map_err(|e| Error::io(inner.dir.join(&seg.name), "sync_data", e))
+    }
+
+    /// The head version of `stream`; `None` when it does not exist.
+    pub fn stream_version(&self, stream: &str) -> Result<Option<u64>, Error> {
+        Ok(self.inner.index.stream_head(stream)?.map(|h| h.version))
+    }
+
+    /// Commits of `stream` with versions `>= from_version`, ascending, at most `limit`.
+    pub fn read_stream(
+        &self,
+        stream: &str,
+        from_version: u64,
+        limit: usize,
+    ) -> Result<Vec<RecordedCommit>, Error> {
+        let positions = self
+            .inner
+            .index
+            .stream_positions(stream, from_version.max(1), limit)?;
+        let mut out = Vec::with_capacity(positions.len());
+        for (version, pos) in positions {
+            let rec = self.read_at(pos)?;
+            if rec.info.stream != stream || rec.info.version != version {
+                return Err(Error::Index(IndexError::Mismatch(format!(
+                    "index says {stream:?} v{version} is at {pos}, the log has {:?} v{} there",
+                    rec.info.stream, rec.info.version
+                ))));
+            }
+            out.push(rec);
+        }
+        Ok(out)
+    }
+
+    /// The commit recorded at `pos`.
+    pub fn read_at(&self, pos: LogPosition) -> Result<RecordedCommit, Error> {
+        let seg = self
+            .inner
+            .segments
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&pos.segment)
+            .cloned()
+            .ok_or_else(|| Error::NotFound(pos.to_string()))?;
+        seg.read(pos.offset, self.inner.opts.record_bytes_max)
+    }
+
+    /// Commits with seq `>= from_seq` in log order, up to the last one acknowledged when
+    /// the scan starts.
+    pub fn scan(&self, from_seq: u64) -> Result<LogScan<'_>, Error> {
+        let end_seq = self.last_seq();
+        let segs = self
+            .inner
+            .segments
+            .read()
+            .unwrap_or_else(|e| e.into_inner());
+        let target = from_seq.max(1);
+        let mut start = segs.keys().next().copied();
+        for (id, s) in segs.iter() {
+            let f = s.first_seq.load(Ordering::Acquire);
+            if f != 0 && f <= target {
+                start = Some(*id);
+            }
+        }
+        Ok(LogScan {
+            store: self,
+            seg: start,
+            off: SEGMENT_HEADER_BYTES,
+            from_seq: target,
+            end_seq,
+        })
+    }
+
+    /// Every stream with its head version, sorted by name.
+    pub fn streams(&self) -> Result<Vec<(String, u64)>, Error> {
+        self.inner.index.streams()
+    }
+
+    /// The last acknowledged sequence number (0 for an empty store).
+    pub fn last_seq(&self) -> u64 {
+        self.inner.last_seq.load(Ordering::Acquire)
+    }
+
+    /// Read access to the derived indexes.
+    pub fn index(&self) -> &Index {
+        &self.inner.index
+    }
+
+    /// Make every acknowledged commit durable (a no-op in effect with Immediate).
+    pub fn flush(&self) -> Result<(), Error> {
+        flush_inner(&self.inner)
+    }
+
+    /// Flush, stop background work and release the lock.
+    pub fn close(self) -> Result<(), Error> {
+        shutdown(&self.inner)
+    }
+
+    /// Counters since open.
+    pub fn stats(&self) -> StoreStats {
+        let c = &self.inner.counters;
+        StoreStats {
+            commits: c.commits.load(Ordering::Relaxed),
+            fsyncs: c.fsyncs.load(Ordering::Relaxed),
+            write_groups: c.groups.load(Ordering::Relaxed),
+            bytes_written: c.bytes.load(Ordering::Relaxed),
+            segments: self
+                .inner
+                .segments
+                .read()
+                .unwrap_or_else(|e| e.into_inner())
+                .len() as u64,
+            segments_created: c.segments_created.load(Ordering::Relaxed),
+            last_seq: self.last_seq(),
+        }
+    }
+
+    /// The store directory.
+    pub fn dir(&self) -> &Path {
+        &self.inner.dir
+    }
+
+    /// Whether writes are refused after a failure (reads keep working).
+    pub fn is_poisoned(&self) -> bool {
+        self.inner.poisoned.load(Ordering::Acquire)
+    }
+
+    /// Whether this store was opened with [`Store::open_read_only`].
+    pub fn is_read_only(&self) -> bool {
+        self.inner.read_only
+    }
+}
+
+impl Drop for Store {
+    fn drop(&mut self) {
+        let _ = shutdown(&self.inner);
+    }
+}
+
+fn check_retry_stream(info: &CommitInfo, c: &NewCommit) -> Result<(), Error> {
+    if info.stream != c.stream {
+        return Err(Error::InvalidInput(format!(
+            "commit id {} already landed on stream {:?}, retried on {:?}",
+            c.commit_id, info.stream, c.stream
+        )));
+    }
+    Ok(())
+}
+
+fn flush_inner(inner: &Inner) -> Result<(), Error> {
+    if inner.read_only {
+        return Ok(());
+    }
+    let mut w = lock(&inner.w);
+    while w.leader {
+        w = inner.cond.wait(w).unwrap_or_else(|e| e.into_inner());
+    }
+    if inner.poisoned.load(Ordering::Acquire) {
+        return Err(Error::Poisoned);
+    }
+    if !w.dirty {
+        return Ok(());
+    }
+    w.dirty = false;
+    let active = w.active.clone();
+    drop(w);
+    inner.counters.fsyncs.fetch_add(1, Ordering::Relaxed);
+    if let Err(e) = active.file.sync_data() {
+        inner.poisoned.store(true, Ordering::Release);
+        return Err(Error::io(inner.dir.join(&active.name), "sync_data", e));
+    }
+    Ok(())
+}
+
+fn shutdown(inner: &Inner) -> Result<(), Error> {
+    if inner.closed.swap(true, Ordering::AcqRel) {
+        return Ok(());
+    }
+    *lock(&inner.stop) = true;
+    inner.stop_cond.notify_all();
+    if let Some(h) = lock(&inner.flusher).take() {
+        let _ = h.join();
+    }
+    let res = if inner.poisoned.load(Ordering::Acquire) {
+        Ok(())
+    } else {
+        flush_inner(inner)
+    };
+    let _ = inner.index.flush();
+    lock(&inner.lock).take();
+    res
+}
+
+fn flusher_loop(inner: Weak<Inner>, interval: std::time::Duration) {
+    loop {
+        let Some(strong) = inner.upgrade() else {
+            return;
+        };
+        {
+            let stop = lock(&strong.stop);
+            if *stop {
+                return;
+            }
+            let (stop, _) = strong
+                .stop_cond
+                .wait_timeout(stop, interval)
+                .unwrap_or_else(|e| e.into_inner());
+            if *stop {
+                return;
+            }
+        }
+        // A failure poisons the store; the next append reports it.
+        let _ = flush_inner(&strong);
+    }
+}
+
+/// Create segment `id`: preallocate, header, fsync the file, fsync the directory.
+fn create_segment(
+    vfs: &dyn Vfs,
+    dir: &Path,
+    opts: &Options,
+    id: u64,
+    capacity: u64,
+) -> Result<Arc<Segment>, Error> {
+    let name = format::segment_file_name(id);
+    let path = dir.join(&name);
+    let file = vfs
+        .open(&path, OpenMode::CreateNew)
+        .map_err(|e| Error::io(&path, "create", e))?;
+    init_segment_file(&*file, &path, opts, id, capacity)?;
+    vfs.sync_dir(dir)
+        .map_err(|e| Error::io(dir, "sync_dir", e))?;
+    Ok(Arc::new(Segment::new(
+        id,
+        file,
+        SEGMENT_HEADER_BYTES,
+        capacity,
+        0,
+    )))
+}
+
+/// Preallocate, write the header and fsync.
+fn init_segment_file(
+    file: &dyn VfsFile,
+    path: &Path,
+    opts: &Options,
+    id: u64,
+    capacity: u64,
+) -> Result<(), Error> {
+    match opts.preallocate {
+        Preallocate::Fallocate => file
+            .allocate(capacity)
+            .map_err(|e| Error::io(path, "allocate", e))?,
+        Preallocate::ZeroFill => {
+            file.set_len(capacity)
+                .map_err(|e| Error::io(path, "set_len", e))?;
+            let zeros = vec![0u8; ZERO_FILL_CHUNK.min(capacity as usize)];
+            let mut off = 0u64;
+            while off < capacity {
+                let n = (capacity - off).min(zeros.len() as u64) as usize;
+                file.write_at(&zeros[..n], off)
+                    .map_err(|e| Error::io(path, "write_at", e))?;
+                off += n as u64;
+            }
+        }
+    }
+    file.write_at(&format::encode_header(id), 0)
+        .map_err(|e| Error::io(path, "write_at", e))?;
+    file.sync_all().map_err(|e| Error::io(path, "sync_all", e))
+}
+
+/// Zero `from..to` of a segment and fdatasync: the truncation of a torn tail that keeps
+/// the preallocated size.
+fn zero_range(file: &dyn VfsFile, path: &Path, from: u64, to: u64) -> Result<(), Error> {
+    let zeros = vec![0u8; ZERO_FILL_CHUNK.min((to - from) as usize)];
+    let mut off = from;
+    while off < to {
+        let n = (to - off).min(zeros.len() as u64) as usize;
+        file.write_at(&zeros[..n], off)
+            .map_err(|e| Error::io(path, "write_at", e))?;
+        off += n as u64;
+    }
+    file.sync_data()
+        .map_err(|e| Error::io(path, "sync_data", e))
+}
+
+/// Segment ids in `dir`, ascending.
+pub(crate) fn list_segments(vfs: &dyn Vfs, dir: &Path) -> Result<Vec<u64>, Error> {
+    let mut ids: Vec<u64> = vfs
+        .read_dir(dir)
+        .map_err(|e| Error::io(dir, "read_dir", e))?
+        .iter()
+        .filter_map(|n| format::parse_segment_file_name(n))
+        .collect();
+    ids.sort_unstable();
+    Ok(ids)
+}
+
+/// Scan the whole log: validate every record and the history, repair a torn tail (owner
+/// only), and apply records past the index's applied seq to the index.
+fn scan_log(
+    vfs: &dyn Vfs,
+    dir: &Path,
+    opts: &Options,
+    index: &Index,
+    read_only: bool,
+) -> Result<LogState, Error> {
+    let ids = list_segments(vfs, dir)?;
+    let (applied, applied_id) = index.applied_marker()?;
+    let max = opts.record_bytes_max;
+    let mut hist = HistoryCheck::default();
+    let mut pending: Vec<RecordedCommit> = Vec::new();
+    let mut segments = BTreeMap::new();
+    let mut last_ts = 0i64;
+    let mut index_stale = false;
+    for (i, &id) in ids.iter().enumerate() {
+        let is_last = i + 1 == ids.len();
+        let name = format::segment_file_name(id);
+        let path = dir.join(&name);
+        let mode = if read_only || !is_last {
+            OpenMode::Read
+        } else {
+            OpenMode::ReadWrite
+        };
+        let file = vfs
+            .open(&path, mode)
+            .map_err(|e| Error::io(&path, "open", e))?;
+        let map: Mapped = file.map().map_err(|e| Error::io(&path, "map", e))?;
+        match format::check_header(&map, id) {
+            Ok(()) => {}
+            Err(format::HeaderProblem::FutureVersion(v)) => {
+                return Err(Error::UnsupportedFormat {
+                    path,
+                    found: v,
+                    supported: format::SEGMENT_FORMAT_VERSION,
+                })
+            }
+            Err(format::HeaderProblem::WrongId(found)) => {
+                return Err(Error::corrupt(
+                    &name,
+                    16,
+                    format!("header names segment id {found}, the file name {id}"),
+                ))
+            }
+            Err(p) => {
+                let problem = match p {
+                    format::HeaderProblem::Blank => "blank segment header".to_string(),
+                    format::HeaderProblem::Invalid(s) => s,
+                    _ => "bad header".to_string(),
+                };
+                let we = log::written_end(&map);
+                let has_records =
+                    log::find_valid_frame(&map, id, max, SEGMENT_HEADER_BYTES, we).is_some();
+                if !is_last || has_records {
+                    return Err(Error::corrupt(&name, 0, problem));
+                }
+                // The last segment's creation did not complete (crash between create and
+                // the header's fsync): it holds no record. Re-initialize it.
+                if read_only {
+                    continue;
+                }
+                let capacity = opts.segment_bytes_max.max(map.len() as u64);
+                drop(map);
+                init_segment_file(&*file, &path, opts, id, capacity)?;
+                vfs.sync_dir(dir)
+                    .map_err(|e| Error::io(dir, "sync_dir", e))?;
+                segments.insert(
+                    id,
+                    Arc::new(Segment::new(id, file, SEGMENT_HEADER_BYTES, capacity, 0)),
+                );
+                continue;
+            }
+        }
+        let mut first_seq = 0;
+        let scan = log::scan_segment(&map, id, max, SEGMENT_HEADER_BYTES, |off, payload| {
+            let pos = LogPosition {
+                segment: id,
+                offset: off,
+            };
+            let rec =
+                format::decode_commit(payload, pos).map_err(|p| Error::corrupt(&name, off, p))?;
+            hist.check(&rec)
+                .map_err(|p| Error::corrupt(&name, off, p))?;
+            if first_seq == 0 {
+                first_seq = rec.info.seq;
+            }
+            last_ts = last_ts.max(rec.info.timestamp_ms);
+            let seq = rec.info.seq;
+            if seq == applied && applied_id != Some(rec.info.commit_id) {
+                index_stale = true;
+            }
+            if seq > applied && !index_stale {
+                pending.push(rec);
+                if pending.len() >= CATCH_UP_BATCH {
+                    index.apply(&pending)?;
+                    pending.clear();
+                }
+            }
+            Ok(())
+        })?;
+        let mut end = scan.end;
+        match scan.tail {
+            Tail::Clean => {}
+            Tail::Corrupt { problem, valid_at } => {
+                return Err(Error::corrupt(
+                    &name,
+                    scan.end,
+                    format!("{problem}; a valid record follows at offset {valid_at}"),
+                ))
+            }
+            Tail::Torn {
+                problem,
+                written_end,
+            } => {
+                if !is_last {
+                    return Err(Error::corrupt(&name, scan.end, problem));
+                }
+                if !read_only {
+                    // A torn tail of the last segment: the write that was in flight when
+                    // the process died. Nothing after it validates, so it was never
+                    // acknowledged: zero it (keeping the preallocation) and fdatasync.
+                    zero_range(&*file, &path, scan.end, written_end)?;
+                }
+                end = scan.end;
+            }
+        }
+        let capacity = map.len() as u64;
+        let seg = Segment::new(id, file, end, capacity, first_seq);
+        let seg = if read_only || !is_last {
+            seg.with_map(Arc::new(map))
+        } else {
+            drop(map);
+            seg
+        };
+        segments.insert(id, Arc::new(seg));
+    }
+    if applied > hist.last_seq {
+        index_stale = true;
+    }
+    if !index_stale && !pending.is_empty() {
+        index.apply(&pending)?;
+    }
+    Ok(LogState {
+        segments,
+        last_seq: hist.last_seq,
+        last_ts,
+        index_stale,
+    })
+}
+
+/// Iterator over the log in seq order (from [`Store::scan`]).
+pub struct LogScan<'a> {
+    store: &'a Store,
+    seg: Option<u64>,
+    off: u64,
+    from_seq: u64,
+    end_seq: u64,
+}
+
+impl Iterator for LogScan<'_> {
+    type Item = Result<RecordedCommit, Error>;
+    fn next(&mut self) -> Option<Self::Item> {
+        loop {
+            let id = self.seg?;
+            let seg = {
+                let segs = self
+                    .store
+                    .inner
+                    .segments
+                    .read()
+                    .unwrap_or_else(|e| e.into_inner());
+                match segs.get(&id) {
+                    Some(s) => s.clone(),
+                    None => {
+                        self.seg = None;
+                        return None;
+                    }
+                }
+            };
+            if self.off >= seg.end.load(Ordering::Acquire) {
+                let segs = self
+                    .store
+                    .inner
+                    .segments
+                    .read()
+                    .unwrap_or_else(|e| e.into_inner());
+                self.seg = segs.range(id + 1..).next().map(|(k, _)| *k);
+                self.off = SEGMENT_HEADER_BYTES;
+                continue;
+            }
+            match seg.read(self.off, self.store.inner.opts.record_bytes_max) {
+                Ok(rec) => {
+                    self.off += u64::from(rec.record_bytes);
+                    if rec.info.seq > self.end_seq {
+                        self.seg = None;
+                        return None;
+                    }
+                    if rec.info.seq < self.from_seq {
+                        continue;
+                    }
+                    return Some(Ok(rec));
+                }
+                Err(e) => {
+                    self.seg = None;
+                    return Some(Err(e));
+                }
+            }
+        }
+    }
+}
+
+/// Stand-in file for the placeholder segment of an empty read-only store.
+#[derive(Debug)]
+struct NoFile;
+
+impl VfsFile for NoFile {
+    fn read_at(&self, _: &mut [u8], _: u64) -> std::io::Result<()> {
+        Err(std::io::Error::new(
+            std::io::ErrorKind::UnexpectedEof,
+            "empty store",
+        ))
+    }
+    fn write_at(&self, _: &[u8], _: u64) -> std::io::Result<()> {
+        Err(std::io::Error::other("read-only"))
+    }
+    fn sync_data(&self) -> std::io::Result<()> {
+        Ok(())
+    }
+    fn sync_all(&self) -> std::io::Result<()> {
+        Ok(())
+    }
+    fn set_len(&self, _: u64) -> std::io::Result<()> {
+        Err(std::io::Error::other("read-only"))
+    }
+    fn allocate(&self, _: u64) -> std::io::Result<()> {
+        Err(std::io::Error::other("read-only"))
+    }
+    fn len(&self) -> std::io::Result<u64> {
+        Ok(0)
+    }
+    fn map(&self) -> std::io::Result<Mapped> {
+        Ok(Mapped::from_vec(Vec::new()))
+    }
+}

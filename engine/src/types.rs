@@ -1,0 +1,295 @@
+//! Public value types of the engine API.
+
+use crate::format;
+use crate::vfs::{OsVfs, Vfs};
+use crate::Indexer;
+use std::fmt;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+use uuid::Uuid;
+
+/// When an append is acknowledged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Durability {
+    /// After fdatasync (shared by concurrent writers: group commit).
+    #[default]
+    Immediate,
+    /// After the write reached the page cache; a background thread fdatasyncs every
+    /// [`Options::buffered_flush_interval`], and on [`crate::Store::flush`] and close.
+    Buffered,
+}
+
+/// How new segments reserve their space.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Preallocate {
+    /// Write zeros over the whole segment once: later overwrites need no block
+    /// allocation or extent conversion, so fdatasync commits no metadata.
+    #[default]
+    ZeroFill,
+    /// `fallocate` (falls back to extending the file with `set_len`).
+    Fallocate,
+}
+
+/// Configuration of a [`crate::Store`].
+#[derive(Clone)]
+pub struct Options {
+    pub durability: Durability,
+    /// Size of a segment file (a larger record gets a segment of its own).
+    pub segment_bytes_max: u64,
+    /// Largest record payload accepted (≤ [`format::RECORD_BYTES_HARD_CAP`]).
+    pub record_bytes_max: u32,
+    /// How often the background thread fdatasyncs in [`Durability::Buffered`] mode.
+    pub buffered_flush_interval: Duration,
+    /// The I/O seam for the log's files.
+    pub vfs: Arc<dyn Vfs>,
+    /// Derived indexes maintained with every commit.
+    pub indexers: Vec<Arc<dyn Indexer>>,
+    /// How segments are preallocated.
+    pub preallocate: Preallocate,
+    /// Where the sled index lives; `None` = `DIR/index`. Tests that keep the log in a
+    /// [`crate::vfs::SimVfs`] point this at a real directory.
+    pub index_dir: Option<PathBuf>,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            durability: Durability::Immediate,
+            segment_bytes_max: format::SEGMENT_BYTES_MAX_DEFAULT,
+            record_bytes_max: format::RECORD_BYTES_MAX_DEFAULT,
+            buffered_flush_interval: Duration::from_millis(50),
+            vfs: Arc::new(OsVfs),
+            indexers: Vec::new(),
+            preallocate: Preallocate::default(),
+            index_dir: None,
+        }
+    }
+}
+
+impl fmt::Debug for Options {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Options")
+            .field("durability", &self.durability)
+            .field("segment_bytes_max", &self.segment_bytes_max)
+            .field("record_bytes_max", &self.record_bytes_max)
+            .field("buffered_flush_interval", &self.buffered_flush_interval)
+            .field("vfs", &self.vfs)
+            .field(
+                "indexers",
+                &self.indexers.iter().map(|i| i.name()).collect::<Vec<_>>(),
+            )
+            .field("preallocate", &self.preallocate)
+            .field("index_dir", &self.index_dir)
+            .finish()
+    }
+}
+
+impl Options {
+    pub fn durability(mut self, d: Durability) -> Self {
+        self.durability = d;
+        self
+    }
+    pub fn segment_bytes_max(mut self, n: u64) -> Self {
+        self.segment_bytes_max = n;
+        self
+    }
+    pub fn record_bytes_max(mut self, n: u32) -> Self {
+        self.record_bytes_max = n;
+        self
+    }
+    pub fn buffered_flush_interval(mut self, d: Duration) -> Self {
+        self.buffered_flush_interval = d;
+        self
+    }
+    pub fn vfs(mut self, vfs: Arc<dyn Vfs>) -> Self {
+        self.vfs = vfs;
+        self
+    }
+    pub fn indexer(mut self, ix: Arc<dyn Indexer>) -> Self {
+        self.indexers.push(ix);
+        self
+    }
+    pub fn preallocate(mut self, p: Preallocate) -> Self {
+        self.preallocate = p;
+        self
+    }
+    pub fn index_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.index_dir = Some(dir.into());
+        self
+    }
+}
+
+/// The version an append expects its stream to be at.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ExpectedVersion {
+    /// The stream must not exist (version 0).
+    NoStream,
+    /// The stream must be at exactly this version (`Exact(0)` is the same as `NoStream`).
+    Exact(u64),
+    /// No check.
+    Any,
+}
+
+impl ExpectedVersion {
+    /// Whether a stream at `actual` (`None` = absent) satisfies this expectation.
+    pub fn matches(self, actual: Option<u64>) -> bool {
+        let v = actual.unwrap_or(0);
+        match self {
+            ExpectedVersion::Any => true,
+            ExpectedVersion::NoStream => v == 0,
+            ExpectedVersion::Exact(n) => v == n,
+        }
+    }
+}
+
+/// One event of a commit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EventData {
+    /// At most [`format::EVENT_KIND_BYTES_MAX`] bytes.
+    pub kind: String,
+    pub payload: Vec<u8>,
+}
+
+impl EventData {
+    pub fn new(kind: impl Into<String>, payload: impl Into<Vec<u8>>) -> EventData {
+        EventData {
+            kind: kind.into(),
+            payload: payload.into(),
+        }
+    }
+}
+
+/// A commit to append: 1..=[`format::EVENTS_PER_COMMIT_MAX`] events to one stream, all or
+/// nothing.
+#[derive(Debug, Clone)]
+pub struct NewCommit {
+    pub stream: String,
+    pub expected: ExpectedVersion,
+    /// Client-chosen id; retrying the same id returns the original outcome.
+    pub commit_id: Uuid,
+    pub events: Vec<EventData>,
+}
+
+impl NewCommit {
+    /// A commit with a fresh random commit id.
+    pub fn new(
+        stream: impl Into<String>,
+        expected: ExpectedVersion,
+        events: Vec<EventData>,
+    ) -> NewCommit {
+        NewCommit {
+            stream: stream.into(),
+            expected,
+            commit_id: Uuid::new_v4(),
+            events,
+        }
+    }
+}
+
+/// Where a record starts in the log. Ordered by (segment, offset) = log order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct LogPosition {
+    pub segment: u64,
+    pub offset: u64,
+}
+
+impl LogPosition {
+    /// Stable 16-byte big-endian encoding (sorts like the position).
+    pub fn to_bytes(self) -> [u8; 16] {
+        let mut b = [0u8; 16];
+        b[..8].copy_from_slice(&self.segment.to_be_bytes());
+        b[8..].copy_from_slice(&self.offset.to_be_bytes());
+        b
+    }
+    /// Inverse of [`LogPosition::to_bytes`]; `None` unless exactly 16 bytes.
+    pub fn from_bytes(b: &[u8]) -> Option<LogPosition> {
+        if b.len() != 16 {
+            return None;
+        }
+        let mut s = [0u8; 8];
+        let mut o = [0u8; 8];
+        s.copy_from_slice(&b[..8]);
+        o.copy_from_slice(&b[8..]);
+        Some(LogPosition {
+            segment: u64::from_be_bytes(s),
+            offset: u64::from_be_bytes(o),
+        })
+    }
+}
+
+impl fmt::Display for LogPosition {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{}@{}",
+            format::segment_file_name(self.segment),
+            self.offset
+        )
+    }
+}
+
+/// What a landed commit is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CommitInfo {
+    pub stream: String,
+    /// The stream's new head version (number of commits in the stream).
+    pub version: u64,
+    /// Global sequence number: 1-based, dense, in log order.
+    pub seq: u64,
+    pub position: LogPosition,
+    pub timestamp_ms: i64,
+    pub commit_id: Uuid,
+}
+
+/// The result of an append that did not fail.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AppendOutcome {
+    Committed(CommitInfo),
+    /// The commit id had already landed: the original info; nothing was written.
+    AlreadyCommitted(CommitInfo),
+    /// The expected version did not match; nothing was written.
+    Conflict {
+        expected: ExpectedVersion,
+        actual: Option<u64>,
+    },
+}
+
+impl AppendOutcome {
+    /// The commit info for `Committed` and `AlreadyCommitted`.
+    pub fn info(&self) -> Option<&CommitInfo> {
+        match self {
+            AppendOutcome::Committed(i) | AppendOutcome::AlreadyCommitted(i) => Some(i),
+            AppendOutcome::Conflict { .. } => None,
+        }
+    }
+}
+
+/// A commit as read back from the log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecordedCommit {
+    pub info: CommitInfo,
+    pub expected: ExpectedVersion,
+    pub events: Vec<EventData>,
+    /// Bytes the record occupies in the log (frame header + payload).
+    pub record_bytes: u32,
+}
+
+/// Counters of a store since it was opened.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StoreStats {
+    /// Commits appended since open.
+    pub commits: u64,
+    /// fdatasync calls on segments since open.
+    pub fsyncs: u64,
+    /// Groups written (one pwrite each).
+    pub write_groups: u64,
+    /// Bytes of frames written since open.
+    pub bytes_written: u64,
+    /// Segments in the log now.
+    pub segments: u64,
+    /// Segments created since open.
+    pub segments_created: u64,
+    /// Last sequence number in the log.
+    pub last_seq: u64,
+}

@@ -1,0 +1,325 @@
+//! Offline verification: read every segment, check every record and the history, and
+//! compare the sled index (when present and not in use) with the log. Never writes to
+//! the store directory.
+
+use crate::error::Error;
+use crate::format::{self, SEGMENT_HEADER_BYTES};
+use crate::index::Index;
+use crate::log::{self, HistoryCheck, Tail};
+use crate::store::{list_segments, INDEX_DIR, LOCK_FILE};
+use crate::types::{LogPosition, Options};
+use crate::vfs::OpenMode;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+/// One problem found by [`verify`]. Index problems name the segment `"index"` and give the
+/// commit's seq as the offset (0 when not about one commit).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VerifyProblem {
+    /// File name of the segment (e.g. `0000000000000001.seg`), or `"index"`.
+    pub segment: String,
+    pub offset: u64,
+    pub problem: String,
+}
+
+/// What happened to the index check.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum IndexCheck {
+    /// No index directory.
+    Absent,
+    /// A writer holds the store: its index is in use and was not checked.
+    Locked,
+    /// The index has another format version: the next open rebuilds it.
+    Outdated,
+    /// Compared with the log up to its applied seq.
+    Checked { applied_seq: u64 },
+}
+
+/// Result of [`verify`]; `ok` is false when corruption was found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VerifyReport {
+    pub ok: bool,
+    pub segments: u64,
+    /// Valid record frames.
+    pub records: u64,
+    /// Records that decoded as commits.
+    pub commits: u64,
+    pub streams: u64,
+    pub last_seq: u64,
+    /// Bytes of a torn tail of the last segment (not an error; the next open truncates it).
+    pub torn_tail_bytes: u64,
+    pub index: IndexCheck,
+    pub errors: Vec<VerifyProblem>,
+}
+
+fn problem(segment: &str, offset: u64, p: impl Into<String>) -> VerifyProblem {
+    VerifyProblem {
+        segment: segment.to_string(),
+        offset,
+        problem: p.into(),
+    }
+}
+
+fn copy_dir(from: &Path, to: &Path) -> std::io::Result<()> {
+    std::fs::create_dir_all(to)?;
+    for e in std::fs::read_dir(from)? {
+        let e = e?;
+        let target = to.join(e.file_name());
+        if e.file_type()?.is_dir() {
+            copy_dir(&e.path(), &target)?;
+        } else {
+            std::fs::copy(e.path(), target)?;
+        }
+    }
+    Ok(())
+}
+
+struct TempDir(PathBuf);
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Verify the store in `dir` without writing to it. `Err` only when the store cannot be
+/// read at all (e.g. the directory is missing); damage is reported in the report.
+pub fn verify(dir: impl AsRef<Path>, opts: Options) -> Result<VerifyReport, Error> {
+    let dir = dir.as_ref();
+    let vfs = opts.vfs.clone();
+    let max = opts.record_bytes_max;
+    let ids = list_segments(&*vfs, dir)?;
+    let mut report = VerifyReport {
+        ok: true,
+        segments: ids.len() as u64,
+        records: 0,
+        commits: 0,
+        streams: 0,
+        last_seq: 0,
+        torn_tail_bytes: 0,
+        index: IndexCheck::Absent,
+        errors: Vec::new(),
+    };
+
+    // The index, through a private copy: opening sled writes to its directory.
+    let index_dir = opts
+        .index_dir
+        .clone()
+        .unwrap_or_else(|| dir.join(INDEX_DIR));
+    let mut index: Option<(Index, u64, TempDir)> = None;
+    if index_dir.exists() {
+        let lock_path = dir.join(LOCK_FILE);
+        let locked = match vfs.lock(&lock_path, false) {
+            Ok(Some(_guard)) => false,
+            Ok(None) => true,
+            Err(_) => false,
+        };
+        if locked {
+            report.index = IndexCheck::Locked;
+        } else {
+            let tmp = TempDir(std::env::temp_dir().join(format!(
+                "spool-verify-{}-{}",
+                std::process::id(),
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map(|d| d.as_nanos())
+                    .unwrap_or(0)
+            )));
+            let opened = copy_dir(&index_dir, &tmp.0)
+                .map_err(|e| e.to_string())
+                .and_then(|()| Index::open_existing(&tmp.0).map_err(|e| e.to_string()));
+            match opened {
+                Ok(Some(ix)) => match ix.applied_seq() {
+                    Ok(applied) => {
+                        report.index = IndexCheck::Checked {
+                            applied_seq: applied,
+                        };
+                        index = Some((ix, applied, tmp));
+                    }
+                    Err(e) => report.errors.push(problem(INDEX_DIR, 0, e.to_string())),
+                },
+                Ok(None) => report.index = IndexCheck::Outdated,
+                Err(e) => {
+                    report
+                        .errors
+                        .push(problem(INDEX_DIR, 0, format!("index unreadable: {e}")))
+                }
+            }
+        }
+    }
+
+    let mut hist = HistoryCheck::default();
+    let mut heads_at_applied: HashMap<String, u64> = HashMap::new();
+    for (i, &id) in ids.iter().enumerate() {
+        let is_last = i + 1 == ids.len();
+        let name = format::segment_file_name(id);
+        let path = dir.join(&name);
+        let map = match vfs.open(&path, OpenMode::Read).and_then(|f| f.map()) {
+            Ok(m) => m,
+            Err(e) => {
+                report
+                    .errors
+                    .push(problem(&name, 0, format!("cannot read: {e}")));
+                continue;
+            }
+        };
+        match format::check_header(&map, id) {
+            Ok(()) => {}
+            Err(format::HeaderProblem::Blank) | Err(format::HeaderProblem::Invalid(_))
+                if is_last
+                    && log::find_valid_frame(
+                        &map,
+                        id,
+                        max,
+                        SEGMENT_HEADER_BYTES,
+                        log::written_end(&map),
+                    )
+                    .is_none() =>
+            {
+                // A segment whose creation did not complete: like a torn tail.
+                report.torn_tail_bytes += log::written_end(&map);
+                continue;
+            }
+            Err(p) => {
+                let text = match p {
+                    format::HeaderProblem::FutureVersion(v) => format!(
+                        "format version {v}; this build supports up to {}",
+                        format::SEGMENT_FORMAT_VERSION
+                    ),
+                    format::HeaderProblem::WrongId(found) => {
+                        format!("header names segment id {found}, the file name {id}")
+                    }
+                    format::HeaderProblem::Blank => "blank segment header".into(),
+                    format::HeaderProblem::Invalid(s) => s,
+                };
+                report.errors.push(problem(&name, 0, text));
+                continue;
+            }
+        }
+        let mut start = SEGMENT_HEADER_BYTES;
+        loop {
+            let mut found: Vec<VerifyProblem> = Vec::new();
+            let scan = log::scan_segment(&map, id, max, start, |off, payload| {
+                report.records += 1;
+                let pos = LogPosition {
+                    segment: id,
+                    offset: off,
+                };
+                let rec = match format::decode_commit(payload, pos) {
+                    Ok(r) => r,
+                    Err(p) => {
+                        found.push(problem(&name, off, p));
+                        return Ok(());
+                    }
+                };
+                report.commits += 1;
+                if let Err(p) = hist.check(&rec) {
+                    found.push(problem(&name, off, p));
+                    hist.accept(&rec);
+                }
+                if let Some((ix, applied, _)) = &index {
+                    if rec.info.seq <= *applied {
+                        heads_at_applied.insert(rec.info.stream.clone(), rec.info.version);
+                        check_index_entry(ix, &rec, &mut found);
+                    }
+                }
+                Ok(())
+            })?;
+            report.errors.append(&mut found);
+            match scan.tail {
+                Tail::Clean => break,
+                Tail::Torn {
+                    problem: p,
+                    written_end,
+                } => {
+                    if is_last {
+                        report.torn_tail_bytes += written_end - scan.end;
+                    } else {
+                        report.errors.push(problem(&name, scan.end, p));
+                    }
+                    break;
+                }
+                Tail::Corrupt {
+                    problem: p,
+                    valid_at,
+                } => {
+                    report.errors.push(problem(
+                        &name,
+                        scan.end,
+                        format!("{p}; a valid record follows at offset {valid_at}"),
+                    ));
+                    start = valid_at;
+                }
+            }
+        }
+    }
+    report.last_seq = hist.last_seq;
+    report.streams = hist.heads.len() as u64;
+
+    if let Some((ix, applied, _tmp)) = &index {
+        if *applied > hist.last_seq {
+            report.errors.push(problem(
+                INDEX_DIR,
+                *applied,
+                format!(
+                    "index has applied seq {applied}, ahead of the log's last seq {}",
+                    hist.last_seq
+                ),
+            ));
+        } else {
+            match ix.streams() {
+                Ok(streams) => {
+                    let mut seen = 0usize;
+                    for (s, v) in streams {
+                        match heads_at_applied.get(&s) {
+                            Some(lv) if *lv == v => seen += 1,
+                            other => report.errors.push(problem(
+                                INDEX_DIR,
+                                0,
+                                format!("index head of {s:?} is {v}, the log says {other:?}"),
+                            )),
+                        }
+                    }
+                    if seen != heads_at_applied.len() {
+                        report.errors.push(problem(
+                            INDEX_DIR,
+                            0,
+                            format!(
+                                "index has heads for {seen} of the log's {} streams",
+                                heads_at_applied.len()
+                            ),
+                        ));
+                    }
+                }
+                Err(e) => report.errors.push(problem(INDEX_DIR, 0, e.to_string())),
+            }
+        }
+    }
+    report.ok = report.errors.is_empty();
+    Ok(report)
+}
+
+fn check_index_entry(ix: &Index, rec: &crate::RecordedCommit, found: &mut Vec<VerifyProblem>) {
+    let i = &rec.info;
+    match ix.stream_position(&i.stream, i.version) {
+        Ok(Some(p)) if p == i.position => {}
+        other => found.push(problem(
+            INDEX_DIR,
+            i.seq,
+            format!(
+                "{:?} v{} is at {} in the log, the index says {other:?}",
+                i.stream, i.version, i.position
+            ),
+        )),
+    }
+    match ix.commit_by_id(i.commit_id) {
+        Ok(Some(c)) if c == *i => {}
+        other => found.push(problem(
+            INDEX_DIR,
+            i.seq,
+            format!(
+                "commit {} (seq {}): index entry {other:?}",
+                i.commit_id, i.seq
+            ),
+        )),
+    }
+}

@@ -1,0 +1,164 @@
+//! The real file system.
+
+use super::{Mapped, OpenMode, Vfs, VfsFile, VfsLock};
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::os::unix::io::AsRawFd;
+use std::path::Path;
+use std::sync::Arc;
+
+/// [`Vfs`] over the operating system's files.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct OsVfs;
+
+impl OsVfs {
+    pub fn new() -> OsVfs {
+        OsVfs
+    }
+}
+
+#[derive(Debug)]
+struct OsFile {
+    file: File,
+}
+
+#[derive(Debug)]
+struct OsLock {
+    // Keeping the descriptor open keeps the flock; closing it releases the lock.
+    _file: File,
+}
+impl VfsLock for OsLock {}
+
+impl Vfs for OsVfs {
+    fn open(&self, path: &Path, mode: OpenMode) -> io::Result<Arc<dyn VfsFile>> {
+        let mut o = OpenOptions::new();
+        match mode {
+            OpenMode::Read => o.read(true),
+            OpenMode::ReadWrite => o.read(true).write(true),
+            OpenMode::CreateNew => o.read(true).write(true).create_new(true),
+        };
+        Ok(Arc::new(OsFile {
+            file: o.open(path)?,
+        }))
+    }
+
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+        std::fs::rename(from, to)
+    }
+
+    fn remove(&self, path: &Path) -> io::Result<()> {
+        std::fs::remove_file(path)
+    }
+
+    fn read_dir(&self, dir: &Path) -> io::Result<Vec<String>> {
+        let mut names = Vec::new();
+        for entry in std::fs::read_dir(dir)? {
+            let entry = entry?;
+            if let Ok(name) = entry.file_name().into_string() {
+                names.push(name);
+            }
+        }
+        Ok(names)
+    }
+
+    fn create_dir_all(&self, dir: &Path) -> io::Result<()> {
+        std::fs::create_dir_all(dir)
+    }
+
+    fn sync_dir(&self, dir: &Path) -> io::Result<()> {
+        File::open(dir)?.sync_all()
+    }
+
+    fn exists(&self, path: &Path) -> io::Result<bool> {
+        path.try_exists()
+    }
+
+    fn lock(&self, path: &Path, create: bool) -> io::Result<Option<Box<dyn VfsLock>>> {
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(create)
+            .truncate(false)
+            .open(path)?;
+        // flock locks belong to the open file description, so a second open of the same
+        // file in this process conflicts as well as one in another process.
+        match try_flock(&file) {
+            Ok(()) => Ok(Some(Box::new(OsLock { _file: file }))),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+fn try_flock(file: &File) -> io::Result<()> {
+    // SAFETY: the descriptor is valid for the lifetime of `file`.
+    let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+impl VfsFile for OsFile {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        self.file.read_exact_at(buf, offset)
+    }
+
+    fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        self.file.write_all_at(buf, offset)
+    }
+
+    fn sync_data(&self) -> io::Result<()> {
+        self.file.sync_data()
+    }
+
+    fn sync_all(&self) -> io::Result<()> {
+        self.file.sync_all()
+    }
+
+    fn set_len(&self, len: u64) -> io::Result<()> {
+        self.file.set_len(len)
+    }
+
+    fn allocate(&self, len: u64) -> io::Result<()> {
+        let Ok(len_off) = libc::off_t::try_from(len) else {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "length too large",
+            ));
+        };
+        // SAFETY: plain syscall on a descriptor we own; no pointers involved.
+        let rc = unsafe { libc::fallocate(self.file.as_raw_fd(), 0, 0, len_off) };
+        if rc == 0 {
+            return Ok(());
+        }
+        let err = io::Error::last_os_error();
+        // File systems without fallocate: extend with zeros instead.
+        if err.raw_os_error() == Some(libc::EOPNOTSUPP) {
+            if self.file.metadata()?.len() < len {
+                self.file.set_len(len)?;
+            }
+            return Ok(());
+        }
+        Err(err)
+    }
+
+    fn len(&self) -> io::Result<u64> {
+        Ok(self.file.metadata()?.len())
+    }
+
+    fn map(&self) -> io::Result<Mapped> {
+        if self.file.metadata()?.len() == 0 {
+            return Ok(Mapped::from_vec(Vec::new()));
+        }
+        // SAFETY: the engine maps only sealed segments, which it never writes again while
+        // the store is open (segments are append-only and replaced only by rename), and
+        // the owner lock keeps other spool writers out. Every length read from the map is
+        // validated against the map's length before use, so a file changed behind our back
+        // yields errors, not undefined reads beyond the mapping.
+        let map = unsafe { memmap2::Mmap::map(&self.file)? };
+        Ok(Mapped::from_mmap(map))
+    }
+}

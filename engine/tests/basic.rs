@@ -1,0 +1,206 @@
+mod common;
+use common::*;
+use spool_engine::*;
+
+#[test]
+fn append_read_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Store::open(dir.path(), small_opts()).unwrap();
+    let a = committed(
+        s.append(commit("a", ExpectedVersion::NoStream, b"one"))
+            .unwrap(),
+    );
+    assert_eq!((a.version, a.seq), (1, 1));
+    let b = committed(
+        s.append(commit("a", ExpectedVersion::Exact(1), b"two"))
+            .unwrap(),
+    );
+    assert_eq!((b.version, b.seq), (2, 2));
+    let c = committed(
+        s.append(commit("b", ExpectedVersion::Any, b"three"))
+            .unwrap(),
+    );
+    assert_eq!((c.version, c.seq), (1, 3));
+    assert_eq!(s.stream_version("a").unwrap(), Some(2));
+    assert_eq!(s.stream_version("zz").unwrap(), None);
+    let r = s.read_stream("a", 1, 10).unwrap();
+    assert_eq!(r.len(), 2);
+    assert_eq!(r[1].events[0].payload, b"two");
+    assert_eq!(s.read_stream("a", 2, 10).unwrap().len(), 1);
+    assert_eq!(s.read_stream("a", 1, 1).unwrap().len(), 1);
+    assert_eq!(s.read_at(c.position).unwrap().info, c);
+    // Many commits: rolls segments.
+    for i in 0..200u64 {
+        s.append(commit("big", ExpectedVersion::Exact(i), &[7u8; 100]))
+            .unwrap();
+    }
+    assert!(s.stats().segments > 3, "{:?}", s.stats());
+    let before = log_contents(&s);
+    assert_eq!(before.len(), 203);
+    s.close().unwrap();
+    let s = Store::open(dir.path(), small_opts()).unwrap();
+    assert_eq!(log_contents(&s), before);
+    assert_eq!(s.stream_version("big").unwrap(), Some(200));
+    assert_eq!(s.last_seq(), 203);
+    assert_eq!(
+        s.streams().unwrap(),
+        vec![("a".into(), 2), ("b".into(), 1), ("big".into(), 200)]
+    );
+    let from = s.scan(150).unwrap().next().unwrap().unwrap();
+    assert_eq!(from.info.seq, 150);
+    let d = committed(
+        s.append(commit("a", ExpectedVersion::Exact(2), b"x"))
+            .unwrap(),
+    );
+    assert_eq!((d.version, d.seq), (3, 204));
+}
+
+#[test]
+fn conflicts_write_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Store::open(dir.path(), Options::default()).unwrap();
+    s.append(commit("a", ExpectedVersion::NoStream, b"1"))
+        .unwrap();
+    let o = s
+        .append(commit("a", ExpectedVersion::NoStream, b"2"))
+        .unwrap();
+    assert_eq!(
+        o,
+        AppendOutcome::Conflict {
+            expected: ExpectedVersion::NoStream,
+            actual: Some(1)
+        }
+    );
+    let o = s
+        .append(commit("b", ExpectedVersion::Exact(3), b"2"))
+        .unwrap();
+    assert_eq!(
+        o,
+        AppendOutcome::Conflict {
+            expected: ExpectedVersion::Exact(3),
+            actual: None
+        }
+    );
+    assert_eq!(s.last_seq(), 1);
+}
+
+#[test]
+fn invalid_input() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Store::open(dir.path(), Options::default()).unwrap();
+    let e = s
+        .append(NewCommit::new("a", ExpectedVersion::Any, vec![]))
+        .unwrap_err();
+    assert!(matches!(e, Error::InvalidInput(_)), "{e}");
+    let e = s
+        .append(commit("", ExpectedVersion::Any, b"x"))
+        .unwrap_err();
+    assert!(matches!(e, Error::InvalidInput(_)), "{e}");
+    let e = s
+        .append(commit(&"x".repeat(256), ExpectedVersion::Any, b"x"))
+        .unwrap_err();
+    assert!(matches!(e, Error::InvalidInput(_)), "{e}");
+    let e = s
+        .append(NewCommit::new(
+            "a",
+            ExpectedVersion::Any,
+            vec![EventData::new("k".repeat(256), vec![])],
+        ))
+        .unwrap_err();
+    assert!(matches!(e, Error::InvalidInput(_)), "{e}");
+    assert_eq!(s.last_seq(), 0);
+}
+
+#[test]
+fn idempotent_retry_also_after_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Store::open(dir.path(), Options::default()).unwrap();
+    let c = commit("a", ExpectedVersion::NoStream, b"1");
+    let first = committed(s.append(c.clone()).unwrap());
+    assert_eq!(
+        s.append(c.clone()).unwrap(),
+        AppendOutcome::AlreadyCommitted(first.clone())
+    );
+    let mut other = c.clone();
+    other.stream = "b".into();
+    assert!(matches!(
+        s.append(other.clone()),
+        Err(Error::InvalidInput(_))
+    ));
+    assert_eq!(s.last_seq(), 1);
+    drop(s);
+    let s = Store::open(dir.path(), Options::default()).unwrap();
+    assert_eq!(s.append(c).unwrap(), AppendOutcome::AlreadyCommitted(first));
+    assert!(matches!(s.append(other), Err(Error::InvalidInput(_))));
+    assert_eq!(s.last_seq(), 1);
+}
+
+#[test]
+fn locked_and_read_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Store::open(dir.path(), Options::default()).unwrap();
+    s.append(commit("a", ExpectedVersion::NoStream, b"1"))
+        .unwrap();
+    match Store::open(dir.path(), Options::default()) {
+        Err(Error::Locked { path }) => assert!(path.ends_with(LOCK_FILE)),
+        other => panic!("expected Locked, got {other:?}"),
+    }
+    let ro = Store::open_read_only(dir.path(), Options::default()).unwrap();
+    assert_eq!(ro.stream_version("a").unwrap(), Some(1));
+    assert!(matches!(
+        ro.append(commit("a", ExpectedVersion::Any, b"2")),
+        Err(Error::ReadOnly)
+    ));
+    drop(ro);
+    drop(s);
+    // After the owner is gone, a new owner gets in.
+    let s = Store::open(dir.path(), Options::default()).unwrap();
+    assert_eq!(s.stream_version("a").unwrap(), Some(1));
+}
+
+#[test]
+fn five_mib_payload_round_trips() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Store::open(dir.path(), Options::default().segment_bytes_max(1 << 20)).unwrap();
+    let payload: Vec<u8> = (0..5 * 1024 * 1024u32)
+        .map(|i| (i * 31 % 251) as u8)
+        .collect();
+    let info = committed(
+        s.append(commit("big", ExpectedVersion::NoStream, &payload))
+            .unwrap(),
+    );
+    s.append(commit("small", ExpectedVersion::NoStream, b"after"))
+        .unwrap();
+    assert_eq!(s.read_at(info.position).unwrap().events[0].payload, payload);
+    drop(s);
+    let s = Store::open(dir.path(), Options::default().segment_bytes_max(1 << 20)).unwrap();
+    assert_eq!(
+        s.read_stream("big", 1, 1).unwrap()[0].events[0].payload,
+        payload
+    );
+    assert_eq!(
+        s.read_stream("small", 1, 1).unwrap()[0].events[0].payload,
+        b"after"
+    );
+    let too_big = vec![0u8; (RECORD_BYTES_MAX_DEFAULT + 1) as usize];
+    assert!(matches!(
+        s.append(commit("x", ExpectedVersion::Any, &too_big)),
+        Err(Error::RecordTooLarge { .. })
+    ));
+}
+
+#[test]
+fn buffered_flush_and_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let opts = || small_opts().durability(Durability::Buffered);
+    let s = Store::open(dir.path(), opts()).unwrap();
+    for i in 0..50u64 {
+        s.append(commit("a", ExpectedVersion::Exact(i), b"x"))
+            .unwrap();
+    }
+    s.flush().unwrap();
+    assert!(s.stats().fsyncs >= 1);
+    s.close().unwrap();
+    let s = Store::open(dir.path(), opts()).unwrap();
+    assert_eq!(s.stream_version("a").unwrap(), Some(50));
+}

@@ -1,0 +1,49 @@
+#![allow(dead_code)]
+
+use spool_engine::*;
+use std::path::Path;
+
+pub fn ev(payload: &[u8]) -> Vec<EventData> {
+    vec![EventData::new("test", payload.to_vec())]
+}
+
+pub fn commit(stream: &str, expected: ExpectedVersion, payload: &[u8]) -> NewCommit {
+    NewCommit::new(stream, expected, ev(payload))
+}
+
+pub fn small_opts() -> Options {
+    Options::default().segment_bytes_max(4096)
+}
+
+pub fn committed(o: AppendOutcome) -> CommitInfo {
+    match o {
+        AppendOutcome::Committed(i) => i,
+        other => panic!("expected Committed, got {other:?}"),
+    }
+}
+
+/// Every commit in the log, in order, as (stream, version, payload of the first event).
+pub fn log_contents(store: &Store) -> Vec<(String, u64, Vec<u8>)> {
+    store
+        .scan(1)
+        .unwrap()
+        .map(|r| {
+            let r = r.unwrap();
+            (
+                r.info.stream.clone(),
+                r.info.version,
+                r.events[0].payload.clone(),
+            )
+        })
+        .collect()
+}
+
+pub fn seg_files(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut v: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "seg"))
+        .collect();
+    v.sort();
+    v
+}

@@ -1,0 +1,207 @@
+//! Derived indexes: rebuild, catch-up, indexers, cache.
+mod common;
+use common::*;
+use spool_engine::*;
+use std::path::Path;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+
+/// Counts events per stream: key = stream, value = u64 BE.
+struct EventCounter {
+    version: AtomicU32,
+}
+
+impl Indexer for EventCounter {
+    fn name(&self) -> &'static str {
+        "evcount"
+    }
+    fn version(&self) -> u32 {
+        self.version.load(Ordering::SeqCst)
+    }
+    fn apply(&self, c: &RecordedCommit, batch: &mut IndexBatch<'_>) -> Result<(), IndexError> {
+        let key = c.info.stream.as_bytes();
+        let prev = match batch.get(key)? {
+            Some(v) => u64::from_be_bytes(
+                v.try_into()
+                    .map_err(|_| IndexError::indexer("evcount", "bad value"))?,
+            ),
+            None => 0,
+        };
+        batch.insert(key, &(prev + c.events.len() as u64).to_be_bytes());
+        Ok(())
+    }
+}
+
+fn opts(ix: &Arc<EventCounter>) -> Options {
+    small_opts().indexer(ix.clone())
+}
+
+fn count(s: &Store, stream: &str) -> Option<u64> {
+    s.index()
+        .get("evcount", stream.as_bytes())
+        .unwrap()
+        .map(|v| u64::from_be_bytes(v.try_into().unwrap()))
+}
+
+fn fill(s: &Store, from: u64, to: u64) {
+    for i in from..to {
+        let stream = format!("s{}", i % 4);
+        let v = s.stream_version(&stream).unwrap().unwrap_or(0);
+        let events = (0..=(i % 3))
+            .map(|k| EventData::new("e", vec![k as u8; 20]))
+            .collect();
+        s.append(NewCommit::new(stream, ExpectedVersion::Exact(v), events))
+            .unwrap();
+    }
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        if e.file_type().unwrap().is_dir() {
+            copy_dir(&e.path(), &to.join(e.file_name()));
+        } else {
+            std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
+        }
+    }
+}
+
+#[test]
+fn deleting_the_index_rebuilds_identical_answers() {
+    let dir = tempfile::tempdir().unwrap();
+    let ix = Arc::new(EventCounter {
+        version: AtomicU32::new(1),
+    });
+    let s = Store::open(dir.path(), opts(&ix)).unwrap();
+    fill(&s, 0, 60);
+    let heads = s.streams().unwrap();
+    let dump = s.index().dump().unwrap();
+    let c0 = count(&s, "s0");
+    assert!(c0.unwrap() > 15);
+    s.close().unwrap();
+    std::fs::remove_dir_all(dir.path().join(INDEX_DIR)).unwrap();
+    let s = Store::open(dir.path(), opts(&ix)).unwrap();
+    assert_eq!(s.streams().unwrap(), heads);
+    assert_eq!(count(&s, "s0"), c0);
+    assert_eq!(s.index().dump().unwrap(), dump);
+    // Garbage in place of the index directory is rebuilt too.
+    s.close().unwrap();
+    std::fs::remove_dir_all(dir.path().join(INDEX_DIR)).unwrap();
+    std::fs::create_dir_all(dir.path().join(INDEX_DIR)).unwrap();
+    std::fs::write(dir.path().join(INDEX_DIR).join("conf"), b"\xff\xfe garbage").unwrap();
+    std::fs::write(dir.path().join(INDEX_DIR).join("db"), b"\x01\x02 garbage").unwrap();
+    let s = Store::open(dir.path(), opts(&ix)).unwrap();
+    assert_eq!(s.streams().unwrap(), heads);
+    assert_eq!(s.index().dump().unwrap(), dump);
+}
+
+#[test]
+fn an_index_behind_the_log_catches_up() {
+    let dir = tempfile::tempdir().unwrap();
+    let old = tempfile::tempdir().unwrap();
+    let ix = Arc::new(EventCounter {
+        version: AtomicU32::new(1),
+    });
+    let s = Store::open(dir.path(), opts(&ix)).unwrap();
+    fill(&s, 0, 20);
+    s.close().unwrap();
+    copy_dir(&dir.path().join(INDEX_DIR), old.path());
+    let s = Store::open(dir.path(), opts(&ix)).unwrap();
+    fill(&s, 20, 50);
+    let heads = s.streams().unwrap();
+    let dump = s.index().dump().unwrap();
+    s.close().unwrap();
+    std::fs::remove_dir_all(dir.path().join(INDEX_DIR)).unwrap();
+    copy_dir(old.path(), &dir.path().join(INDEX_DIR));
+    let s = Store::open(dir.path(), opts(&ix)).unwrap();
+    assert_eq!(s.index().applied_seq().unwrap(), 50);
+    assert_eq!(s.streams().unwrap(), heads);
+    assert_eq!(s.index().dump().unwrap(), dump);
+    let r = verify(dir.path(), opts(&ix));
+    drop(s);
+    assert!(r.unwrap().ok);
+    let r = verify(dir.path(), opts(&ix)).unwrap();
+    assert!(r.ok, "{r:?}");
+    assert_eq!(r.index, IndexCheck::Checked { applied_seq: 50 });
+}
+
+#[test]
+fn indexer_version_bump_rebuilds_and_drops_cache() {
+    let dir = tempfile::tempdir().unwrap();
+    let ix = Arc::new(EventCounter {
+        version: AtomicU32::new(1),
+    });
+    let s = Store::open(dir.path(), opts(&ix)).unwrap();
+    fill(&s, 0, 10);
+    s.index().put_cache("snap", b"k", b"v").unwrap();
+    assert_eq!(
+        s.index().get_cache("snap", b"k").unwrap(),
+        Some(b"v".to_vec())
+    );
+    let c = count(&s, "s1");
+    s.close().unwrap();
+    // Same version: the cache survives a reopen.
+    let s = Store::open(dir.path(), opts(&ix)).unwrap();
+    assert_eq!(
+        s.index().get_cache("snap", b"k").unwrap(),
+        Some(b"v".to_vec())
+    );
+    s.close().unwrap();
+    ix.version.store(2, Ordering::SeqCst);
+    let s = Store::open(dir.path(), opts(&ix)).unwrap();
+    assert_eq!(s.index().get_cache("snap", b"k").unwrap(), None);
+    assert_eq!(count(&s, "s1"), c);
+    let scanned: Vec<_> = s
+        .index()
+        .scan_prefix("evcount", b"s")
+        .map(|r| r.unwrap().0)
+        .collect();
+    assert_eq!(
+        scanned,
+        vec![
+            b"s0".to_vec(),
+            b"s1".to_vec(),
+            b"s2".to_vec(),
+            b"s3".to_vec()
+        ]
+    );
+}
+
+struct Failing;
+impl Indexer for Failing {
+    fn name(&self) -> &'static str {
+        "failing"
+    }
+    fn version(&self) -> u32 {
+        1
+    }
+    fn apply(&self, c: &RecordedCommit, _: &mut IndexBatch<'_>) -> Result<(), IndexError> {
+        if c.events[0].payload == b"boom" {
+            return Err(IndexError::indexer("failing", "boom"));
+        }
+        Ok(())
+    }
+}
+
+#[test]
+fn indexer_failure_poisons_writes_but_the_commit_is_durable() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Store::open(dir.path(), Options::default().indexer(Arc::new(Failing))).unwrap();
+    s.append(commit("a", ExpectedVersion::NoStream, b"ok"))
+        .unwrap();
+    assert!(matches!(
+        s.append(commit("a", ExpectedVersion::Exact(1), b"boom")),
+        Err(Error::Index(_))
+    ));
+    assert!(s.is_poisoned());
+    drop(s);
+    // Reopening with the failing indexer fails (the log holds the commit) ...
+    assert!(matches!(
+        Store::open(dir.path(), Options::default().indexer(Arc::new(Failing))),
+        Err(Error::Index(_))
+    ));
+    // ... and without it the commit is there.
+    let s = Store::open(dir.path(), Options::default()).unwrap();
+    assert_eq!(s.stream_version("a").unwrap(), Some(2));
+}
