@@ -439,6 +439,12 @@ impl Store {
         let res = self
             .write_group(active.clone(), &buf, &chunks, sync)
             .and_then(|r| {
+                // Publish the readable end of each written segment before the index
+                // names the new positions: a reader that finds a position in the
+                // index must be able to read the record there.
+                for (seg, end, _) in &r.1 {
+                    seg.end.fetch_max(*end, Ordering::AcqRel);
+                }
                 inner.index.apply(&batch).map_err(Error::Index)?;
                 Ok(r)
             });

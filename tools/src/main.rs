@@ -1,3 +1,39 @@
-mod bench;
+//! `spool`: inspect, replay, verify, compact, benchmark and stress a spool store.
+//!
+//! The binary is a thin shell over `spool-engine` and `spool-runtime`: argument
+//! parsing, output formatting (human tables by default, `--json` for machines)
+//! and progress on stderr. It prints the whole error chain on failure and treats
+//! a closed stdout (a broken pipe, e.g. `spool log | head`) as success.
 
-fn main() {}
+mod bench;
+mod cli;
+mod cmd;
+mod engine_open;
+mod out;
+
+use std::error::Error as _;
+use std::process::ExitCode;
+
+use clap::Parser;
+
+fn main() -> ExitCode {
+    let args = cli::Cli::parse();
+    match cmd::run(args) {
+        Ok(code) => code,
+        Err(err) => {
+            if out::is_broken_pipe(&err) {
+                return ExitCode::SUCCESS;
+            }
+            eprintln!("error: {err}");
+            let mut source = err.source();
+            while let Some(s) = source {
+                eprintln!("  caused by: {s}");
+                source = s.source();
+            }
+            if let Some(hint) = err.get_hint() {
+                eprintln!("hint: {hint}");
+            }
+            ExitCode::from(err.exit_code())
+        }
+    }
+}

@@ -19,6 +19,7 @@
 
 pub mod conformance;
 pub mod file;
+pub mod log;
 pub mod memory;
 mod repository;
 
@@ -31,6 +32,7 @@ use crate::session::{
 };
 
 pub use file::{FileStore, FileStoreOptions};
+pub use log::{LogStore, LogStoreOptions, SessionIndexer};
 pub use memory::MemoryStore;
 pub use repository::SessionRepository;
 
@@ -73,6 +75,12 @@ pub enum StoreError {
     },
     #[error("store backend error: {0}")]
     Backend(#[source] Box<dyn std::error::Error + Send + Sync>),
+    /// The log engine failed (I/O, corruption, a poisoned or locked store).
+    #[error("log engine: {0}")]
+    Engine(#[source] spool_engine::Error),
+    /// Stored data of a session does not fold into a valid session.
+    #[error("session {id} is corrupt in the store: {reason}")]
+    Corrupt { id: SessionId, reason: String },
 }
 
 impl StoreError {
@@ -90,6 +98,8 @@ impl StoreError {
             StoreError::Io { .. } => "io",
             StoreError::Encoding { .. } => "encoding",
             StoreError::Backend(_) => "backend",
+            StoreError::Engine(_) => "engine",
+            StoreError::Corrupt { .. } => "corrupt",
         }
     }
 

@@ -1,0 +1,153 @@
+//! Command-line definitions.
+
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand, ValueEnum};
+
+/// spool: an embedded, event-sourced store for AI-agent sessions.
+///
+/// Every command works on the store directory given with `--store`. Commands
+/// that print data print aligned text by default and one JSON document with
+/// `--json`. Exit codes: 0 success, 1 a check found a problem (e.g. `verify`
+/// found corruption), 2 the command failed.
+#[derive(Debug, Parser)]
+#[command(name = "spool", version, about, long_about)]
+pub struct Cli {
+    /// The store directory (created by commands that write, like `demo` and `stress`).
+    #[arg(long, global = true, value_name = "DIR", env = "SPOOL_STORE")]
+    pub store: Option<PathBuf>,
+
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum DurabilityArg {
+    /// fdatasync before every acknowledgement (group commit shares it).
+    Immediate,
+    /// Acknowledge from the page cache; flush on a timer and on close.
+    Buffered,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Build a sample store with branching sessions and show it (the main job).
+    Demo {
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+
+    /// List sessions (from the header index; no session is loaded).
+    Sessions {
+        /// Only sessions with this status (active, suspended, completed, failed, deleted).
+        #[arg(long)]
+        status: Option<String>,
+        /// Only sessions of this agent.
+        #[arg(long)]
+        agent: Option<String>,
+        /// Only children of this session.
+        #[arg(long)]
+        parent: Option<String>,
+        /// At most this many sessions.
+        #[arg(long)]
+        limit: Option<u32>,
+        #[arg(long)]
+        json: bool,
+    },
+
+    /// Show one session: header, definition and a summary of its state.
+    Show {
+        /// Session id.
+        id: String,
+        #[arg(long)]
+        json: bool,
+    },
+
+    /// Print the transcript tree of a session.
+    Tree {
+        /// Session id.
+        id: String,
+        #[arg(long)]
+        json: bool,
+    },
+
+    /// Print the model context of a session as it is built from its leaf.
+    Context {
+        /// Session id.
+        id: String,
+        /// Resident byte budget for the working set the context is built from.
+        #[arg(long, value_name = "N")]
+        budget_bytes: Option<u64>,
+        #[arg(long)]
+        json: bool,
+    },
+
+    /// List the log's streams and their head versions.
+    Streams {
+        #[arg(long)]
+        json: bool,
+    },
+
+    /// Print the commits of the log in log order.
+    Log {
+        /// Only commits of this stream (a session id is a stream).
+        #[arg(long, value_name = "ID")]
+        stream: Option<String>,
+        /// At most this many commits.
+        #[arg(long)]
+        limit: Option<u64>,
+        #[arg(long)]
+        json: bool,
+    },
+
+    /// Read every segment, check every record and the index against the log.
+    ///
+    /// Works without a writer holding the store (e.g. after the writer was
+    /// killed). Exits 0 when the store is sound, 1 when corruption is found.
+    Verify {
+        #[arg(long)]
+        json: bool,
+    },
+
+    /// Run a durable write load (for crash testing and throughput).
+    ///
+    /// Each writer appends one-event commits to its own stream `stress-<i>`
+    /// with exact version fences, continuing from the stream's head.
+    Stress {
+        /// Concurrent writer threads.
+        #[arg(long, default_value_t = 1)]
+        writers: u32,
+        /// How long to run.
+        #[arg(long, default_value_t = 5.0)]
+        seconds: f64,
+        /// Bytes of payload per commit.
+        #[arg(long, default_value_t = 1024)]
+        payload_bytes: u32,
+        /// Segment size in bytes.
+        #[arg(long)]
+        segment_bytes: Option<u64>,
+        #[arg(long, value_enum, default_value_t = DurabilityArg::Immediate)]
+        durability: DurabilityArg,
+        /// After each acknowledged commit append `<stream> <version>` to this file.
+        #[arg(long, value_name = "FILE")]
+        ack_file: Option<PathBuf>,
+        #[arg(long)]
+        json: bool,
+    },
+
+    /// Measure spool against its peers, side by side in one run.
+    Bench {
+        /// Workloads to run (default: all).
+        #[arg(long = "workload", value_name = "NAME")]
+        workloads: Vec<String>,
+        /// Small sizes that finish in seconds.
+        #[arg(long)]
+        quick: bool,
+        #[arg(long)]
+        json: bool,
+        /// Print the Markdown table for BENCHMARKS.md.
+        #[arg(long)]
+        markdown: bool,
+    },
+}

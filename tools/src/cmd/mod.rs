@@ -1,0 +1,74 @@
+//! Command implementations. Each submodule handles one command.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use crate::cli::{Cli, Command};
+use crate::out::{Result, ToolError};
+
+mod log;
+mod streams;
+mod stress;
+mod verify;
+
+pub fn run(cli: Cli) -> Result<ExitCode> {
+    let store = cli.store;
+    match cli.command {
+        Command::Streams { json } => streams::run(need_store(&store)?, json),
+        Command::Log {
+            stream,
+            limit,
+            json,
+        } => log::run(need_store(&store)?, stream.as_deref(), limit, json),
+        Command::Verify { json } => verify::run(need_store(&store)?, json),
+        Command::Stress {
+            writers,
+            seconds,
+            payload_bytes,
+            segment_bytes,
+            durability,
+            ack_file,
+            json,
+        } => stress::run(
+            need_store(&store)?,
+            stress::Args {
+                writers,
+                seconds,
+                payload_bytes,
+                segment_bytes,
+                durability,
+                ack_file,
+                json,
+            },
+        ),
+        other => Err(ToolError::new(format!(
+            "command not available in this build: {other:?}"
+        ))),
+    }
+}
+
+/// The `--store` directory, or an error saying how to give one.
+pub fn need_store(store: &Option<PathBuf>) -> Result<&Path> {
+    store.as_deref().ok_or_else(|| {
+        ToolError::new("no store directory given").hint("pass --store DIR (or set SPOOL_STORE)")
+    })
+}
+
+/// Whether a directory looks like a spool store (has segment files).
+pub fn require_existing_store(dir: &Path) -> Result<()> {
+    let has_segments = std::fs::read_dir(dir)
+        .map(|rd| {
+            rd.filter_map(|e| e.ok())
+                .any(|e| e.path().extension().is_some_and(|x| x == "seg"))
+        })
+        .unwrap_or(false);
+    if has_segments {
+        Ok(())
+    } else {
+        Err(ToolError::new(format!(
+            "{} is not a spool store (no .seg files)",
+            dir.display()
+        ))
+        .hint("create one with `spool --store DIR demo`, or check the path"))
+    }
+}

@@ -1,0 +1,199 @@
+//! `spool stress`: a durable write load, used for crash testing (kill -9
+//! loops check the `--ack-file` against the store) and for throughput.
+
+use std::fs::OpenOptions;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use spool_engine::{
+    AppendOutcome, Durability, EventData, ExpectedVersion, NewCommit, Options, Store,
+};
+
+use crate::cli::DurabilityArg;
+use crate::out::{human_bytes, print_json, Result, ToolError};
+
+pub struct Args {
+    pub writers: u32,
+    pub seconds: f64,
+    pub payload_bytes: u32,
+    pub segment_bytes: Option<u64>,
+    pub durability: DurabilityArg,
+    pub ack_file: Option<PathBuf>,
+    pub json: bool,
+}
+
+/// Upper bound on writer threads: each is an OS thread with its own stream.
+const WRITERS_MAX: u32 = 1024;
+
+#[derive(Serialize)]
+struct Summary {
+    writers: u32,
+    durability: &'static str,
+    seconds: f64,
+    commits: u64,
+    commits_per_sec: f64,
+    mb_per_sec: f64,
+    payload_bytes: u32,
+    fsyncs: u64,
+    commits_per_fsync: f64,
+}
+
+pub fn run(dir: &Path, args: Args) -> Result<ExitCode> {
+    if args.writers == 0 || args.writers > WRITERS_MAX {
+        return Err(ToolError::new(format!(
+            "--writers must be between 1 and {WRITERS_MAX}"
+        )));
+    }
+    if !(args.seconds.is_finite() && args.seconds >= 0.0) {
+        return Err(ToolError::new("--seconds must be a non-negative number"));
+    }
+    let mut opts = Options::default();
+    opts.durability = match args.durability {
+        DurabilityArg::Immediate => Durability::Immediate,
+        DurabilityArg::Buffered => Durability::Buffered,
+    };
+    if let Some(s) = args.segment_bytes {
+        opts.segment_bytes_max = s;
+    }
+    let store = Store::open(dir, opts)
+        .map_err(|e| ToolError::with_source(format!("opening {} failed", dir.display()), e))?;
+    let store = Arc::new(store);
+    let ack = match &args.ack_file {
+        Some(p) => Some(Arc::new(Mutex::new(
+            OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(p)
+                .map_err(|e| {
+                    ToolError::with_source(format!("opening ack file {} failed", p.display()), e)
+                })?,
+        ))),
+        None => None,
+    };
+    let stop = Arc::new(AtomicBool::new(false));
+    let commits = Arc::new(AtomicU64::new(0));
+    let fsyncs_before = store.stats().fsyncs;
+    let payload = Arc::new(vec![0x5au8; args.payload_bytes as usize]);
+    let started = Instant::now();
+    let mut handles = Vec::new();
+    for i in 0..args.writers {
+        let store = Arc::clone(&store);
+        let ack = ack.clone();
+        let stop = Arc::clone(&stop);
+        let commits = Arc::clone(&commits);
+        let payload = Arc::clone(&payload);
+        handles.push(std::thread::spawn(move || -> Result<()> {
+            let stream = format!("stress-{i}");
+            let mut version = store
+                .stream_version(&stream)
+                .map_err(|e| ToolError::with_source("reading stream head failed", e))?
+                .unwrap_or(0);
+            while !stop.load(Ordering::Relaxed) {
+                let expected = if version == 0 {
+                    ExpectedVersion::NoStream
+                } else {
+                    ExpectedVersion::Exact(version)
+                };
+                let outcome = store
+                    .append(NewCommit {
+                        stream: stream.clone(),
+                        expected,
+                        commit_id: uuid::Uuid::new_v4(),
+                        events: vec![EventData {
+                            kind: "stress".into(),
+                            payload: payload.to_vec(),
+                        }],
+                    })
+                    .map_err(|e| ToolError::with_source(format!("append to {stream} failed"), e))?;
+                match outcome {
+                    AppendOutcome::Committed(info) | AppendOutcome::AlreadyCommitted(info) => {
+                        version = info.version;
+                        commits.fetch_add(1, Ordering::Relaxed);
+                        if let Some(ack) = &ack {
+                            // One write per line: a kill between syscalls must never
+                            // leave half a line followed by another writer's line.
+                            let line = format!("{stream} {version}\n");
+                            let mut f = ack.lock().unwrap_or_else(|p| p.into_inner());
+                            f.write_all(line.as_bytes()).map_err(|e| {
+                                ToolError::with_source("writing the ack file failed", e)
+                            })?;
+                        }
+                    }
+                    AppendOutcome::Conflict { actual, .. } => {
+                        return Err(ToolError::new(format!(
+                            "unexpected conflict on {stream}: another writer moved it to {actual:?}"
+                        ))
+                        .hint("run only one `spool stress` per store"));
+                    }
+                    #[allow(unreachable_patterns)]
+                    _ => return Err(ToolError::new("unexpected append outcome")),
+                }
+            }
+            Ok(())
+        }));
+    }
+    std::thread::sleep(Duration::from_secs_f64(args.seconds));
+    stop.store(true, Ordering::Relaxed);
+    let mut first_err = None;
+    for h in handles {
+        match h.join() {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                first_err.get_or_insert(e);
+            }
+            Err(_) => {
+                first_err.get_or_insert(ToolError::new("a writer thread panicked"));
+            }
+        }
+    }
+    let elapsed = started.elapsed().as_secs_f64().max(1e-9);
+    if let Some(e) = first_err {
+        return Err(e);
+    }
+    let fsyncs = store.stats().fsyncs.saturating_sub(fsyncs_before);
+    let store = Arc::try_unwrap(store).map_err(|_| ToolError::new("store still shared"))?;
+    store
+        .close()
+        .map_err(|e| ToolError::with_source("closing the store failed", e))?;
+    let n = commits.load(Ordering::Relaxed);
+    let summary = Summary {
+        writers: args.writers,
+        durability: match args.durability {
+            DurabilityArg::Immediate => "immediate",
+            DurabilityArg::Buffered => "buffered",
+        },
+        seconds: elapsed,
+        commits: n,
+        commits_per_sec: n as f64 / elapsed,
+        mb_per_sec: (n as f64 * f64::from(args.payload_bytes)) / elapsed / 1e6,
+        payload_bytes: args.payload_bytes,
+        fsyncs,
+        commits_per_fsync: if fsyncs == 0 {
+            0.0
+        } else {
+            n as f64 / fsyncs as f64
+        },
+    };
+    if args.json {
+        print_json(&summary)?;
+    } else {
+        println!(
+            "{} commits in {:.2}s by {} writer(s), {}: {:.0} commits/s, {:.2} MB/s ({} per commit); {} fsyncs, {:.1} commits per fsync",
+            summary.commits,
+            summary.seconds,
+            summary.writers,
+            summary.durability,
+            summary.commits_per_sec,
+            summary.mb_per_sec,
+            human_bytes(u64::from(summary.payload_bytes)),
+            summary.fsyncs,
+            summary.commits_per_fsync
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}

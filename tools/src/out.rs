@@ -1,0 +1,276 @@
+//! Output helpers: JSON printing, aligned tables, readable sizes and times,
+//! and the tool's error type.
+
+use std::io::{self, Write};
+
+/// The tool's error: a message, an optional cause, an optional hint saying
+/// what to do next, and an exit code.
+#[derive(Debug)]
+pub struct ToolError {
+    message: String,
+    source: Option<Box<dyn std::error::Error + Send + Sync + 'static>>,
+    hint: Option<String>,
+    code: u8,
+}
+
+/// Exit code for a failure of the tool itself (bad arguments, I/O, a store
+/// that cannot be opened).
+pub const EXIT_FAILURE: u8 = 2;
+/// Exit code when a check ran and found a problem (e.g. `verify` found corruption).
+pub const EXIT_PROBLEM: u8 = 1;
+
+impl ToolError {
+    pub fn new(message: impl Into<String>) -> Self {
+        ToolError {
+            message: message.into(),
+            source: None,
+            hint: None,
+            code: EXIT_FAILURE,
+        }
+    }
+
+    pub fn with_source(
+        message: impl Into<String>,
+        source: impl std::error::Error + Send + Sync + 'static,
+    ) -> Self {
+        ToolError {
+            message: message.into(),
+            source: Some(Box::new(source)),
+            hint: None,
+            code: EXIT_FAILURE,
+        }
+    }
+
+    pub fn hint(mut self, hint: impl Into<String>) -> Self {
+        self.hint = Some(hint.into());
+        self
+    }
+
+    pub fn code(mut self, code: u8) -> Self {
+        self.code = code;
+        self
+    }
+
+    pub fn get_hint(&self) -> Option<&str> {
+        self.hint.as_deref()
+    }
+
+    pub fn exit_code(&self) -> u8 {
+        self.code
+    }
+}
+
+impl std::fmt::Display for ToolError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for ToolError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.source
+            .as_deref()
+            .map(|e| e as &(dyn std::error::Error + 'static))
+    }
+}
+
+impl From<io::Error> for ToolError {
+    fn from(e: io::Error) -> Self {
+        ToolError::with_source("output failed", e)
+    }
+}
+
+impl From<serde_json::Error> for ToolError {
+    fn from(e: serde_json::Error) -> Self {
+        if e.is_io() {
+            ToolError::with_source("output failed", io::Error::from(e))
+        } else {
+            ToolError::with_source("JSON encoding failed", e)
+        }
+    }
+}
+
+pub type Result<T> = std::result::Result<T, ToolError>;
+
+/// True when the error (or any cause) is a broken pipe on output.
+pub fn is_broken_pipe(err: &ToolError) -> bool {
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(err);
+    while let Some(e) = cur {
+        if let Some(ioe) = e.downcast_ref::<io::Error>() {
+            if ioe.kind() == io::ErrorKind::BrokenPipe {
+                return true;
+            }
+        }
+        cur = e.source();
+    }
+    false
+}
+
+/// Prints a value as pretty JSON on stdout, followed by a newline.
+pub fn print_json<T: serde::Serialize + ?Sized>(value: &T) -> Result<()> {
+    let stdout = io::stdout();
+    let mut lock = stdout.lock();
+    serde_json::to_writer_pretty(&mut lock, value)?;
+    writeln!(lock)?;
+    lock.flush()?;
+    Ok(())
+}
+
+/// A simple aligned text table.
+pub struct Table {
+    headers: Vec<String>,
+    rows: Vec<Vec<String>>,
+    right: Vec<bool>,
+}
+
+impl Table {
+    pub fn new(headers: &[&str]) -> Self {
+        Table {
+            headers: headers.iter().map(|h| h.to_string()).collect(),
+            rows: Vec::new(),
+            right: vec![false; headers.len()],
+        }
+    }
+
+    /// Right-aligns the given column (numbers).
+    pub fn right(mut self, col: usize) -> Self {
+        if let Some(r) = self.right.get_mut(col) {
+            *r = true;
+        }
+        self
+    }
+
+    pub fn row(&mut self, cells: Vec<String>) {
+        self.rows.push(cells);
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.rows.is_empty()
+    }
+
+    pub fn print(&self) -> Result<()> {
+        let stdout = io::stdout();
+        let mut w = stdout.lock();
+        self.write_to(&mut w)?;
+        w.flush()?;
+        Ok(())
+    }
+
+    pub fn write_to(&self, w: &mut dyn Write) -> io::Result<()> {
+        let cols = self.headers.len();
+        let mut widths: Vec<usize> = self.headers.iter().map(|h| h.chars().count()).collect();
+        for row in &self.rows {
+            for (i, cell) in row.iter().enumerate().take(cols) {
+                widths[i] = widths[i].max(cell.chars().count());
+            }
+        }
+        let line = |w: &mut dyn Write, cells: &[String]| -> io::Result<()> {
+            let mut s = String::new();
+            for i in 0..cols {
+                let cell = cells.get(i).map(String::as_str).unwrap_or("");
+                let pad = widths[i].saturating_sub(cell.chars().count());
+                if i > 0 {
+                    s.push_str("  ");
+                }
+                if self.right[i] {
+                    s.push_str(&" ".repeat(pad));
+                    s.push_str(cell);
+                } else {
+                    s.push_str(cell);
+                    if i + 1 < cols {
+                        s.push_str(&" ".repeat(pad));
+                    }
+                }
+            }
+            writeln!(w, "{}", s.trim_end())
+        };
+        line(w, &self.headers)?;
+        for row in &self.rows {
+            line(w, row)?;
+        }
+        Ok(())
+    }
+}
+
+/// `1536` -> `1.5 KiB`.
+pub fn human_bytes(n: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = n as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u + 1 < UNITS.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{n} B")
+    } else {
+        format!("{v:.1} {}", UNITS[u])
+    }
+}
+
+/// Milliseconds since the epoch -> `2026-11-30 07:35:12Z` (UTC).
+pub fn human_time_ms(ms: i64) -> String {
+    let secs = ms.div_euclid(1000);
+    let days = secs.div_euclid(86_400);
+    let rem = secs.rem_euclid(86_400);
+    let (y, m, d) = civil_from_days(days);
+    format!(
+        "{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02}Z",
+        rem / 3600,
+        (rem % 3600) / 60,
+        rem % 60
+    )
+}
+
+/// Howard Hinnant's days-to-civil algorithm (proleptic Gregorian, UTC).
+fn civil_from_days(z: i64) -> (i64, u32, u32) {
+    let z = z + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let y = yoe + era * 400;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    (if m <= 2 { y + 1 } else { y }, m, d)
+}
+
+/// Shortens a string to at most `max` characters, marking the cut with `…`.
+pub fn ellipsize(s: &str, max: usize) -> String {
+    let one_line: String = s
+        .chars()
+        .map(|c| if c == '\n' || c == '\r' { ' ' } else { c })
+        .collect();
+    if one_line.chars().count() <= max {
+        one_line
+    } else {
+        let mut t: String = one_line.chars().take(max.saturating_sub(1)).collect();
+        t.push('…');
+        t
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_and_times_read_well() {
+        assert_eq!(human_bytes(10), "10 B");
+        assert_eq!(human_bytes(1536), "1.5 KiB");
+        assert_eq!(human_bytes(5 * 1024 * 1024), "5.0 MiB");
+        assert_eq!(human_time_ms(0), "1970-01-01 00:00:00Z");
+        assert_eq!(human_time_ms(1_796_024_112_000), "2026-11-30 07:35:12Z");
+        assert_eq!(ellipsize("abcdef", 4), "abc…");
+    }
+
+    #[test]
+    fn table_aligns_columns() {
+        let mut t = Table::new(&["a", "bb"]).right(1);
+        t.row(vec!["xxx".into(), "1".into()]);
+        let mut buf = Vec::new();
+        t.write_to(&mut buf).unwrap();
+        assert_eq!(String::from_utf8(buf).unwrap(), "a    bb\nxxx   1\n");
+    }
+}
