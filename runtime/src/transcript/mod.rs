@@ -3,6 +3,7 @@
 
 pub mod context;
 pub mod entry;
+pub mod path_facts;
 pub mod resident;
 pub mod tree;
 
@@ -13,9 +14,10 @@ pub use context::{
 pub use entry::{
     now_ms, ContentBlock, Entry, EntryId, EntryKind, InvalidEntryId, Message, StopReason, Usage,
 };
+pub use path_facts::{first_kept_depth, path_facts_by_walk, Anchor, IndexedTranscript, PathFacts};
 pub use resident::{
-    entry_size, select_resident, BoundaryCounts, Budget, ChildLinks, EntryFacts, EntrySource,
-    NavLinks, OmittedEntry, ResidentError, ResidentSelection, CHILD_LINKS_MAX,
+    entry_size, select_resident, BoundaryCounts, Budget, ChildLinks, CustomRef, EntryFacts,
+    EntrySource, NavLinks, OmittedEntry, ResidentError, ResidentSelection, CHILD_LINKS_MAX,
     DEFAULT_RESIDENT_BYTES_MAX, DEFAULT_RESIDENT_EVENTS_MAX,
 };
 pub use tree::{
