@@ -18,13 +18,26 @@
 //! omitted-entry record uses one event of `events_max` (so the memory of the
 //! omitted list is bounded too).
 //!
+//! **Pinned compaction**: when the context is governed by a compaction
+//! (its summary heads the context), that compaction entry is pinned: its
+//! event slot and bytes are reserved before the walk, so it is held even
+//! when the budget cuts the entries between it and the newest ones (the
+//! selection then holds the summary followed by the newest entries). The
+//! byte budget still holds (`resident_bytes <= bytes_max`); if the
+//! compaction alone is larger than the byte budget it is recorded as
+//! omitted like any oversized entry. With `events_max == 0` nothing is
+//! held, not even the pin.
+//!
 //! The selection is storage independent: it reads through [`EntrySource`],
 //! implemented here for [`Transcript`] and by the store for its indexes.
-//! The walk uses O(1) memory besides the selection itself (parent cycles in
-//! damaged data are detected with Brent's algorithm, not a visited set), so
-//! what a live handle holds does not grow with history length; its time is
-//! proportional to the path length (one [`EntrySource::facts`] lookup per
-//! path entry), plus loading the resident entries.
+//! The leaf's [`PathFacts`] (path length, context start, pinned
+//! compaction, settings) come from [`EntrySource::path_facts`] when the
+//! source stores them (then the cost is proportional to the budget: one
+//! facts/size lookup per held entry plus the one that did not fit), else
+//! from a walk to the root ([`path_facts_by_walk`]: O(path) small lookups,
+//! O(1) memory, parent cycles detected with Brent's algorithm). Only
+//! resident payloads are loaded; what a live handle holds does not grow
+//! with history length.
 
 use std::borrow::Cow;
 use std::convert::Infallible;
