@@ -3,6 +3,7 @@
 
 pub mod context;
 pub mod entry;
+pub mod history;
 pub mod path_facts;
 pub mod resident;
 pub mod tree;
@@ -13,6 +14,12 @@ pub use context::{
 };
 pub use entry::{
     now_ms, ContentBlock, Entry, EntryId, EntryKind, InvalidEntryId, Message, StopReason, Usage,
+};
+pub use history::{
+    read_branch_page, read_context, read_custom_page, read_entry, read_navigation, CancelToken,
+    ChildSummary, Continuation, ContinuationError, EntryPage, NavigationFacts, OversizedPolicy,
+    PageBudget, PageOrder, Position, ReadError, ReadResult, ReadScope, TranscriptVersion,
+    VersionConflict, CONTINUATION_ENCODED_LEN_MAX, CONTINUATION_FORMAT, NAV_CHILDREN_MAX,
 };
 pub use path_facts::{first_kept_depth, path_facts_by_walk, Anchor, IndexedTranscript, PathFacts};
 pub use resident::{
