@@ -6,6 +6,7 @@ pub mod entry;
 pub mod history;
 pub mod path_facts;
 pub mod resident;
+pub mod rewrite;
 pub mod tree;
 
 pub use context::{
@@ -26,6 +27,10 @@ pub use resident::{
     entry_size, select_resident, BoundaryCounts, Budget, ChildLinks, CustomRef, EntryFacts,
     EntrySource, NavLinks, OmittedEntry, ResidentError, ResidentSelection, CHILD_LINKS_MAX,
     DEFAULT_RESIDENT_BYTES_MAX, DEFAULT_RESIDENT_EVENTS_MAX,
+};
+pub use rewrite::{
+    redact, remove_trailing_entries, truncate_tool_results, MappedEntry, Replacement, RewriteError,
+    RewritePlan, TrailingRemoval, TOOL_RESULT_TRUNCATE_BYTES_MIN, TRAILING_SCAN_ENTRIES_MAX,
 };
 pub use tree::{
     entry_summary, Navigation, Transcript, TranscriptError, TreeRow, TREE_SUMMARY_CHARS_MAX,
