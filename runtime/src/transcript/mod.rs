@@ -1,5 +1,12 @@
 //! The transcript: a tree of entries with a persisted leaf, the model
 //! context built from its root→leaf path, and bounded resident selections.
+//!
+//! Storage-independent building blocks, all reading through
+//! [`EntrySource`] (implemented for [`Transcript`]; a store implements it
+//! over its indexes): per-entry [`PathFacts`] computed at append time
+//! ([`path_facts`]), bounded resident selections ([`resident`]), paged and
+//! version-fenced history reads ([`history`]) and rewrite planning
+//! ([`rewrite`]).
 
 pub mod context;
 pub mod entry;
