@@ -10,10 +10,9 @@ use proptest::prelude::*;
 use proptest::test_runner::{Config as ProptestConfig, RngSeed};
 use spool_runtime::transcript::{
     context_messages, context_start, entry_size, select_resident, Budget, ChildLinks, Entry,
-    EntryFacts, EntryId, EntryKind, EntrySource, ResidentError, StopReason, Transcript,
-    CHILD_LINKS_MAX,
+    EntryFacts, EntryId, EntryKind, EntrySource, ResidentError, Transcript, CHILD_LINKS_MAX,
 };
-use transcript_support::{id, render, B};
+use transcript_support::{build, id, ops, render, B};
 
 fn sel(t: &Transcript, budget: Budget) -> spool_runtime::transcript::ResidentSelection {
     select_resident(t, t.leaf(), budget).expect("selection")
@@ -367,103 +366,6 @@ fn source_errors_are_propagated() {
 // Property tests: random transcripts, resident context vs full context.
 // ---------------------------------------------------------------------
 
-type Op = (u8, u16, u16);
-
-/// Interprets generated ops as a transcript (deterministic).
-fn build(ops: &[Op], leaf_pick: u16) -> Transcript {
-    let mut b = B::new();
-    let mut all: Vec<EntryId> = Vec::new();
-    let mut calls: Vec<(String, String)> = Vec::new();
-    let pick = |all: &Vec<EntryId>, a: u16| all[usize::from(a) % all.len()].clone();
-    for (n, &(kind, a, x)) in ops.iter().enumerate() {
-        let new = match kind % 14 {
-            0 | 1 => b.user(&format!("u{n}")),
-            2 | 3 => {
-                let stop = match x % 6 {
-                    0 => StopReason::Error,
-                    1 => StopReason::Aborted,
-                    _ => StopReason::Stop,
-                };
-                let model = (x.is_multiple_of(4)).then(|| format!("p/m{}", a % 3));
-                b.assistant_full(
-                    vec![spool_runtime::transcript::ContentBlock::text(format!(
-                        "a{n}"
-                    ))],
-                    stop,
-                    model,
-                )
-            }
-            4 => {
-                let k = usize::from(a % 3) + 1;
-                let cs: Vec<(String, String)> = (0..k)
-                    .map(|j| (format!("c{n}_{j}"), format!("t{j}")))
-                    .collect();
-                calls.extend(cs.iter().cloned());
-                let refs: Vec<(&str, &str)> =
-                    cs.iter().map(|(c, t)| (c.as_str(), t.as_str())).collect();
-                let stop = if x.is_multiple_of(7) {
-                    StopReason::Aborted
-                } else {
-                    StopReason::ToolUse
-                };
-                b.calls_with(&refs, stop)
-            }
-            5 | 6 => {
-                if calls.is_empty() || x.is_multiple_of(5) {
-                    b.result("ghost", "t", &format!("r{n}"))
-                } else {
-                    let (c, t) = calls[usize::from(a) % calls.len()].clone();
-                    b.result(&c, &t, &format!("r{n}"))
-                }
-            }
-            7 if !all.is_empty() => {
-                let fk = pick(&all, a);
-                b.compaction(&format!("S{n}"), &fk)
-            }
-            8 if x.is_multiple_of(3) => b.reset(),
-            9 => b.branch_summary(if x.is_multiple_of(4) { "" } else { "B" }),
-            10 => {
-                if x.is_multiple_of(2) {
-                    b.custom("state", serde_json::json!("d".repeat(usize::from(a % 300))))
-                } else {
-                    b.custom_message("cm", &"m".repeat(usize::from(a % 300)))
-                }
-            }
-            11 if !all.is_empty() => {
-                let t = pick(&all, a);
-                b.label(&t, (!x.is_multiple_of(3)).then_some("L"))
-            }
-            12 => {
-                if x.is_multiple_of(2) {
-                    b.model("prov", &format!("m{}", a % 4))
-                } else {
-                    b.thinking(&format!("level{}", a % 3))
-                }
-            }
-            13 if !all.is_empty() => {
-                if x.is_multiple_of(10) {
-                    b.t.set_leaf(None).unwrap();
-                } else {
-                    let t = pick(&all, a);
-                    b.at(&t);
-                }
-                continue;
-            }
-            _ => b.user(&format!("u{n}")),
-        };
-        all.push(new);
-    }
-    if !all.is_empty() && !leaf_pick.is_multiple_of(5) {
-        let l = pick(&all, leaf_pick);
-        b.at(&l);
-    }
-    b.t
-}
-
-fn ops() -> impl Strategy<Value = Vec<Op>> {
-    prop::collection::vec((any::<u8>(), any::<u16>(), any::<u16>()), 0..80)
-}
-
 fn config() -> ProptestConfig {
     ProptestConfig {
         cases: 300,
@@ -521,22 +423,35 @@ proptest! {
             prop_assert!(o.size > bytes_max);
             prop_assert_eq!(o.kind.as_str(), e.kind_name());
         }
-        // Resident + omitted entries are exactly the newest entries of the
-        // context segment, in path order.
+        // Besides the pinned compaction, resident + omitted entries are
+        // exactly the newest entries of the context segment.
         let path = t.current_path().unwrap();
         let segment = &path[context_start(&path)..];
         prop_assert_eq!(segment.len() as u64, c.context_entries);
-        let taken = (c.resident_entries + c.omitted_entries) as usize;
-        let newest = &segment[segment.len() - taken..];
+        let pinned = s.pinned.as_ref();
+        let expect_pin = s.path_facts.as_ref().and_then(|f| f.compaction.as_ref()).map(|a| &a.id);
+        prop_assert_eq!(pinned, if events_max > 0 { expect_pin } else { None });
         let mut held: Vec<&EntryId> = s.entries.iter().map(|e| &e.id).collect();
         held.extend(s.omitted.iter().map(|o| &o.id));
-        let mut want: Vec<&EntryId> = newest.iter().map(|e| &e.id).collect();
+        if let Some(p) = pinned {
+            prop_assert!(held.contains(&p), "the pinned compaction is held");
+            prop_assert!(segment.iter().any(|e| &e.id == p));
+        }
+        held.retain(|h| Some(*h) != pinned);
+        let rest: Vec<&Entry> = segment.iter().copied().filter(|e| Some(&e.id) != pinned).collect();
+        let taken = held.len();
+        let mut want: Vec<&EntryId> = rest[rest.len() - taken..].iter().map(|e| &e.id).collect();
         held.sort();
         want.sort();
         prop_assert_eq!(held, want);
+        // Held entries are in path order.
+        let order: Vec<&EntryId> = s.entries.iter().map(|e| &e.id).collect();
+        let mut in_path: Vec<&EntryId> = segment.iter().map(|e| &e.id).filter(|i| order.contains(i)).collect();
+        in_path.dedup();
+        prop_assert_eq!(order, in_path);
         // The walk stopped only because the next entry did not fit.
         if c.beyond_budget_entries > 0 {
-            let next = segment[segment.len() - taken - 1];
+            let next = rest[rest.len() - taken - 1];
             let size = entry_size(next);
             prop_assert!(
                 c.resident_entries + c.omitted_entries == events_max

@@ -1,9 +1,19 @@
 //! The transcript: a tree of entries with a persisted leaf, the model
 //! context built from its root→leaf path, and bounded resident selections.
+//!
+//! Storage-independent building blocks, all reading through
+//! [`EntrySource`] (implemented for [`Transcript`]; a store implements it
+//! over its indexes): per-entry [`PathFacts`] computed at append time
+//! ([`path_facts`]), bounded resident selections ([`resident`]), paged and
+//! version-fenced history reads ([`history`]) and rewrite planning
+//! ([`rewrite`]).
 
 pub mod context;
 pub mod entry;
+pub mod history;
+pub mod path_facts;
 pub mod resident;
+pub mod rewrite;
 pub mod tree;
 
 pub use context::{
@@ -13,10 +23,21 @@ pub use context::{
 pub use entry::{
     now_ms, ContentBlock, Entry, EntryId, EntryKind, InvalidEntryId, Message, StopReason, Usage,
 };
+pub use history::{
+    read_branch_page, read_context, read_custom_page, read_entry, read_navigation, CancelToken,
+    ChildSummary, Continuation, ContinuationError, EntryPage, NavigationFacts, OversizedPolicy,
+    PageBudget, PageOrder, Position, ReadError, ReadResult, ReadScope, TranscriptVersion,
+    VersionConflict, CONTINUATION_ENCODED_LEN_MAX, CONTINUATION_FORMAT, NAV_CHILDREN_MAX,
+};
+pub use path_facts::{first_kept_depth, path_facts_by_walk, Anchor, IndexedTranscript, PathFacts};
 pub use resident::{
-    entry_size, select_resident, BoundaryCounts, Budget, ChildLinks, EntryFacts, EntrySource,
-    NavLinks, OmittedEntry, ResidentError, ResidentSelection, CHILD_LINKS_MAX,
+    entry_size, select_resident, BoundaryCounts, Budget, ChildLinks, CustomRef, EntryFacts,
+    EntrySource, NavLinks, OmittedEntry, ResidentError, ResidentSelection, CHILD_LINKS_MAX,
     DEFAULT_RESIDENT_BYTES_MAX, DEFAULT_RESIDENT_EVENTS_MAX,
+};
+pub use rewrite::{
+    redact, remove_trailing_entries, truncate_tool_results, MappedEntry, Replacement, RewriteError,
+    RewritePlan, TrailingRemoval, TOOL_RESULT_TRUNCATE_BYTES_MIN, TRAILING_SCAN_ENTRIES_MAX,
 };
 pub use tree::{
     entry_summary, Navigation, Transcript, TranscriptError, TreeRow, TREE_SUMMARY_CHARS_MAX,

@@ -18,13 +18,26 @@
 //! omitted-entry record uses one event of `events_max` (so the memory of the
 //! omitted list is bounded too).
 //!
+//! **Pinned compaction**: when the context is governed by a compaction
+//! (its summary heads the context), that compaction entry is pinned: its
+//! event slot and bytes are reserved before the walk, so it is held even
+//! when the budget cuts the entries between it and the newest ones (the
+//! selection then holds the summary followed by the newest entries). The
+//! byte budget still holds (`resident_bytes <= bytes_max`); if the
+//! compaction alone is larger than the byte budget it is recorded as
+//! omitted like any oversized entry. With `events_max == 0` nothing is
+//! held, not even the pin.
+//!
 //! The selection is storage independent: it reads through [`EntrySource`],
 //! implemented here for [`Transcript`] and by the store for its indexes.
-//! The walk uses O(1) memory besides the selection itself (parent cycles in
-//! damaged data are detected with Brent's algorithm, not a visited set), so
-//! what a live handle holds does not grow with history length; its time is
-//! proportional to the path length (one [`EntrySource::facts`] lookup per
-//! path entry), plus loading the resident entries.
+//! The leaf's [`PathFacts`] (path length, context start, pinned
+//! compaction, settings) come from [`EntrySource::path_facts`] when the
+//! source stores them (then the cost is proportional to the budget: one
+//! facts/size lookup per held entry plus the one that did not fit), else
+//! from a walk to the root ([`path_facts_by_walk`]: O(path) small lookups,
+//! O(1) memory, parent cycles detected with Brent's algorithm). Only
+//! resident payloads are loaded; what a live handle holds does not grow
+//! with history length.
 
 use std::borrow::Cow;
 use std::convert::Infallible;
@@ -32,8 +45,9 @@ use std::convert::Infallible;
 use serde::Serialize;
 
 use super::context::{context_messages_segment, ModelContext, PathMarker};
-use super::entry::{Entry, EntryId};
-use super::tree::Transcript;
+use super::entry::{Entry, EntryId, EntryKind};
+use super::path_facts::{path_facts_by_walk, PathFacts};
+use super::tree::{entry_summary, Transcript, TREE_SUMMARY_CHARS_MAX};
 
 /// Default resident byte budget (64 KiB).
 pub const DEFAULT_RESIDENT_BYTES_MAX: u64 = 64 * 1024;
@@ -121,6 +135,72 @@ pub trait EntrySource {
     fn entry_size(&self, id: &EntryId) -> Result<Option<u64>, Self::Error> {
         Ok(self.entry(id)?.map(|e| entry_size(&e)))
     }
+
+    /// Stored [`PathFacts`] of the entry. `None` when the entry is absent
+    /// or the source keeps no path facts (the default): callers then walk
+    /// the root path ([`path_facts_by_walk`]). A store answers from the
+    /// facts it persisted at append time, which makes opening a leaf cost
+    /// O(budget) instead of O(path).
+    fn path_facts(&self, id: &EntryId) -> Result<Option<PathFacts>, Self::Error> {
+        let _ = id;
+        Ok(None)
+    }
+
+    /// The ancestor-or-self of `from` at `depth` on its root path, when the
+    /// source can answer it without walking (e.g. from an index of the
+    /// active path). `None` (the default) means "not indexed": callers walk
+    /// parents. A wrong answer is detected by callers (depth mismatch) and
+    /// reported as [`ResidentError::Vanished`].
+    fn ancestor_at_depth(
+        &self,
+        from: &EntryId,
+        depth: u64,
+    ) -> Result<Option<EntryId>, Self::Error> {
+        let _ = (from, depth);
+        Ok(None)
+    }
+
+    /// Up to `limit` custom entries (kind `custom`) with `custom_type`
+    /// (any type when `None`) whose append sequence number is greater than
+    /// `after_seq` (all when `None`), in append order, duplicates included.
+    /// `None` (the default) means the source cannot answer: custom-entry
+    /// pages then fail with [`ReadError::Unsupported`](super::history::ReadError::Unsupported),
+    /// never with an empty page.
+    fn custom_entries_after(
+        &self,
+        custom_type: Option<&str>,
+        after_seq: Option<u64>,
+        limit: usize,
+    ) -> Result<Option<Vec<CustomRef>>, Self::Error> {
+        let _ = (custom_type, after_seq, limit);
+        Ok(None)
+    }
+
+    /// The resolved label of the entry (last label entry wins). The
+    /// default knows no labels.
+    fn label(&self, id: &EntryId) -> Result<Option<String>, Self::Error> {
+        let _ = id;
+        Ok(None)
+    }
+
+    /// A one-line display summary of the entry ([`entry_summary`] with
+    /// [`TREE_SUMMARY_CHARS_MAX`]), `None` if absent. The default loads the
+    /// entry; a store may keep summaries in an index.
+    fn summary(&self, id: &EntryId) -> Result<Option<String>, Self::Error> {
+        Ok(self
+            .entry(id)?
+            .map(|e| entry_summary(&e, TREE_SUMMARY_CHARS_MAX).0))
+    }
+}
+
+/// A custom entry found by [`EntrySource::custom_entries_after`]: its
+/// append sequence number (position in append order for a [`Transcript`],
+/// the log sequence for a store; strictly increasing in append order) and
+/// id.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct CustomRef {
+    pub seq: u64,
+    pub id: EntryId,
 }
 
 impl EntrySource for Transcript {
@@ -140,6 +220,43 @@ impl EntrySource for Transcript {
 
     fn facts(&self, id: &EntryId) -> Result<Option<EntryFacts>, Infallible> {
         Ok(self.get(id).map(EntryFacts::of))
+    }
+
+    /// Scans the entries after `after_seq` (a store answers from an index).
+    fn custom_entries_after(
+        &self,
+        custom_type: Option<&str>,
+        after_seq: Option<u64>,
+        limit: usize,
+    ) -> Result<Option<Vec<CustomRef>>, Infallible> {
+        let from = match after_seq {
+            None => 0,
+            Some(s) => usize::try_from(s).map_or(usize::MAX, |s| s.saturating_add(1)),
+        };
+        let found = self
+            .entries()
+            .iter()
+            .enumerate()
+            .skip(from)
+            // Only indexed entries (a duplicate id is not part of the tree).
+            .filter(|(_, e)| self.get(&e.id) == Some(*e))
+            .filter(|(_, e)| match &e.kind {
+                EntryKind::Custom { custom_type: t, .. } => {
+                    custom_type.is_none() || custom_type == Some(t.as_str())
+                }
+                _ => false,
+            })
+            .take(limit)
+            .map(|(i, e)| CustomRef {
+                seq: u64::try_from(i).unwrap_or(u64::MAX),
+                id: e.id.clone(),
+            })
+            .collect();
+        Ok(Some(found))
+    }
+
+    fn label(&self, id: &EntryId) -> Result<Option<String>, Infallible> {
+        Ok(Transcript::label(self, id).map(str::to_string))
     }
 }
 
@@ -225,6 +342,13 @@ pub struct ResidentSelection {
     /// Every context entry is resident (nothing omitted, nothing beyond
     /// the budget).
     pub complete: bool,
+    /// The compaction heading the context, pinned: held (resident, or
+    /// omitted when it alone exceeds the byte budget) even when the budget
+    /// cuts the entries between it and the newest ones. `None` when the
+    /// context has no compaction or `events_max` is 0.
+    pub pinned: Option<EntryId>,
+    /// The path facts of the leaf (`None` for an empty leaf).
+    pub path_facts: Option<PathFacts>,
     /// Whether the latest compaction in the context keeps the entries of
     /// the segment before it (its first kept entry was found on the path).
     compaction_keeps_prefix: bool,
@@ -267,20 +391,6 @@ pub enum ResidentError<E: std::error::Error + 'static> {
     Vanished(EntryId),
 }
 
-/// Where the context segment starts, found while walking back.
-enum Seek {
-    /// No reset or compaction seen yet: every entry is in the segment.
-    Open,
-    /// The latest compaction was seen; looking for its first kept entry.
-    /// `pending` entries between it and here join the segment if found.
-    Kept {
-        first_kept: EntryId,
-        compaction: EntryId,
-        pending: u64,
-    },
-    Closed,
-}
-
 /// Selects the resident part of the context of `leaf` (see the module
 /// docs). `leaf == None` gives an empty, complete selection.
 pub fn select_resident<S: EntrySource + ?Sized>(
@@ -299,117 +409,111 @@ pub fn select_resident<S: EntrySource + ?Sized>(
         thinking_level: None,
         counts: BoundaryCounts::default(),
         complete: true,
+        pinned: None,
+        path_facts: None,
         compaction_keeps_prefix: false,
     };
     let Some(leaf) = leaf else {
         return Ok(sel);
     };
 
-    // Pass 1 (facts only): path length, settings, context segment.
-    let mut seek = Seek::Open;
-    let mut context_entries: u64 = 0;
-    let mut start: Option<EntryId> = None;
-    let mut last: EntryId = leaf.clone();
-    walk_path(source, leaf, |id, facts| {
-        sel.counts.path_entries = sel.counts.path_entries.saturating_add(1);
-        match &facts.marker {
-            PathMarker::Model { provider, model_id } if sel.model.is_none() => {
-                sel.model = Some((provider.clone(), model_id.clone()));
-            }
-            PathMarker::ThinkingLevel { thinking_level } if sel.thinking_level.is_none() => {
-                sel.thinking_level = Some(thinking_level.clone());
-            }
-            _ => {}
-        }
-        match &mut seek {
-            Seek::Open => {
-                context_entries = context_entries.saturating_add(1);
-                match &facts.marker {
-                    PathMarker::Reset => {
-                        start = Some(id.clone());
-                        seek = Seek::Closed;
-                    }
-                    PathMarker::Compaction {
-                        first_kept_entry_id,
-                    } => {
-                        seek = Seek::Kept {
-                            first_kept: first_kept_entry_id.clone(),
-                            compaction: id.clone(),
-                            pending: 0,
-                        };
-                    }
-                    _ => {}
-                }
-            }
-            Seek::Kept {
-                first_kept,
-                compaction,
-                pending,
-            } => {
-                if facts.marker == PathMarker::Reset {
-                    // The first kept entry is not after the latest reset:
-                    // nothing before the compaction is kept.
-                    start = Some(compaction.clone());
-                    seek = Seek::Closed;
-                } else if id == first_kept {
-                    context_entries = context_entries.saturating_add(pending.saturating_add(1));
-                    start = Some(id.clone());
-                    sel.compaction_keeps_prefix = true;
-                    seek = Seek::Closed;
-                } else {
-                    *pending = pending.saturating_add(1);
-                }
-            }
-            Seek::Closed => {}
-        }
-        last = id.clone();
-    })?;
-    match seek {
-        Seek::Open => start = Some(last),
-        Seek::Kept { compaction, .. } => start = Some(compaction),
-        Seek::Closed => {}
-    }
-    sel.context_start = start;
+    // Pass 1: the leaf's path facts, stored by the source or walked.
+    let facts = match source.path_facts(leaf).map_err(ResidentError::Source)? {
+        Some(f) => f,
+        None => path_facts_by_walk(source, leaf)?,
+    };
+    let context_entries = facts.context_entries();
+    sel.counts.path_entries = facts.path_entries();
     sel.counts.context_entries = context_entries;
+    sel.context_start = Some(facts.context_start.id.clone());
+    sel.model = facts.model.clone();
+    sel.thinking_level = facts.thinking_level.clone();
+    sel.compaction_keeps_prefix = facts.compaction_keeps_prefix;
+
+    // The compaction heading the context is pinned: its slot (one event,
+    // its bytes) is reserved before the newest-first walk.
+    let mut events_left = budget.events_max;
+    let mut bytes_left = budget.bytes_max;
+    let mut pin: Option<Pinned> = None;
+    if let Some(c) = &facts.compaction {
+        if events_left > 0 {
+            events_left -= 1;
+            let size = source
+                .entry_size(&c.id)
+                .map_err(ResidentError::Source)?
+                .ok_or_else(|| ResidentError::Vanished(c.id.clone()))?;
+            pin = Some(if size > budget.bytes_max {
+                Pinned::Omitted(OmittedEntry {
+                    id: c.id.clone(),
+                    kind: "compaction".to_string(),
+                    size,
+                })
+            } else {
+                bytes_left -= size;
+                let entry = source
+                    .entry(&c.id)
+                    .map_err(ResidentError::Source)?
+                    .ok_or_else(|| ResidentError::Vanished(c.id.clone()))?
+                    .into_owned();
+                Pinned::Resident(entry, size)
+            });
+            sel.pinned = Some(c.id.clone());
+        }
+    }
 
     // Pass 2: newest first, keep what fits.
-    let mut events_used: u64 = 0;
     let mut cur = leaf.clone();
     let mut seen: u64 = 0;
+    let mut pin_placed = false;
     while seen < context_entries {
         let facts = source
             .facts(&cur)
             .map_err(ResidentError::Source)?
             .ok_or_else(|| ResidentError::Vanished(cur.clone()))?;
-        let size = source
-            .entry_size(&cur)
-            .map_err(ResidentError::Source)?
-            .ok_or_else(|| ResidentError::Vanished(cur.clone()))?;
-        if events_used >= budget.events_max {
-            break;
-        }
-        if size > budget.bytes_max {
-            sel.omitted.push(OmittedEntry {
-                id: cur.clone(),
-                kind: facts.kind.clone(),
-                size,
-            });
-        } else if size > budget.bytes_max.saturating_sub(sel.counts.resident_bytes) {
-            break;
+        if sel.pinned.as_ref() == Some(&cur) {
+            if let Some(p) = pin.take() {
+                p.place(&mut sel);
+            }
+            pin_placed = true;
         } else {
-            let entry = source
-                .entry(&cur)
+            let size = source
+                .entry_size(&cur)
                 .map_err(ResidentError::Source)?
-                .ok_or_else(|| ResidentError::Vanished(cur.clone()))?
-                .into_owned();
-            sel.counts.resident_bytes = sel.counts.resident_bytes.saturating_add(size);
-            sel.entries.push(entry);
+                .ok_or_else(|| ResidentError::Vanished(cur.clone()))?;
+            if events_left == 0 {
+                break;
+            }
+            if size > budget.bytes_max {
+                sel.omitted.push(OmittedEntry {
+                    id: cur.clone(),
+                    kind: facts.kind.clone(),
+                    size,
+                });
+            } else if size > bytes_left {
+                break;
+            } else {
+                let entry = source
+                    .entry(&cur)
+                    .map_err(ResidentError::Source)?
+                    .ok_or_else(|| ResidentError::Vanished(cur.clone()))?
+                    .into_owned();
+                bytes_left -= size;
+                sel.counts.resident_bytes = sel.counts.resident_bytes.saturating_add(size);
+                sel.entries.push(entry);
+            }
+            events_left -= 1;
         }
-        events_used = events_used.saturating_add(1);
         seen = seen.saturating_add(1);
         match facts.parent_id {
             Some(p) => cur = p,
             None => break,
+        }
+    }
+    if !pin_placed {
+        // The walk stopped before the pinned compaction: it is the oldest
+        // held entry.
+        if let Some(p) = pin.take() {
+            p.place(&mut sel);
         }
     }
     sel.entries.reverse();
@@ -420,6 +524,7 @@ pub fn select_resident<S: EntrySource + ?Sized>(
         .saturating_sub(sel.counts.resident_entries)
         .saturating_sub(sel.counts.omitted_entries);
     sel.complete = sel.counts.resident_entries == context_entries;
+    sel.path_facts = Some(facts);
 
     for e in &sel.entries {
         let kids = source
@@ -435,10 +540,29 @@ pub fn select_resident<S: EntrySource + ?Sized>(
     Ok(sel)
 }
 
+/// The pinned compaction of a selection, before it is placed.
+enum Pinned {
+    Resident(Entry, u64),
+    Omitted(OmittedEntry),
+}
+
+impl Pinned {
+    /// Adds it to the newest-first lists of `sel`.
+    fn place(self, sel: &mut ResidentSelection) {
+        match self {
+            Pinned::Resident(e, size) => {
+                sel.counts.resident_bytes = sel.counts.resident_bytes.saturating_add(size);
+                sel.entries.push(e);
+            }
+            Pinned::Omitted(o) => sel.omitted.push(o),
+        }
+    }
+}
+
 /// Calls `visit` for each entry from `leaf` up to its root (or to an entry
 /// whose parent is absent: the path stops there). O(1) memory; a parent
 /// cycle is detected with Brent's algorithm.
-fn walk_path<S: EntrySource + ?Sized>(
+pub(crate) fn walk_path<S: EntrySource + ?Sized>(
     source: &S,
     leaf: &EntryId,
     mut visit: impl FnMut(&EntryId, &EntryFacts),

@@ -1,6 +1,7 @@
 //! Shared builders for the transcript tests.
 #![allow(dead_code)]
 
+use proptest::prelude::*;
 use spool_runtime::transcript::{
     ContentBlock, ContextMessage, ContextRole, Entry, EntryId, EntryKind, Message, ModelContext,
     StopReason, Transcript, Usage,
@@ -196,4 +197,105 @@ pub fn render_one(m: &ContextMessage) -> String {
         r => r.as_str().to_string(),
     };
     format!("{role}:{}", text.join(","))
+}
+
+// ---------------------------------------------------------------------
+// Random transcripts for property tests.
+// ---------------------------------------------------------------------
+
+pub type Op = (u8, u16, u16);
+
+/// Interprets generated ops as a transcript (deterministic).
+pub fn build(ops: &[Op], leaf_pick: u16) -> Transcript {
+    let mut b = B::new();
+    let mut all: Vec<EntryId> = Vec::new();
+    let mut calls: Vec<(String, String)> = Vec::new();
+    let pick = |all: &Vec<EntryId>, a: u16| all[usize::from(a) % all.len()].clone();
+    for (n, &(kind, a, x)) in ops.iter().enumerate() {
+        let new = match kind % 14 {
+            0 | 1 => b.user(&format!("u{n}")),
+            2 | 3 => {
+                let stop = match x % 6 {
+                    0 => StopReason::Error,
+                    1 => StopReason::Aborted,
+                    _ => StopReason::Stop,
+                };
+                let model = (x.is_multiple_of(4)).then(|| format!("p/m{}", a % 3));
+                b.assistant_full(
+                    vec![spool_runtime::transcript::ContentBlock::text(format!(
+                        "a{n}"
+                    ))],
+                    stop,
+                    model,
+                )
+            }
+            4 => {
+                let k = usize::from(a % 3) + 1;
+                let cs: Vec<(String, String)> = (0..k)
+                    .map(|j| (format!("c{n}_{j}"), format!("t{j}")))
+                    .collect();
+                calls.extend(cs.iter().cloned());
+                let refs: Vec<(&str, &str)> =
+                    cs.iter().map(|(c, t)| (c.as_str(), t.as_str())).collect();
+                let stop = if x.is_multiple_of(7) {
+                    StopReason::Aborted
+                } else {
+                    StopReason::ToolUse
+                };
+                b.calls_with(&refs, stop)
+            }
+            5 | 6 => {
+                if calls.is_empty() || x.is_multiple_of(5) {
+                    b.result("ghost", "t", &format!("r{n}"))
+                } else {
+                    let (c, t) = calls[usize::from(a) % calls.len()].clone();
+                    b.result(&c, &t, &format!("r{n}"))
+                }
+            }
+            7 if !all.is_empty() => {
+                let fk = pick(&all, a);
+                b.compaction(&format!("S{n}"), &fk)
+            }
+            8 if x.is_multiple_of(3) => b.reset(),
+            9 => b.branch_summary(if x.is_multiple_of(4) { "" } else { "B" }),
+            10 => {
+                if x.is_multiple_of(2) {
+                    b.custom("state", serde_json::json!("d".repeat(usize::from(a % 300))))
+                } else {
+                    b.custom_message("cm", &"m".repeat(usize::from(a % 300)))
+                }
+            }
+            11 if !all.is_empty() => {
+                let t = pick(&all, a);
+                b.label(&t, (!x.is_multiple_of(3)).then_some("L"))
+            }
+            12 => {
+                if x.is_multiple_of(2) {
+                    b.model("prov", &format!("m{}", a % 4))
+                } else {
+                    b.thinking(&format!("level{}", a % 3))
+                }
+            }
+            13 if !all.is_empty() => {
+                if x.is_multiple_of(10) {
+                    b.t.set_leaf(None).unwrap();
+                } else {
+                    let t = pick(&all, a);
+                    b.at(&t);
+                }
+                continue;
+            }
+            _ => b.user(&format!("u{n}")),
+        };
+        all.push(new);
+    }
+    if !all.is_empty() && !leaf_pick.is_multiple_of(5) {
+        let l = pick(&all, leaf_pick);
+        b.at(&l);
+    }
+    b.t
+}
+
+pub fn ops() -> impl Strategy<Value = Vec<Op>> {
+    prop::collection::vec((any::<u8>(), any::<u16>(), any::<u16>()), 0..80)
 }
