@@ -46,11 +46,6 @@ impl ToolError {
         self
     }
 
-    pub fn code(mut self, code: u8) -> Self {
-        self.code = code;
-        self
-    }
-
     pub fn get_hint(&self) -> Option<&str> {
         self.hint.as_deref()
     }
@@ -142,10 +137,6 @@ impl Table {
 
     pub fn row(&mut self, cells: Vec<String>) {
         self.rows.push(cells);
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.rows.is_empty()
     }
 
     pub fn print(&self) -> Result<()> {

@@ -291,3 +291,108 @@ fn not_a_store_is_a_clear_error() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("not a spool store"));
 }
+
+/// The main job: `demo` builds a store, and every inspection command works
+/// on it as a user would run it.
+#[test]
+fn demo_then_inspect_every_session() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let out = run(&store, &["demo"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("Built a sample store"), "{text}");
+
+    let sessions = stdout_json(&run(&store, &["sessions", "--json"]));
+    let sessions = sessions.as_array().unwrap();
+    assert_eq!(sessions.len(), 4, "{sessions:?}");
+    for key in [
+        "id",
+        "parent_id",
+        "status",
+        "version",
+        "agent_name",
+        "label",
+        "created_at",
+        "updated_at",
+    ] {
+        assert!(sessions[0].get(key).is_some(), "header lacks {key}");
+    }
+    let statuses: Vec<&str> = sessions
+        .iter()
+        .map(|s| s["status"].as_str().unwrap())
+        .collect();
+    assert!(statuses.contains(&"suspended") && statuses.contains(&"completed"));
+    let suspended = stdout_json(&run(
+        &store,
+        &["sessions", "--status", "suspended", "--json"],
+    ));
+    assert_eq!(suspended.as_array().unwrap().len(), 1);
+    let researchers = stdout_json(&run(
+        &store,
+        &["sessions", "--agent", "researcher", "--json"],
+    ));
+    assert_eq!(researchers.as_array().unwrap().len(), 2);
+    let fork = researchers
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| !s["parent_id"].is_null())
+        .expect("the fork");
+    let parent = fork["parent_id"].as_str().unwrap();
+    let children = stdout_json(&run(&store, &["sessions", "--parent", parent, "--json"]));
+    assert_eq!(children.as_array().unwrap()[0]["id"], fork["id"]);
+
+    let shown = stdout_json(&run(&store, &["show", parent, "--json"]));
+    assert_eq!(shown["header"]["id"], parent);
+    assert_eq!(shown["definition"]["name"], "researcher");
+    assert_eq!(shown["state"]["metadata"]["ticket"], "OPS-142");
+    assert_eq!(shown["state"]["tasks"].as_array().unwrap().len(), 3);
+
+    let tree = stdout_json(&run(&store, &["tree", parent, "--json"]));
+    let entries = tree["entries"].as_array().unwrap();
+    assert!(
+        entries
+            .iter()
+            .any(|e| e["children"].as_array().unwrap().len() == 2),
+        "a branch point"
+    );
+    assert_eq!(entries.iter().filter(|e| e["is_leaf"] == true).count(), 1);
+
+    let ctx = stdout_json(&run(&store, &["context", parent, "--json"]));
+    let roles: Vec<&str> = ctx
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["role"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        roles,
+        [
+            "user",
+            "assistant",
+            "tool_result",
+            "assistant",
+            "user",
+            "assistant"
+        ],
+        "the active branch only, tool call paired with its result"
+    );
+    let small = stdout_json(&run(
+        &store,
+        &["context", parent, "--budget-bytes", "600", "--json"],
+    ));
+    assert!(small.as_array().unwrap().len() < roles.len());
+
+    for args in [&["show", "nope"][..], &["tree", "a/b"][..]] {
+        let out = run(&store, args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        assert!(!out.stderr.is_empty());
+    }
+    let v = stdout_json(&run(&store, &["verify", "--json"]));
+    assert_eq!(v["ok"], true);
+}

@@ -6,9 +6,14 @@ use std::process::ExitCode;
 use crate::cli::{Cli, Command};
 use crate::out::{Result, ToolError};
 
+mod context;
+mod demo;
 mod log;
+pub mod sessions;
+mod show;
 mod streams;
 mod stress;
+mod tree;
 mod verify;
 
 pub fn run(cli: Cli) -> Result<ExitCode> {
@@ -41,6 +46,30 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
                 json,
             },
         ),
+        Command::Demo { json } => demo::run(need_store(&store)?, json),
+        Command::Sessions {
+            status,
+            agent,
+            parent,
+            limit,
+            json,
+        } => sessions::run(
+            need_store(&store)?,
+            sessions::Args {
+                status: status.as_deref(),
+                agent: agent.as_deref(),
+                parent: parent.as_deref(),
+                limit,
+                json,
+            },
+        ),
+        Command::Show { id, json } => show::run(need_store(&store)?, &id, json),
+        Command::Tree { id, json } => tree::run(need_store(&store)?, &id, json),
+        Command::Context {
+            id,
+            budget_bytes,
+            json,
+        } => context::run(need_store(&store)?, &id, budget_bytes, json),
         other => Err(ToolError::new(format!(
             "command not available in this build: {other:?}"
         ))),

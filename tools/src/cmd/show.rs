@@ -1,0 +1,116 @@
+//! `spool show`: one session's header, definition and a summary of its state.
+
+use std::path::Path;
+use std::process::ExitCode;
+
+use serde::Serialize;
+use spool_runtime::session::{AgentDefinition, AgentSession};
+
+use crate::cmd::sessions::HeaderRow;
+use crate::out::{ellipsize, human_time_ms, print_json, Result};
+use crate::session_open::{parse_id, read_only, runtime_err};
+
+#[derive(Serialize)]
+struct StateSummary {
+    entries: u64,
+    leaf: Option<String>,
+    generation: u64,
+    system_prompt: String,
+    model: String,
+    execution_count: u64,
+    execution: String,
+    last_error: Option<String>,
+    usage_total_tokens: u64,
+    metadata: serde_json::Map<String, serde_json::Value>,
+    tasks: Vec<serde_json::Value>,
+}
+
+#[derive(Serialize)]
+struct Shown<'a> {
+    header: HeaderRow,
+    definition: &'a AgentDefinition,
+    state: StateSummary,
+}
+
+fn summary(s: &AgentSession) -> StateSummary {
+    let st = s.state();
+    StateSummary {
+        entries: st.transcript.len() as u64,
+        leaf: st.transcript.leaf().map(|l| l.to_string()),
+        generation: st.generation,
+        system_prompt: st.system_prompt.clone(),
+        model: st.model.qualified_name(),
+        execution_count: st.execution_count,
+        execution: format!("{:?}", st.execution).to_lowercase(),
+        last_error: st.last_error.clone(),
+        usage_total_tokens: st.total_usage.total(),
+        metadata: st
+            .metadata
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect(),
+        tasks: st
+            .tasks
+            .iter()
+            .map(|t| serde_json::to_value(t).unwrap_or(serde_json::Value::Null))
+            .collect(),
+    }
+}
+
+pub fn run(dir: &Path, id: &str, json: bool) -> Result<ExitCode> {
+    let id = parse_id(id)?;
+    let (_store, rt) = read_only(dir)?;
+    let s = rt.get_session(&id).map_err(|e| runtime_err(&id, e))?;
+    let shown = Shown {
+        header: HeaderRow::from(s.info()),
+        definition: s.definition(),
+        state: summary(&s),
+    };
+    if json {
+        print_json(&shown)?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    let h = &shown.header;
+    let st = &shown.state;
+    println!("session   {}", h.id);
+    println!("status    {} (version {})", h.status, h.version);
+    println!("agent     {} — {}", h.agent_name, h.label);
+    if let Some(p) = &h.parent_id {
+        println!("parent    {p}");
+    }
+    println!("created   {}", human_time_ms(h.created_at));
+    println!("updated   {}", human_time_ms(h.updated_at));
+    println!("model     {}", st.model);
+    println!("prompt    {}", ellipsize(&st.system_prompt, 70));
+    println!(
+        "state     {} entries (generation {}), leaf {}, {} executions, last {}{}",
+        st.entries,
+        st.generation,
+        st.leaf.as_deref().unwrap_or("-"),
+        st.execution_count,
+        st.execution,
+        st.last_error
+            .as_ref()
+            .map(|e| format!(" ({})", ellipsize(e, 40)))
+            .unwrap_or_default()
+    );
+    println!("tokens    {}", st.usage_total_tokens);
+    if !st.metadata.is_empty() {
+        println!("metadata");
+        for (k, v) in &st.metadata {
+            println!("  {k} = {}", ellipsize(&v.to_string(), 60));
+        }
+    }
+    if !st.tasks.is_empty() {
+        println!("tasks");
+        for t in &s.state().tasks {
+            println!(
+                "  [{:?}] {} {}",
+                t.status,
+                t.id,
+                ellipsize(&t.description, 60)
+            );
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
