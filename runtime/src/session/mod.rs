@@ -102,6 +102,16 @@ impl AgentSession {
     /// A fresh root session (version 0, status Active) whose pending list
     /// holds its `Created` event. See [`SessionFactory`] for the rules.
     pub fn new(definition: AgentDefinition, seed: Option<AgentState>) -> AgentSession {
+        Self::new_with_id(SessionId::generate(), definition, seed)
+    }
+
+    /// Like [`AgentSession::new`], with a caller-chosen (validated) id:
+    /// for importers and applications that name their sessions.
+    pub fn new_with_id(
+        id: SessionId,
+        definition: AgentDefinition,
+        seed: Option<AgentState>,
+    ) -> AgentSession {
         let mut state = seed.unwrap_or_default();
         if !definition.system_prompt.is_empty() {
             state.system_prompt = definition.system_prompt.clone();
@@ -111,7 +121,7 @@ impl AgentSession {
         }
         let now = now_ms();
         Self::from_created_event(SessionEvent::Created {
-            id: SessionId::generate(),
+            id,
             parent_id: None,
             agent_name: definition.name.clone(),
             label: definition.effective_label(),

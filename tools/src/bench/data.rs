@@ -69,6 +69,7 @@ impl Role {
         }
     }
 
+    #[cfg(test)]
     pub fn parse(s: &str) -> Option<Role> {
         match s {
             "user" => Some(Role::User),

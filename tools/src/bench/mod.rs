@@ -25,11 +25,11 @@
 // The `spool bench` command calls `run`, `report::to_json` and
 // `report::to_markdown`; until it does, parts of this API have no caller in
 // the binary.
-#![allow(dead_code)]
 
 pub mod data;
 pub mod peers;
 pub mod report;
+pub mod spool;
 pub mod stats;
 
 use std::path::{Path, PathBuf};
@@ -401,8 +401,10 @@ pub trait SubjectStore: Send + Sync {
 /// part in nothing, so the harness runs the peers only and reports the
 /// spool figures as `null`.
 #[derive(Clone, Copy, Debug, Default)]
+#[cfg(test)]
 pub struct NoSpool;
 
+#[cfg(test)]
 impl SpoolSubject for NoSpool {
     fn name(&self) -> &str {
         "spool"

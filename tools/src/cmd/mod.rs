@@ -6,6 +6,7 @@ use std::process::ExitCode;
 use crate::cli::{Cli, Command};
 use crate::out::{Result, ToolError};
 
+mod bench;
 mod context;
 mod demo;
 mod log;
@@ -70,9 +71,18 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
             budget_bytes,
             json,
         } => context::run(need_store(&store)?, &id, budget_bytes, json),
-        other => Err(ToolError::new(format!(
-            "command not available in this build: {other:?}"
-        ))),
+        Command::Bench {
+            workloads,
+            quick,
+            json,
+            markdown,
+        } => bench::run(bench::Args {
+            workloads,
+            quick,
+            json,
+            markdown,
+            dir: store,
+        }),
     }
 }
 

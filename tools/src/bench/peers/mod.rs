@@ -30,6 +30,7 @@ pub(crate) fn sync_dir(subject: &str, dir: &Path) -> Result<(), BenchError> {
 /// their payload bytes fit in `budget` together. `sizes` yields each
 /// entry's payload size, newest first; returns how many were taken and
 /// their bytes.
+#[cfg(test)]
 pub(crate) fn tail_under_budget(sizes: impl Iterator<Item = usize>, budget: usize) -> (u64, u64) {
     let mut entries = 0;
     let mut bytes = 0u64;
