@@ -449,6 +449,13 @@ impl Index {
         Ok(())
     }
 
+    /// Drop the memtable's writes as a crash would (tests).
+    #[cfg(test)]
+    pub(crate) fn forget_memtable(&self) {
+        let _ = self.join_moving();
+        *self.mem.write().unwrap_or_else(|e| e.into_inner()) = Mem::default();
+    }
+
     /// Make the memtable the frozen one (the caller has joined any previous move).
     fn freeze(&self) -> Arc<Writes> {
         let mut mem = self.mem.write().unwrap_or_else(|e| e.into_inner());
