@@ -210,6 +210,8 @@ pub struct Index {
 }
 
 type Writes = BTreeMap<Vec<u8>, Option<Vec<u8>>>;
+/// A key and its new value (`None` = removed).
+type PendingWrite = (Vec<u8>, Option<Vec<u8>>);
 
 #[derive(Default)]
 struct Mem {
@@ -549,7 +551,7 @@ impl Index {
                 }
             }
         }
-        let mem: Vec<(Vec<u8>, Option<Vec<u8>>)> = snap.into_iter().collect();
+        let mem: Vec<PendingWrite> = snap.into_iter().collect();
         MergeIter {
             mem: mem.into_iter().peekable(),
             sled: self.tree.range((Bound::Included(from.to_vec()), hi)),
@@ -748,7 +750,7 @@ impl Iterator for IndexScan {
 /// The memtables' entries merged over sled's, in key order; the memtable wins on equal
 /// keys and its `None` hides sled's entry.
 struct MergeIter {
-    mem: std::iter::Peekable<std::vec::IntoIter<(Vec<u8>, Option<Vec<u8>>)>>,
+    mem: std::iter::Peekable<std::vec::IntoIter<PendingWrite>>,
     sled: sled::Iter,
     sled_peek: Option<KeyValue>,
     prefix: Vec<u8>,

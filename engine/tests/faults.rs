@@ -82,16 +82,12 @@ fn concurrent_writers_share_fsyncs_and_keep_seqs_dense() {
     }
 }
 
+/// Acknowledged commits: (stream, version) -> payload.
+type Acked = HashMap<(String, u64), Vec<u8>>;
+
 /// A short single-threaded workload; returns the acknowledged commits
 /// (stream, version) -> payload, and the first error.
-fn workload(
-    dir: &Path,
-    opts: Options,
-) -> (
-    HashMap<(String, u64), Vec<u8>>,
-    Option<Error>,
-    Option<Store>,
-) {
+fn workload(dir: &Path, opts: Options) -> (Acked, Option<Error>, Option<Store>) {
     let mut acked = HashMap::new();
     let s = match Store::open(dir, opts) {
         Ok(s) => s,
