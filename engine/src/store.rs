@@ -1181,7 +1181,11 @@ mod tests {
     #[test]
     fn losing_the_memtable_is_caught_up_from_the_log() {
         let dir = tempfile::tempdir().unwrap();
-        let opts = || Options::default().durability(Durability::Buffered);
+        let opts = || {
+            Options::default()
+                .durability(Durability::Buffered)
+                .segment_bytes_max(1 << 20)
+        };
         let s = Store::open(dir.path(), opts()).unwrap();
         // More than one memtable's worth: one background move into sled, then the rest.
         let n = 5000u64;

@@ -187,7 +187,7 @@ impl Indexer for Failing {
 #[test]
 fn indexer_failure_poisons_writes_but_the_commit_is_durable() {
     let dir = tempfile::tempdir().unwrap();
-    let s = Store::open(dir.path(), Options::default().indexer(Arc::new(Failing))).unwrap();
+    let s = Store::open(dir.path(), test_opts().indexer(Arc::new(Failing))).unwrap();
     s.append(commit("a", ExpectedVersion::NoStream, b"ok"))
         .unwrap();
     assert!(matches!(
@@ -198,11 +198,11 @@ fn indexer_failure_poisons_writes_but_the_commit_is_durable() {
     drop(s);
     // Reopening with the failing indexer fails (the log holds the commit) ...
     assert!(matches!(
-        Store::open(dir.path(), Options::default().indexer(Arc::new(Failing))),
+        Store::open(dir.path(), test_opts().indexer(Arc::new(Failing))),
         Err(Error::Index(_))
     ));
     // ... and without it the commit is there.
-    let s = Store::open(dir.path(), Options::default()).unwrap();
+    let s = Store::open(dir.path(), test_opts()).unwrap();
     assert_eq!(s.stream_version("a").unwrap(), Some(2));
 }
 
@@ -233,7 +233,7 @@ impl Indexer for LastKinds {
 fn many_commits_through_memtable_and_sled_equal_a_rebuild() {
     let dir = tempfile::tempdir().unwrap();
     let opts = || {
-        Options::default()
+        test_opts()
             .indexer(Arc::new(LastKinds))
             .durability(Durability::Buffered)
     };
