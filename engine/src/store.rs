@@ -21,6 +21,8 @@ pub const INDEX_DIR: &str = "index";
 
 /// Commits applied to the index per sled batch while catching up on open.
 const CATCH_UP_BATCH: usize = 1024;
+/// How often a read-only open rescans a log that looked corrupt (see `open_impl`).
+const READ_ONLY_RESCANS: u32 = 3;
 /// Upper bound of how long a group-commit leader waits for followers (2 ms).
 const MAX_GATHER_NANOS: u64 = 2_000_000;
 /// Chunk size for zero-filling a new segment.
@@ -233,7 +235,20 @@ impl Store {
         };
         let (index, _fresh) = Index::open(index_path.as_deref(), opts.indexers.clone())?;
 
-        let mut state = scan_log(&*vfs, dir, &opts, &index, read_only)?;
+        let mut state = scan_log(&*vfs, dir, &opts, &index, read_only);
+        if read_only {
+            // A live writer may be appending to the last segment while it is scanned: a
+            // frame caught half-written with a complete one after it looks like mid-log
+            // corruption. Real corruption stays; a race does not survive a rescan.
+            let mut tries = 0;
+            while tries < READ_ONLY_RESCANS && matches!(state, Err(Error::Corrupt { .. })) {
+                tries += 1;
+                std::thread::sleep(std::time::Duration::from_millis(10));
+                index.clear()?;
+                state = scan_log(&*vfs, dir, &opts, &index, read_only);
+            }
+        }
+        let mut state = state?;
         if state.index_stale {
             // The index is ahead of the log or describes another history (e.g. after a
             // crash with Buffered durability): rebuild it from the log.
