@@ -79,7 +79,16 @@ fn spool(
 fn main() {
     if std::env::var("ONLY_BUFFERED").is_ok() {
         let base = std::env::temp_dir().join("spool-bench-b");
-        let (buf, st) = spool(&base, 3.0, 1, Durability::Buffered, Preallocate::ZeroFill);
+        let w: usize = std::env::var("W")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(1);
+        let d = if std::env::var("IMM").is_ok() {
+            Durability::Immediate
+        } else {
+            Durability::Buffered
+        };
+        let (buf, st) = spool(&base, 3.0, w, d, Preallocate::ZeroFill);
         println!("buffered x1: {buf:.0}/s {st:?}");
         return;
     }

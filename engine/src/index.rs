@@ -11,8 +11,10 @@
 use crate::error::{Error, IndexError};
 use crate::types::{CommitInfo, LogPosition, RecordedCommit};
 use std::collections::BTreeMap;
+use std::ops::Bound;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, RwLock};
+use std::thread::JoinHandle;
 use uuid::Uuid;
 
 /// Version of the index layout; a different one in an existing index means rebuild.
@@ -37,9 +39,12 @@ pub trait Indexer: Send + Sync {
     fn apply(&self, commit: &RecordedCommit, batch: &mut IndexBatch<'_>) -> Result<(), IndexError>;
 }
 
+/// A key and its value.
+pub type KeyValue = (Vec<u8>, Vec<u8>);
+
 /// Pending index writes of a group of commits, seen through one indexer's namespace.
 pub struct IndexBatch<'a> {
-    tree: &'a sled::Tree,
+    index: &'a Index,
     writes: &'a mut BTreeMap<Vec<u8>, Option<Vec<u8>>>,
     prefix: Vec<u8>,
 }
@@ -58,7 +63,7 @@ impl IndexBatch<'_> {
         if let Some(v) = self.writes.get(&k) {
             return Ok(v.clone());
         }
-        Ok(self.tree.get(&k)?.map(|v| v.to_vec()))
+        self.index.read_key(&k)
     }
 
     pub fn insert(&mut self, key: &[u8], value: &[u8]) {
@@ -72,12 +77,12 @@ impl IndexBatch<'_> {
     }
 
     /// Every (key, value) whose key starts with `prefix`, pending writes applied, sorted.
-    pub fn scan_prefix(&self, prefix: &[u8]) -> Result<Vec<(Vec<u8>, Vec<u8>)>, IndexError> {
+    pub fn scan_prefix(&self, prefix: &[u8]) -> Result<Vec<KeyValue>, IndexError> {
         let p = self.full(prefix);
         let mut out: BTreeMap<Vec<u8>, Vec<u8>> = BTreeMap::new();
-        for kv in self.tree.scan_prefix(&p) {
+        for kv in self.index.merged(&p, None) {
             let (k, v) = kv?;
-            out.insert(k.to_vec(), v.to_vec());
+            out.insert(k, v);
         }
         for (k, v) in self.writes.range(p.clone()..) {
             if !k.starts_with(&p) {
@@ -193,7 +198,32 @@ pub struct Index {
     cache: sled::Tree,
     indexers: Vec<Arc<dyn Indexer>>,
     path: Option<PathBuf>,
+    /// Applied writes not yet moved into sled (a memtable in front of it). Moving them in
+    /// large batches, on another thread, keeps sled's own work off the append path;
+    /// losing them in a crash only means a longer catch-up from the log on the next open.
+    mem: RwLock<Mem>,
+    /// A full memtable being moved into sled by a background thread; it sits between
+    /// `mem` and sled for readers until sled has it.
+    frozen: Arc<RwLock<Option<Arc<Writes>>>>,
+    /// The background move in progress, if any.
+    moving: Mutex<Option<JoinHandle<Result<(), IndexError>>>>,
 }
+
+type Writes = BTreeMap<Vec<u8>, Option<Vec<u8>>>;
+/// A key and its new value (`None` = removed).
+type PendingWrite = (Vec<u8>, Option<Vec<u8>>);
+
+#[derive(Default)]
+struct Mem {
+    writes: Writes,
+    commits: usize,
+    bytes: usize,
+}
+
+/// Move the memtable into sled after this many commits ...
+const MEM_COMMITS_MAX: usize = 4096;
+/// ... or this many bytes of keys and values.
+const MEM_BYTES_MAX: usize = 8 << 20;
 
 impl std::fmt::Debug for Index {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -271,6 +301,9 @@ impl Index {
             cache,
             indexers,
             path: path.map(Path::to_path_buf),
+            mem: RwLock::new(Mem::default()),
+            frozen: Arc::new(RwLock::new(None)),
+            moving: Mutex::new(None),
         })
     }
 
@@ -287,7 +320,7 @@ impl Index {
 
     /// Whether the index has this build's format and the configured indexers' versions.
     fn is_current(&self) -> Result<bool, Error> {
-        let format = self.tree.get(META_FORMAT).map_err(sled_err)?;
+        let format = self.read_key(META_FORMAT)?;
         if format.as_deref() != Some(&INDEX_FORMAT_VERSION.to_be_bytes()[..]) {
             return Ok(false);
         }
@@ -306,7 +339,7 @@ impl Index {
         if stored != wanted {
             return Ok(false);
         }
-        Ok(self.tree.get(META_APPLIED).map_err(sled_err)?.is_some())
+        Ok(self.read_key(META_APPLIED)?.is_some())
     }
 
     /// Write the meta keys of an empty index.
@@ -324,6 +357,10 @@ impl Index {
 
     /// Drop every entry (engine, indexers and cache) and start empty.
     pub(crate) fn clear(&self) -> Result<(), Error> {
+        // A failed background move does not matter: everything is dropped.
+        let _ = self.join_moving();
+        *self.mem.write().unwrap_or_else(|e| e.into_inner()) = Mem::default();
+        *self.frozen.write().unwrap_or_else(|e| e.into_inner()) = None;
         self.tree.clear().map_err(sled_err)?;
         self.cache.clear().map_err(sled_err)?;
         self.init_meta()
@@ -338,7 +375,7 @@ impl Index {
     /// record with that seq, or the index describes another history).
     pub(crate) fn applied_marker(&self) -> Result<(u64, Option<Uuid>), Error> {
         let bad = || Error::Index(IndexError::Malformed("applied seq".into()));
-        match self.tree.get(META_APPLIED).map_err(sled_err)? {
+        match self.read_key(META_APPLIED)? {
             Some(v) => {
                 let seq = be_u64(&v).ok_or_else(bad)?;
                 let id = match v.get(8..24) {
@@ -368,31 +405,165 @@ impl Index {
             writes.insert(commit_key(i.commit_id), Some(encode_commit_info(i)));
             for ix in &self.indexers {
                 let mut batch = IndexBatch {
-                    tree: &self.tree,
+                    index: self,
                     writes: &mut writes,
                     prefix: user_prefix(ix.name()),
                 };
                 ix.apply(c, &mut batch)?;
             }
         }
-        let mut b = sled::Batch::default();
-        for (k, v) in writes {
-            match v {
-                Some(v) => b.insert(k, v),
-                None => b.remove(k),
-            }
-        }
         let mut marker = [0u8; 24];
         marker[..8].copy_from_slice(&last.info.seq.to_be_bytes());
         marker[8..].copy_from_slice(last.info.commit_id.as_bytes());
-        b.insert(META_APPLIED, &marker[..]);
-        self.tree.apply_batch(b)?;
+        writes.insert(META_APPLIED.to_vec(), Some(marker.to_vec()));
+        let full = {
+            let mut mem = self.mem.write().unwrap_or_else(|e| e.into_inner());
+            for (k, v) in writes {
+                mem.bytes += k.len() + v.as_ref().map_or(0, Vec::len);
+                mem.writes.insert(k, v);
+            }
+            mem.commits += commits.len();
+            mem.commits >= MEM_COMMITS_MAX || mem.bytes >= MEM_BYTES_MAX
+        };
+        if full {
+            // Wait for the previous move (back-pressure) and report its failure.
+            self.join_moving()?;
+            let writes = self.freeze();
+            let tree = self.tree.clone();
+            let frozen = self.frozen.clone();
+            let spawned = std::thread::Builder::new()
+                .name("spool-index".into())
+                .spawn(move || move_into_sled(&tree, &frozen, &writes));
+            match spawned {
+                Ok(h) => *self.moving.lock().unwrap_or_else(|e| e.into_inner()) = Some(h),
+                Err(_) => {
+                    let writes = self
+                        .frozen
+                        .read()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .clone();
+                    if let Some(w) = writes {
+                        move_into_sled(&self.tree, &self.frozen, &w)?;
+                    }
+                }
+            }
+        }
         Ok(())
+    }
+
+    /// Drop the memtable's writes as a crash would (tests).
+    #[cfg(test)]
+    pub(crate) fn forget_memtable(&self) {
+        let _ = self.join_moving();
+        *self.mem.write().unwrap_or_else(|e| e.into_inner()) = Mem::default();
+    }
+
+    /// Make the memtable the frozen one (the caller has joined any previous move).
+    fn freeze(&self) -> Arc<Writes> {
+        let mut mem = self.mem.write().unwrap_or_else(|e| e.into_inner());
+        let mut frozen = self.frozen.write().unwrap_or_else(|e| e.into_inner());
+        let writes = Arc::new(std::mem::take(&mut mem.writes));
+        *mem = Mem::default();
+        *frozen = Some(writes.clone());
+        writes
+    }
+
+    /// Wait for the background move into sled, if one runs; its result.
+    fn join_moving(&self) -> Result<(), IndexError> {
+        let h = self.moving.lock().unwrap_or_else(|e| e.into_inner()).take();
+        match h {
+            Some(h) => h
+                .join()
+                .unwrap_or_else(|_| Err(IndexError::Mismatch("index thread panicked".into()))),
+            None => Ok(()),
+        }
+    }
+
+    /// Move every pending write into sled now (on open and close). Only the single
+    /// applier (the group leader, or open/close) calls this and `apply`, so they never
+    /// run concurrently.
+    pub(crate) fn flush_mem(&self) -> Result<(), IndexError> {
+        self.join_moving()?;
+        if self
+            .mem
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .writes
+            .is_empty()
+        {
+            return Ok(());
+        }
+        let writes = self.freeze();
+        move_into_sled(&self.tree, &self.frozen, &writes)
+    }
+
+    /// A key's value: the memtable, the frozen memtable, then sled.
+    fn read_key(&self, k: &[u8]) -> Result<Option<Vec<u8>>, IndexError> {
+        if let Some(v) = self
+            .mem
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .writes
+            .get(k)
+        {
+            return Ok(v.clone());
+        }
+        if let Some(f) = self
+            .frozen
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+        {
+            if let Some(v) = f.get(k) {
+                return Ok(v.clone());
+            }
+        }
+        Ok(self.tree.get(k)?.map(|v| v.to_vec()))
+    }
+
+    /// Entries with keys starting with `prefix` (and `<= last` if given), memtables
+    /// merged over sled, in key order.
+    fn merged(&self, prefix: &[u8], last: Option<&[u8]>) -> MergeIter {
+        self.merged_from(prefix, prefix, last)
+    }
+
+    /// Like [`Index::merged`], starting at key `from` (which starts with `prefix`).
+    fn merged_from(&self, prefix: &[u8], from: &[u8], last: Option<&[u8]>) -> MergeIter {
+        let hi = match last {
+            Some(l) => Bound::Included(l.to_vec()),
+            None => Bound::Unbounded,
+        };
+        // Snapshot the memtable over the frozen one (lock order: mem, then frozen).
+        let mut snap: Writes = BTreeMap::new();
+        {
+            let mem = self.mem.read().unwrap_or_else(|e| e.into_inner());
+            let frozen = self.frozen.read().unwrap_or_else(|e| e.into_inner());
+            for src in frozen
+                .iter()
+                .map(|f| &**f)
+                .chain(std::iter::once(&mem.writes))
+            {
+                for (k, v) in src
+                    .range((Bound::Included(from.to_vec()), hi.clone()))
+                    .take_while(|(k, _)| k.starts_with(prefix))
+                {
+                    snap.insert(k.clone(), v.clone());
+                }
+            }
+        }
+        let mem: Vec<PendingWrite> = snap.into_iter().collect();
+        MergeIter {
+            mem: mem.into_iter().peekable(),
+            sled: self.tree.range((Bound::Included(from.to_vec()), hi)),
+            sled_peek: None,
+            prefix: prefix.to_vec(),
+            done: false,
+        }
     }
 
     /// The head of `stream`, `None` if it does not exist.
     pub fn stream_head(&self, stream: &str) -> Result<Option<StreamHead>, Error> {
-        match self.tree.get(head_key(stream)).map_err(sled_err)? {
+        match self.read_key(&head_key(stream))? {
             Some(v) => Ok(Some(decode_head(&v)?)),
             None => Ok(None),
         }
@@ -404,11 +575,7 @@ impl Index {
         stream: &str,
         version: u64,
     ) -> Result<Option<LogPosition>, Error> {
-        match self
-            .tree
-            .get(version_key(stream, version))
-            .map_err(sled_err)?
-        {
+        match self.read_key(&version_key(stream, version))? {
             Some(v) => Ok(Some(
                 LogPosition::from_bytes(v.get(..16).unwrap_or(&[]))
                     .ok_or_else(|| IndexError::Malformed("stream version entry".into()))?,
@@ -427,11 +594,12 @@ impl Index {
         let start = version_key(stream, from);
         let end = version_key(stream, u64::MAX);
         let mut out = Vec::new();
-        for kv in self.tree.range(start..=end) {
+        let prefix = &start[..start.len() - 8];
+        for kv in self.merged_from(prefix, &start, Some(&end)) {
             if out.len() >= limit {
                 break;
             }
-            let (k, v) = kv.map_err(sled_err)?;
+            let (k, v) = kv?;
             let bad = || Error::Index(IndexError::Malformed("stream version entry".into()));
             let version = be_u64(&k[k.len().saturating_sub(8)..]).ok_or_else(bad)?;
             let pos = LogPosition::from_bytes(v.get(..16).unwrap_or(&[])).ok_or_else(bad)?;
@@ -442,7 +610,7 @@ impl Index {
 
     /// The info of the commit with `id`, if it landed.
     pub fn commit_by_id(&self, id: Uuid) -> Result<Option<CommitInfo>, Error> {
-        match self.tree.get(commit_key(id)).map_err(sled_err)? {
+        match self.read_key(&commit_key(id))? {
             Some(v) => Ok(Some(decode_commit_info(id, &v)?)),
             None => Ok(None),
         }
@@ -451,8 +619,8 @@ impl Index {
     /// Every stream with its head version, sorted by name.
     pub fn streams(&self) -> Result<Vec<(String, u64)>, Error> {
         let mut out = Vec::new();
-        for kv in self.tree.scan_prefix(HEAD) {
-            let (k, v) = kv.map_err(sled_err)?;
+        for kv in self.merged(HEAD, None) {
+            let (k, v) = kv?;
             let name = String::from_utf8(k[HEAD.len()..].to_vec())
                 .map_err(|_| IndexError::Malformed("stream name".into()))?;
             out.push((name, decode_head(&v)?.version));
@@ -464,7 +632,7 @@ impl Index {
     pub fn get(&self, ns: &str, key: &[u8]) -> Result<Option<Vec<u8>>, Error> {
         let mut k = user_prefix(ns);
         k.extend_from_slice(key);
-        Ok(self.tree.get(k).map_err(sled_err)?.map(|v| v.to_vec()))
+        Ok(self.read_key(&k)?)
     }
 
     /// An indexer's entries whose keys start with `prefix` (keys without the namespace).
@@ -473,7 +641,7 @@ impl Index {
         let strip = p.len();
         p.extend_from_slice(prefix);
         IndexScan {
-            iter: self.tree.scan_prefix(p),
+            iter: ScanSource::Merged(self.merged(&p, None)),
             strip,
         }
     }
@@ -505,41 +673,127 @@ impl Index {
         let strip = p.len();
         p.extend_from_slice(prefix);
         IndexScan {
-            iter: self.cache.scan_prefix(p),
+            iter: ScanSource::Sled(self.cache.scan_prefix(p)),
             strip,
         }
     }
 
     /// Flush sled's buffers (a courtesy on close: correctness never depends on it).
     pub(crate) fn flush(&self) -> Result<(), Error> {
+        self.flush_mem()?;
         self.db.flush().map_err(sled_err)?;
         Ok(())
     }
 
     /// Every engine and indexer entry (not the cache), for comparing two indexes.
-    pub fn dump(&self) -> Result<Vec<(Vec<u8>, Vec<u8>)>, Error> {
+    pub fn dump(&self) -> Result<Vec<KeyValue>, Error> {
         let mut out = Vec::new();
-        for kv in self.tree.iter() {
-            let (k, v) = kv.map_err(sled_err)?;
-            out.push((k.to_vec(), v.to_vec()));
+        for kv in self.merged(&[], None) {
+            out.push(kv?);
         }
         Ok(out)
     }
 }
 
+impl Drop for Index {
+    fn drop(&mut self) {
+        // sled must not outlive the Index through the mover thread: a reopen of the same
+        // directory would find it still locked.
+        let _ = self.join_moving();
+    }
+}
+
+/// Apply `writes` to sled in one atomic batch, then stop showing them from `frozen`
+/// (sled holds identical values by then, so readers never see a gap).
+fn move_into_sled(
+    tree: &sled::Tree,
+    frozen: &RwLock<Option<Arc<Writes>>>,
+    writes: &Writes,
+) -> Result<(), IndexError> {
+    let mut b = sled::Batch::default();
+    for (k, v) in writes {
+        match v {
+            Some(v) => b.insert(k.as_slice(), v.as_slice()),
+            None => b.remove(k.as_slice()),
+        }
+    }
+    tree.apply_batch(b)?;
+    *frozen.write().unwrap_or_else(|e| e.into_inner()) = None;
+    Ok(())
+}
+
 /// Iterator over index entries: `(key without namespace, value)`.
 pub struct IndexScan {
-    iter: sled::Iter,
+    iter: ScanSource,
     strip: usize,
 }
 
+enum ScanSource {
+    Merged(MergeIter),
+    Sled(sled::Iter),
+}
+
 impl Iterator for IndexScan {
-    type Item = Result<(Vec<u8>, Vec<u8>), Error>;
+    type Item = Result<KeyValue, Error>;
     fn next(&mut self) -> Option<Self::Item> {
-        let kv = self.iter.next()?;
-        Some(match kv {
-            Ok((k, v)) => Ok((k.get(self.strip..).unwrap_or(&[]).to_vec(), v.to_vec())),
-            Err(e) => Err(sled_err(e)),
-        })
+        let kv = match &mut self.iter {
+            ScanSource::Merged(m) => m.next()?.map_err(Error::Index),
+            ScanSource::Sled(i) => match i.next()? {
+                Ok((k, v)) => Ok((k.to_vec(), v.to_vec())),
+                Err(e) => Err(sled_err(e)),
+            },
+        };
+        Some(kv.map(|(k, v)| (k.get(self.strip..).unwrap_or(&[]).to_vec(), v)))
+    }
+}
+
+/// The memtables' entries merged over sled's, in key order; the memtable wins on equal
+/// keys and its `None` hides sled's entry.
+struct MergeIter {
+    mem: std::iter::Peekable<std::vec::IntoIter<PendingWrite>>,
+    sled: sled::Iter,
+    sled_peek: Option<KeyValue>,
+    prefix: Vec<u8>,
+    done: bool,
+}
+
+impl Iterator for MergeIter {
+    type Item = Result<KeyValue, IndexError>;
+    fn next(&mut self) -> Option<Self::Item> {
+        loop {
+            if self.done {
+                return None;
+            }
+            if self.sled_peek.is_none() {
+                match self.sled.next() {
+                    Some(Ok((k, v))) if k.starts_with(&self.prefix) => {
+                        self.sled_peek = Some((k.to_vec(), v.to_vec()))
+                    }
+                    Some(Ok(_)) | None => {}
+                    Some(Err(e)) => {
+                        self.done = true;
+                        return Some(Err(IndexError::Sled(e)));
+                    }
+                }
+            }
+            let order = match (self.mem.peek(), &self.sled_peek) {
+                (None, None) => return None,
+                (Some(_), None) => std::cmp::Ordering::Less,
+                (None, Some(_)) => std::cmp::Ordering::Greater,
+                (Some((mk, _)), Some((sk, _))) => mk.cmp(sk),
+            };
+            if order == std::cmp::Ordering::Equal {
+                // The memtable's entry replaces sled's.
+                self.sled_peek = None;
+            }
+            if order != std::cmp::Ordering::Greater {
+                let (k, v) = self.mem.next()?;
+                match v {
+                    Some(v) => return Some(Ok((k, v))),
+                    None => continue,
+                }
+            }
+            return self.sled_peek.take().map(Ok);
+        }
     }
 }

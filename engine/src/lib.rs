@@ -18,6 +18,7 @@
 //!
 //! The on-disk format is in [`format`] and ARCH-NOTES.md.
 
+mod bloom;
 mod error;
 pub mod format;
 mod index;

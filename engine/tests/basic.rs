@@ -58,7 +58,7 @@ fn append_read_reopen() {
 #[test]
 fn conflicts_write_nothing() {
     let dir = tempfile::tempdir().unwrap();
-    let s = Store::open(dir.path(), Options::default()).unwrap();
+    let s = Store::open(dir.path(), test_opts()).unwrap();
     s.append(commit("a", ExpectedVersion::NoStream, b"1"))
         .unwrap();
     let o = s
@@ -87,7 +87,7 @@ fn conflicts_write_nothing() {
 #[test]
 fn invalid_input() {
     let dir = tempfile::tempdir().unwrap();
-    let s = Store::open(dir.path(), Options::default()).unwrap();
+    let s = Store::open(dir.path(), test_opts()).unwrap();
     let e = s
         .append(NewCommit::new("a", ExpectedVersion::Any, vec![]))
         .unwrap_err();
@@ -114,7 +114,7 @@ fn invalid_input() {
 #[test]
 fn idempotent_retry_also_after_reopen() {
     let dir = tempfile::tempdir().unwrap();
-    let s = Store::open(dir.path(), Options::default()).unwrap();
+    let s = Store::open(dir.path(), test_opts()).unwrap();
     let c = commit("a", ExpectedVersion::NoStream, b"1");
     let first = committed(s.append(c.clone()).unwrap());
     assert_eq!(
@@ -129,7 +129,7 @@ fn idempotent_retry_also_after_reopen() {
     ));
     assert_eq!(s.last_seq(), 1);
     drop(s);
-    let s = Store::open(dir.path(), Options::default()).unwrap();
+    let s = Store::open(dir.path(), test_opts()).unwrap();
     assert_eq!(s.append(c).unwrap(), AppendOutcome::AlreadyCommitted(first));
     assert!(matches!(s.append(other), Err(Error::InvalidInput(_))));
     assert_eq!(s.last_seq(), 1);
@@ -138,14 +138,14 @@ fn idempotent_retry_also_after_reopen() {
 #[test]
 fn locked_and_read_only() {
     let dir = tempfile::tempdir().unwrap();
-    let s = Store::open(dir.path(), Options::default()).unwrap();
+    let s = Store::open(dir.path(), test_opts()).unwrap();
     s.append(commit("a", ExpectedVersion::NoStream, b"1"))
         .unwrap();
-    match Store::open(dir.path(), Options::default()) {
+    match Store::open(dir.path(), test_opts()) {
         Err(Error::Locked { path }) => assert!(path.ends_with(LOCK_FILE)),
         other => panic!("expected Locked, got {other:?}"),
     }
-    let ro = Store::open_read_only(dir.path(), Options::default()).unwrap();
+    let ro = Store::open_read_only(dir.path(), test_opts()).unwrap();
     assert_eq!(ro.stream_version("a").unwrap(), Some(1));
     assert!(matches!(
         ro.append(commit("a", ExpectedVersion::Any, b"2")),
@@ -154,14 +154,14 @@ fn locked_and_read_only() {
     drop(ro);
     drop(s);
     // After the owner is gone, a new owner gets in.
-    let s = Store::open(dir.path(), Options::default()).unwrap();
+    let s = Store::open(dir.path(), test_opts()).unwrap();
     assert_eq!(s.stream_version("a").unwrap(), Some(1));
 }
 
 #[test]
 fn five_mib_payload_round_trips() {
     let dir = tempfile::tempdir().unwrap();
-    let s = Store::open(dir.path(), Options::default().segment_bytes_max(1 << 20)).unwrap();
+    let s = Store::open(dir.path(), test_opts().segment_bytes_max(1 << 20)).unwrap();
     let payload: Vec<u8> = (0..5 * 1024 * 1024u32)
         .map(|i| (i * 31 % 251) as u8)
         .collect();
@@ -173,7 +173,7 @@ fn five_mib_payload_round_trips() {
         .unwrap();
     assert_eq!(s.read_at(info.position).unwrap().events[0].payload, payload);
     drop(s);
-    let s = Store::open(dir.path(), Options::default().segment_bytes_max(1 << 20)).unwrap();
+    let s = Store::open(dir.path(), test_opts().segment_bytes_max(1 << 20)).unwrap();
     assert_eq!(
         s.read_stream("big", 1, 1).unwrap()[0].events[0].payload,
         payload

@@ -10,7 +10,7 @@ use std::sync::{Arc, Barrier};
 #[test]
 fn concurrent_writers_with_same_expected_version_exactly_one_wins() {
     let dir = tempfile::tempdir().unwrap();
-    let s = Arc::new(Store::open(dir.path(), Options::default()).unwrap());
+    let s = Arc::new(Store::open(dir.path(), test_opts()).unwrap());
     for round in 0..5u64 {
         let n = 16;
         let barrier = Arc::new(Barrier::new(n));
@@ -49,8 +49,7 @@ fn concurrent_writers_with_same_expected_version_exactly_one_wins() {
 #[test]
 fn concurrent_writers_share_fsyncs_and_keep_seqs_dense() {
     let dir = tempfile::tempdir().unwrap();
-    let s =
-        Arc::new(Store::open(dir.path(), Options::default().segment_bytes_max(64 * 1024)).unwrap());
+    let s = Arc::new(Store::open(dir.path(), test_opts().segment_bytes_max(64 * 1024)).unwrap());
     let handles: Vec<_> = (0..8)
         .map(|i| {
             let s = s.clone();
@@ -76,22 +75,18 @@ fn concurrent_writers_share_fsyncs_and_keep_seqs_dense() {
     let seqs: Vec<u64> = s.scan(1).unwrap().map(|r| r.unwrap().info.seq).collect();
     assert_eq!(seqs, (1..=320).collect::<Vec<_>>());
     drop(s);
-    let s = Store::open(dir.path(), Options::default().segment_bytes_max(64 * 1024)).unwrap();
+    let s = Store::open(dir.path(), test_opts().segment_bytes_max(64 * 1024)).unwrap();
     for i in 0..8 {
         assert_eq!(s.stream_version(&format!("w{i}")).unwrap(), Some(40));
     }
 }
 
+/// Acknowledged commits: (stream, version) -> payload.
+type Acked = HashMap<(String, u64), Vec<u8>>;
+
 /// A short single-threaded workload; returns the acknowledged commits
 /// (stream, version) -> payload, and the first error.
-fn workload(
-    dir: &Path,
-    opts: Options,
-) -> (
-    HashMap<(String, u64), Vec<u8>>,
-    Option<Error>,
-    Option<Store>,
-) {
+fn workload(dir: &Path, opts: Options) -> (Acked, Option<Error>, Option<Store>) {
     let mut acked = HashMap::new();
     let s = match Store::open(dir, opts) {
         Ok(s) => s,
@@ -156,7 +151,7 @@ fn fault_at_every_io_call_surfaces_as_error_and_loses_nothing_acknowledged() {
     let probe = tempfile::tempdir().unwrap();
     let fv = FaultVfs::new(Arc::new(OsVfs));
     let opts = |fv: &FaultVfs| {
-        Options::default()
+        test_opts()
             .vfs(Arc::new(fv.clone()))
             .segment_bytes_max(4096)
     };
@@ -197,7 +192,7 @@ fn fault_at_every_io_call_surfaces_as_error_and_loses_nothing_acknowledged() {
             drop(s);
             check_after(
                 dir.path(),
-                Options::default().segment_bytes_max(4096),
+                test_opts().segment_bytes_max(4096),
                 &acked,
                 &ctx,
             );
@@ -210,7 +205,7 @@ fn fault_at_every_io_call_surfaces_as_error_and_loses_nothing_acknowledged() {
 fn failed_fsync_poisons_until_reopen() {
     let dir = tempfile::tempdir().unwrap();
     let fv = FaultVfs::new(Arc::new(OsVfs));
-    let s = Store::open(dir.path(), Options::default().vfs(Arc::new(fv.clone()))).unwrap();
+    let s = Store::open(dir.path(), test_opts().vfs(Arc::new(fv.clone()))).unwrap();
     s.append(commit("a", ExpectedVersion::NoStream, b"1"))
         .unwrap();
     fv.fail_nth(FaultKind::Sync, 1, false);
@@ -228,7 +223,7 @@ fn failed_fsync_poisons_until_reopen() {
     ));
     assert_eq!(s.read_stream("a", 1, 10).unwrap().len(), 1);
     drop(s);
-    let s = Store::open(dir.path(), Options::default()).unwrap();
+    let s = Store::open(dir.path(), test_opts()).unwrap();
     // The commit whose fsync failed may or may not have landed; it is whole if it did.
     let n = s.stream_version("a").unwrap().unwrap();
     assert!(n == 1 || n == 2);
@@ -238,7 +233,7 @@ fn failed_fsync_poisons_until_reopen() {
 }
 
 fn sim_opts(sim: &SimVfs, index: &Path, d: Durability) -> Options {
-    Options::default()
+    test_opts()
         .vfs(Arc::new(sim.clone()))
         .segment_bytes_max(4096)
         .durability(d)

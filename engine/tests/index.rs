@@ -187,7 +187,7 @@ impl Indexer for Failing {
 #[test]
 fn indexer_failure_poisons_writes_but_the_commit_is_durable() {
     let dir = tempfile::tempdir().unwrap();
-    let s = Store::open(dir.path(), Options::default().indexer(Arc::new(Failing))).unwrap();
+    let s = Store::open(dir.path(), test_opts().indexer(Arc::new(Failing))).unwrap();
     s.append(commit("a", ExpectedVersion::NoStream, b"ok"))
         .unwrap();
     assert!(matches!(
@@ -198,10 +198,76 @@ fn indexer_failure_poisons_writes_but_the_commit_is_durable() {
     drop(s);
     // Reopening with the failing indexer fails (the log holds the commit) ...
     assert!(matches!(
-        Store::open(dir.path(), Options::default().indexer(Arc::new(Failing))),
+        Store::open(dir.path(), test_opts().indexer(Arc::new(Failing))),
         Err(Error::Index(_))
     ));
     // ... and without it the commit is there.
-    let s = Store::open(dir.path(), Options::default()).unwrap();
+    let s = Store::open(dir.path(), test_opts()).unwrap();
     assert_eq!(s.stream_version("a").unwrap(), Some(2));
+}
+
+/// Keeps, per stream, only the kinds of its last 2 commits: inserts and removes.
+struct LastKinds;
+impl Indexer for LastKinds {
+    fn name(&self) -> &'static str {
+        "lastkinds"
+    }
+    fn version(&self) -> u32 {
+        1
+    }
+    fn apply(&self, c: &RecordedCommit, batch: &mut IndexBatch<'_>) -> Result<(), IndexError> {
+        let mut prefix = c.info.stream.as_bytes().to_vec();
+        prefix.push(0);
+        let mut key = prefix.clone();
+        key.extend_from_slice(&c.info.version.to_be_bytes());
+        batch.insert(&key, c.events[0].kind.as_bytes());
+        let existing = batch.scan_prefix(&prefix)?;
+        if existing.len() > 2 {
+            batch.remove(&existing[0].0);
+        }
+        Ok(())
+    }
+}
+
+#[test]
+fn many_commits_through_memtable_and_sled_equal_a_rebuild() {
+    let dir = tempfile::tempdir().unwrap();
+    let opts = || {
+        test_opts()
+            .indexer(Arc::new(LastKinds))
+            .durability(Durability::Buffered)
+    };
+    let s = Store::open(dir.path(), opts()).unwrap();
+    for i in 0..9000u64 {
+        let stream = format!("s{}", i % 5);
+        let v = s.stream_version(&stream).unwrap().unwrap_or(0);
+        let kind = format!("k{i}");
+        s.append(NewCommit::new(
+            stream,
+            ExpectedVersion::Exact(v),
+            vec![EventData::new(kind, vec![1])],
+        ))
+        .unwrap();
+        if i % 1000 == 999 {
+            // Mid-way reads see every acknowledged commit.
+            assert_eq!(s.index().scan_prefix("lastkinds", b"s0\0").count(), 2);
+            assert_eq!(
+                s.read_stream("s0", 1, usize::MAX).unwrap().len() as u64,
+                (i + 5) / 5
+            );
+        }
+    }
+    let last: Vec<_> = s
+        .index()
+        .scan_prefix("lastkinds", b"s4\0")
+        .map(|r| r.unwrap().1)
+        .collect();
+    assert_eq!(last, vec![b"k8994".to_vec(), b"k8999".to_vec()]);
+    let dump = s.index().dump().unwrap();
+    s.close().unwrap();
+    let ro = Store::open_read_only(dir.path(), opts()).unwrap();
+    assert_eq!(ro.index().dump().unwrap(), dump);
+    drop(ro);
+    let s = Store::open(dir.path(), opts()).unwrap();
+    assert_eq!(s.index().dump().unwrap(), dump);
 }

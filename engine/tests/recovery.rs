@@ -34,12 +34,12 @@ fn seg_path(dir: &Path, id: u64) -> PathBuf {
 #[test]
 fn truncating_last_record_at_every_offset_recovers_preceding_commits() {
     let src = tempfile::tempdir().unwrap();
-    let infos = write_commits(src.path(), Options::default(), 6);
+    let infos = write_commits(src.path(), test_opts(), 6);
     let last = infos.last().unwrap().clone();
     let seg = seg_path(src.path(), last.position.segment);
     let original = std::fs::read(&seg).unwrap();
     let rec_len = {
-        let s = Store::open_read_only(src.path(), Options::default()).unwrap();
+        let s = Store::open_read_only(src.path(), test_opts()).unwrap();
         s.read_at(last.position).unwrap().record_bytes as u64
     };
     for cut in last.position.offset..last.position.offset + rec_len {
@@ -58,7 +58,7 @@ fn truncating_last_record_at_every_offset_recovers_preceding_commits() {
                 bytes.truncate(cut as usize);
             }
             std::fs::write(seg_path(dir.path(), last.position.segment), &bytes).unwrap();
-            let s = Store::open(dir.path(), Options::default())
+            let s = Store::open(dir.path(), test_opts())
                 .unwrap_or_else(|e| panic!("cut {cut} zero {zero_instead_of_truncate}: {e}"));
             let seen: Vec<u64> = s.scan(1).unwrap().map(|r| r.unwrap().info.seq).collect();
             assert_eq!(
@@ -81,7 +81,7 @@ fn truncating_last_record_at_every_offset_recovers_preceding_commits() {
             );
             assert_eq!(again.seq, last.seq);
             drop(s);
-            let s = Store::open(dir.path(), Options::default()).unwrap();
+            let s = Store::open(dir.path(), test_opts()).unwrap();
             assert_eq!(s.last_seq(), last.seq);
         }
     }
@@ -92,7 +92,7 @@ fn sim_store_with_sealed_segments() -> (SimVfs, tempfile::TempDir, PathBuf) {
     let sim = SimVfs::new();
     let ix = tempfile::tempdir().unwrap();
     let dir = PathBuf::from("/store");
-    let opts = Options::default()
+    let opts = test_opts()
         .vfs(Arc::new(sim.clone()))
         .segment_bytes_max(4096)
         .index_dir(ix.path().join("index"));
@@ -112,7 +112,7 @@ fn every_bit_flip_in_a_sealed_segment_is_detected() {
     let path = dir.join(format::segment_file_name(1));
     let original = sim.read_file(&path).unwrap();
     let opts = || {
-        Options::default()
+        test_opts()
             .vfs(Arc::new(sim.clone()))
             .segment_bytes_max(4096)
     };
@@ -159,13 +159,13 @@ fn log_end(b: &[u8]) -> usize {
 #[test]
 fn mid_log_corruption_in_last_segment_is_an_error_with_segment_and_offset() {
     let dir = tempfile::tempdir().unwrap();
-    let infos = write_commits(dir.path(), Options::default(), 5);
+    let infos = write_commits(dir.path(), test_opts(), 5);
     let victim = &infos[2];
     let path = seg_path(dir.path(), victim.position.segment);
     let mut bytes = std::fs::read(&path).unwrap();
     bytes[victim.position.offset as usize + 12] ^= 0x40;
     std::fs::write(&path, &bytes).unwrap();
-    let err = Store::open(dir.path(), Options::default()).unwrap_err();
+    let err = Store::open(dir.path(), test_opts()).unwrap_err();
     let name = format::segment_file_name(victim.position.segment);
     match &err {
         Error::Corrupt {
@@ -183,7 +183,7 @@ fn mid_log_corruption_in_last_segment_is_an_error_with_segment_and_offset() {
     );
     // The file was not modified by the failed open.
     assert_eq!(std::fs::read(&path).unwrap(), bytes);
-    let r = verify(dir.path(), Options::default()).unwrap();
+    let r = verify(dir.path(), test_opts()).unwrap();
     assert!(!r.ok);
     assert_eq!(r.errors[0].segment, name);
     assert_eq!(r.errors[0].offset, victim.position.offset);
@@ -214,7 +214,7 @@ fn hostile_length_field_does_not_allocate_beyond_the_file() {
     hostile.extend_from_slice(&[9u8; 40]);
     std::fs::write(seg_path(dir.path(), 1), craft_segment(1, &[hostile])).unwrap();
     std::fs::write(seg_path(dir.path(), 2), craft_segment(2, &[])).unwrap();
-    let opts = Options::default().record_bytes_max(RECORD_BYTES_HARD_CAP);
+    let opts = test_opts().record_bytes_max(RECORD_BYTES_HARD_CAP);
     match Store::open(dir.path(), opts.clone()) {
         Err(Error::Corrupt {
             segment, offset, ..
@@ -268,7 +268,7 @@ fn future_format_version_and_wrong_segment_id() {
     let mut seg = h.to_vec();
     seg.resize(4096, 0);
     std::fs::write(seg_path(dir.path(), 1), &seg).unwrap();
-    match Store::open(dir.path(), Options::default()) {
+    match Store::open(dir.path(), test_opts()) {
         Err(Error::UnsupportedFormat {
             path,
             found,
@@ -282,9 +282,9 @@ fn future_format_version_and_wrong_segment_id() {
     }
 
     let dir = tempfile::tempdir().unwrap();
-    write_commits(dir.path(), Options::default(), 2);
+    write_commits(dir.path(), test_opts(), 2);
     std::fs::rename(seg_path(dir.path(), 1), seg_path(dir.path(), 7)).unwrap();
-    match Store::open(dir.path(), Options::default()) {
+    match Store::open(dir.path(), test_opts()) {
         Err(Error::Corrupt {
             segment, problem, ..
         }) => {
@@ -314,12 +314,12 @@ fn crc32fast_hash(b: &[u8]) -> u32 {
 #[test]
 fn zeroed_tail_and_blank_last_segment_open_cleanly() {
     let dir = tempfile::tempdir().unwrap();
-    let infos = write_commits(dir.path(), Options::default(), 3);
+    let infos = write_commits(dir.path(), test_opts(), 3);
     // A crash between creating the next segment and writing its header.
     std::fs::write(seg_path(dir.path(), 2), vec![0u8; 4096]).unwrap();
-    let r = verify(dir.path(), Options::default()).unwrap();
+    let r = verify(dir.path(), test_opts()).unwrap();
     assert!(r.ok, "{r:?}");
-    let s = Store::open(dir.path(), Options::default()).unwrap();
+    let s = Store::open(dir.path(), test_opts()).unwrap();
     assert_eq!(s.last_seq(), infos.len() as u64);
     let i = committed(
         s.append(commit("x", ExpectedVersion::NoStream, b"y"))
@@ -327,14 +327,14 @@ fn zeroed_tail_and_blank_last_segment_open_cleanly() {
     );
     assert_eq!(i.position.segment, 2);
     drop(s);
-    let s = Store::open(dir.path(), Options::default()).unwrap();
+    let s = Store::open(dir.path(), test_opts()).unwrap();
     assert_eq!(s.last_seq(), infos.len() as u64 + 1);
 }
 
 #[test]
 fn read_only_tolerates_torn_tail_without_writing_and_verify_reports_it() {
     let dir = tempfile::tempdir().unwrap();
-    let infos = write_commits(dir.path(), Options::default(), 4);
+    let infos = write_commits(dir.path(), test_opts(), 4);
     let last = infos.last().unwrap();
     let path = seg_path(dir.path(), last.position.segment);
     let mut bytes = std::fs::read(&path).unwrap();
@@ -342,7 +342,7 @@ fn read_only_tolerates_torn_tail_without_writing_and_verify_reports_it() {
     bytes[tail..tail + 5].copy_from_slice(&[0x33, 0, 0, 0, 0xAB]);
     std::fs::write(&path, &bytes).unwrap();
     // A writer that died: no lock held. Read-only open sees the acknowledged commits.
-    let ro = Store::open_read_only(dir.path(), Options::default()).unwrap();
+    let ro = Store::open_read_only(dir.path(), test_opts()).unwrap();
     assert_eq!(ro.last_seq(), 4);
     assert_eq!(
         ro.read_stream(&last.stream, 1, 10).unwrap().len() as u64,
@@ -354,26 +354,26 @@ fn read_only_tolerates_torn_tail_without_writing_and_verify_reports_it() {
         bytes,
         "read-only open wrote to the store"
     );
-    let r = verify(dir.path(), Options::default()).unwrap();
+    let r = verify(dir.path(), test_opts()).unwrap();
     assert!(r.ok, "{r:?}");
     assert_eq!(r.torn_tail_bytes, 5);
     assert_eq!((r.commits, r.records, r.streams, r.last_seq), (4, 4, 3, 4));
     assert_eq!(r.index, IndexCheck::Checked { applied_seq: 4 });
     // The owner truncates it.
-    let s = Store::open(dir.path(), Options::default()).unwrap();
+    let s = Store::open(dir.path(), test_opts()).unwrap();
     assert_eq!(s.last_seq(), 4);
     drop(s);
-    let r = verify(dir.path(), Options::default()).unwrap();
+    let r = verify(dir.path(), test_opts()).unwrap();
     assert_eq!(r.torn_tail_bytes, 0);
 }
 
 #[test]
 fn verify_skips_the_index_of_a_locked_store() {
     let dir = tempfile::tempdir().unwrap();
-    let s = Store::open(dir.path(), Options::default()).unwrap();
+    let s = Store::open(dir.path(), test_opts()).unwrap();
     s.append(commit("a", ExpectedVersion::NoStream, b"1"))
         .unwrap();
-    let r = verify(dir.path(), Options::default()).unwrap();
+    let r = verify(dir.path(), test_opts()).unwrap();
     assert!(r.ok);
     assert_eq!(r.index, IndexCheck::Locked);
 }

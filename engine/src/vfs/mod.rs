@@ -66,6 +66,9 @@ pub trait VfsFile: Send + Sync + fmt::Debug {
     /// Reserve space so that the file is at least `len` bytes long, reading as zeros.
     fn allocate(&self, len: u64) -> io::Result<()>;
     fn len(&self) -> io::Result<u64>;
+    fn is_empty(&self) -> io::Result<bool> {
+        Ok(self.len()? == 0)
+    }
     /// The whole file as bytes: a real memory map for [`OsVfs`], a copy elsewhere.
     fn map(&self) -> io::Result<Mapped>;
 }

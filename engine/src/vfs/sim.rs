@@ -201,7 +201,7 @@ fn not_found() -> io::Error {
 }
 
 fn crash_state(st: &mut SimState, seed: u64) {
-    let mut rng = Rng(seed ^ 0x5EED_0F_C4A5);
+    let mut rng = Rng(seed ^ 0x5EED_0FC4_A5A5);
     st.generation += 1;
     st.crashes += 1;
     st.locks.clear();

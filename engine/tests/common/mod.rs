@@ -47,3 +47,9 @@ pub fn seg_files(dir: &Path) -> Vec<std::path::PathBuf> {
     v.sort();
     v
 }
+
+/// Default options but with 64 KiB segments: every segment is preallocated, and tests
+/// that copy or rewrite segment files should not move 64 MiB each time.
+pub fn test_opts() -> Options {
+    Options::default().segment_bytes_max(64 * 1024)
+}
