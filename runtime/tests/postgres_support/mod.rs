@@ -13,6 +13,7 @@
 
 #![allow(dead_code)]
 
+use std::io::Write;
 use std::net::TcpListener;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
@@ -90,11 +91,14 @@ fn skip_or_fail(test: &str, why: &str) -> Option<PgServer> {
     if ci {
         panic!("{test}: a PostgreSQL server is required under CI but {why}");
     }
-    eprintln!();
-    eprintln!("!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!");
-    eprintln!("!!! SKIPPED {test}: {why}.");
-    eprintln!("!!! Install the PostgreSQL server (initdb, pg_ctl) to run it.");
-    eprintln!("!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!");
+    // Straight to the stderr handle: libtest captures only the print
+    // macros, and a skip must be seen even when the test "passes".
+    let bar = "!".repeat(72);
+    let _ = writeln!(
+        std::io::stderr(),
+        "\n{bar}\n!!! SKIPPED {test}: {why}.\n\
+         !!! Install the PostgreSQL server (initdb, pg_ctl) to run it.\n{bar}"
+    );
     None
 }
 

@@ -634,10 +634,7 @@ impl PostgresStore {
         id: &SessionId,
         upto: Option<u64>,
     ) -> Result<Option<AgentSession>, StoreError> {
-        let upto_sql = match upto {
-            Some(v) => Some(i64::try_from(v).unwrap_or(i64::MAX)),
-            None => None,
-        };
+        let upto_sql = upto.map(|v| i64::try_from(v).unwrap_or(i64::MAX));
         let loaded = self.run("load", &format!("session {id}"), |client| {
             Self::load_in_transaction(client, id, upto_sql)
         })?;
