@@ -726,3 +726,70 @@ fn postgres_restart_mid_workload_reconnects() {
         }
     }
 }
+
+// ---- the runtime on PostgreSQL ----------------------------------------
+
+fn user(text: &str) -> spool_runtime::transcript::EntryKind {
+    use spool_runtime::transcript::{ContentBlock, EntryKind, Message};
+    EntryKind::Message {
+        message: Message::User {
+            content: vec![ContentBlock::text(text)],
+        },
+    }
+}
+
+/// `SessionRuntime` runs unchanged on the PostgreSQL store: create,
+/// actions, fork, tombstone, purge; a history rewrite round-trips.
+#[test]
+fn postgres_runs_the_session_runtime() {
+    use spool_runtime::actions::WriteMetadata;
+    use spool_runtime::hooks::SessionHookStack;
+    use spool_runtime::observer::NullSink;
+    use spool_runtime::session::SessionStatus;
+    use spool_runtime::store::ListQuery;
+    use spool_runtime::transcript::Entry;
+    use spool_runtime::SessionRuntime;
+
+    let Some(server) = PgServer::start_or_skip("postgres_runs_the_session_runtime") else {
+        return;
+    };
+    let store: Arc<dyn SessionStore> = Arc::new(connect(&server.fresh_schema()));
+    let rt = SessionRuntime::new(store.clone(), Arc::new(NullSink), SessionHookStack::empty());
+    let def = AgentDefinition::new("rt", "runtime on postgres", "Be brief.")
+        .with_model(ModelConfig::new("scripted", "m1"));
+    let s = rt.create(def, None).unwrap();
+    let s2 = rt
+        .execute(s.id(), &WriteMetadata::new("ticket", "OPS-1"))
+        .unwrap();
+    assert_eq!(s2.version(), 2);
+    assert_eq!(rt.get_session(s.id()).unwrap(), s2);
+
+    // A history rewrite is one more event: it survives save and load.
+    let mut h = rt.get_session(s.id()).unwrap();
+    h.append(user("one")).unwrap();
+    h.append(user("two")).unwrap();
+    let h = store.save(h).unwrap();
+    let mut r = h.clone();
+    let summary = Entry::new(None, user("summary of one and two"));
+    let leaf = summary.id.clone();
+    let generation = r.rewrite_history(vec![summary], Some(leaf)).unwrap();
+    let r = store.save(r).unwrap();
+    let back = store.load(s.id()).unwrap().unwrap();
+    assert_eq!(back, r);
+    assert_eq!(back.state().generation, generation);
+    assert_eq!(back.state().transcript.len(), 1);
+
+    let fork = rt.fork(s.id(), None).unwrap();
+    assert_eq!(fork.parent_id(), Some(s.id()));
+    assert_eq!(
+        rt.list_sessions(&ListQuery::all().children_of(s.id().clone()))
+            .unwrap()
+            .ids(),
+        vec![fork.id().clone()]
+    );
+    rt.delete(fork.id()).unwrap();
+    assert_eq!(rt.status(fork.id()).unwrap(), SessionStatus::Deleted);
+    assert_eq!(rt.list_sessions(&ListQuery::all()).unwrap().len(), 1);
+    assert!(rt.purge(fork.id()).unwrap());
+    assert!(!store.exists(fork.id()).unwrap());
+}

@@ -56,7 +56,17 @@
 //!
 //! `delete` removes the session row; its commits and snapshot go with it
 //! (`ON DELETE CASCADE`). The session then reads as absent and a later
-//! `create` of the same id starts again at version 1.
+//! `create` of the same id starts again at version 1. (A `delete` retried
+//! after its reply was lost reports `false`: the first attempt removed it.)
+//!
+//! # Known limits
+//!
+//! - No TLS: connections use `NoTls` (loopback or a trusted network).
+//! - A writer holding a session loaded before a purge and a re-create of
+//!   the same id can land on the new incarnation if the versions line up
+//!   (the session carries no incarnation tag) — as with the log store.
+//! - `list_headers` counts `total` with a `count(*)` over the filter's
+//!   index; the page itself costs what it returns.
 
 mod pool;
 pub mod schema;
