@@ -21,6 +21,9 @@ pub mod conformance;
 pub mod file;
 pub mod log;
 pub mod memory;
+mod open;
+#[cfg(feature = "postgres")]
+pub mod postgres;
 mod repository;
 
 use std::path::PathBuf;
@@ -34,6 +37,9 @@ use crate::session::{
 pub use file::{FileStore, FileStoreOptions};
 pub use log::{LogStore, LogStoreOptions, SessionIndexer};
 pub use memory::MemoryStore;
+pub use open::{is_postgres_location, open_store};
+#[cfg(feature = "postgres")]
+pub use postgres::{PostgresOptions, PostgresStore};
 pub use repository::SessionRepository;
 
 /// A store operation failed. `NotFound` and `Conflict` are expected
