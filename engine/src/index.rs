@@ -250,6 +250,13 @@ impl std::fmt::Debug for Index {
     }
 }
 
+/// How many times (50 ms apart) to retry opening a sled directory that is still locked.
+const SLED_LOCK_WAIT_TRIES: u32 = 60;
+
+fn is_sled_lock_error(e: &sled::Error) -> bool {
+    matches!(e, sled::Error::Io(io) if io.to_string().contains("could not acquire lock"))
+}
+
 fn sled_err(e: sled::Error) -> Error {
     Error::Index(IndexError::Sled(e))
 }
@@ -275,8 +282,19 @@ impl Index {
         path: Option<&Path>,
         indexers: Vec<Arc<dyn Indexer>>,
     ) -> Result<(Index, bool), Error> {
-        let db = match Index::open_db(path) {
+        let mut opened = Index::open_db(path);
+        // sled's own file lock: a handle closed a moment ago (sled releases it from its
+        // background threads) or, misconfigured, another store on the same directory.
+        // Wait a little for the former; never wipe an index someone holds.
+        let mut waited = 0;
+        while matches!(&opened, Err(e) if is_sled_lock_error(e)) && waited < SLED_LOCK_WAIT_TRIES {
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            waited += 1;
+            opened = Index::open_db(path);
+        }
+        let db = match opened {
             Ok(db) => db,
+            Err(e) if is_sled_lock_error(&e) => return Err(sled_err(e)),
             Err(_) if path.is_some() => {
                 Index::wipe_dir(path)?;
                 Index::open_db(path).map_err(sled_err)?
