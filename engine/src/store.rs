@@ -1010,8 +1010,13 @@ fn scan_log(
                 segment: id,
                 offset: off,
             };
-            let rec =
-                format::decode_commit(payload, pos).map_err(|p| Error::corrupt(&name, off, p))?;
+            // Records the index already has are only checked, not copied out.
+            let decode = if format::peek_seq(payload).is_some_and(|seq| seq <= applied) {
+                format::decode_commit_head
+            } else {
+                format::decode_commit
+            };
+            let rec = decode(payload, pos).map_err(|p| Error::corrupt(&name, off, p))?;
             hist.check(&rec)
                 .map_err(|p| Error::corrupt(&name, off, p))?;
             if first_seq == 0 {
