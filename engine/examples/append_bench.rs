@@ -1,5 +1,6 @@
 //! Rough write-path figures: raw 1 KiB write+fdatasync loop vs. spool appends.
 //! `cargo run --release -p spool-engine --example append_bench -- [seconds] [dir]`
+//! or `... -- single <writers> <immediate|buffered> [seconds]`.
 
 use spool_engine::*;
 use std::fs::OpenOptions;
@@ -77,22 +78,20 @@ fn spool(
 }
 
 fn main() {
-    if std::env::var("ONLY_BUFFERED").is_ok() {
-        let base = std::env::temp_dir().join("spool-bench-b");
-        let w: usize = std::env::var("W")
-            .ok()
-            .and_then(|s| s.parse().ok())
-            .unwrap_or(1);
-        let d = if std::env::var("IMM").is_ok() {
-            Durability::Immediate
-        } else {
-            Durability::Buffered
+    let args: Vec<String> = std::env::args().collect();
+    if args.get(1).map(String::as_str) == Some("single") {
+        // append_bench single <writers> <immediate|buffered> [seconds]
+        let w: usize = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(1);
+        let d = match args.get(3).map(String::as_str) {
+            Some("buffered") => Durability::Buffered,
+            _ => Durability::Immediate,
         };
-        let (buf, st) = spool(&base, 3.0, w, d, Preallocate::ZeroFill);
-        println!("buffered x1: {buf:.0}/s {st:?}");
+        let secs: f64 = args.get(4).and_then(|s| s.parse().ok()).unwrap_or(3.0);
+        let base = std::env::temp_dir().join("spool-bench-single");
+        let (rate, st) = spool(&base, secs, w, d, Preallocate::ZeroFill);
+        println!("{d:?} x{w}: {rate:.0} commits/s {st:?}");
         return;
     }
-    let args: Vec<String> = std::env::args().collect();
     let secs: f64 = args.get(1).and_then(|s| s.parse().ok()).unwrap_or(2.0);
     let base = args
         .get(2)
@@ -101,7 +100,9 @@ fn main() {
     std::fs::create_dir_all(&base).unwrap();
     let raw = raw_loop(&base, secs, true);
     let raw_sparse = raw_loop(&base, secs, false);
-    println!("raw 1KiB write+fdatasync (zero-filled): {raw:.0}/s; (sparse growing-ish): {raw_sparse:.0}/s");
+    println!(
+        "raw 1KiB write+fdatasync, zero-filled file: {raw:.0}/s; sparse file: {raw_sparse:.0}/s"
+    );
     for p in [Preallocate::ZeroFill, Preallocate::Fallocate] {
         let (one, st) = spool(&base.join("s1"), secs, 1, Durability::Immediate, p);
         println!(
@@ -125,10 +126,11 @@ fn main() {
         Preallocate::ZeroFill,
     );
     println!(
-        "immediate x16: {sixteen:.0}/s ({:.2}x one writer) commits/fsync {:.1}",
+        "immediate x16: {sixteen:.0}/s ({:.2}x one writer at {one:.0}/s) commits/fsync {:.1}",
         sixteen / one,
         st.commits as f64 / st.fsyncs.max(1) as f64
     );
+    let seq = raw_sequential_writes(&base, secs);
     let (buf, _) = spool(
         &base.join("sb"),
         secs,
@@ -136,5 +138,28 @@ fn main() {
         Durability::Buffered,
         Preallocate::ZeroFill,
     );
-    println!("buffered x1: {buf:.0}/s");
+    println!(
+        "buffered x1: {buf:.0}/s ({:.2}x raw sequential 1KiB writes at {seq:.0}/s)",
+        buf / seq
+    );
+}
+
+fn raw_sequential_writes(dir: &std::path::Path, secs: f64) -> f64 {
+    let path = dir.join("seq.bin");
+    let f = OpenOptions::new()
+        .create(true)
+        .truncate(true)
+        .write(true)
+        .open(&path)
+        .unwrap();
+    let buf = vec![1u8; 1024];
+    let start = Instant::now();
+    let mut n = 0u64;
+    while start.elapsed().as_secs_f64() < secs && n < (1 << 20) {
+        f.write_all_at(&buf, n * 1024).unwrap();
+        n += 1;
+    }
+    let r = n as f64 / start.elapsed().as_secs_f64();
+    let _ = std::fs::remove_file(&path);
+    r
 }

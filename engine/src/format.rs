@@ -318,6 +318,29 @@ impl<'a> Reader<'a> {
 /// Decode a commit payload. Every length is checked against the remaining bytes before
 /// anything is allocated.
 pub fn decode_commit(payload: &[u8], position: LogPosition) -> Result<RecordedCommit, String> {
+    decode_commit_impl(payload, position, true)
+}
+
+/// The seq field of a commit payload, read without decoding the rest (`None` if short).
+pub fn peek_seq(payload: &[u8]) -> Option<u64> {
+    let slen = u16::from_le_bytes([*payload.first()?, *payload.get(1)?]) as usize;
+    // stream len (2) + stream + expected (1 + 8) + version (8) + id (16) + timestamp (8)
+    let off = 2 + slen + 1 + 8 + 8 + 16 + 8;
+    let b: [u8; 8] = payload.get(off..off + 8)?.try_into().ok()?;
+    Some(u64::from_le_bytes(b))
+}
+
+/// Like [`decode_commit`] but without copying the events out (`events` is empty): every
+/// field and length is still validated. Recovery uses it for records it only checks.
+pub fn decode_commit_head(payload: &[u8], position: LogPosition) -> Result<RecordedCommit, String> {
+    decode_commit_impl(payload, position, false)
+}
+
+fn decode_commit_impl(
+    payload: &[u8],
+    position: LogPosition,
+    with_events: bool,
+) -> Result<RecordedCommit, String> {
     let mut r = Reader { b: payload, pos: 0 };
     let slen = r.u16("stream length")? as usize;
     if slen == 0 || slen > STREAM_ID_BYTES_MAX {
@@ -348,13 +371,19 @@ pub fn decode_commit(payload: &[u8], position: LogPosition) -> Result<RecordedCo
             "event count {count} exceeds what {remaining} bytes can hold"
         ));
     }
-    let mut events = Vec::with_capacity(count);
+    let mut events = Vec::with_capacity(if with_events { count } else { 0 });
     for _ in 0..count {
         let klen = r.u8("event kind length")? as usize;
-        let kind = r.str(klen, "event kind")?;
+        let kind = r.take(klen, "event kind")?;
+        let kind = std::str::from_utf8(kind).map_err(|_| "event kind: not UTF-8".to_string())?;
         let plen = r.u32("event payload length")? as usize;
-        let payload = r.take(plen, "event payload")?.to_vec();
-        events.push(EventData { kind, payload });
+        let payload = r.take(plen, "event payload")?;
+        if with_events {
+            events.push(EventData {
+                kind: kind.to_string(),
+                payload: payload.to_vec(),
+            });
+        }
     }
     if r.pos != payload.len() {
         return Err(format!(
@@ -375,4 +404,85 @@ pub fn decode_commit(payload: &[u8], position: LogPosition) -> Result<RecordedCo
         events,
         record_bytes: u32::try_from(payload.len() as u64 + FRAME_HEADER_BYTES).unwrap_or(u32::MAX),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn sample() -> (Vec<u8>, Vec<EventData>) {
+        let events = vec![
+            EventData::new("a", b"first".to_vec()),
+            EventData::new("kind-2", vec![]),
+            EventData::new("", vec![7u8; 300]),
+        ];
+        let head = CommitHead {
+            stream: "stream-1",
+            expected: ExpectedVersion::Exact(4),
+            version: 5,
+            commit_id: Uuid::from_u128(99),
+            timestamp_ms: 1_700_000_000_000,
+            seq: 42,
+        };
+        let len = commit_payload_len(head.stream, &events).unwrap() as u32;
+        let mut frame = Vec::new();
+        encode_commit_frame(&mut frame, 3, &head, &events, len);
+        (frame, events)
+    }
+
+    #[test]
+    fn frame_round_trips() {
+        let (frame, events) = sample();
+        let pos = LogPosition {
+            segment: 3,
+            offset: 32,
+        };
+        let FrameCheck::Valid { payload, total, .. } = check_frame(&frame, 3, 1 << 20) else {
+            panic!("frame does not validate");
+        };
+        assert_eq!(total, frame.len() as u64);
+        let rec = decode_commit(payload, pos).unwrap();
+        assert_eq!(rec.events, events);
+        assert_eq!(rec.info.seq, 42);
+        assert_eq!(rec.info.version, 5);
+        assert_eq!(rec.expected, ExpectedVersion::Exact(4));
+        assert_eq!(rec.record_bytes as usize, frame.len());
+        assert_eq!(peek_seq(payload), Some(42));
+        let head = decode_commit_head(payload, pos).unwrap();
+        assert_eq!(head.info, rec.info);
+        assert!(head.events.is_empty());
+        // The checksum binds the segment id: the same bytes in another segment fail.
+        assert!(matches!(
+            check_frame(&frame, 4, 1 << 20),
+            FrameCheck::Invalid(_)
+        ));
+        // And the length limit is enforced before anything else.
+        assert!(matches!(check_frame(&frame, 3, 10), FrameCheck::Invalid(_)));
+    }
+
+    proptest! {
+        #[test]
+        fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..400)) {
+            let pos = LogPosition { segment: 1, offset: 32 };
+            let _ = decode_commit(&bytes, pos);
+            let _ = decode_commit_head(&bytes, pos);
+            let _ = peek_seq(&bytes);
+            let _ = check_frame(&bytes, 1, RECORD_BYTES_HARD_CAP);
+            let _ = check_header(&bytes, 1);
+        }
+
+        #[test]
+        fn damaged_payloads_fail_cleanly(i in 0usize..400, x in 1u8..=255) {
+            let (frame, _) = sample();
+            let mut payload = frame[FRAME_HEADER_BYTES as usize..].to_vec();
+            let i = i % payload.len();
+            payload[i] ^= x;
+            let pos = LogPosition { segment: 3, offset: 32 };
+            // Either an error or a record; never a panic or a huge allocation.
+            if let Ok(r) = decode_commit(&payload, pos) {
+                prop_assert!(r.record_bytes as usize <= frame.len());
+            }
+        }
+    }
 }

@@ -119,12 +119,31 @@ pub(crate) fn head_key(stream: &str) -> Vec<u8> {
     k
 }
 
-pub(crate) fn version_key(stream: &str, version: u64) -> Vec<u8> {
+/// Stream versions per position block: one sled entry holds the positions of
+/// `VERSIONS_PER_BLOCK` consecutive versions, so a busy stream costs sled one key write
+/// per block instead of one per commit.
+pub const VERSIONS_PER_BLOCK: u64 = 64;
+/// Bytes per version in a block: position (16) + seq (8).
+const BLOCK_ENTRY_BYTES: usize = 24;
+
+/// Key of the block holding `version` (1-based) of `stream`.
+pub(crate) fn version_block_key(stream: &str, version: u64) -> Vec<u8> {
     let mut k = VERSION.to_vec();
     k.push(stream.len() as u8);
     k.extend_from_slice(stream.as_bytes());
-    k.extend_from_slice(&version.to_be_bytes());
+    k.extend_from_slice(&(version.saturating_sub(1) / VERSIONS_PER_BLOCK).to_be_bytes());
     k
+}
+
+/// Entry `i` of a block: (position, seq).
+fn block_entry(block: &[u8], i: usize) -> Option<Result<(LogPosition, u64), IndexError>> {
+    let e = block.get(i * BLOCK_ENTRY_BYTES..(i + 1) * BLOCK_ENTRY_BYTES)?;
+    Some(
+        match (LogPosition::from_bytes(&e[..16]), be_u64(&e[16..])) {
+            (Some(p), Some(seq)) => Ok((p, seq)),
+            _ => Err(IndexError::Malformed("stream version block".into())),
+        },
+    )
 }
 
 pub(crate) fn commit_key(id: Uuid) -> Vec<u8> {
@@ -231,6 +250,13 @@ impl std::fmt::Debug for Index {
     }
 }
 
+/// How many times (50 ms apart) to retry opening a sled directory that is still locked.
+const SLED_LOCK_WAIT_TRIES: u32 = 60;
+
+fn is_sled_lock_error(e: &sled::Error) -> bool {
+    matches!(e, sled::Error::Io(io) if io.to_string().contains("could not acquire lock"))
+}
+
 fn sled_err(e: sled::Error) -> Error {
     Error::Index(IndexError::Sled(e))
 }
@@ -256,8 +282,19 @@ impl Index {
         path: Option<&Path>,
         indexers: Vec<Arc<dyn Indexer>>,
     ) -> Result<(Index, bool), Error> {
-        let db = match Index::open_db(path) {
+        let mut opened = Index::open_db(path);
+        // sled's own file lock: a handle closed a moment ago (sled releases it from its
+        // background threads) or, misconfigured, another store on the same directory.
+        // Wait a little for the former; never wipe an index someone holds.
+        let mut waited = 0;
+        while matches!(&opened, Err(e) if is_sled_lock_error(e)) && waited < SLED_LOCK_WAIT_TRIES {
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            waited += 1;
+            opened = Index::open_db(path);
+        }
+        let db = match opened {
             Ok(db) => db,
+            Err(e) if is_sled_lock_error(&e) => return Err(sled_err(e)),
             Err(_) if path.is_some() => {
                 Index::wipe_dir(path)?;
                 Index::open_db(path).map_err(sled_err)?
@@ -398,10 +435,18 @@ impl Index {
         for c in commits {
             let i = &c.info;
             writes.insert(head_key(&i.stream), Some(encode_head(i).to_vec()));
-            let mut pv = [0u8; 24];
-            pv[..16].copy_from_slice(&i.position.to_bytes());
-            pv[16..].copy_from_slice(&i.seq.to_be_bytes());
-            writes.insert(version_key(&i.stream, i.version), Some(pv.to_vec()));
+            // Versions are contiguous from 1, so the block holds exactly the versions
+            // before this one in its range: append the entry at its slot.
+            let key = version_block_key(&i.stream, i.version);
+            let mut block = match writes.get(&key) {
+                Some(v) => v.clone().unwrap_or_default(),
+                None => self.read_key(&key)?.unwrap_or_default(),
+            };
+            let slot = ((i.version - 1) % VERSIONS_PER_BLOCK) as usize * BLOCK_ENTRY_BYTES;
+            block.resize(slot, 0);
+            block.extend_from_slice(&i.position.to_bytes());
+            block.extend_from_slice(&i.seq.to_be_bytes());
+            writes.insert(key, Some(block));
             writes.insert(commit_key(i.commit_id), Some(encode_commit_info(i)));
             for ix in &self.indexers {
                 let mut batch = IndexBatch {
@@ -575,11 +620,14 @@ impl Index {
         stream: &str,
         version: u64,
     ) -> Result<Option<LogPosition>, Error> {
-        match self.read_key(&version_key(stream, version))? {
-            Some(v) => Ok(Some(
-                LogPosition::from_bytes(v.get(..16).unwrap_or(&[]))
-                    .ok_or_else(|| IndexError::Malformed("stream version entry".into()))?,
-            )),
+        if version == 0 {
+            return Ok(None);
+        }
+        let Some(block) = self.read_key(&version_block_key(stream, version))? else {
+            return Ok(None);
+        };
+        match block_entry(&block, ((version - 1) % VERSIONS_PER_BLOCK) as usize) {
+            Some(e) => Ok(Some(e?.0)),
             None => Ok(None),
         }
     }
@@ -591,19 +639,30 @@ impl Index {
         from: u64,
         limit: usize,
     ) -> Result<Vec<(u64, LogPosition)>, Error> {
-        let start = version_key(stream, from);
-        let end = version_key(stream, u64::MAX);
-        let mut out = Vec::new();
+        let from = from.max(1);
+        let start = version_block_key(stream, from);
         let prefix = &start[..start.len() - 8];
-        for kv in self.merged_from(prefix, &start, Some(&end)) {
-            if out.len() >= limit {
-                break;
+        let mut out = Vec::new();
+        for kv in self.merged_from(prefix, &start, None) {
+            let (k, block) = kv?;
+            let bad = || Error::Index(IndexError::Malformed("stream version block".into()));
+            let block_no = be_u64(&k[k.len().saturating_sub(8)..]).ok_or_else(bad)?;
+            let first = block_no
+                .checked_mul(VERSIONS_PER_BLOCK)
+                .and_then(|v| v.checked_add(1))
+                .ok_or_else(bad)?;
+            let mut i = 0;
+            while let Some(e) = block_entry(&block, i) {
+                let version = first + i as u64;
+                i += 1;
+                if version < from {
+                    continue;
+                }
+                if out.len() >= limit {
+                    return Ok(out);
+                }
+                out.push((version, e?.0));
             }
-            let (k, v) = kv?;
-            let bad = || Error::Index(IndexError::Malformed("stream version entry".into()));
-            let version = be_u64(&k[k.len().saturating_sub(8)..]).ok_or_else(bad)?;
-            let pos = LogPosition::from_bytes(v.get(..16).unwrap_or(&[])).ok_or_else(bad)?;
-            out.push((version, pos));
         }
         Ok(out)
     }

@@ -16,7 +16,7 @@
 //! - [`Store::open_read_only`] and [`verify`] never write to the store directory.
 //! - All log I/O goes through [`vfs::Vfs`], so tests can inject faults and crashes.
 //!
-//! The on-disk format is in [`format`] and ARCH-NOTES.md.
+//! The on-disk format is in [`mod@format`] and ARCH-NOTES.md.
 
 mod bloom;
 mod error;

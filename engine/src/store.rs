@@ -88,7 +88,6 @@ struct Inner {
     dir: PathBuf,
     opts: Options,
     read_only: bool,
-    lock: Mutex<Option<Box<dyn VfsLock>>>,
     segments: RwLock<BTreeMap<u64, Arc<Segment>>>,
     w: Mutex<Writer>,
     cond: Condvar,
@@ -104,6 +103,9 @@ struct Inner {
     stop: Mutex<bool>,
     stop_cond: Condvar,
     flusher: Mutex<Option<JoinHandle<()>>>,
+    /// The owner lock. Declared last so that it is dropped last: another owner may only
+    /// get in after sled (inside `index`) has been closed.
+    _lock: Option<Box<dyn VfsLock>>,
 }
 
 /// An open store. `Send + Sync`; share it in an `Arc`.
@@ -302,7 +304,7 @@ impl Store {
         let inner = Arc::new(Inner {
             dir: dir.to_path_buf(),
             read_only,
-            lock: Mutex::new(guard),
+            _lock: guard,
             segments: RwLock::new(segments),
             w: Mutex::new(writer),
             cond: Condvar::new(),
@@ -823,7 +825,7 @@ fn shutdown(inner: &Inner) -> Result<(), Error> {
         flush_inner(inner)
     };
     let _ = inner.index.flush();
-    lock(&inner.lock).take();
+    // The lock is released when `Inner` is dropped, after the index.
     res
 }
 
@@ -1014,8 +1016,13 @@ fn scan_log(
                 segment: id,
                 offset: off,
             };
-            let rec =
-                format::decode_commit(payload, pos).map_err(|p| Error::corrupt(&name, off, p))?;
+            // Records the index already has are only checked, not copied out.
+            let decode = if format::peek_seq(payload).is_some_and(|seq| seq <= applied) {
+                format::decode_commit_head
+            } else {
+                format::decode_commit
+            };
+            let rec = decode(payload, pos).map_err(|p| Error::corrupt(&name, off, p))?;
             hist.check(&rec)
                 .map_err(|p| Error::corrupt(&name, off, p))?;
             if first_seq == 0 {

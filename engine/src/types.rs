@@ -37,7 +37,7 @@ pub struct Options {
     pub durability: Durability,
     /// Size of a segment file (a larger record gets a segment of its own).
     pub segment_bytes_max: u64,
-    /// Largest record payload accepted (≤ [`format::RECORD_BYTES_HARD_CAP`]).
+    /// Largest record payload accepted (≤ [`crate::RECORD_BYTES_HARD_CAP`]).
     pub record_bytes_max: u32,
     /// How often the background thread fdatasyncs in [`Durability::Buffered`] mode.
     pub buffered_flush_interval: Duration,

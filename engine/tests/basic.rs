@@ -41,6 +41,28 @@ fn append_read_reopen() {
     let s = Store::open(dir.path(), small_opts()).unwrap();
     assert_eq!(log_contents(&s), before);
     assert_eq!(s.stream_version("big").unwrap(), Some(200));
+    // Pages across position blocks (64 versions each).
+    let page: Vec<u64> = s
+        .read_stream("big", 62, 5)
+        .unwrap()
+        .iter()
+        .map(|c| c.info.version)
+        .collect();
+    assert_eq!(page, vec![62, 63, 64, 65, 66]);
+    let tail: Vec<u64> = s
+        .read_stream("big", 198, 10)
+        .unwrap()
+        .iter()
+        .map(|c| c.info.version)
+        .collect();
+    assert_eq!(tail, vec![198, 199, 200]);
+    assert!(s.read_stream("big", 201, 10).unwrap().is_empty());
+    assert!(s.read_stream("big", 5, 0).unwrap().is_empty());
+    assert_eq!(
+        s.index().stream_position("big", 129).unwrap(),
+        Some(s.read_stream("big", 129, 1).unwrap()[0].info.position)
+    );
+    assert_eq!(s.index().stream_position("big", 201).unwrap(), None);
     assert_eq!(s.last_seq(), 203);
     assert_eq!(
         s.streams().unwrap(),

@@ -271,3 +271,23 @@ fn many_commits_through_memtable_and_sled_equal_a_rebuild() {
     let s = Store::open(dir.path(), opts()).unwrap();
     assert_eq!(s.index().dump().unwrap(), dump);
 }
+
+#[test]
+fn an_index_in_use_elsewhere_is_not_wiped() {
+    let a = tempfile::tempdir().unwrap();
+    let b = tempfile::tempdir().unwrap();
+    let ix = tempfile::tempdir().unwrap();
+    let opts = || test_opts().index_dir(ix.path().join("index"));
+    let s = Store::open(a.path(), opts()).unwrap();
+    s.append(commit("a", ExpectedVersion::NoStream, b"1"))
+        .unwrap();
+    // Another store pointed at the same (open) sled directory must fail, not wipe it.
+    assert!(matches!(
+        Store::open(b.path(), opts()),
+        Err(Error::Index(_))
+    ));
+    assert_eq!(s.stream_version("a").unwrap(), Some(1));
+    s.close().unwrap();
+    let s = Store::open(a.path(), opts()).unwrap();
+    assert_eq!(s.index().applied_seq().unwrap(), 1);
+}
