@@ -569,7 +569,9 @@ impl AgentSession {
             | SessionEvent::TranscriptRewritten { .. } => self.record(ev),
             other => Err(SessionError::Fold {
                 id: self.info.id.clone(),
-                source: FoldError::NotTranscript { found: other.kind() },
+                source: FoldError::NotTranscript {
+                    found: other.kind(),
+                },
             }),
         }
     }
