@@ -94,7 +94,9 @@ fn scenario(payload: Value, inject: bool) {
     assert_eq!(data_of(&h.entry(&blob).unwrap().unwrap()), want);
 
     if inject {
-        for kind in [FaultKind::Write] {
+        {
+            // A failed write (nothing of the commit reaches the log).
+            let kind = FaultKind::Write;
             let before = h.snapshot();
             let stream_before = store.engine().unwrap().stream_version(id.as_str()).unwrap();
             fault.fail_nth(kind, 1, false);

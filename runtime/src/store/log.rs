@@ -836,15 +836,14 @@ impl SessionStore for LogStore {
         let mut headers = Vec::new();
         let mut push_header = |id_bytes: &[u8], value: Option<Vec<u8>>| {
             let id = String::from_utf8_lossy(id_bytes).into_owned();
-            match value {
-                Some(v) => match decode_header(&v) {
+            if let Some(v) = value {
+                match decode_header(&v) {
                     Ok(h) => headers.push(h),
                     Err(reason) => skipped.push(SkippedSession {
                         location: format!("index:{id}"),
                         reason,
                     }),
-                },
-                None => {}
+                }
             }
         };
         // Pick the narrowest index for the query's filters.

@@ -81,7 +81,7 @@ pub fn custom(custom_type: &str, data: serde_json::Value) -> EntryKind {
 /// A message of about `bytes` bytes (entry size a bit more).
 pub fn sized(i: usize, bytes: usize) -> EntryKind {
     let filler = "x".repeat(bytes.saturating_sub(40));
-    if i % 2 == 0 {
+    if i.is_multiple_of(2) {
         user(format!("u{i} {filler}"))
     } else {
         assistant(format!("a{i} {filler}"), StopReason::Stop)
