@@ -458,3 +458,126 @@ fn subscribers_see_the_new_snapshot_before_session_saved() {
     );
     assert_eq!(sink.names(), vec!["SessionSaved"; 3]);
 }
+
+#[test]
+fn forks_clears_and_purges_are_indexed() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open_log(dir.path());
+    let (rt, _) = runtime(store.clone());
+    let id = new_session(&rt);
+    let budget = Budget::new(3000, 100);
+    let ids = {
+        let h = writer(&rt, &id, 3000);
+        let ids = h
+            .append_entries((0..40).map(|i| sized(i, 200)).collect())
+            .unwrap();
+        h.set_label(&ids[5], Some("five".into())).unwrap();
+        ids
+    };
+    // A fork at entry 30: its seed transcript lives in its `created` event.
+    let fork = rt.fork(&id, Some(ids[30].clone())).unwrap();
+    let f = rt
+        .open_handle(fork.id(), HandleOptions::writer().with_budget(budget))
+        .unwrap();
+    assert_eq!(
+        f.snapshot().selection,
+        reference(&*store, fork.id(), f.snapshot().leaf.as_ref(), budget)
+    );
+    assert_eq!(f.snapshot().counts().path_entries, 31);
+    assert_eq!(
+        f.entry(&ids[0]).unwrap(),
+        full_transcript(&*store, fork.id()).get(&ids[0]).cloned()
+    );
+    f.append(user("in the fork")).unwrap();
+    assert_eq!(
+        f.snapshot().selection,
+        reference(&*store, fork.id(), f.snapshot().leaf.as_ref(), budget)
+    );
+    // A state clear empties the transcript and bumps the generation.
+    let before = rt
+        .open_handle(&id, HandleOptions::reader())
+        .unwrap()
+        .snapshot();
+    rt.execute(&id, &spool_runtime::actions::ClearSession)
+        .unwrap();
+    let h = rt.open_handle(&id, HandleOptions::writer()).unwrap();
+    let s = h.snapshot();
+    assert_eq!(s.leaf, None);
+    assert_eq!(s.transcript_entries, 0);
+    assert_eq!(s.version.generation, before.version.generation + 1);
+    assert!(h.entry(&ids[0]).unwrap().is_none());
+    let a = h.append(user("fresh start")).unwrap();
+    assert_eq!(h.snapshot().counts().path_entries, 1);
+    drop(h);
+    // A purge removes the session's transcript index; a new incarnation
+    // starts empty.
+    assert!(rt.purge(&id).unwrap());
+    assert!(matches!(
+        rt.open_handle(&id, HandleOptions::reader()),
+        Err(HandleError::NotFound { .. })
+    ));
+    let engine = store.engine().unwrap();
+    assert!(
+        spool_runtime::store::transcript_index::read_meta(engine.index(), &id)
+            .unwrap()
+            .is_none()
+    );
+    drop(engine);
+    let f2 = rt.open_handle(fork.id(), HandleOptions::reader()).unwrap();
+    assert_eq!(f2.snapshot().counts().path_entries, 32);
+    let _ = a;
+}
+
+#[test]
+fn the_delta_rewrite_event_folds_like_the_plan_and_round_trips() {
+    use spool_runtime::session::{decode_event, encode_event, AgentSession, SessionEvent};
+    use spool_runtime::transcript::{Replacement, RewritePlan, TranscriptVersion};
+    let mut s = AgentSession::new(spool_runtime::AgentDefinition::default(), None);
+    let a = s.append(user("a")).unwrap();
+    let b = s
+        .append(assistant(
+            "b",
+            spool_runtime::transcript::StopReason::Aborted,
+        ))
+        .unwrap();
+    let c = s.append(custom("blob", serde_json::json!([1, 2]))).unwrap();
+    let d = s.append(user("d")).unwrap();
+    let t = s.state().transcript.clone();
+    let plan = RewritePlan::prepare(
+        &t,
+        t.leaf(),
+        &[
+            (b.clone(), Replacement::Remove),
+            (d.clone(), Replacement::Replace(user("D"))),
+        ],
+        TranscriptVersion::default(),
+    )
+    .unwrap();
+    let want = plan.apply_to(&t).unwrap();
+    assert_eq!(s.rewrite_transcript(&plan).unwrap(), 1);
+    assert_eq!(s.state().transcript, want);
+    assert_eq!(
+        s.state().transcript.get(&c).unwrap().parent_id.as_ref(),
+        Some(&a)
+    );
+    // Replay (through the codec) gives the same session.
+    let events: Vec<SessionEvent> = s
+        .pending_events()
+        .iter()
+        .map(|e| decode_event(&encode_event(e).unwrap()).unwrap())
+        .collect();
+    assert_eq!(events.last().unwrap().kind(), "transcript_rewritten");
+    let replayed = AgentSession::replay(events.iter()).unwrap();
+    assert_eq!(replayed.state(), s.state());
+    // A rewrite naming an unknown entry is refused and changes nothing.
+    let mut bad = s.clone();
+    let err = bad.record_transcript_event(SessionEvent::TranscriptRewritten {
+        generation: 2,
+        written: vec![],
+        reparented: vec![],
+        removed: vec![b.clone()],
+        leaf: None,
+    });
+    assert!(err.is_err());
+    assert_eq!(bad.state(), s.state());
+}

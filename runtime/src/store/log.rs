@@ -24,6 +24,20 @@
 //! decoded by the indexer; every session commit updates the header's
 //! version and `updated_at_ms` (the commit's timestamp).
 //!
+//! A second indexer, [`TranscriptIndexer`] (`transcript`), keeps per-entry
+//! records, children, custom-entry lists, labels and the transcript
+//! version; see [`super::transcript_index`]. With it the store implements
+//! [`TranscriptBackend`]: session handles open, read and write without
+//! loading the session.
+//!
+//! # Failed writes
+//!
+//! A failed engine write poisons the engine (its outcome is unknown);
+//! [`LogStore::recover`] reopens it in place, which recovers the log, and
+//! the handle write path does so before its next commit. The version
+//! fence then tells whether the failed write landed; nothing is replayed.
+//! [`LogStoreOptions::vfs`] passes a fault-injecting file system in tests.
+//!
 //! # Snapshots
 //!
 //! A snapshot is the fold of a session at some version, kept in the
