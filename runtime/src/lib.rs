@@ -9,10 +9,13 @@
 //! - [`hooks`], [`observer`]: pipeline hooks and observer events.
 //! - [`runtime`]: [`runtime::SessionRuntime`], the create/read/execute boundary.
 //! - [`transcript`]: the transcript tree.
+//! - [`handle`]: live session handles (bounded resident snapshots,
+//!   transcript-level writes, history reads, prepared rewrites).
 
 pub mod actions;
 pub mod agent_loop;
 pub mod error;
+pub mod handle;
 pub mod hooks;
 pub mod observer;
 pub mod runtime;

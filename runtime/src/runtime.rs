@@ -40,6 +40,7 @@ use std::sync::Arc;
 
 use crate::actions::{ActionError, DeleteSession, ForkSession, SessionAction};
 use crate::error::RuntimeError;
+use crate::handle::{HandleError, HandleOptions, SessionHandle};
 use crate::hooks::{HookStage, SessionHookStack};
 use crate::observer::{EventSink, RuntimeEvent};
 use crate::session::{
@@ -300,6 +301,19 @@ impl SessionRuntime {
     /// existed. No hooks run.
     pub fn purge(&self, id: &SessionId) -> Result<bool, RuntimeError> {
         Ok(self.store.delete(id)?)
+    }
+
+    /// Opens a live handle on a session (see [`crate::handle`]): a bounded
+    /// resident snapshot, transcript-level writes (for a writer handle; one
+    /// per session per process), history reads and prepared rewrites.
+    /// Handle writes run no session hooks; each commit is reported to this
+    /// runtime's event sink as `SessionSaved`.
+    pub fn open_handle(
+        &self,
+        id: &SessionId,
+        opts: HandleOptions,
+    ) -> Result<SessionHandle, HandleError> {
+        SessionHandle::open(self.store.clone(), self.events.clone(), id, opts)
     }
 
     /// Convenience: the status of a session from its header.

@@ -69,10 +69,26 @@ pub enum SessionEvent {
         usage: Usage,
         error: Option<String>,
     },
-    /// The transcript was replaced by a rewrite as generation `generation`.
+    /// The transcript was replaced by a rewrite as generation `generation`
+    /// (whole-transcript form, kept readable; new rewrites are written as
+    /// [`SessionEvent::TranscriptRewritten`]).
     HistoryRewritten {
         generation: u64,
         entries: Vec<Entry>,
+        leaf: Option<EntryId>,
+    },
+    /// A rewrite as a delta (the form every rewrite is written in now;
+    /// `HistoryRewritten` stays readable): generation `generation` of the
+    /// transcript keeps every entry not named here unchanged, replaces
+    /// `written` (same ids, new content and possibly a repaired parent),
+    /// relinks `reparented` entries to a new parent without re-logging
+    /// their payload, drops `removed`, and moves the leaf to `leaf`. Its
+    /// size is proportional to what changed, not to the transcript.
+    TranscriptRewritten {
+        generation: u64,
+        written: Vec<Entry>,
+        reparented: Vec<(EntryId, Option<EntryId>)>,
+        removed: Vec<EntryId>,
         leaf: Option<EntryId>,
     },
     /// This session was forked from `from` (whole, or at `at_entry`).
@@ -104,6 +120,7 @@ impl SessionEvent {
             SessionEvent::ExecutionStarted { .. } => "execution_started",
             SessionEvent::ExecutionFinished { .. } => "execution_finished",
             SessionEvent::HistoryRewritten { .. } => "history_rewritten",
+            SessionEvent::TranscriptRewritten { .. } => "transcript_rewritten",
             SessionEvent::Forked { .. } => "forked",
             SessionEvent::Deleted => "deleted",
             SessionEvent::Touched => "touched",

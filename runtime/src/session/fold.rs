@@ -5,13 +5,13 @@
 //! bounds) is checked by the mutation methods before an event is recorded,
 //! so a log written by an older policy still replays.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
 use super::events::SessionEvent;
 use super::info::{AgentSessionInfo, SessionStatus};
 use super::state::ExecutionStatus;
 use super::AgentSession;
-use crate::transcript::{EntryId, TranscriptError, Usage};
+use crate::transcript::{Entry, EntryId, Transcript, TranscriptError, Usage};
 
 /// An event could not be folded into a session.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -30,6 +30,9 @@ pub enum FoldError {
     },
     #[error("history rewrite: {reason}")]
     BadRewrite { reason: String },
+    /// A transcript-level recording was given another kind of event.
+    #[error("`{found}` is not a transcript event")]
+    NotTranscript { found: &'static str },
 }
 
 pub(super) fn session_from_created(ev: &SessionEvent) -> Result<AgentSession, FoldError> {
@@ -145,6 +148,18 @@ impl AgentSession {
                 st.transcript.replace_all(entries.clone(), leaf.clone());
                 st.generation = *generation;
             }
+            SessionEvent::TranscriptRewritten {
+                generation,
+                written,
+                reparented,
+                removed,
+                leaf,
+            } => {
+                st.transcript
+                    .apply_rewrite(written, reparented, removed, leaf.as_ref())
+                    .map_err(|reason| FoldError::BadRewrite { reason })?;
+                st.generation = *generation;
+            }
             SessionEvent::Forked { from, .. } => self.info.parent_id = Some(from.clone()),
             SessionEvent::Deleted => self.info.status = SessionStatus::Deleted,
             SessionEvent::Touched => {}
@@ -177,5 +192,73 @@ impl AgentSession {
             self.apply(ev)?;
         }
         Ok(self)
+    }
+}
+
+impl Transcript {
+    /// Applies a delta rewrite (the fold of
+    /// [`SessionEvent::TranscriptRewritten`]): entries keep their append
+    /// order; `removed` ones are dropped, `written` ones replaced (same id),
+    /// `reparented` ones relinked (payload untouched), and the leaf set.
+    /// Checked first, so a refused rewrite changes nothing: every named
+    /// entry must exist, be named once, and not be removed when written or
+    /// relinked; every new parent and the leaf must exist after the
+    /// rewrite. Cost: O(entries) (the in-memory form is rebuilt).
+    pub fn apply_rewrite(
+        &mut self,
+        written: &[Entry],
+        reparented: &[(EntryId, Option<EntryId>)],
+        removed: &[EntryId],
+        leaf: Option<&EntryId>,
+    ) -> Result<(), String> {
+        let removed_set: HashSet<&EntryId> = removed.iter().collect();
+        let mut named: HashSet<&EntryId> = HashSet::new();
+        for id in removed
+            .iter()
+            .chain(written.iter().map(|e| &e.id))
+            .chain(reparented.iter().map(|(id, _)| id))
+        {
+            if !self.contains(id) {
+                return Err(format!("entry {id} is not in the transcript"));
+            }
+            if !named.insert(id) {
+                return Err(format!("entry {id} is named twice"));
+            }
+        }
+        let kept = |id: &EntryId| self.contains(id) && !removed_set.contains(id);
+        for p in written
+            .iter()
+            .filter_map(|e| e.parent_id.as_ref())
+            .chain(reparented.iter().filter_map(|(_, p)| p.as_ref()))
+        {
+            if !kept(p) {
+                return Err(format!("new parent {p} is not kept by the rewrite"));
+            }
+        }
+        if let Some(l) = leaf {
+            if !kept(l) {
+                return Err(format!("leaf {l} is not kept by the rewrite"));
+            }
+        }
+        let written_by: HashMap<&EntryId, &Entry> = written.iter().map(|e| (&e.id, e)).collect();
+        let relinked: HashMap<&EntryId, &Option<EntryId>> =
+            reparented.iter().map(|(id, p)| (id, p)).collect();
+        let mut out = Vec::with_capacity(self.len().saturating_sub(removed.len()));
+        for e in self.entries() {
+            if removed_set.contains(&e.id) {
+                continue;
+            }
+            if let Some(w) = written_by.get(&e.id) {
+                out.push((*w).clone());
+            } else if let Some(p) = relinked.get(&e.id) {
+                let mut c = e.clone();
+                c.parent_id = (*p).clone();
+                out.push(c);
+            } else {
+                out.push(e.clone());
+            }
+        }
+        self.replace_all(out, leaf.cloned());
+        Ok(())
     }
 }

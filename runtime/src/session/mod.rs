@@ -39,7 +39,9 @@ pub use state::{
     MAX_METADATA_KEY_LEN, MAX_TASKS, MAX_TASK_DESCRIPTION_LEN, MAX_TASK_ID_LEN,
 };
 
-use crate::transcript::{now_ms, Entry, EntryId, EntryKind, TranscriptError, Usage};
+use crate::transcript::{
+    now_ms, Entry, EntryId, EntryKind, Navigation, RewritePlan, TranscriptError, Usage,
+};
 
 /// A session mutation was refused. Nothing was recorded.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -488,6 +490,100 @@ impl AgentSession {
             leaf,
         })?;
         Ok(generation)
+    }
+
+    /// Records a prepared rewrite as a new transcript generation in its
+    /// delta form ([`SessionEvent::TranscriptRewritten`]). The plan must
+    /// have been prepared against this transcript (its entries exist).
+    /// Returns the new generation.
+    pub fn rewrite_transcript(&mut self, plan: &RewritePlan) -> Result<u64, SessionError> {
+        self.guard()?;
+        let generation = self.state.generation.saturating_add(1);
+        self.record(SessionEvent::TranscriptRewritten {
+            generation,
+            written: plan.written.clone(),
+            reparented: plan.reparented.clone(),
+            removed: plan.removed.clone(),
+            leaf: plan.new_leaf.clone(),
+        })?;
+        Ok(generation)
+    }
+
+    /// Appends a branch summary under `target` (`None`: a new root) that
+    /// records the current leaf as the branch left; it becomes the leaf.
+    /// Returns its id.
+    pub fn branch_with_summary(
+        &mut self,
+        target: Option<&EntryId>,
+        summary: impl Into<String>,
+    ) -> Result<EntryId, SessionError> {
+        self.guard()?;
+        let nav = self
+            .state
+            .transcript
+            .plan_branch_with_summary(target, summary, now_ms())
+            .map_err(|source| SessionError::Transcript {
+                id: self.info.id.clone(),
+                source,
+            })?;
+        self.record_navigation(nav)
+    }
+
+    /// Sets (`Some`, non-empty) or clears the label of `target` with a
+    /// label entry appended under the leaf. Returns the label entry's id.
+    pub fn set_label(
+        &mut self,
+        target: &EntryId,
+        label: Option<String>,
+    ) -> Result<EntryId, SessionError> {
+        self.guard()?;
+        let nav = self
+            .state
+            .transcript
+            .plan_label(target, label, now_ms())
+            .map_err(|source| SessionError::Transcript {
+                id: self.info.id.clone(),
+                source,
+            })?;
+        self.record_navigation(nav)
+    }
+
+    /// Records a planned append (branch summaries and labels are always
+    /// appends).
+    fn record_navigation(&mut self, nav: Navigation) -> Result<EntryId, SessionError> {
+        match nav {
+            Navigation::Append { entry } => {
+                let id = entry.id.clone();
+                self.record(SessionEvent::EntryAppended { entry })?;
+                Ok(id)
+            }
+            other => Err(SessionError::Fold {
+                id: self.info.id.clone(),
+                source: FoldError::BadRewrite {
+                    reason: format!("expected an append, planned {other:?}"),
+                },
+            }),
+        }
+    }
+
+    /// Records a transcript-level event built outside the session (by a
+    /// session handle committing without a full load, replayed here by
+    /// stores that keep whole sessions). Only `EntryAppended`,
+    /// `LeafMoved` and `TranscriptRewritten` are accepted; the fold checks
+    /// them like any other event, so a refused event leaves no trace.
+    pub fn record_transcript_event(&mut self, ev: SessionEvent) -> Result<(), SessionError> {
+        self.guard()?;
+        match &ev {
+            SessionEvent::EntryAppended { .. }
+            | SessionEvent::LeafMoved { .. }
+            | SessionEvent::TranscriptRewritten { .. } => self.record(ev),
+            other => Err(SessionError::Fold {
+                id: self.info.id.clone(),
+                source: FoldError::NotTranscript {
+                    found: other.kind(),
+                },
+            }),
+        }
     }
 
     /// Records a no-change event so a save still advances the version.

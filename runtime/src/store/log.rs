@@ -24,6 +24,20 @@
 //! decoded by the indexer; every session commit updates the header's
 //! version and `updated_at_ms` (the commit's timestamp).
 //!
+//! A second indexer, [`TranscriptIndexer`] (`transcript`), keeps per-entry
+//! records, children, custom-entry lists, labels and the transcript
+//! version; see [`super::transcript_index`]. With it the store implements
+//! [`TranscriptBackend`]: session handles open, read and write without
+//! loading the session.
+//!
+//! # Failed writes
+//!
+//! A failed engine write poisons the engine (its outcome is unknown);
+//! [`LogStore::recover`] reopens it in place, which recovers the log, and
+//! the handle write path does so before its next commit. The version
+//! fence then tells whether the failed write landed; nothing is replayed.
+//! [`LogStoreOptions::vfs`] passes a fault-injecting file system in tests.
+//!
 //! # Snapshots
 //!
 //! A snapshot is the fold of a session at some version, kept in the
@@ -45,19 +59,23 @@
 //! versions are offset by the purge's version). Log compaction reclaims
 //! purged records.
 
-use std::path::Path;
-use std::sync::Arc;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
 
+use spool_engine::vfs::Vfs;
 use spool_engine::{
     AppendOutcome, Durability, EventData, ExpectedVersion, IndexBatch, IndexError, Indexer,
     NewCommit, Options, RecordedCommit, Store,
 };
 
+use super::transcript_index::{self, LogTranscriptSource, TranscriptIndexer};
 use super::{ListQuery, LoadCounter, SessionStore, StoreError, StoreStats};
+use crate::handle::{AppendReceipt, BoxedSource, TranscriptBackend, TranscriptHead};
 use crate::session::{
     decode_event, decode_snapshot, encode_event, encode_snapshot, AgentSession, AgentSessionInfo,
     SessionEvent, SessionId, SessionInfoList, SessionStatus, SkippedSession,
 };
+use crate::transcript::EntryId;
 
 /// Name of the engine indexer that keeps session headers.
 pub const SESSION_INDEXER: &str = "sessions";
@@ -262,6 +280,10 @@ pub struct LogStoreOptions {
     pub segment_bytes_max: Option<u64>,
     /// Largest commit record in bytes (engine default when `None`).
     pub record_bytes_max: Option<u32>,
+    /// The I/O seam of the log's files (the engine's [`spool_engine::vfs::OsVfs`]
+    /// when `None`); tests pass a [`spool_engine::vfs::FaultVfs`] to inject
+    /// failures.
+    pub vfs: Option<Arc<dyn Vfs>>,
 }
 
 impl Default for LogStoreOptions {
@@ -270,36 +292,48 @@ impl Default for LogStoreOptions {
             durability: Durability::Immediate,
             segment_bytes_max: None,
             record_bytes_max: None,
+            vfs: None,
         }
     }
 }
 
 impl LogStoreOptions {
-    /// Engine options with the session indexer registered.
+    /// Engine options with the session and transcript indexers registered.
     pub fn engine_options(&self) -> Options {
         let mut o = Options::default()
             .durability(self.durability)
-            .indexer(Arc::new(SessionIndexer));
+            .indexer(Arc::new(SessionIndexer))
+            .indexer(Arc::new(TranscriptIndexer));
         if let Some(s) = self.segment_bytes_max {
             o = o.segment_bytes_max(s);
         }
         if let Some(r) = self.record_bytes_max {
             o = o.record_bytes_max(r);
         }
+        if let Some(v) = &self.vfs {
+            o = o.vfs(v.clone());
+        }
         o
     }
 }
 
 /// Sessions event-sourced on the spool engine. See the module docs.
+///
+/// The engine sits behind a lock so that [`LogStore::recover`] can reopen
+/// it in place after a failed write poisoned it (the engine refuses writes
+/// until a reopen recovers the log).
 pub struct LogStore {
-    engine: Store,
+    engine: RwLock<Option<Arc<Store>>>,
+    dir: PathBuf,
+    opts: LogStoreOptions,
+    read_only: bool,
     loads: LoadCounter,
 }
 
 impl std::fmt::Debug for LogStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("LogStore")
-            .field("dir", &self.engine.dir())
+            .field("dir", &self.dir)
             .finish_non_exhaustive()
     }
 }
@@ -311,41 +345,113 @@ fn engine_err(e: spool_engine::Error) -> StoreError {
 impl LogStore {
     /// Opens (creating if needed) the store in `dir` as its single owner.
     pub fn open(dir: impl AsRef<Path>, opts: LogStoreOptions) -> Result<LogStore, StoreError> {
-        let engine = Store::open(dir, opts.engine_options()).map_err(engine_err)?;
-        Ok(LogStore::from_engine(engine))
+        let engine = Store::open(dir.as_ref(), opts.engine_options()).map_err(engine_err)?;
+        Ok(LogStore::wrap(engine, opts, false))
     }
 
     /// Opens the store read-only from the log alone (no lock, nothing written).
     pub fn open_read_only(dir: impl AsRef<Path>) -> Result<LogStore, StoreError> {
-        let engine = Store::open_read_only(dir, LogStoreOptions::default().engine_options())
-            .map_err(engine_err)?;
-        Ok(LogStore::from_engine(engine))
+        let opts = LogStoreOptions::default();
+        let engine = Store::open_read_only(dir, opts.engine_options()).map_err(engine_err)?;
+        Ok(LogStore::wrap(engine, opts, true))
     }
 
     /// Wraps an engine opened with [`LogStoreOptions::engine_options`] (it
-    /// must have the [`SessionIndexer`] registered).
+    /// must have the [`SessionIndexer`] and [`TranscriptIndexer`]
+    /// registered). [`LogStore::recover`] reopens it with default options.
     pub fn from_engine(engine: Store) -> LogStore {
+        let read_only = engine.is_read_only();
+        LogStore::wrap(engine, LogStoreOptions::default(), read_only)
+    }
+
+    fn wrap(engine: Store, opts: LogStoreOptions, read_only: bool) -> LogStore {
         LogStore {
-            engine,
+            dir: engine.dir().to_path_buf(),
+            engine: RwLock::new(Some(Arc::new(engine))),
+            opts,
+            read_only,
             loads: LoadCounter::default(),
         }
     }
 
-    /// The engine underneath.
-    pub fn engine(&self) -> &Store {
-        &self.engine
+    /// The engine underneath. Fails only after a [`LogStore::recover`]
+    /// that could not reopen it.
+    pub fn engine(&self) -> Result<Arc<Store>, StoreError> {
+        self.engine
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+            .ok_or_else(|| StoreError::Io {
+                path: self.dir.clone(),
+                source: std::io::Error::other("the log store is closed (a recovery failed)"),
+            })
+    }
+
+    /// The store directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Reopens the engine if a failed write poisoned it: the reopen
+    /// recovers the log (a torn tail is truncated, the indexes catch up),
+    /// after which writes are accepted again. Returns whether it reopened.
+    /// A write whose outcome was unknown is then either in the log or not;
+    /// callers reconcile through the session version fence, never by
+    /// replaying it. Fails (and leaves the poisoned engine in place) while
+    /// another thread still holds the engine.
+    pub fn recover(&self) -> Result<bool, StoreError> {
+        let mut guard = self.engine.write().unwrap_or_else(|e| e.into_inner());
+        match guard.as_ref() {
+            Some(e) if !e.is_poisoned() => return Ok(false),
+            _ => {}
+        }
+        if let Some(old) = guard.take() {
+            match Arc::try_unwrap(old) {
+                Ok(store) => {
+                    // Closing a poisoned engine may report the failure
+                    // again; the reopen below is what recovers.
+                    let _ = store.close();
+                }
+                Err(shared) => {
+                    *guard = Some(shared);
+                    return Err(StoreError::Io {
+                        path: self.dir.clone(),
+                        source: std::io::Error::other(
+                            "cannot recover the log store while its engine is in use",
+                        ),
+                    });
+                }
+            }
+        }
+        let engine = if self.read_only {
+            Store::open_read_only(&self.dir, self.opts.engine_options())
+        } else {
+            Store::open(&self.dir, self.opts.engine_options())
+        }
+        .map_err(engine_err)?;
+        *guard = Some(Arc::new(engine));
+        Ok(true)
     }
 
     /// Flushes and closes the engine.
     pub fn close(self) -> Result<(), StoreError> {
-        self.engine.close().map_err(engine_err)
+        let engine = self.engine.into_inner().unwrap_or_else(|e| e.into_inner());
+        match engine {
+            Some(e) => match Arc::try_unwrap(e) {
+                Ok(store) => store.close().map_err(engine_err),
+                // Still shared (an operation in flight): it closes when
+                // the last holder drops it.
+                Err(_) => Ok(()),
+            },
+            None => Ok(()),
+        }
     }
 
     /// Stream version of the purge that ended the previous incarnation of
     /// `id`, or 0.
     fn base(&self, id: &SessionId) -> Result<u64, StoreError> {
         Ok(self
-            .engine
+            .engine()?
             .index()
             .get(SESSION_INDEXER, &key(KEY_PURGED, id.as_str()))
             .map_err(engine_err)?
@@ -354,12 +460,18 @@ impl LogStore {
     }
 
     fn encode_events(session: &AgentSession) -> Result<Vec<EventData>, StoreError> {
-        session
-            .pending_events()
+        Self::encode_event_list(session.id(), session.pending_events())
+    }
+
+    fn encode_event_list(
+        id: &SessionId,
+        events: &[SessionEvent],
+    ) -> Result<Vec<EventData>, StoreError> {
+        events
             .iter()
             .map(|ev| {
                 let payload = encode_event(ev).map_err(|source| StoreError::Encoding {
-                    context: format!("event {} of session {}", ev.kind(), session.id()),
+                    context: format!("event {} of session {id}", ev.kind()),
                     source,
                 })?;
                 Ok(EventData::new(
@@ -376,7 +488,7 @@ impl LogStore {
         expected: ExpectedVersion,
         events: Vec<EventData>,
     ) -> Result<AppendOutcome, StoreError> {
-        self.engine
+        self.engine()?
             .append(NewCommit {
                 stream: id.as_str().to_string(),
                 expected,
@@ -393,7 +505,8 @@ impl LogStore {
         head: u64,
     ) -> Option<(u64, i64, AgentSession)> {
         let bytes = self
-            .engine
+            .engine()
+            .ok()?
             .index()
             .get_cache(SESSION_INDEXER, &key(CACHE_SNAPSHOT[0], id.as_str()))
             .ok()??;
@@ -416,11 +529,13 @@ impl LogStore {
             v.extend_from_slice(&stream_version.to_be_bytes());
             v.extend_from_slice(&session.info().updated_at_ms.to_be_bytes());
             v.extend_from_slice(&bytes);
-            let _ = self.engine.index().put_cache(
-                SESSION_INDEXER,
-                &key(CACHE_SNAPSHOT[0], session.id().as_str()),
-                &v,
-            );
+            if let Ok(engine) = self.engine() {
+                let _ = engine.index().put_cache(
+                    SESSION_INDEXER,
+                    &key(CACHE_SNAPSHOT[0], session.id().as_str()),
+                    &v,
+                );
+            }
         }
     }
 
@@ -432,7 +547,7 @@ impl LogStore {
         upto: Option<u64>,
     ) -> Result<Option<AgentSession>, StoreError> {
         let Some(head) = self
-            .engine
+            .engine()?
             .stream_version(id.as_str())
             .map_err(engine_err)?
         else {
@@ -463,7 +578,7 @@ impl LogStore {
         while from <= target {
             let want = (target - from + 1).min(LOAD_BATCH_COMMITS as u64) as usize;
             let batch = self
-                .engine
+                .engine()?
                 .read_stream(id.as_str(), from, want)
                 .map_err(engine_err)?;
             if batch.is_empty() {
@@ -510,7 +625,97 @@ impl LogStore {
     }
 }
 
+impl TranscriptBackend for LogStore {
+    /// The store directory: one engine owns a directory at a time.
+    fn identity(&self) -> String {
+        let dir = std::fs::canonicalize(&self.dir).unwrap_or_else(|_| self.dir.clone());
+        format!("log:{}", dir.display())
+    }
+
+    /// Two index reads: the session header and the transcript meta.
+    fn head(&self, id: &SessionId) -> Result<Option<TranscriptHead>, StoreError> {
+        let Some(header) = self.header(id)? else {
+            return Ok(None);
+        };
+        let engine = self.engine()?;
+        let meta = transcript_index::read_meta(engine.index(), id)?.unwrap_or_default();
+        Ok(Some(TranscriptHead {
+            header,
+            version: meta.version(),
+            leaf: meta.leaf,
+            entries: meta.entries,
+        }))
+    }
+
+    fn source(&self, id: &SessionId) -> Result<BoxedSource<'_>, StoreError> {
+        Ok(Box::new(LogTranscriptSource::new(
+            self.engine()?,
+            id.clone(),
+        )))
+    }
+
+    fn entry_ids(&self, id: &SessionId) -> Result<Vec<EntryId>, StoreError> {
+        transcript_index::entry_ids(self.engine()?.index(), id)
+    }
+
+    /// One engine commit under `Exact(expected)`. A poisoned engine (a
+    /// failed earlier write) is recovered first ([`LogStore::recover`]):
+    /// the fence then tells whether that earlier write landed.
+    fn append_events(
+        &self,
+        id: &SessionId,
+        expected_version: u64,
+        events: Vec<SessionEvent>,
+    ) -> Result<AppendReceipt, StoreError> {
+        if self.engine()?.is_poisoned() {
+            self.recover()?;
+        }
+        let Some(h) = self.header(id)? else {
+            return Err(StoreError::NotFound { id: id.clone() });
+        };
+        if h.status == SessionStatus::Deleted {
+            return Err(StoreError::InvalidSession {
+                id: id.clone(),
+                reason: "the session is deleted".into(),
+            });
+        }
+        if events.is_empty() {
+            return Err(StoreError::InvalidSession {
+                id: id.clone(),
+                reason: "an append needs at least one event".into(),
+            });
+        }
+        let base = self.base(id)?;
+        let data = Self::encode_event_list(id, &events)?;
+        match self.append(id, ExpectedVersion::Exact(base + expected_version), data)? {
+            AppendOutcome::Committed(info) | AppendOutcome::AlreadyCommitted(info) => {
+                Ok(AppendReceipt {
+                    session_version: info.version - base,
+                    updated_at_ms: info.timestamp_ms,
+                })
+            }
+            AppendOutcome::Conflict { actual, .. } => match actual {
+                Some(a) if a > base => Err(StoreError::Conflict {
+                    id: id.clone(),
+                    expected: expected_version,
+                    actual: a - base,
+                }),
+                _ => Err(StoreError::NotFound { id: id.clone() }),
+            },
+            #[allow(unreachable_patterns)]
+            _ => Err(StoreError::InvalidSession {
+                id: id.clone(),
+                reason: "unexpected append outcome".into(),
+            }),
+        }
+    }
+}
+
 impl SessionStore for LogStore {
+    fn transcript_backend(&self) -> Option<&dyn TranscriptBackend> {
+        Some(self)
+    }
+
     fn create(&self, session: AgentSession) -> Result<AgentSession, StoreError> {
         if session.version() != 0 {
             return Err(StoreError::InvalidSession {
@@ -527,7 +732,7 @@ impl SessionStore for LogStore {
             });
         }
         let head = self
-            .engine
+            .engine()?
             .stream_version(id.as_str())
             .map_err(engine_err)?;
         let base = self.base(&id)?;
@@ -625,7 +830,7 @@ impl SessionStore for LogStore {
             match self.append(id, ExpectedVersion::Exact(base + h.version), events)? {
                 AppendOutcome::Committed(_) | AppendOutcome::AlreadyCommitted(_) => {
                     let _ = self
-                        .engine
+                        .engine()?
                         .index()
                         .remove_cache(SESSION_INDEXER, &key(CACHE_SNAPSHOT[0], id.as_str()));
                     return Ok(true);
@@ -639,7 +844,8 @@ impl SessionStore for LogStore {
     }
 
     fn list_headers(&self, query: &ListQuery) -> Result<SessionInfoList, StoreError> {
-        let index = self.engine.index();
+        let engine = self.engine()?;
+        let index = engine.index();
         let mut skipped = Vec::new();
         let mut headers = Vec::new();
         let mut push_header = |id_bytes: &[u8], value: Option<Vec<u8>>| {
@@ -688,7 +894,7 @@ impl SessionStore for LogStore {
 
     fn header(&self, id: &SessionId) -> Result<Option<AgentSessionInfo>, StoreError> {
         match self
-            .engine
+            .engine()?
             .index()
             .get(SESSION_INDEXER, &key(KEY_HEADER, id.as_str()))
             .map_err(engine_err)?

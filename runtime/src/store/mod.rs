@@ -25,6 +25,7 @@ mod open;
 #[cfg(feature = "postgres")]
 pub mod postgres;
 mod repository;
+pub mod transcript_index;
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -164,6 +165,12 @@ pub trait SessionStore: Send + Sync {
     /// One header, without loading the state.
     fn header(&self, id: &SessionId) -> Result<Option<AgentSessionInfo>, StoreError>;
     fn stats(&self) -> StoreStats;
+    /// The store's native transcript surface for session handles (indexed
+    /// heads, sources and appends without full loads). `None` (the
+    /// default): handles use [`crate::handle::FullLoadBackend`].
+    fn transcript_backend(&self) -> Option<&dyn crate::handle::TranscriptBackend> {
+        None
+    }
 }
 
 /// What listing sorts by. Ties are broken by session id.

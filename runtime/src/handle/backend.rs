@@ -1,0 +1,246 @@
+//! The store-facing surface of session handles: [`TranscriptBackend`].
+//!
+//! A store that keeps transcript indexes (the log store) implements it
+//! natively: `head` and `source` answer from its indexes and
+//! `append_events` commits transcript events under the session version
+//! fence, all without loading the session. Stores without such indexes
+//! (memory, JSON file) are served by [`FullLoadBackend`], which loads the
+//! whole session: every cost is then O(session) per new version (the
+//! loaded session is cached per version), and the adapter's cache holds the
+//! whole transcript. A new store (e.g. PostgreSQL) gets bounded handles by
+//! implementing the trait and returning it from
+//! [`SessionStore::transcript_backend`](crate::store::SessionStore::transcript_backend).
+
+use std::borrow::Cow;
+use std::sync::{Arc, Mutex};
+
+use crate::session::{AgentSession, AgentSessionInfo, SessionEvent, SessionId};
+use crate::store::{SessionStore, StoreError};
+use crate::transcript::{
+    ChildLinks, CustomRef, Entry, EntryFacts, EntryId, EntrySource, PathFacts, Transcript,
+    TranscriptVersion,
+};
+
+/// What a handle needs to know about a session's transcript head.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TranscriptHead {
+    /// The session header (version fence, status, timestamps).
+    pub header: AgentSessionInfo,
+    pub version: TranscriptVersion,
+    pub leaf: Option<EntryId>,
+    /// Entries in the current generation.
+    pub entries: u64,
+}
+
+/// What a committed append of transcript events produced.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AppendReceipt {
+    /// The session version the commit produced.
+    pub session_version: u64,
+    pub updated_at_ms: i64,
+}
+
+/// An entry source bound to one session, reading through a backend.
+pub type BoxedSource<'a> = Box<dyn EntrySource<Error = StoreError> + 'a>;
+
+/// The store-facing surface of [`SessionHandle`](super::SessionHandle)s.
+pub trait TranscriptBackend: Send + Sync {
+    /// A process-unique identity of the store (the writer registry key).
+    fn identity(&self) -> String;
+
+    /// The session's header and transcript head; `None` if absent.
+    fn head(&self, id: &SessionId) -> Result<Option<TranscriptHead>, StoreError>;
+
+    /// An entry source over the session's current transcript.
+    fn source(&self, id: &SessionId) -> Result<BoxedSource<'_>, StoreError>;
+
+    /// Every entry id of the session's current transcript (for whole
+    /// transcript rewrites such as redaction; ids only).
+    fn entry_ids(&self, id: &SessionId) -> Result<Vec<EntryId>, StoreError>;
+
+    /// Commits transcript events (`EntryAppended`, `LeafMoved`,
+    /// `TranscriptRewritten`) as one commit if the session is at
+    /// `expected_version`; else `StoreError::Conflict` and nothing is
+    /// written. The caller has checked that the events fold (entries and
+    /// parents exist); the store refuses deleted sessions.
+    fn append_events(
+        &self,
+        id: &SessionId,
+        expected_version: u64,
+        events: Vec<SessionEvent>,
+    ) -> Result<AppendReceipt, StoreError>;
+}
+
+/// [`TranscriptBackend`] for stores without transcript indexes: loads the
+/// whole session (cached per session version). See the module docs for
+/// its costs.
+pub struct FullLoadBackend {
+    store: Arc<dyn SessionStore>,
+    cache: Mutex<Option<Arc<AgentSession>>>,
+}
+
+impl std::fmt::Debug for FullLoadBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FullLoadBackend").finish_non_exhaustive()
+    }
+}
+
+impl FullLoadBackend {
+    pub fn new(store: Arc<dyn SessionStore>) -> Self {
+        FullLoadBackend {
+            store,
+            cache: Mutex::new(None),
+        }
+    }
+
+    /// The session at its stored version (from the cache when current).
+    fn session(&self, id: &SessionId) -> Result<Option<Arc<AgentSession>>, StoreError> {
+        let Some(h) = self.store.header(id)? else {
+            return Ok(None);
+        };
+        {
+            let cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(s) = cache.as_ref() {
+                if s.id() == id && s.version() == h.version {
+                    return Ok(Some(s.clone()));
+                }
+            }
+        }
+        let Some(s) = self.store.load(id)? else {
+            return Ok(None);
+        };
+        let s = Arc::new(s);
+        *self.cache.lock().unwrap_or_else(|e| e.into_inner()) = Some(s.clone());
+        Ok(Some(s))
+    }
+}
+
+impl TranscriptBackend for FullLoadBackend {
+    fn identity(&self) -> String {
+        format!("store@{:p}", Arc::as_ptr(&self.store).cast::<()>())
+    }
+
+    fn head(&self, id: &SessionId) -> Result<Option<TranscriptHead>, StoreError> {
+        Ok(self.session(id)?.map(|s| {
+            let t = &s.state().transcript;
+            TranscriptHead {
+                header: s.info().clone(),
+                // Without an index of transcript events, every save
+                // counts: coarser (more conflicts), never laxer.
+                version: TranscriptVersion {
+                    generation: s.state().generation,
+                    raw_seq: s.version(),
+                    updated_at_ms: s.info().updated_at_ms,
+                },
+                leaf: t.leaf().cloned(),
+                entries: u64::try_from(t.len()).unwrap_or(u64::MAX),
+            }
+        }))
+    }
+
+    fn source(&self, id: &SessionId) -> Result<BoxedSource<'_>, StoreError> {
+        match self.session(id)? {
+            Some(s) => Ok(Box::new(SessionSource(s))),
+            None => Err(StoreError::NotFound { id: id.clone() }),
+        }
+    }
+
+    fn entry_ids(&self, id: &SessionId) -> Result<Vec<EntryId>, StoreError> {
+        match self.session(id)? {
+            Some(s) => Ok(s
+                .state()
+                .transcript
+                .entries()
+                .iter()
+                .map(|e| e.id.clone())
+                .collect()),
+            None => Err(StoreError::NotFound { id: id.clone() }),
+        }
+    }
+
+    fn append_events(
+        &self,
+        id: &SessionId,
+        expected_version: u64,
+        events: Vec<SessionEvent>,
+    ) -> Result<AppendReceipt, StoreError> {
+        let Some(mut s) = self.store.load(id)? else {
+            return Err(StoreError::NotFound { id: id.clone() });
+        };
+        if s.version() != expected_version {
+            return Err(StoreError::Conflict {
+                id: id.clone(),
+                expected: expected_version,
+                actual: s.version(),
+            });
+        }
+        for ev in events {
+            s.record_transcript_event(ev)
+                .map_err(|e| StoreError::InvalidSession {
+                    id: id.clone(),
+                    reason: e.to_string(),
+                })?;
+        }
+        let saved = self.store.save(s)?;
+        let receipt = AppendReceipt {
+            session_version: saved.version(),
+            updated_at_ms: saved.info().updated_at_ms,
+        };
+        *self.cache.lock().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(saved));
+        Ok(receipt)
+    }
+}
+
+/// A fully loaded session's transcript as an [`EntrySource`] with the
+/// store's error type.
+struct SessionSource(Arc<AgentSession>);
+
+impl SessionSource {
+    fn t(&self) -> &Transcript {
+        &self.0.state().transcript
+    }
+}
+
+fn never<T>(r: Result<T, std::convert::Infallible>) -> T {
+    match r {
+        Ok(v) => v,
+        Err(e) => match e {},
+    }
+}
+
+impl EntrySource for SessionSource {
+    type Error = StoreError;
+
+    fn entry(&self, id: &EntryId) -> Result<Option<Cow<'_, Entry>>, StoreError> {
+        Ok(self.t().get(id).map(Cow::Borrowed))
+    }
+
+    fn children(&self, id: &EntryId, limit: usize) -> Result<ChildLinks, StoreError> {
+        Ok(never(EntrySource::children(self.t(), id, limit)))
+    }
+
+    fn facts(&self, id: &EntryId) -> Result<Option<EntryFacts>, StoreError> {
+        Ok(self.t().get(id).map(EntryFacts::of))
+    }
+
+    fn path_facts(&self, _id: &EntryId) -> Result<Option<PathFacts>, StoreError> {
+        Ok(None)
+    }
+
+    fn custom_entries_after(
+        &self,
+        custom_type: Option<&str>,
+        after_seq: Option<u64>,
+        limit: usize,
+    ) -> Result<Option<Vec<CustomRef>>, StoreError> {
+        Ok(never(self.t().custom_entries_after(
+            custom_type,
+            after_seq,
+            limit,
+        )))
+    }
+
+    fn label(&self, id: &EntryId) -> Result<Option<String>, StoreError> {
+        Ok(self.t().label(id).map(str::to_string))
+    }
+}

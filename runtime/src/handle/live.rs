@@ -1,0 +1,630 @@
+//! [`SessionHandle`]: opening, the snapshot swap, transcript-level writes
+//! and publication.
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+
+use super::backend::{FullLoadBackend, TranscriptBackend};
+use super::registry::{self, Refused};
+use super::snapshot::{self, ResidentSnapshot, Reuse};
+use super::{HandleError, HandleOptions};
+use crate::observer::{EventSink, RuntimeEvent};
+use crate::session::{SessionEvent, SessionId, SessionStatus};
+use crate::store::{SessionStore, StoreError};
+use crate::transcript::{now_ms, Budget, Entry, EntryId, EntryKind, EntrySource};
+
+const OPEN: u8 = 0;
+const CLOSED: u8 = 1;
+const INVALIDATED: u8 = 2;
+
+/// What a handle tells its subscribers, after the snapshot is published.
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub enum HandleEvent {
+    /// A replacement snapshot was published after a committed write (or a
+    /// refresh); `cause` names the operation (`append`, `move_leaf`,
+    /// `rewrite`, `refresh`, ...).
+    Published {
+        snapshot: Arc<ResidentSnapshot>,
+        cause: &'static str,
+    },
+}
+
+type Subscriber = Box<dyn Fn(&HandleEvent) + Send + Sync>;
+
+/// Where a handle's backend comes from.
+enum Backend {
+    /// The store implements [`TranscriptBackend`] itself.
+    Native(Arc<dyn SessionStore>),
+    Adapter(FullLoadBackend),
+}
+
+pub(crate) struct Inner {
+    pub(crate) id: SessionId,
+    backend: Backend,
+    events: Arc<dyn EventSink>,
+    pub(crate) budget: Budget,
+    writer: bool,
+    pub(crate) owner: u64,
+    identity: String,
+    snapshot: RwLock<Arc<ResidentSnapshot>>,
+    state: AtomicU8,
+    write: Mutex<()>,
+    revision: AtomicU64,
+    pub(crate) rewrite_slot: AtomicBool,
+    fail_next_publication: AtomicBool,
+    subscribers: RwLock<Vec<Subscriber>>,
+}
+
+impl Backend {
+    fn get(&self, id: &SessionId) -> Result<&dyn TranscriptBackend, HandleError> {
+        match self {
+            Backend::Adapter(a) => Ok(a),
+            Backend::Native(s) => s.transcript_backend().ok_or_else(|| {
+                HandleError::Store(StoreError::InvalidSession {
+                    id: id.clone(),
+                    reason: "the store offers no transcript backend".into(),
+                })
+            }),
+        }
+    }
+}
+
+impl Inner {
+    pub(crate) fn backend(&self) -> Result<&dyn TranscriptBackend, HandleError> {
+        self.backend.get(&self.id)
+    }
+
+    /// Open and (for writers) still the registered writer.
+    pub(crate) fn alive(&self) -> bool {
+        if self.state.load(Ordering::Acquire) != OPEN {
+            return false;
+        }
+        !self.writer || registry::holder(&self.identity, self.id.as_str()) == Some(self.owner)
+    }
+
+    pub(crate) fn owner_lost(&self) -> HandleError {
+        HandleError::OwnerLost {
+            id: self.id.clone(),
+        }
+    }
+
+    /// Checks the authority to write: open, a writer, still registered.
+    pub(crate) fn check_writer(&self) -> Result<(), HandleError> {
+        if !self.writer {
+            return Err(HandleError::ReadOnly {
+                id: self.id.clone(),
+            });
+        }
+        if !self.alive() {
+            return Err(self.owner_lost());
+        }
+        Ok(())
+    }
+
+    pub(crate) fn snapshot(&self) -> Arc<ResidentSnapshot> {
+        self.snapshot
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    pub(crate) fn lock_writes(&self) -> MutexGuard<'_, ()> {
+        self.write.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn shut(&self, state: u8) {
+        let was = self.state.swap(state, Ordering::AcqRel);
+        if was == OPEN && self.writer {
+            registry::release(&self.identity, self.id.as_str(), self.owner);
+        }
+        if was == INVALIDATED {
+            // Stay invalidated (a later close does not hide the failure).
+            self.state.store(INVALIDATED, Ordering::Release);
+        }
+    }
+
+    /// Commits `events` under the session version fence `expected`, then
+    /// publishes the replacement snapshot (see the module docs of
+    /// [`super`]). The caller holds the write lock and checked authority.
+    pub(crate) fn commit(
+        &self,
+        expected: u64,
+        events: Vec<SessionEvent>,
+        reuse: ReusePlan,
+        cause: &'static str,
+    ) -> Result<Arc<ResidentSnapshot>, HandleError> {
+        let backend = self.backend()?;
+        let receipt = backend
+            .append_events(&self.id, expected, events)
+            .map_err(|e| match e {
+                StoreError::Conflict {
+                    expected, actual, ..
+                } => HandleError::Conflict {
+                    id: self.id.clone(),
+                    expected,
+                    actual,
+                },
+                StoreError::NotFound { .. } => HandleError::NotFound {
+                    id: self.id.clone(),
+                },
+                other => HandleError::Store(other),
+            })?;
+        // Committed: from here on a failure invalidates the handle and the
+        // write is never replayed.
+        let prev = self.snapshot();
+        let published = if self.fail_next_publication.swap(false, Ordering::AcqRel) {
+            Err("publication failure injected by a test hook".to_string())
+        } else {
+            let changed = reuse.changed;
+            let r = Reuse {
+                prev: &prev,
+                fresh: &reuse.fresh,
+                changed,
+                generation: reuse.generation,
+                links: reuse.links,
+            };
+            let revision = self.revision.fetch_add(1, Ordering::AcqRel) + 1;
+            snapshot::build(
+                backend,
+                &self.id,
+                self.budget,
+                self.owner,
+                revision,
+                Some(&r),
+            )
+            .map_err(|e| e.to_string())
+        };
+        match published {
+            Ok(snap) => {
+                let snap = Arc::new(snap);
+                *self.snapshot.write().unwrap_or_else(|e| e.into_inner()) = snap.clone();
+                self.notify(&snap, cause);
+                self.saved(receipt.session_version, snap.header.status);
+                Ok(snap)
+            }
+            Err(reason) => {
+                self.shut(INVALIDATED);
+                self.saved(receipt.session_version, prev.header.status);
+                Err(HandleError::PublicationFailed {
+                    id: self.id.clone(),
+                    committed_version: receipt.session_version,
+                    reason,
+                })
+            }
+        }
+    }
+
+    fn notify(&self, snap: &Arc<ResidentSnapshot>, cause: &'static str) {
+        let ev = HandleEvent::Published {
+            snapshot: snap.clone(),
+            cause,
+        };
+        for s in self
+            .subscribers
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+        {
+            s(&ev);
+        }
+    }
+
+    fn saved(&self, version: u64, status: SessionStatus) {
+        self.events.emit(&RuntimeEvent::SessionSaved {
+            session_id: self.id.clone(),
+            version,
+            status,
+        });
+    }
+}
+
+/// What a publication may reuse from the previous snapshot.
+pub(crate) struct ReusePlan {
+    pub fresh: Vec<Entry>,
+    pub changed: HashSet<EntryId>,
+    pub generation: u64,
+    pub links: bool,
+}
+
+/// A live session handle. See the [module docs](super).
+pub struct SessionHandle {
+    pub(crate) inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for SessionHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SessionHandle")
+            .field("session", &self.inner.id)
+            .field("owner", &self.inner.owner)
+            .field("writer", &self.inner.writer)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Drop for SessionHandle {
+    fn drop(&mut self) {
+        self.inner.shut(CLOSED);
+    }
+}
+
+impl SessionHandle {
+    /// Opens a handle on `id` (see [`HandleOptions`]). Used by
+    /// [`SessionRuntime::open_handle`](crate::SessionRuntime::open_handle).
+    pub fn open(
+        store: Arc<dyn SessionStore>,
+        events: Arc<dyn EventSink>,
+        id: &SessionId,
+        opts: HandleOptions,
+    ) -> Result<SessionHandle, HandleError> {
+        let backend = if store.transcript_backend().is_some() {
+            Backend::Native(store)
+        } else {
+            Backend::Adapter(FullLoadBackend::new(store))
+        };
+        let identity = backend.get(id)?.identity();
+        let owner = registry::next_incarnation();
+        if opts.writer {
+            registry::acquire(&identity, id.as_str(), owner, opts.wait_for_writer).map_err(
+                |r| match r {
+                    Refused::Busy(holder) => HandleError::WriterBusy {
+                        id: id.clone(),
+                        holder,
+                    },
+                    Refused::TimedOut { holder, waited } => HandleError::WriterTimeout {
+                        id: id.clone(),
+                        holder,
+                        waited_ms: u64::try_from(waited.as_millis()).unwrap_or(u64::MAX),
+                    },
+                },
+            )?;
+        }
+        // Until the handle exists, a failure releases the slot taken above.
+        let mut guard = ReleaseOnError {
+            identity: identity.clone(),
+            id: id.clone(),
+            owner,
+            armed: opts.writer,
+        };
+        let snap = snapshot::build(backend.get(id)?, id, opts.budget, owner, 1, None)?;
+        let inner = Inner {
+            id: id.clone(),
+            backend,
+            events,
+            budget: opts.budget,
+            writer: opts.writer,
+            owner,
+            identity,
+            snapshot: RwLock::new(Arc::new(snap)),
+            state: AtomicU8::new(OPEN),
+            write: Mutex::new(()),
+            revision: AtomicU64::new(1),
+            rewrite_slot: AtomicBool::new(false),
+            fail_next_publication: AtomicBool::new(false),
+            subscribers: RwLock::new(Vec::new()),
+        };
+        // The handle's Drop releases the slot from now on.
+        guard.armed = false;
+        Ok(SessionHandle {
+            inner: Arc::new(inner),
+        })
+    }
+
+    /// The current snapshot (a shared, immutable `Arc`).
+    pub fn snapshot(&self) -> Arc<ResidentSnapshot> {
+        self.inner.snapshot()
+    }
+
+    pub fn session_id(&self) -> &SessionId {
+        &self.inner.id
+    }
+
+    /// This handle's owner incarnation (process-unique).
+    pub fn owner(&self) -> u64 {
+        self.inner.owner
+    }
+
+    pub fn budget(&self) -> Budget {
+        self.inner.budget
+    }
+
+    pub fn is_writer(&self) -> bool {
+        self.inner.writer
+    }
+
+    /// Open, not invalidated, and (for a writer) still the registered
+    /// writer.
+    pub fn is_open(&self) -> bool {
+        self.inner.alive()
+    }
+
+    /// Closes the handle (as dropping it does): the writer slot is
+    /// released; reads and preparations bound to it report owner lost.
+    pub fn close(self) {
+        self.inner.shut(CLOSED);
+    }
+
+    /// Calls `f` after every publication (after the snapshot is swapped,
+    /// before the runtime's `SessionSaved`). Keep it cheap.
+    pub fn subscribe(&self, f: impl Fn(&HandleEvent) + Send + Sync + 'static) {
+        self.inner
+            .subscribers
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(Box::new(f));
+    }
+
+    /// Test hook: the next publication after a committed write fails (the
+    /// write stays committed, the handle is invalidated).
+    #[doc(hidden)]
+    pub fn fail_next_publication(&self) {
+        self.inner
+            .fail_next_publication
+            .store(true, Ordering::Release);
+    }
+
+    /// One entry, byte-exact: from the snapshot when resident, else read
+    /// from storage (operation-owned; nothing is cached in the handle).
+    pub fn entry(&self, id: &EntryId) -> Result<Option<Entry>, HandleError> {
+        if !self.inner.alive() {
+            return Err(self.inner.owner_lost());
+        }
+        let snap = self.snapshot();
+        if let Some(e) = snap.get(id) {
+            return Ok(Some(e.clone()));
+        }
+        let backend = self.inner.backend()?;
+        let source = backend.source(&self.inner.id)?;
+        Ok(source.entry(id)?.map(|e| e.into_owned()))
+    }
+
+    /// Republishes the snapshot from the store's live head (after another
+    /// writer committed, or to reset the resident set). Works on
+    /// read-only handles too.
+    pub fn refresh(&self) -> Result<Arc<ResidentSnapshot>, HandleError> {
+        let _w = self.inner.lock_writes();
+        if !self.inner.alive() {
+            return Err(self.inner.owner_lost());
+        }
+        let revision = self.inner.revision.fetch_add(1, Ordering::AcqRel) + 1;
+        let snap = Arc::new(snapshot::build(
+            self.inner.backend()?,
+            &self.inner.id,
+            self.inner.budget,
+            self.inner.owner,
+            revision,
+            None,
+        )?);
+        *self
+            .inner
+            .snapshot
+            .write()
+            .unwrap_or_else(|e| e.into_inner()) = snap.clone();
+        self.inner.notify(&snap, "refresh");
+        Ok(snap)
+    }
+
+    // ---- writes ---------------------------------------------------------
+
+    fn prepare_write(&self) -> Result<(MutexGuard<'_, ()>, Arc<ResidentSnapshot>), HandleError> {
+        let guard = self.inner.lock_writes();
+        self.inner.check_writer()?;
+        let snap = self.snapshot();
+        if snap.header.status == SessionStatus::Deleted {
+            return Err(HandleError::Deleted {
+                id: self.inner.id.clone(),
+            });
+        }
+        Ok((guard, snap))
+    }
+
+    fn unknown(&self, entry: &EntryId) -> HandleError {
+        HandleError::UnknownEntry {
+            id: self.inner.id.clone(),
+            entry: entry.clone(),
+        }
+    }
+
+    /// Appends an entry of `kind` under the current leaf; it becomes the
+    /// leaf. Returns its id.
+    pub fn append(&self, kind: EntryKind) -> Result<EntryId, HandleError> {
+        let ids = self.append_entries(vec![kind])?;
+        ids.into_iter().next().ok_or(HandleError::Raced {
+            id: self.inner.id.clone(),
+        })
+    }
+
+    /// Appends a chain of entries under the current leaf in ONE commit
+    /// (each the child of the previous one); the last becomes the leaf.
+    /// Returns their ids. Bulk imports use it to build long histories
+    /// quickly.
+    pub fn append_entries(&self, kinds: Vec<EntryKind>) -> Result<Vec<EntryId>, HandleError> {
+        let (_w, snap) = self.prepare_write()?;
+        let backend = self.inner.backend()?;
+        let source = backend.source(&self.inner.id)?;
+        let mut parent = snap.leaf.clone();
+        let mut taken: HashSet<EntryId> = HashSet::new();
+        let mut entries = Vec::with_capacity(kinds.len());
+        let ts = now_ms();
+        for kind in kinds {
+            let id = fresh_id(&*source, &taken)?;
+            taken.insert(id.clone());
+            let e = Entry {
+                id: id.clone(),
+                parent_id: parent.clone(),
+                timestamp_ms: ts,
+                kind,
+            };
+            parent = Some(id);
+            entries.push(e);
+        }
+        drop(source);
+        self.commit_entries(&snap, entries, "append")
+    }
+
+    /// Appends `entry` as given (its parent must exist or be `None`, its
+    /// id must be new); it becomes the leaf.
+    pub fn append_entry(&self, entry: Entry) -> Result<EntryId, HandleError> {
+        let (_w, snap) = self.prepare_write()?;
+        {
+            let backend = self.inner.backend()?;
+            let source = backend.source(&self.inner.id)?;
+            if source.facts(&entry.id)?.is_some() {
+                return Err(HandleError::DuplicateEntry {
+                    id: self.inner.id.clone(),
+                    entry: entry.id.clone(),
+                });
+            }
+            if let Some(p) = &entry.parent_id {
+                if source.facts(p)?.is_none() {
+                    return Err(self.unknown(p));
+                }
+            }
+        }
+        let id = entry.id.clone();
+        self.commit_entries(&snap, vec![entry], "append")?;
+        Ok(id)
+    }
+
+    fn commit_entries(
+        &self,
+        snap: &ResidentSnapshot,
+        entries: Vec<Entry>,
+        cause: &'static str,
+    ) -> Result<Vec<EntryId>, HandleError> {
+        let ids: Vec<EntryId> = entries.iter().map(|e| e.id.clone()).collect();
+        let events = entries
+            .iter()
+            .map(|e| SessionEvent::EntryAppended { entry: e.clone() })
+            .collect();
+        self.inner.commit(
+            snap.session_version,
+            events,
+            ReusePlan {
+                fresh: entries,
+                changed: HashSet::new(),
+                generation: snap.version.generation,
+                links: true,
+            },
+            cause,
+        )?;
+        Ok(ids)
+    }
+
+    /// Moves the leaf to an existing entry (anywhere in the tree, resident
+    /// or not) or to `None`, and publishes the snapshot of the new leaf.
+    pub fn move_leaf(&self, to: Option<EntryId>) -> Result<Arc<ResidentSnapshot>, HandleError> {
+        let (_w, snap) = self.prepare_write()?;
+        if snap.leaf == to {
+            return Ok(snap);
+        }
+        if let Some(t) = &to {
+            let backend = self.inner.backend()?;
+            if backend.source(&self.inner.id)?.facts(t)?.is_none() {
+                return Err(self.unknown(t));
+            }
+        }
+        self.inner.commit(
+            snap.session_version,
+            vec![SessionEvent::LeafMoved { leaf: to }],
+            ReusePlan {
+                fresh: Vec::new(),
+                changed: HashSet::new(),
+                generation: snap.version.generation,
+                links: true,
+            },
+            "move_leaf",
+        )
+    }
+
+    /// Branches: appends a branch summary under `target` (`None`: a new
+    /// root) recording the current leaf as the branch left; it becomes the
+    /// leaf. Returns its id.
+    pub fn branch_with_summary(
+        &self,
+        target: Option<EntryId>,
+        summary: impl Into<String>,
+    ) -> Result<EntryId, HandleError> {
+        let (_w, snap) = self.prepare_write()?;
+        let entry = {
+            let backend = self.inner.backend()?;
+            let source = backend.source(&self.inner.id)?;
+            if let Some(t) = &target {
+                if source.facts(t)?.is_none() {
+                    return Err(self.unknown(t));
+                }
+            }
+            Entry {
+                id: fresh_id(&*source, &HashSet::new())?,
+                parent_id: target,
+                timestamp_ms: now_ms(),
+                kind: EntryKind::BranchSummary {
+                    from_id: snap.leaf.clone(),
+                    summary: summary.into(),
+                },
+            }
+        };
+        let id = entry.id.clone();
+        self.commit_entries(&snap, vec![entry], "branch_with_summary")?;
+        Ok(id)
+    }
+
+    /// Sets (`Some`, non-empty) or clears (`None`) the label of `target`
+    /// with a label entry appended under the leaf. Returns its id.
+    pub fn set_label(
+        &self,
+        target: &EntryId,
+        label: Option<String>,
+    ) -> Result<EntryId, HandleError> {
+        let (_w, snap) = self.prepare_write()?;
+        let entry = {
+            let backend = self.inner.backend()?;
+            let source = backend.source(&self.inner.id)?;
+            if source.facts(target)?.is_none() {
+                return Err(self.unknown(target));
+            }
+            Entry {
+                id: fresh_id(&*source, &HashSet::new())?,
+                parent_id: snap.leaf.clone(),
+                timestamp_ms: now_ms(),
+                kind: EntryKind::Label {
+                    target_id: target.clone(),
+                    label: label.filter(|l| !l.is_empty()),
+                },
+            }
+        };
+        let id = entry.id.clone();
+        self.commit_entries(&snap, vec![entry], "set_label")?;
+        Ok(id)
+    }
+}
+
+/// A generated entry id that is neither stored nor in `taken`.
+fn fresh_id(
+    source: &dyn EntrySource<Error = StoreError>,
+    taken: &HashSet<EntryId>,
+) -> Result<EntryId, StoreError> {
+    loop {
+        let id = EntryId::generate();
+        if !taken.contains(&id) && source.facts(&id)?.is_none() {
+            return Ok(id);
+        }
+    }
+}
+
+/// Releases a writer slot taken during `open` if opening fails.
+struct ReleaseOnError {
+    identity: String,
+    id: SessionId,
+    owner: u64,
+    armed: bool,
+}
+
+impl Drop for ReleaseOnError {
+    fn drop(&mut self) {
+        if self.armed {
+            registry::release(&self.identity, self.id.as_str(), self.owner);
+        }
+    }
+}

@@ -1,0 +1,1055 @@
+//! The transcript index of the log store (engine indexer `transcript`)
+//! and the [`EntrySource`] that reads entries through it.
+//!
+//! Maintained from the log by [`TranscriptIndexer`] in the same atomic
+//! sled batch as the engine's own indexes, and rebuilt from the log like
+//! them (deleting `DIR/index/` loses nothing). Every key starts with a tag
+//! byte, the session id's length (u8) and the session id:
+//!
+//! | tag | rest of the key | value |
+//! | --- | --- | --- |
+//! | `m` | — | [`TranscriptMeta`]: generation, raw seq, updated at, leaf, counters |
+//! | `e` | entry id | [`EntryRecord`]: where the entry is in the log, size, kind, parent, [`PathMarker`], [`PathFacts`], append seq, summary |
+//! | `c` | u8 len ++ parent id ++ u64 BE seq | child id (children in append order) |
+//! | `n` | parent id | u64 BE number of children |
+//! | `t` | u32 BE len ++ custom type ++ u64 BE ordinal | custom entry id (empty = removed) |
+//! | `T` | custom type | u64 BE next ordinal of that type |
+//! | `a` | u64 BE ordinal | custom entry id of any type (empty = removed) |
+//! | `l` | u8 len ++ target id ++ u64 BE seq | MessagePack `Option<String>` of a label entry |
+//!
+//! Events read: `created` (the seed transcript of a fork), `entry_appended`,
+//! `leaf_moved`, `history_rewritten` (whole form), `transcript_rewritten`
+//! (delta form), `state_cleared` and the `spool.purge` marker. Costs per
+//! event: an append is O(1) index operations (one parent lookup, about six
+//! writes) plus, for a compaction, the walk from its parent to its first
+//! kept entry ([`first_kept_depth`]); a leaf move is O(1); a delta rewrite
+//! is proportional to what it names plus the subtrees whose path facts
+//! change (re-parented entries, entries whose [`PathMarker`] changed); a
+//! whole rewrite, a state clear and a purge are O(entries of the session).
+//!
+//! An entry is read back ([`LogTranscriptSource`]) by reading the commit
+//! at its position and decoding only the event that holds it; the parent
+//! comes from the index (a re-parented entry's stored bytes are never
+//! rewritten, only its parent link). A fork's seed transcript lives in its
+//! `created` event: reading one of its entries decodes that whole event
+//! (cached for the source's lifetime).
+//!
+//! Resolved labels are the last label entry (in append order) of a target;
+//! removing a label entry by a rewrite restores the previous one.
+
+use std::borrow::Cow;
+use std::cell::RefCell;
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+use spool_engine::{Index, IndexBatch, IndexError, Indexer, LogPosition, RecordedCommit, Store};
+
+use super::log::{PURGE_EVENT_KIND, SESSION_EVENT_PREFIX};
+use super::StoreError;
+use crate::session::{decode_event, SessionEvent, SessionId};
+use crate::transcript::{
+    entry_size, entry_summary, first_kept_depth, ChildLinks, CustomRef, Entry, EntryFacts, EntryId,
+    EntryKind, EntrySource, PathFacts, PathMarker, ResidentError, TranscriptVersion,
+    TREE_SUMMARY_CHARS_MAX,
+};
+
+/// Name of the engine indexer that keeps transcripts.
+pub const TRANSCRIPT_INDEXER: &str = "transcript";
+/// Version of the transcript index layout; bumping it rebuilds the index.
+pub const TRANSCRIPT_INDEX_VERSION: u32 = 1;
+
+const TAG_META: u8 = b'm';
+const TAG_ENTRY: u8 = b'e';
+const TAG_CHILD: u8 = b'c';
+const TAG_COUNT: u8 = b'n';
+const TAG_CUSTOM: u8 = b't';
+const TAG_CUSTOM_NEXT: u8 = b'T';
+const TAG_CUSTOM_ALL: u8 = b'a';
+const TAG_LABEL: u8 = b'l';
+/// Every per-entry tag (what a clear or purge removes).
+const ENTRY_TAGS: [u8; 7] = [
+    TAG_ENTRY,
+    TAG_CHILD,
+    TAG_COUNT,
+    TAG_CUSTOM,
+    TAG_CUSTOM_NEXT,
+    TAG_CUSTOM_ALL,
+    TAG_LABEL,
+];
+
+/// Per-session transcript facts kept by the index.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TranscriptMeta {
+    /// Bumped by every rewrite and state clear.
+    pub generation: u64,
+    /// Transcript events committed (appends, leaf moves, rewrites,
+    /// clears) over the session's incarnation; never decreases.
+    pub raw_seq: u64,
+    /// Commit time of the latest transcript event.
+    pub updated_at_ms: i64,
+    pub leaf: Option<EntryId>,
+    /// Entries in the current generation.
+    pub entries: u64,
+    /// Next append sequence number (per session, never reused).
+    pub next_seq: u64,
+    /// Next ordinal of the any-type custom-entry list.
+    pub custom_next: u64,
+}
+
+impl TranscriptMeta {
+    /// The transcript version these facts describe.
+    pub fn version(&self) -> TranscriptVersion {
+        TranscriptVersion {
+            generation: self.generation,
+            raw_seq: self.raw_seq,
+            updated_at_ms: self.updated_at_ms,
+        }
+    }
+}
+
+/// What the index knows about one entry (see the module docs).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct EntryRecord {
+    /// Commit holding the entry's bytes.
+    pub segment: u64,
+    pub offset: u64,
+    /// Index of the event in the commit.
+    pub event: u32,
+    /// Index of the entry in the event's entry list (0 for an append).
+    pub sub: u32,
+    /// [`entry_size`] of the entry with its current parent.
+    pub size: u64,
+    pub kind: String,
+    pub parent: Option<EntryId>,
+    pub marker: PathMarker,
+    pub facts: PathFacts,
+    /// Append sequence number (children and labels are ordered by it).
+    pub seq: u64,
+    /// For custom entries: type, ordinal in that type, ordinal among all.
+    pub custom: Option<(String, u64, u64)>,
+    /// For label entries: the target.
+    pub label_target: Option<EntryId>,
+    pub summary: String,
+}
+
+impl EntryRecord {
+    fn position(&self) -> LogPosition {
+        LogPosition {
+            segment: self.segment,
+            offset: self.offset,
+        }
+    }
+}
+
+fn sk(tag: u8, sid: &str) -> Vec<u8> {
+    // Session ids are at most 128 bytes (SESSION_ID_LEN_MAX).
+    let mut k = Vec::with_capacity(2 + sid.len() + 16);
+    k.push(tag);
+    k.push(sid.len().min(255) as u8);
+    k.extend_from_slice(sid.as_bytes());
+    k
+}
+
+fn meta_key(sid: &str) -> Vec<u8> {
+    sk(TAG_META, sid)
+}
+
+fn entry_key(sid: &str, id: &EntryId) -> Vec<u8> {
+    let mut k = sk(TAG_ENTRY, sid);
+    k.extend_from_slice(id.as_str().as_bytes());
+    k
+}
+
+fn child_prefix(sid: &str, parent: &EntryId) -> Vec<u8> {
+    // Entry ids are at most 128 bytes (ENTRY_ID_LEN_MAX).
+    let mut k = sk(TAG_CHILD, sid);
+    k.push(parent.as_str().len().min(255) as u8);
+    k.extend_from_slice(parent.as_str().as_bytes());
+    k
+}
+
+fn child_key(sid: &str, parent: &EntryId, seq: u64) -> Vec<u8> {
+    let mut k = child_prefix(sid, parent);
+    k.extend_from_slice(&seq.to_be_bytes());
+    k
+}
+
+fn count_key(sid: &str, parent: &EntryId) -> Vec<u8> {
+    let mut k = sk(TAG_COUNT, sid);
+    k.extend_from_slice(parent.as_str().as_bytes());
+    k
+}
+
+fn custom_prefix(sid: &str, custom_type: &str) -> Vec<u8> {
+    let mut k = sk(TAG_CUSTOM, sid);
+    let len = u32::try_from(custom_type.len()).unwrap_or(u32::MAX);
+    k.extend_from_slice(&len.to_be_bytes());
+    k.extend_from_slice(custom_type.as_bytes());
+    k
+}
+
+fn custom_key(sid: &str, custom_type: &str, ordinal: u64) -> Vec<u8> {
+    let mut k = custom_prefix(sid, custom_type);
+    k.extend_from_slice(&ordinal.to_be_bytes());
+    k
+}
+
+fn custom_next_key(sid: &str, custom_type: &str) -> Vec<u8> {
+    let mut k = sk(TAG_CUSTOM_NEXT, sid);
+    k.extend_from_slice(custom_type.as_bytes());
+    k
+}
+
+fn custom_all_key(sid: &str, ordinal: u64) -> Vec<u8> {
+    let mut k = sk(TAG_CUSTOM_ALL, sid);
+    k.extend_from_slice(&ordinal.to_be_bytes());
+    k
+}
+
+fn label_prefix(sid: &str, target: &EntryId) -> Vec<u8> {
+    let mut k = sk(TAG_LABEL, sid);
+    k.push(target.as_str().len().min(255) as u8);
+    k.extend_from_slice(target.as_str().as_bytes());
+    k
+}
+
+fn label_key(sid: &str, target: &EntryId, seq: u64) -> Vec<u8> {
+    let mut k = label_prefix(sid, target);
+    k.extend_from_slice(&seq.to_be_bytes());
+    k
+}
+
+fn be_u64(b: &[u8]) -> Option<u64> {
+    Some(u64::from_be_bytes(b.get(..8)?.try_into().ok()?))
+}
+
+fn encode<T: Serialize>(what: &str, v: &T) -> Result<Vec<u8>, IndexError> {
+    rmp_serde::to_vec(v)
+        .map_err(|e| IndexError::indexer(TRANSCRIPT_INDEXER, format!("{what}: {e}")))
+}
+
+fn decode<'a, T: Deserialize<'a>>(what: &str, b: &'a [u8]) -> Result<T, IndexError> {
+    rmp_serde::from_slice(b).map_err(|e| IndexError::Malformed(format!("{what}: {e}")))
+}
+
+/// Bytes of a parent id in an entry's JSON encoding (`"id"` or `null`).
+fn parent_json_len(p: &Option<EntryId>) -> u64 {
+    match p {
+        Some(id) => u64::try_from(id.as_str().len())
+            .unwrap_or(u64::MAX)
+            .saturating_add(2),
+        None => 4,
+    }
+}
+
+fn label_value(entry: &Entry) -> Option<(EntryId, Option<String>)> {
+    match &entry.kind {
+        EntryKind::Label { target_id, label } => {
+            Some((target_id.clone(), label.clone().filter(|l| !l.is_empty())))
+        }
+        _ => None,
+    }
+}
+
+fn custom_type(entry: &Entry) -> Option<&str> {
+    match &entry.kind {
+        EntryKind::Custom { custom_type, .. } => Some(custom_type),
+        _ => None,
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The indexer
+// ---------------------------------------------------------------------------
+
+/// Maintains the transcript index from the log. See the module docs.
+#[derive(Debug, Default)]
+pub struct TranscriptIndexer;
+
+/// The read side of a batch as an [`EntrySource`] of facts (for
+/// [`first_kept_depth`] at append time; payloads are never needed).
+struct BatchSource<'a, 'b> {
+    batch: &'a IndexBatch<'b>,
+    sid: &'a str,
+}
+
+impl EntrySource for BatchSource<'_, '_> {
+    type Error = IndexError;
+
+    fn entry(&self, _id: &EntryId) -> Result<Option<Cow<'_, Entry>>, IndexError> {
+        // Only facts are read while indexing.
+        Ok(None)
+    }
+
+    fn children(&self, _id: &EntryId, _limit: usize) -> Result<ChildLinks, IndexError> {
+        Ok(ChildLinks::default())
+    }
+
+    fn facts(&self, id: &EntryId) -> Result<Option<EntryFacts>, IndexError> {
+        Ok(get_record(self.batch, self.sid, id)?.map(|r| EntryFacts {
+            parent_id: r.parent,
+            kind: r.kind,
+            marker: r.marker,
+        }))
+    }
+
+    fn entry_size(&self, id: &EntryId) -> Result<Option<u64>, IndexError> {
+        Ok(get_record(self.batch, self.sid, id)?.map(|r| r.size))
+    }
+
+    fn path_facts(&self, id: &EntryId) -> Result<Option<PathFacts>, IndexError> {
+        Ok(get_record(self.batch, self.sid, id)?.map(|r| r.facts))
+    }
+}
+
+fn get_record(
+    batch: &IndexBatch<'_>,
+    sid: &str,
+    id: &EntryId,
+) -> Result<Option<EntryRecord>, IndexError> {
+    match batch.get(&entry_key(sid, id))? {
+        Some(b) => Ok(Some(decode("entry record", &b)?)),
+        None => Ok(None),
+    }
+}
+
+fn put_record(
+    batch: &mut IndexBatch<'_>,
+    sid: &str,
+    id: &EntryId,
+    r: &EntryRecord,
+) -> Result<(), IndexError> {
+    let bytes = encode("entry record", r)?;
+    batch.insert(&entry_key(sid, id), &bytes);
+    Ok(())
+}
+
+fn add_count(batch: &mut IndexBatch<'_>, key: &[u8], delta: i64) -> Result<(), IndexError> {
+    let cur = batch.get(key)?.and_then(|b| be_u64(&b)).unwrap_or(0);
+    let next = if delta >= 0 {
+        cur.saturating_add(delta.unsigned_abs())
+    } else {
+        cur.saturating_sub(delta.unsigned_abs())
+    };
+    batch.insert(key, &next.to_be_bytes());
+    Ok(())
+}
+
+/// The facts of an entry whose parent is `parent` (read from the batch).
+fn facts_for(
+    batch: &IndexBatch<'_>,
+    sid: &str,
+    entry_parent: Option<&EntryId>,
+    entry: &Entry,
+) -> Result<PathFacts, IndexError> {
+    let parent = match entry_parent {
+        Some(p) => get_record(batch, sid, p)?,
+        None => None,
+    };
+    Ok(match parent {
+        None => PathFacts::root(entry),
+        Some(pr) => {
+            let view = BatchSource { batch, sid };
+            let kept = match first_kept_depth(&view, entry, pr.facts.depth) {
+                Ok(k) => k,
+                Err(ResidentError::Source(e)) => return Err(e),
+                // A damaged parent chain: the compaction keeps nothing.
+                Err(_) => None,
+            };
+            PathFacts::child(&pr.facts, entry, kept)
+        }
+    })
+}
+
+/// Facts for a stored entry recomputed from its record alone (no
+/// payload): [`PathFacts::child`] only needs the marker and the id.
+fn facts_from_record(
+    batch: &IndexBatch<'_>,
+    sid: &str,
+    id: &EntryId,
+    r: &EntryRecord,
+) -> Result<PathFacts, IndexError> {
+    // A stand-in entry with the same id, parent and path marker.
+    let kind = match &r.marker {
+        PathMarker::Reset => EntryKind::Reset,
+        PathMarker::Compaction {
+            first_kept_entry_id,
+        } => EntryKind::Compaction {
+            summary: String::new(),
+            first_kept_entry_id: first_kept_entry_id.clone(),
+            tokens_before: 0,
+        },
+        PathMarker::Model { provider, model_id } => EntryKind::ModelChange {
+            provider: provider.clone(),
+            model_id: model_id.clone(),
+        },
+        PathMarker::ThinkingLevel { thinking_level } => EntryKind::ThinkingLevelChange {
+            thinking_level: thinking_level.clone(),
+        },
+        _ => EntryKind::SessionInfo { name: None },
+    };
+    let stand_in = Entry {
+        id: id.clone(),
+        parent_id: r.parent.clone(),
+        timestamp_ms: 0,
+        kind,
+    };
+    facts_for(batch, sid, r.parent.as_ref(), &stand_in)
+}
+
+struct Locator {
+    position: LogPosition,
+    event: u32,
+}
+
+fn index_entry(
+    batch: &mut IndexBatch<'_>,
+    sid: &str,
+    meta: &mut TranscriptMeta,
+    entry: &Entry,
+    loc: &Locator,
+    sub: u32,
+) -> Result<bool, IndexError> {
+    let ekey = entry_key(sid, &entry.id);
+    if batch.get(&ekey)?.is_some() {
+        // A duplicate id (only in whole-transcript events): the first
+        // occurrence stays authoritative, as in `Transcript`.
+        return Ok(false);
+    }
+    let facts = facts_for(batch, sid, entry.parent_id.as_ref(), entry)?;
+    let seq = meta.next_seq;
+    meta.next_seq = meta.next_seq.saturating_add(1);
+    let custom = match custom_type(entry) {
+        Some(t) => {
+            let nk = custom_next_key(sid, t);
+            let ordinal = batch.get(&nk)?.and_then(|b| be_u64(&b)).unwrap_or(0);
+            batch.insert(&nk, &ordinal.saturating_add(1).to_be_bytes());
+            let all = meta.custom_next;
+            meta.custom_next = meta.custom_next.saturating_add(1);
+            batch.insert(&custom_key(sid, t, ordinal), entry.id.as_str().as_bytes());
+            batch.insert(&custom_all_key(sid, all), entry.id.as_str().as_bytes());
+            Some((t.to_string(), ordinal, all))
+        }
+        None => None,
+    };
+    let label_target = match label_value(entry) {
+        Some((target, label)) => {
+            batch.insert(&label_key(sid, &target, seq), &encode("label", &label)?);
+            Some(target)
+        }
+        None => None,
+    };
+    if let Some(p) = &entry.parent_id {
+        batch.insert(&child_key(sid, p, seq), entry.id.as_str().as_bytes());
+        add_count(batch, &count_key(sid, p), 1)?;
+    }
+    let record = EntryRecord {
+        segment: loc.position.segment,
+        offset: loc.position.offset,
+        event: loc.event,
+        sub,
+        size: entry_size(entry),
+        kind: entry.kind_name().to_string(),
+        parent: entry.parent_id.clone(),
+        marker: PathMarker::of(entry),
+        facts,
+        seq,
+        custom,
+        label_target,
+        summary: entry_summary(entry, TREE_SUMMARY_CHARS_MAX).0,
+    };
+    put_record(batch, sid, &entry.id, &record)?;
+    meta.entries = meta.entries.saturating_add(1);
+    Ok(true)
+}
+
+/// Removes every per-entry key of a session.
+fn clear_entries(batch: &mut IndexBatch<'_>, sid: &str) -> Result<(), IndexError> {
+    for tag in ENTRY_TAGS {
+        for (k, _) in batch.scan_prefix(&sk(tag, sid))? {
+            batch.remove(&k);
+        }
+    }
+    Ok(())
+}
+
+/// Drops the custom-list and label keys of a record (custom lists keep a
+/// tombstone so ordinals stay dense for paging).
+fn unlink_payload_keys(batch: &mut IndexBatch<'_>, sid: &str, r: &EntryRecord) {
+    if let Some((t, ordinal, all)) = &r.custom {
+        batch.insert(&custom_key(sid, t, *ordinal), &[]);
+        batch.insert(&custom_all_key(sid, *all), &[]);
+    }
+    if let Some(target) = &r.label_target {
+        batch.remove(&label_key(sid, target, r.seq));
+    }
+}
+
+fn relink(
+    batch: &mut IndexBatch<'_>,
+    sid: &str,
+    id: &EntryId,
+    r: &EntryRecord,
+    new_parent: &Option<EntryId>,
+) -> Result<(), IndexError> {
+    if let Some(old) = &r.parent {
+        batch.remove(&child_key(sid, old, r.seq));
+        if batch.get(&entry_key(sid, old))?.is_some() {
+            add_count(batch, &count_key(sid, old), -1)?;
+        }
+    }
+    if let Some(p) = new_parent {
+        batch.insert(&child_key(sid, p, r.seq), id.as_str().as_bytes());
+        add_count(batch, &count_key(sid, p), 1)?;
+    }
+    Ok(())
+}
+
+#[allow(clippy::too_many_arguments)]
+fn apply_delta_rewrite(
+    batch: &mut IndexBatch<'_>,
+    sid: &str,
+    meta: &mut TranscriptMeta,
+    loc: &Locator,
+    written: &[Entry],
+    reparented: &[(EntryId, Option<EntryId>)],
+    removed: &[EntryId],
+) -> Result<(), IndexError> {
+    let mut stale: Vec<EntryId> = Vec::new();
+    let removed_set: HashSet<&EntryId> = removed.iter().collect();
+    for id in removed {
+        let Some(r) = get_record(batch, sid, id)? else {
+            continue;
+        };
+        unlink_payload_keys(batch, sid, &r);
+        if let Some(p) = &r.parent {
+            batch.remove(&child_key(sid, p, r.seq));
+            if !removed_set.contains(p) {
+                add_count(batch, &count_key(sid, p), -1)?;
+            }
+        }
+        batch.remove(&entry_key(sid, id));
+        // Its kept children are relinked below (their old parent is gone,
+        // so no count of a removed entry is touched again).
+        batch.remove(&count_key(sid, id));
+        meta.entries = meta.entries.saturating_sub(1);
+    }
+    for (id, new_parent) in reparented {
+        let Some(mut r) = get_record(batch, sid, id)? else {
+            continue;
+        };
+        relink(batch, sid, id, &r, new_parent)?;
+        r.size = r
+            .size
+            .saturating_sub(parent_json_len(&r.parent))
+            .saturating_add(parent_json_len(new_parent));
+        r.parent = new_parent.clone();
+        put_record(batch, sid, id, &r)?;
+        stale.push(id.clone());
+    }
+    for (k, w) in written.iter().enumerate() {
+        let Some(mut r) = get_record(batch, sid, &w.id)? else {
+            continue;
+        };
+        let mut is_stale = false;
+        if r.parent != w.parent_id {
+            relink(batch, sid, &w.id, &r, &w.parent_id)?;
+            is_stale = true;
+        }
+        let marker = PathMarker::of(w);
+        if marker != r.marker {
+            is_stale = true;
+        }
+        // Custom lists: same type keeps its place; a new type goes last.
+        let new_custom = match (custom_type(w), &r.custom) {
+            (Some(t), Some((old_t, ordinal, all))) if t == old_t => {
+                Some((t.to_string(), *ordinal, *all))
+            }
+            (new_t, _) => {
+                unlink_payload_keys(
+                    batch,
+                    sid,
+                    &EntryRecord {
+                        label_target: None,
+                        ..r.clone()
+                    },
+                );
+                match new_t {
+                    Some(t) => {
+                        let nk = custom_next_key(sid, t);
+                        let ordinal = batch.get(&nk)?.and_then(|b| be_u64(&b)).unwrap_or(0);
+                        batch.insert(&nk, &ordinal.saturating_add(1).to_be_bytes());
+                        let all = meta.custom_next;
+                        meta.custom_next = meta.custom_next.saturating_add(1);
+                        batch.insert(&custom_key(sid, t, ordinal), w.id.as_str().as_bytes());
+                        batch.insert(&custom_all_key(sid, all), w.id.as_str().as_bytes());
+                        Some((t.to_string(), ordinal, all))
+                    }
+                    None => None,
+                }
+            }
+        };
+        if let Some(target) = &r.label_target {
+            batch.remove(&label_key(sid, target, r.seq));
+        }
+        let label_target = match label_value(w) {
+            Some((target, label)) => {
+                batch.insert(&label_key(sid, &target, r.seq), &encode("label", &label)?);
+                Some(target)
+            }
+            None => None,
+        };
+        r.segment = loc.position.segment;
+        r.offset = loc.position.offset;
+        r.event = loc.event;
+        r.sub = u32::try_from(k).unwrap_or(u32::MAX);
+        r.size = entry_size(w);
+        r.kind = w.kind_name().to_string();
+        r.parent = w.parent_id.clone();
+        r.marker = marker;
+        r.custom = new_custom;
+        r.label_target = label_target;
+        r.summary = entry_summary(w, TREE_SUMMARY_CHARS_MAX).0;
+        put_record(batch, sid, &w.id, &r)?;
+        if is_stale {
+            stale.push(w.id.clone());
+        }
+    }
+    recompute_facts(batch, sid, &stale)
+}
+
+/// Recomputes the path facts of each stale entry and, where they changed,
+/// of its descendants (children in append order, breadth first).
+fn recompute_facts(
+    batch: &mut IndexBatch<'_>,
+    sid: &str,
+    stale: &[EntryId],
+) -> Result<(), IndexError> {
+    let mut visited: HashSet<EntryId> = HashSet::new();
+    for root in stale {
+        let mut queue: Vec<(EntryId, bool)> = vec![(root.clone(), true)];
+        while let Some((id, force)) = queue.pop() {
+            let Some(mut r) = get_record(batch, sid, &id)? else {
+                continue;
+            };
+            let facts = facts_from_record(batch, sid, &id, &r)?;
+            let changed = facts != r.facts;
+            if changed {
+                r.facts = facts;
+                put_record(batch, sid, &id, &r)?;
+            }
+            // A cycle cannot come from a valid rewrite; never loop on one.
+            if (changed || force) && visited.insert(id.clone()) {
+                for (_, v) in batch.scan_prefix(&child_prefix(sid, &id))? {
+                    if let Some(child) = std::str::from_utf8(&v)
+                        .ok()
+                        .and_then(|s| EntryId::parse(s).ok())
+                    {
+                        queue.push((child, false));
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+impl TranscriptIndexer {
+    fn apply_session_commit(
+        &self,
+        commit: &RecordedCommit,
+        batch: &mut IndexBatch<'_>,
+    ) -> Result<(), IndexError> {
+        let sid = commit.info.stream.as_str();
+        let mkey = meta_key(sid);
+        let mut meta: Option<TranscriptMeta> = match batch.get(&mkey)? {
+            Some(b) => Some(decode("transcript meta", &b)?),
+            None => None,
+        };
+        let mut dirty = false;
+        for (i, ev) in commit.events.iter().enumerate() {
+            if ev.kind == PURGE_EVENT_KIND {
+                clear_entries(batch, sid)?;
+                batch.remove(&mkey);
+                meta = None;
+                dirty = false;
+                continue;
+            }
+            let Some(kind) = ev.kind.strip_prefix(SESSION_EVENT_PREFIX) else {
+                continue;
+            };
+            if !matches!(
+                kind,
+                "created"
+                    | "entry_appended"
+                    | "leaf_moved"
+                    | "history_rewritten"
+                    | "transcript_rewritten"
+                    | "state_cleared"
+            ) {
+                continue;
+            }
+            let decoded = decode_event(&ev.payload).map_err(|e| {
+                IndexError::indexer(
+                    TRANSCRIPT_INDEXER,
+                    format!(
+                        "session {sid} version {} event {i}: {e}",
+                        commit.info.version
+                    ),
+                )
+            })?;
+            let loc = Locator {
+                position: commit.info.position,
+                event: u32::try_from(i).unwrap_or(u32::MAX),
+            };
+            let m = meta.get_or_insert_with(TranscriptMeta::default);
+            match &decoded {
+                SessionEvent::Created { state, .. } => {
+                    clear_entries(batch, sid)?;
+                    *m = TranscriptMeta {
+                        generation: state.generation,
+                        raw_seq: m.raw_seq,
+                        ..TranscriptMeta::default()
+                    };
+                    for (k, e) in state.transcript.entries().iter().enumerate() {
+                        index_entry(batch, sid, m, e, &loc, u32::try_from(k).unwrap_or(u32::MAX))?;
+                    }
+                    m.leaf = state.transcript.leaf().cloned();
+                }
+                SessionEvent::EntryAppended { entry } => {
+                    index_entry(batch, sid, m, entry, &loc, 0)?;
+                    m.leaf = Some(entry.id.clone());
+                }
+                SessionEvent::LeafMoved { leaf } => m.leaf = leaf.clone(),
+                SessionEvent::HistoryRewritten {
+                    generation,
+                    entries,
+                    leaf,
+                } => {
+                    clear_entries(batch, sid)?;
+                    m.entries = 0;
+                    for (k, e) in entries.iter().enumerate() {
+                        index_entry(batch, sid, m, e, &loc, u32::try_from(k).unwrap_or(u32::MAX))?;
+                    }
+                    m.generation = *generation;
+                    m.leaf = leaf.clone();
+                }
+                SessionEvent::TranscriptRewritten {
+                    generation,
+                    written,
+                    reparented,
+                    removed,
+                    leaf,
+                } => {
+                    apply_delta_rewrite(batch, sid, m, &loc, written, reparented, removed)?;
+                    m.generation = *generation;
+                    m.leaf = leaf.clone();
+                }
+                SessionEvent::StateCleared => {
+                    clear_entries(batch, sid)?;
+                    m.entries = 0;
+                    m.generation = m.generation.saturating_add(1);
+                    m.leaf = None;
+                }
+                _ => continue,
+            }
+            m.raw_seq = m.raw_seq.saturating_add(1);
+            m.updated_at_ms = commit.info.timestamp_ms;
+            dirty = true;
+        }
+        if let (true, Some(m)) = (dirty, &meta) {
+            batch.insert(&mkey, &encode("transcript meta", m)?);
+        }
+        Ok(())
+    }
+}
+
+impl Indexer for TranscriptIndexer {
+    fn name(&self) -> &'static str {
+        TRANSCRIPT_INDEXER
+    }
+
+    fn version(&self) -> u32 {
+        TRANSCRIPT_INDEX_VERSION
+    }
+
+    fn apply(&self, commit: &RecordedCommit, batch: &mut IndexBatch<'_>) -> Result<(), IndexError> {
+        let is_session = commit
+            .events
+            .iter()
+            .any(|e| e.kind == PURGE_EVENT_KIND || e.kind.starts_with(SESSION_EVENT_PREFIX));
+        if !is_session {
+            return Ok(());
+        }
+        self.apply_session_commit(commit, batch)
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Reading
+// ---------------------------------------------------------------------------
+
+fn engine_err(e: spool_engine::Error) -> StoreError {
+    StoreError::Engine(e)
+}
+
+/// The transcript meta of a session, `None` if it has none.
+pub fn read_meta(index: &Index, sid: &SessionId) -> Result<Option<TranscriptMeta>, StoreError> {
+    match index
+        .get(TRANSCRIPT_INDEXER, &meta_key(sid.as_str()))
+        .map_err(engine_err)?
+    {
+        Some(b) => rmp_serde::from_slice(&b)
+            .map(Some)
+            .map_err(|e| StoreError::Corrupt {
+                id: sid.clone(),
+                reason: format!("transcript meta index entry: {e}"),
+            }),
+        None => Ok(None),
+    }
+}
+
+/// Every entry id of a session's current generation (index order).
+pub fn entry_ids(index: &Index, sid: &SessionId) -> Result<Vec<EntryId>, StoreError> {
+    let prefix = sk(TAG_ENTRY, sid.as_str());
+    let mut out = Vec::new();
+    for kv in index.scan_prefix(TRANSCRIPT_INDEXER, &prefix) {
+        let (k, _) = kv.map_err(engine_err)?;
+        let id = k
+            .get(prefix.len()..)
+            .and_then(|b| std::str::from_utf8(b).ok())
+            .and_then(|s| EntryId::parse(s).ok())
+            .ok_or_else(|| StoreError::Corrupt {
+                id: sid.clone(),
+                reason: "malformed entry key in the transcript index".into(),
+            })?;
+        out.push(id);
+    }
+    Ok(out)
+}
+
+type CommitCache = Option<(LogPosition, Arc<RecordedCommit>)>;
+type EventCache = Option<((LogPosition, u32), Arc<SessionEvent>)>;
+
+/// An [`EntrySource`] over the log store's transcript index for one
+/// session: facts, sizes, path facts, children, labels, summaries and
+/// custom lists come from the index; an entry's payload is read from the
+/// commit at its position (the last commit read and the last event decoded
+/// are cached for the source's lifetime, which is one operation).
+pub struct LogTranscriptSource {
+    engine: Arc<Store>,
+    sid: SessionId,
+    commit: RefCell<CommitCache>,
+    event: RefCell<EventCache>,
+}
+
+impl std::fmt::Debug for LogTranscriptSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LogTranscriptSource")
+            .field("session", &self.sid)
+            .finish_non_exhaustive()
+    }
+}
+
+impl LogTranscriptSource {
+    pub fn new(engine: Arc<Store>, sid: SessionId) -> Self {
+        LogTranscriptSource {
+            engine,
+            sid,
+            commit: RefCell::new(None),
+            event: RefCell::new(None),
+        }
+    }
+
+    fn corrupt(&self, reason: String) -> StoreError {
+        StoreError::Corrupt {
+            id: self.sid.clone(),
+            reason,
+        }
+    }
+
+    /// The index record of an entry.
+    pub fn record(&self, id: &EntryId) -> Result<Option<EntryRecord>, StoreError> {
+        match self
+            .engine
+            .index()
+            .get(TRANSCRIPT_INDEXER, &entry_key(self.sid.as_str(), id))
+            .map_err(engine_err)?
+        {
+            Some(b) => rmp_serde::from_slice(&b)
+                .map(Some)
+                .map_err(|e| self.corrupt(format!("index record of entry {id}: {e}"))),
+            None => Ok(None),
+        }
+    }
+
+    fn event_at(&self, pos: LogPosition, idx: u32) -> Result<Arc<SessionEvent>, StoreError> {
+        if let Some((k, ev)) = &*self.event.borrow() {
+            if *k == (pos, idx) {
+                return Ok(ev.clone());
+            }
+        }
+        let cached = self
+            .commit
+            .borrow()
+            .as_ref()
+            .filter(|(p, _)| *p == pos)
+            .map(|(_, c)| c.clone());
+        let commit = match cached {
+            Some(c) => c,
+            None => {
+                let c = Arc::new(self.engine.read_at(pos).map_err(engine_err)?);
+                *self.commit.borrow_mut() = Some((pos, c.clone()));
+                c
+            }
+        };
+        if commit.info.stream != self.sid.as_str() {
+            return Err(self.corrupt(format!(
+                "the index points at {pos}, a commit of stream {:?}",
+                commit.info.stream
+            )));
+        }
+        let raw = usize::try_from(idx)
+            .ok()
+            .and_then(|i| commit.events.get(i))
+            .ok_or_else(|| self.corrupt(format!("no event {idx} in the commit at {pos}")))?;
+        let ev = Arc::new(
+            decode_event(&raw.payload)
+                .map_err(|e| self.corrupt(format!("event {idx} of the commit at {pos}: {e}")))?,
+        );
+        *self.event.borrow_mut() = Some(((pos, idx), ev.clone()));
+        Ok(ev)
+    }
+
+    fn load(&self, id: &EntryId, r: &EntryRecord) -> Result<Entry, StoreError> {
+        let ev = self.event_at(r.position(), r.event)?;
+        let sub = usize::try_from(r.sub).unwrap_or(usize::MAX);
+        let found = match &*ev {
+            SessionEvent::EntryAppended { entry } => Some(entry),
+            SessionEvent::Created { state, .. } => state.transcript.entries().get(sub),
+            SessionEvent::HistoryRewritten { entries, .. } => entries.get(sub),
+            SessionEvent::TranscriptRewritten { written, .. } => written.get(sub),
+            _ => None,
+        };
+        let e = found.filter(|e| &e.id == id).ok_or_else(|| {
+            self.corrupt(format!(
+                "entry {id} is not where the index says ({}, event {}, #{})",
+                r.position(),
+                r.event,
+                r.sub
+            ))
+        })?;
+        let mut e = e.clone();
+        e.parent_id = r.parent.clone();
+        Ok(e)
+    }
+}
+
+impl EntrySource for LogTranscriptSource {
+    type Error = StoreError;
+
+    fn entry(&self, id: &EntryId) -> Result<Option<Cow<'_, Entry>>, StoreError> {
+        match self.record(id)? {
+            Some(r) => Ok(Some(Cow::Owned(self.load(id, &r)?))),
+            None => Ok(None),
+        }
+    }
+
+    fn children(&self, id: &EntryId, limit: usize) -> Result<ChildLinks, StoreError> {
+        let sid = self.sid.as_str();
+        let index = self.engine.index();
+        let mut ids = Vec::new();
+        if limit > 0 {
+            for kv in index.scan_prefix(TRANSCRIPT_INDEXER, &child_prefix(sid, id)) {
+                let (_, v) = kv.map_err(engine_err)?;
+                let child = std::str::from_utf8(&v)
+                    .ok()
+                    .and_then(|s| EntryId::parse(s).ok())
+                    .ok_or_else(|| self.corrupt(format!("malformed child link of {id}")))?;
+                ids.push(child);
+                if ids.len() >= limit {
+                    break;
+                }
+            }
+        }
+        let total = index
+            .get(TRANSCRIPT_INDEXER, &count_key(sid, id))
+            .map_err(engine_err)?
+            .and_then(|b| be_u64(&b))
+            .unwrap_or(0);
+        Ok(ChildLinks { ids, total })
+    }
+
+    fn facts(&self, id: &EntryId) -> Result<Option<EntryFacts>, StoreError> {
+        Ok(self.record(id)?.map(|r| EntryFacts {
+            parent_id: r.parent,
+            kind: r.kind,
+            marker: r.marker,
+        }))
+    }
+
+    fn entry_size(&self, id: &EntryId) -> Result<Option<u64>, StoreError> {
+        Ok(self.record(id)?.map(|r| r.size))
+    }
+
+    fn path_facts(&self, id: &EntryId) -> Result<Option<PathFacts>, StoreError> {
+        Ok(self.record(id)?.map(|r| r.facts))
+    }
+
+    /// Ordinals are dense per list (removed entries leave tombstones), so
+    /// a page is a run of point lookups from `after_seq + 1`: O(page plus
+    /// removed entries in it), never a scan from the start.
+    fn custom_entries_after(
+        &self,
+        custom_type: Option<&str>,
+        after_seq: Option<u64>,
+        limit: usize,
+    ) -> Result<Option<Vec<CustomRef>>, StoreError> {
+        let sid = self.sid.as_str();
+        let index = self.engine.index();
+        let mut out = Vec::new();
+        let mut ordinal = after_seq.map_or(0, |s| s.saturating_add(1));
+        while out.len() < limit {
+            let key = match custom_type {
+                Some(t) => custom_key(sid, t, ordinal),
+                None => custom_all_key(sid, ordinal),
+            };
+            let Some(v) = index.get(TRANSCRIPT_INDEXER, &key).map_err(engine_err)? else {
+                break;
+            };
+            if !v.is_empty() {
+                let id = std::str::from_utf8(&v)
+                    .ok()
+                    .and_then(|s| EntryId::parse(s).ok())
+                    .ok_or_else(|| self.corrupt("malformed custom-entry link".into()))?;
+                out.push(CustomRef { seq: ordinal, id });
+            }
+            ordinal = match ordinal.checked_add(1) {
+                Some(o) => o,
+                None => break,
+            };
+        }
+        Ok(Some(out))
+    }
+
+    fn label(&self, id: &EntryId) -> Result<Option<String>, StoreError> {
+        let mut last: Option<Option<String>> = None;
+        for kv in self
+            .engine
+            .index()
+            .scan_prefix(TRANSCRIPT_INDEXER, &label_prefix(self.sid.as_str(), id))
+        {
+            let (_, v) = kv.map_err(engine_err)?;
+            last = Some(
+                rmp_serde::from_slice(&v)
+                    .map_err(|e| self.corrupt(format!("label of {id}: {e}")))?,
+            );
+        }
+        Ok(last.flatten())
+    }
+
+    fn summary(&self, id: &EntryId) -> Result<Option<String>, StoreError> {
+        Ok(self.record(id)?.map(|r| r.summary))
+    }
+}
