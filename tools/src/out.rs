@@ -157,9 +157,9 @@ impl Table {
         }
         let line = |w: &mut dyn Write, cells: &[String]| -> io::Result<()> {
             let mut s = String::new();
-            for i in 0..cols {
+            for (i, width) in widths.iter().enumerate() {
                 let cell = cells.get(i).map(String::as_str).unwrap_or("");
-                let pad = widths[i].saturating_sub(cell.chars().count());
+                let pad = width.saturating_sub(cell.chars().count());
                 if i > 0 {
                     s.push_str("  ");
                 }

@@ -175,9 +175,8 @@ impl SubjectStore for SpoolStore {
             entry: entry_for(seq, record),
         };
         let payload = encode_event(&event).map_err(subject_err)?;
-        let outcome = self
-            .store
-            .engine()
+        let engine = self.store.engine().map_err(subject_err)?;
+        let outcome = engine
             .append(NewCommit {
                 stream: id.clone(),
                 expected: ExpectedVersion::Exact(version),
