@@ -157,13 +157,13 @@ impl Table {
         }
         let line = |w: &mut dyn Write, cells: &[String]| -> io::Result<()> {
             let mut s = String::new();
-            for i in 0..cols {
+            for (i, (&width, &right)) in widths.iter().zip(&self.right).enumerate() {
                 let cell = cells.get(i).map(String::as_str).unwrap_or("");
-                let pad = widths[i].saturating_sub(cell.chars().count());
+                let pad = width.saturating_sub(cell.chars().count());
                 if i > 0 {
                     s.push_str("  ");
                 }
-                if self.right[i] {
+                if right {
                     s.push_str(&" ".repeat(pad));
                     s.push_str(cell);
                 } else {

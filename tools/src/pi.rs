@@ -40,12 +40,12 @@ use std::collections::HashSet;
 use std::io::BufRead;
 
 use serde_json::{Map, Value};
+use spool_runtime::session::encode_event;
 use spool_runtime::session::{AgentDefinition, AgentState, ModelConfig, SessionEvent, SessionId};
 use spool_runtime::store::exchange::{read_line_bounded, ImportCommit, ImportSession};
 use spool_runtime::transcript::{
     path_settings, ContentBlock, Entry, EntryId, EntryKind, Message, StopReason, Transcript, Usage,
 };
-use spool_runtime::session::encode_event;
 use uuid::Uuid;
 
 /// Newest pi session format version this reader understands.
@@ -96,7 +96,8 @@ pub fn read_pi<R: BufRead>(mut r: R, source: &str) -> Result<PiSession, PiError>
             break;
         }
         line_no += 1;
-        let text = std::str::from_utf8(&buf).map_err(|e| err(line_no, format!("not UTF-8: {e}")))?;
+        let text =
+            std::str::from_utf8(&buf).map_err(|e| err(line_no, format!("not UTF-8: {e}")))?;
         if text.trim().is_empty() {
             continue;
         }
@@ -202,23 +203,25 @@ pub fn read_pi<R: BufRead>(mut r: R, source: &str) -> Result<PiSession, PiError>
             .get("id")
             .and_then(Value::as_str)
             .ok_or_else(|| err(line, format!("the {ty} entry has no id")))?;
-        let eid = EntryId::parse(raw_id)
-            .map_err(|e| err(line, format!("entry id {raw_id:?}: {e}")))?;
+        let eid =
+            EntryId::parse(raw_id).map_err(|e| err(line, format!("entry id {raw_id:?}: {e}")))?;
         if transcript.contains(&eid) {
             return Err(err(line, format!("entry id {eid} is used twice")));
         }
         let parent = match m.get("parentId") {
             None | Some(Value::Null) => None,
             Some(Value::String(p)) => {
-                let pid = EntryId::parse(p)
-                    .map_err(|e| err(line, format!("parent id {p:?}: {e}")))?;
+                let pid =
+                    EntryId::parse(p).map_err(|e| err(line, format!("parent id {p:?}: {e}")))?;
                 if pid == eid {
                     return Err(err(line, format!("entry {eid} is its own parent")));
                 }
                 if !transcript.contains(&pid) {
                     return Err(err(
                         line,
-                        format!("the parent {pid} of entry {eid} is not defined on an earlier line"),
+                        format!(
+                            "the parent {pid} of entry {eid} is not defined on an earlier line"
+                        ),
                     ));
                 }
                 Some(pid)
@@ -255,7 +258,9 @@ pub fn read_pi<R: BufRead>(mut r: R, source: &str) -> Result<PiSession, PiError>
 
     // The session: a `created` event with the settings in force at the
     // leaf, then one `entry_appended` per entry (the last is the leaf).
-    let path = transcript.current_path().map_err(|e| err(0, e.to_string()))?;
+    let path = transcript
+        .current_path()
+        .map_err(|e| err(0, e.to_string()))?;
     let (model, thinking) = path_settings(&path);
     let model = model
         .map(|(p, m)| ModelConfig::new(p, m))
@@ -557,7 +562,9 @@ fn content(v: Option<&Value>) -> Result<Vec<ContentBlock>, String> {
         None | Some(Value::Null) => Ok(Vec::new()),
         Some(Value::String(s)) => Ok(vec![ContentBlock::text(s.clone())]),
         Some(Value::Array(blocks)) => blocks.iter().map(block).collect(),
-        Some(other) => Err(format!("content {other} is neither text nor a list of blocks")),
+        Some(other) => Err(format!(
+            "content {other} is neither text nor a list of blocks"
+        )),
     }
 }
 

@@ -68,16 +68,6 @@ impl Role {
             Role::ToolResult => "tool_result",
         }
     }
-
-    #[cfg(test)]
-    pub fn parse(s: &str) -> Option<Role> {
-        match s {
-            "user" => Some(Role::User),
-            "assistant" => Some(Role::Assistant),
-            "tool_result" => Some(Role::ToolResult),
-            _ => None,
-        }
-    }
 }
 
 /// One transcript entry's payload.

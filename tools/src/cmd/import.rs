@@ -63,12 +63,14 @@ pub fn run(
     json: bool,
 ) -> Result<ExitCode> {
     let f = File::open(file).map_err(|e| {
-        ToolError::with_source(format!("cannot open {}", file.display()), e)
-            .hint("check the path")
+        ToolError::with_source(format!("cannot open {}", file.display()), e).hint("check the path")
     })?;
     let reader = BufReader::new(f);
     let (sessions, pi_version): (Vec<ImportSession>, Option<u64>) = match format {
-        ImportFormat::Spool => (read_export(reader).map_err(|e| exchange_err(file, e))?, None),
+        ImportFormat::Spool => (
+            read_export(reader).map_err(|e| exchange_err(file, e))?,
+            None,
+        ),
         ImportFormat::Pi => {
             let name = file
                 .file_name()

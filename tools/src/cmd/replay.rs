@@ -124,10 +124,7 @@ fn at(dir: &Path, id: &str, version: u64, json: bool) -> Result<ExitCode> {
     );
     println!();
     print_text(&s);
-    println!(
-        "context   {} messages at the leaf",
-        context.messages.len()
-    );
+    println!("context   {} messages at the leaf", context.messages.len());
     Ok(ExitCode::SUCCESS)
 }
 
@@ -251,7 +248,9 @@ fn rebuild(dir: &Path, json: bool) -> Result<ExitCode> {
         *r.sessions_by_status.entry(h.status.as_str()).or_default() += 1;
         match store.load(&h.id) {
             Ok(Some(s)) => r.entries += s.state().transcript.len() as u64,
-            Ok(None) => r.failed_sessions.push(format!("{}: listed but absent", h.id)),
+            Ok(None) => r
+                .failed_sessions
+                .push(format!("{}: listed but absent", h.id)),
             Err(e) => r.failed_sessions.push(format!("{}: {e}", h.id)),
         }
         pb.inc(1);

@@ -165,7 +165,12 @@ pub fn run(dir: &Path, top: u32, json: bool) -> Result<ExitCode> {
                 if e.kind != ENTRY_APPENDED {
                     continue;
                 }
-                let item = Reverse((e.payload.len() as u64, c.info.seq, i as u32, c.info.position));
+                let item = Reverse((
+                    e.payload.len() as u64,
+                    c.info.seq,
+                    i as u32,
+                    c.info.position,
+                ));
                 if largest.len() < top {
                     largest.push(item);
                 } else if largest.peek().is_some_and(|m| item < *m) {
@@ -225,21 +230,18 @@ pub fn run(dir: &Path, top: u32, json: bool) -> Result<ExitCode> {
     // `Reverse` items: ascending order is largest first.
     heap.sort();
     for Reverse((bytes, _seq, idx, pos)) in heap {
-        let c = engine
-            .read_at(pos)
-            .map_err(|e| ToolError::with_source(format!("reading the commit at {pos} failed"), e))?;
+        let c = engine.read_at(pos).map_err(|e| {
+            ToolError::with_source(format!("reading the commit at {pos} failed"), e)
+        })?;
         let Some(ev) = c.events.get(idx as usize) else {
             continue;
         };
         let Ok(SessionEvent::EntryAppended { entry }) = decode_event(&ev.payload) else {
             continue;
         };
-        let (status, base) = status_of
-            .get(&c.info.stream)
-            .cloned()
-            .unwrap_or((None, 0));
-        let live = c.info.version > base
-            && matches!(status, Some(s) if s != SessionStatus::Deleted);
+        let (status, base) = status_of.get(&c.info.stream).cloned().unwrap_or((None, 0));
+        let live =
+            c.info.version > base && matches!(status, Some(s) if s != SessionStatus::Deleted);
         let (summary, role) = entry_summary(&entry, 60);
         entries.push(EntryRow {
             session: c.info.stream.clone(),
@@ -321,10 +323,7 @@ fn print_text(s: &Stats) -> Result<()> {
         human_bytes(b.dead_deleted),
         human_bytes(b.dead_purged)
     );
-    println!(
-        "streams   {} ({} sessions)",
-        s.streams, s.session_streams
-    );
+    println!("streams   {} ({} sessions)", s.streams, s.session_streams);
     println!();
     let mut t = Table::new(&["STATUS", "SESSIONS"]).right(1);
     for st in [
@@ -369,7 +368,11 @@ fn print_text(s: &Stats) -> Result<()> {
             t.row(vec![
                 r.session.clone(),
                 r.entry_id.clone(),
-                if r.live { kind } else { format!("{kind} (dead)") },
+                if r.live {
+                    kind
+                } else {
+                    format!("{kind} (dead)")
+                },
                 human_bytes(r.bytes),
                 ellipsize(&r.summary, 50),
             ]);

@@ -52,11 +52,10 @@ pub fn run(dir: &Path, args: Args) -> Result<ExitCode> {
     if !(args.seconds.is_finite() && args.seconds >= 0.0) {
         return Err(ToolError::new("--seconds must be a non-negative number"));
     }
-    let mut opts = Options::default();
-    opts.durability = match args.durability {
+    let mut opts = Options::default().durability(match args.durability {
         DurabilityArg::Immediate => Durability::Immediate,
         DurabilityArg::Buffered => Durability::Buffered,
-    };
+    });
     if let Some(s) = args.segment_bytes {
         opts.segment_bytes_max = s;
     }
