@@ -725,6 +725,41 @@ mod tests {
     }
 
     #[test]
+    fn long_sessions_are_split_into_bounded_commits_that_fold() {
+        let mut file = String::from(
+            r#"{"type":"session","version":3,"id":"long","timestamp":"2025-01-01T00:00:00Z","cwd":""}"#,
+        );
+        file.push('\n');
+        let n = PI_COMMIT_EVENTS_MAX * 2 + 10;
+        for i in 0..n {
+            let parent = if i == 0 {
+                "null".to_string()
+            } else {
+                format!("\"e{}\"", i - 1)
+            };
+            file.push_str(&format!(
+                r#"{{"type":"custom","id":"e{i}","parentId":{parent},"timestamp":"2025-01-01T00:00:01Z","customType":"c","data":{i}}}"#
+            ));
+            file.push('\n');
+        }
+        let s = read_pi(file.as_bytes(), "t").unwrap();
+        let commits = &s.import.commits;
+        assert_eq!(commits.len(), 3);
+        for (i, c) in commits.iter().enumerate() {
+            assert_eq!(c.version, i as u64 + 1);
+            assert!(c.events.len() <= PI_COMMIT_EVENTS_MAX);
+            assert_eq!(c.events.len(), c.lines.len());
+        }
+        let folded = s.import.validate().unwrap();
+        assert_eq!(folded.state().transcript.len(), n);
+        let last = format!("e{}", n - 1);
+        assert_eq!(
+            folded.state().transcript.leaf().map(|l| l.as_str()),
+            Some(last.as_str())
+        );
+    }
+
+    #[test]
     fn dangling_and_duplicate_ids_name_the_line() {
         let head = r#"{"type":"session","version":3,"id":"s","timestamp":"2025-01-01T00:00:00Z","cwd":""}"#;
         let a = r#"{"type":"custom","id":"a1","parentId":null,"timestamp":"2025-01-01T00:00:00Z","customType":"x"}"#;
