@@ -29,11 +29,20 @@ pub enum DurabilityArg {
     Buffered,
 }
 
+/// Formats `import` reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ImportFormat {
+    /// A `spool export` file (JSONL, `spool-export` version 1).
+    Spool,
+    /// A pi-style coding-agent session file (JSONL, versions 1, 2 and 3).
+    Pi,
+}
+
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Build a sample store with branching sessions and show it (the main job).
     Demo {
-        /// Print JSON instead of text.
+        /// Print one JSON document instead of text.
         #[arg(long)]
         json: bool,
     },
@@ -52,6 +61,7 @@ pub enum Command {
         /// At most this many sessions.
         #[arg(long)]
         limit: Option<u32>,
+        /// Print one JSON document instead of text.
         #[arg(long)]
         json: bool,
     },
@@ -60,6 +70,7 @@ pub enum Command {
     Show {
         /// Session id.
         id: String,
+        /// Print one JSON document instead of text.
         #[arg(long)]
         json: bool,
     },
@@ -68,6 +79,7 @@ pub enum Command {
     Tree {
         /// Session id.
         id: String,
+        /// Print one JSON document instead of text.
         #[arg(long)]
         json: bool,
     },
@@ -79,12 +91,14 @@ pub enum Command {
         /// Resident byte budget for the working set the context is built from.
         #[arg(long, value_name = "N")]
         budget_bytes: Option<u64>,
+        /// Print one JSON document instead of text.
         #[arg(long)]
         json: bool,
     },
 
     /// List the log's streams and their head versions.
     Streams {
+        /// Print one JSON document instead of text.
         #[arg(long)]
         json: bool,
     },
@@ -97,6 +111,7 @@ pub enum Command {
         /// At most this many commits.
         #[arg(long)]
         limit: Option<u64>,
+        /// Print one JSON document instead of text.
         #[arg(long)]
         json: bool,
     },
@@ -106,6 +121,7 @@ pub enum Command {
     /// Works without a writer holding the store (e.g. after the writer was
     /// killed). Exits 0 when the store is sound, 1 when corruption is found.
     Verify {
+        /// Print one JSON document instead of text.
         #[arg(long)]
         json: bool,
     },
@@ -132,6 +148,95 @@ pub enum Command {
         /// After each acknowledged commit append `<stream> <version>` to this file.
         #[arg(long, value_name = "FILE")]
         ack_file: Option<PathBuf>,
+        /// Print one JSON document instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+
+    /// Summarize the store: segments, bytes, live vs dead bytes, sessions by
+    /// status, the largest sessions and the largest entries.
+    ///
+    /// Dead bytes are commit records a log compaction (`compact --gc`)
+    /// would not copy: every record of a tombstoned (`delete`d) session and
+    /// every record of a purged session incarnation (including the purge
+    /// marker). Everything else is live, including streams that are not
+    /// sessions. Reads the log only (works while a writer owns the store).
+    Stats {
+        /// How many of the largest sessions and entries to list.
+        #[arg(long, default_value_t = 5, value_name = "N")]
+        top: u32,
+        /// Print one JSON document instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+
+    /// Rebuild every derived index and snapshot from the log alone, or show
+    /// a session as it was at an earlier version (time travel).
+    ///
+    /// Without ID: opens the store as its owner with a fresh index built
+    /// from the log, loads every session (which writes snapshots for long
+    /// histories), compares the answers with the old index, and replaces
+    /// the old index with the rebuilt one. Needs exclusive ownership.
+    ///
+    /// With ID and --at-version N: folds the session's events up to version
+    /// N and prints it like `show` (with --json also its transcript and
+    /// model context). Read-only.
+    Replay {
+        /// Session to show as of an earlier version (needs --at-version).
+        id: Option<String>,
+        /// The session version to show (1 = as created).
+        #[arg(long, value_name = "N", requires = "id")]
+        at_version: Option<u64>,
+        /// Print one JSON document instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+
+    /// Export sessions as JSONL (one event per line; see the `spool-export`
+    /// format in the ARCHITECTURE notes). `import` reads it back.
+    Export {
+        /// Session id to export (or use --all).
+        #[arg(required_unless_present = "all", conflicts_with = "all")]
+        id: Option<String>,
+        /// Export every session (tombstoned ones only with --include-deleted).
+        #[arg(long)]
+        all: bool,
+        /// With --all, also export tombstoned (deleted) sessions.
+        #[arg(long, requires = "all")]
+        include_deleted: bool,
+        /// Write to FILE (atomically: complete or not at all) instead of stdout.
+        #[arg(long, value_name = "FILE")]
+        out: Option<PathBuf>,
+    },
+
+    /// Import sessions from a file written by `export`, or from a pi-style
+    /// coding-agent session file (`--format pi`, versions 1 to 3).
+    ///
+    /// The whole file is parsed and every session folded before anything
+    /// is written; a malformed or truncated file is refused with the line
+    /// number and leaves the store unchanged. A session id that already
+    /// exists is refused.
+    Import {
+        /// The file to read.
+        file: PathBuf,
+        /// The file's format.
+        #[arg(long, value_enum, default_value_t = ImportFormat::Spool)]
+        format: ImportFormat,
+        /// Give every commit a fresh commit id (needed to re-import a purged
+        /// session into the store it was exported from).
+        #[arg(long)]
+        fresh_commit_ids: bool,
+        /// Print one JSON document instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+
+    /// Delete (tombstone) a session. It stays readable with status
+    /// `deleted` and accepts no changes; `compact --gc` reclaims its bytes.
+    Delete {
+        /// Session id.
+        id: String,
+        /// Print one JSON document instead of text.
         #[arg(long)]
         json: bool,
     },
@@ -144,6 +249,7 @@ pub enum Command {
         /// Small sizes that finish in seconds.
         #[arg(long)]
         quick: bool,
+        /// Print one JSON document instead of text.
         #[arg(long)]
         json: bool,
         /// Print the Markdown table for BENCHMARKS.md.

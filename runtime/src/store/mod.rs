@@ -18,6 +18,7 @@
 //!   counts the loads that do, so callers (and tests) can prove it.
 
 pub mod conformance;
+pub mod exchange;
 pub mod file;
 pub mod log;
 pub mod memory;

@@ -8,10 +8,15 @@ use crate::out::{Result, ToolError};
 
 mod bench;
 mod context;
+mod delete;
 mod demo;
+mod export;
+mod import;
 mod log;
+mod replay;
 pub mod sessions;
-mod show;
+pub mod show;
+mod stats;
 mod streams;
 mod stress;
 mod tree;
@@ -71,6 +76,32 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
             budget_bytes,
             json,
         } => context::run(need_store(&store)?, &id, budget_bytes, json),
+        Command::Stats { top, json } => stats::run(need_store(&store)?, top, json),
+        Command::Replay {
+            id,
+            at_version,
+            json,
+        } => replay::run(need_store(&store)?, id.as_deref(), at_version, json),
+        Command::Export {
+            id,
+            all: _,
+            include_deleted,
+            out,
+        } => export::run(
+            need_store(&store)?,
+            export::Args {
+                id: id.as_deref(),
+                include_deleted,
+                out: out.as_deref(),
+            },
+        ),
+        Command::Import {
+            file,
+            format,
+            fresh_commit_ids,
+            json,
+        } => import::run(need_store(&store)?, &file, format, fresh_commit_ids, json),
+        Command::Delete { id, json } => delete::run(need_store(&store)?, &id, json),
         Command::Bench {
             workloads,
             quick,

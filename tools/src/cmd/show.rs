@@ -25,8 +25,9 @@ struct StateSummary {
     tasks: Vec<serde_json::Value>,
 }
 
+/// What `show` prints for a session (also used by `replay --at-version`).
 #[derive(Serialize)]
-struct Shown<'a> {
+pub struct Shown<'a> {
     header: HeaderRow,
     definition: &'a AgentDefinition,
     state: StateSummary,
@@ -57,19 +58,31 @@ fn summary(s: &AgentSession) -> StateSummary {
     }
 }
 
+impl<'a> Shown<'a> {
+    pub fn of(s: &'a AgentSession) -> Self {
+        Shown {
+            header: HeaderRow::from(s.info()),
+            definition: s.definition(),
+            state: summary(s),
+        }
+    }
+}
+
 pub fn run(dir: &Path, id: &str, json: bool) -> Result<ExitCode> {
     let id = parse_id(id)?;
     let (_store, rt) = read_only(dir)?;
     let s = rt.get_session(&id).map_err(|e| runtime_err(&id, e))?;
-    let shown = Shown {
-        header: HeaderRow::from(s.info()),
-        definition: s.definition(),
-        state: summary(&s),
-    };
     if json {
-        print_json(&shown)?;
+        print_json(&Shown::of(&s))?;
         return Ok(ExitCode::SUCCESS);
     }
+    print_text(&s);
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Prints a session as `show` does without `--json`.
+pub fn print_text(s: &AgentSession) {
+    let shown = Shown::of(s);
     let h = &shown.header;
     let st = &shown.state;
     println!("session   {}", h.id);
@@ -112,5 +125,4 @@ pub fn run(dir: &Path, id: &str, json: bool) -> Result<ExitCode> {
             );
         }
     }
-    Ok(ExitCode::SUCCESS)
 }

@@ -1,0 +1,776 @@
+//! Reading pi-style coding-agent session files (JSONL, versions 1, 2, 3).
+//!
+//! A file is a header line `{"type":"session","version":N,"id":..,
+//! "timestamp":..,"cwd":..}` (version 1 has no `version`) followed by one
+//! entry per line. The file's versions differ as pi's own loader migrates
+//! them, and this reader mirrors those migrations:
+//!
+//! * **v1 → v2**: v1 entries have no `id`/`parentId`; they form a linear
+//!   chain. Each entry gets a fresh 8-hex-digit id and the previous entry
+//!   as parent; a compaction's `firstKeptEntryIndex` (an index into the
+//!   file's lines, the header being 0) becomes the `firstKeptEntryId` of
+//!   the entry at that index.
+//! * **v2 → v3**: message entries with role `hookMessage` become role
+//!   `custom`.
+//!
+//! The leaf is the last entry (as pi sets it on load). Entries map onto
+//! [`EntryKind`] one to one: `message` (user / assistant / toolResult;
+//! `custom` messages become custom-message entries, `branchSummary`
+//! messages branch-summary entries), `model_change`,
+//! `thinking_level_change`, `compaction`, `branch_summary`, `custom`,
+//! `custom_message`, `label`, `session_info`. A `bashExecution` message
+//! becomes a custom message of type `pi.bashExecution` carrying the text
+//! pi sends to the model (or, when excluded from the context, a custom
+//! entry), and a `compactionSummary` message a custom message of type
+//! `pi.compactionSummary`. So the context built from the leaf is the one
+//! pi's `buildSessionContext` shows, message for message (spool
+//! additionally pairs tool calls with results and leaves out errored
+//! assistant turns, as pi's provider layer does before sending).
+//!
+//! Where pi is lenient this reader is strict, because an import must not
+//! silently lose data: a line that is not JSON, an unknown entry type or
+//! message role, an invalid or duplicate id, and a parent id that no
+//! earlier line defines (pi would show such an entry as an extra root) are
+//! refused with the line number. Blank lines are skipped. Not kept:
+//! compaction and branch-summary `details`/`fromHook` (extension data that
+//! never reaches the model), assistant `api` and cost figures, the
+//! thinking signatures of thinking blocks.
+
+use std::collections::HashSet;
+use std::io::BufRead;
+
+use serde_json::{Map, Value};
+use spool_runtime::session::encode_event;
+use spool_runtime::session::{AgentDefinition, AgentState, ModelConfig, SessionEvent, SessionId};
+use spool_runtime::store::exchange::{read_line_bounded, ImportCommit, ImportSession};
+use spool_runtime::transcript::{
+    path_settings, ContentBlock, Entry, EntryId, EntryKind, Message, StopReason, Transcript, Usage,
+};
+use uuid::Uuid;
+
+/// Newest pi session format version this reader understands.
+pub const PI_VERSION_MAX: u64 = 3;
+/// Longest line accepted (bytes).
+pub const PI_LINE_BYTES_MAX: usize = 64 << 20;
+/// An import commit carries at most this many events...
+pub const PI_COMMIT_EVENTS_MAX: usize = 1024;
+/// ...and at most about this many encoded bytes (a single larger entry
+/// still gets a commit of its own).
+pub const PI_COMMIT_BYTES_MAX: usize = 4 << 20;
+/// The agent name imported sessions get.
+pub const PI_AGENT_NAME: &str = "pi";
+
+/// A pi file could not be read. `line` is 1-based (0: the file as a whole).
+#[derive(Debug, thiserror::Error)]
+#[error("line {line}: {reason}")]
+pub struct PiError {
+    pub line: u64,
+    pub reason: String,
+}
+
+fn err(line: u64, reason: impl Into<String>) -> PiError {
+    PiError {
+        line,
+        reason: reason.into(),
+    }
+}
+
+/// What was read, besides the session itself.
+#[derive(Debug)]
+pub struct PiSession {
+    pub import: ImportSession,
+    pub file_version: u64,
+}
+
+/// Reads a pi session file into one session to import. `source` names the
+/// file in the session's description.
+pub fn read_pi<R: BufRead>(mut r: R, source: &str) -> Result<PiSession, PiError> {
+    // Every non-blank line, parsed, with its line number.
+    let mut lines: Vec<(u64, Map<String, Value>)> = Vec::new();
+    let mut buf = Vec::new();
+    let mut line_no = 0u64;
+    loop {
+        let had = read_line_bounded(&mut r, &mut buf, PI_LINE_BYTES_MAX)
+            .map_err(|e| err(line_no + 1, e.to_string()))?;
+        if had.is_none() {
+            break;
+        }
+        line_no += 1;
+        let text =
+            std::str::from_utf8(&buf).map_err(|e| err(line_no, format!("not UTF-8: {e}")))?;
+        if text.trim().is_empty() {
+            continue;
+        }
+        let v: Value = serde_json::from_str(text).map_err(|e| {
+            err(
+                line_no,
+                format!(
+                    "not JSON ({e}){}",
+                    if e.is_eof() {
+                        "; the file may be truncated"
+                    } else {
+                        ""
+                    }
+                ),
+            )
+        })?;
+        match v {
+            Value::Object(m) => lines.push((line_no, m)),
+            _ => return Err(err(line_no, "not a JSON object")),
+        }
+    }
+    let Some((hline, header)) = lines.first().cloned() else {
+        return Err(err(0, "empty file: no pi session header"));
+    };
+    if header.get("type").and_then(Value::as_str) != Some("session") {
+        return Err(err(
+            hline,
+            "the first line is not a pi session header ({\"type\":\"session\",...})",
+        ));
+    }
+    let version = match header.get("version") {
+        None | Some(Value::Null) => 1,
+        Some(v) => v
+            .as_u64()
+            .filter(|v| (1..=PI_VERSION_MAX).contains(v))
+            .ok_or_else(|| {
+                err(
+                    hline,
+                    format!("pi session version {v} is not supported (this build reads 1..={PI_VERSION_MAX})"),
+                )
+            })?,
+    };
+    let sid = header
+        .get("id")
+        .and_then(Value::as_str)
+        .ok_or_else(|| err(hline, "the header has no session id"))?;
+    let id = SessionId::parse(sid)
+        .map_err(|e| err(hline, format!("session id {sid:?} cannot be used: {e}")))?;
+    let header_ts = header.get("timestamp").and_then(parse_time);
+    let cwd = header.get("cwd").and_then(Value::as_str).unwrap_or("");
+
+    // Migrate to v3 as pi does, then map.
+    let mut ids: Vec<Option<String>> = vec![None; lines.len()];
+    if version < 2 {
+        let mut taken = HashSet::new();
+        let mut prev: Option<String> = None;
+        for i in 1..lines.len() {
+            let new_id = loop {
+                let g = EntryId::generate().as_str().to_string();
+                if taken.insert(g.clone()) {
+                    break g;
+                }
+            };
+            ids[i] = Some(new_id.clone());
+            let (_, m) = &mut lines[i];
+            m.insert("id".into(), Value::String(new_id.clone()));
+            m.insert(
+                "parentId".into(),
+                prev.clone().map(Value::String).unwrap_or(Value::Null),
+            );
+            prev = Some(new_id);
+            if m.get("type").and_then(Value::as_str) == Some("compaction") {
+                if let Some(idx) = m.get("firstKeptEntryIndex").and_then(Value::as_u64) {
+                    // pi resolves the index among the file's entries
+                    // (header = 0); only earlier ones have ids yet.
+                    let target = usize::try_from(idx)
+                        .ok()
+                        .filter(|&t| t >= 1 && t < i)
+                        .and_then(|t| ids[t].clone());
+                    if let Some(t) = target {
+                        m.insert("firstKeptEntryId".into(), Value::String(t));
+                    }
+                    m.remove("firstKeptEntryIndex");
+                }
+            }
+        }
+    }
+
+    let mut transcript = Transcript::new();
+    let mut entries: Vec<(u64, Entry)> = Vec::with_capacity(lines.len());
+    let mut session_name: Option<String> = None;
+    let mut last_ts = header_ts.unwrap_or(0);
+    for (line, m) in lines.iter().skip(1) {
+        let line = *line;
+        let ty = m
+            .get("type")
+            .and_then(Value::as_str)
+            .ok_or_else(|| err(line, "the entry has no \"type\""))?;
+        if ty == "session" {
+            return Err(err(line, "a second session header"));
+        }
+        let raw_id = m
+            .get("id")
+            .and_then(Value::as_str)
+            .ok_or_else(|| err(line, format!("the {ty} entry has no id")))?;
+        let eid =
+            EntryId::parse(raw_id).map_err(|e| err(line, format!("entry id {raw_id:?}: {e}")))?;
+        if transcript.contains(&eid) {
+            return Err(err(line, format!("entry id {eid} is used twice")));
+        }
+        let parent = match m.get("parentId") {
+            None | Some(Value::Null) => None,
+            Some(Value::String(p)) => {
+                let pid =
+                    EntryId::parse(p).map_err(|e| err(line, format!("parent id {p:?}: {e}")))?;
+                if pid == eid {
+                    return Err(err(line, format!("entry {eid} is its own parent")));
+                }
+                if !transcript.contains(&pid) {
+                    return Err(err(
+                        line,
+                        format!(
+                            "the parent {pid} of entry {eid} is not defined on an earlier line"
+                        ),
+                    ));
+                }
+                Some(pid)
+            }
+            Some(other) => return Err(err(line, format!("parentId {other} is not a string"))),
+        };
+        let ts = m
+            .get("timestamp")
+            .and_then(parse_time)
+            .or_else(|| {
+                m.get("message")
+                    .and_then(|msg| msg.get("timestamp"))
+                    .and_then(parse_time)
+            })
+            .unwrap_or(last_ts);
+        last_ts = ts;
+        let kind = map_entry(ty, m, &eid, version).map_err(|r| err(line, r))?;
+        if let EntryKind::SessionInfo { name: Some(n) } = &kind {
+            if !n.trim().is_empty() {
+                session_name = Some(n.trim().to_string());
+            }
+        }
+        let entry = Entry {
+            id: eid,
+            parent_id: parent,
+            timestamp_ms: ts,
+            kind,
+        };
+        transcript
+            .append(entry.clone())
+            .map_err(|e| err(line, e.to_string()))?;
+        entries.push((line, entry));
+    }
+
+    // The session: a `created` event with the settings in force at the
+    // leaf, then one `entry_appended` per entry (the last is the leaf).
+    let path = transcript
+        .current_path()
+        .map_err(|e| err(0, e.to_string()))?;
+    let (model, thinking) = path_settings(&path);
+    let model = model
+        .map(|(p, m)| ModelConfig::new(p, m))
+        .unwrap_or_default();
+    let mut definition = AgentDefinition::new(
+        PI_AGENT_NAME,
+        format!("pi coding-agent session imported from {source}"),
+        "",
+    )
+    .with_label(session_name.unwrap_or_else(|| {
+        if cwd.is_empty() {
+            "pi session".to_string()
+        } else {
+            format!("pi session in {cwd}")
+        }
+    }));
+    definition.model = model.clone();
+    let mut state = AgentState::new().with_model(model);
+    state
+        .metadata
+        .insert("pi.session_version".into(), Value::from(version));
+    if !cwd.is_empty() {
+        state.metadata.insert("pi.cwd".into(), Value::from(cwd));
+    }
+    if let Some(p) = header.get("parentSession").and_then(Value::as_str) {
+        state
+            .metadata
+            .insert("pi.parent_session".into(), Value::from(p));
+    }
+    if let Some(t) = thinking {
+        state
+            .metadata
+            .insert("pi.thinking_level".into(), Value::from(t));
+    }
+    let created_at_ms = header_ts
+        .or_else(|| entries.first().map(|(_, e)| e.timestamp_ms))
+        .unwrap_or(0);
+    let created = SessionEvent::Created {
+        id: id.clone(),
+        parent_id: None,
+        agent_name: PI_AGENT_NAME.to_string(),
+        label: definition.effective_label(),
+        created_at_ms,
+        definition: Box::new(definition),
+        state: Box::new(state),
+    };
+
+    let mut commits: Vec<ImportCommit> = Vec::new();
+    let mut cur = ImportCommit {
+        version: 1,
+        commit_id: Uuid::new_v4(),
+        timestamp_ms: created_at_ms,
+        events: vec![created],
+        lines: vec![hline],
+    };
+    let mut cur_bytes = 0usize;
+    for (line, entry) in entries {
+        let ts = entry.timestamp_ms;
+        let ev = SessionEvent::EntryAppended { entry };
+        let bytes = encode_event(&ev)
+            .map_err(|e| err(line, format!("cannot encode the entry: {e}")))?
+            .len();
+        if !cur.events.is_empty()
+            && (cur.events.len() >= PI_COMMIT_EVENTS_MAX
+                || cur_bytes.saturating_add(bytes) > PI_COMMIT_BYTES_MAX)
+        {
+            let next = ImportCommit {
+                version: cur.version + 1,
+                commit_id: Uuid::new_v4(),
+                timestamp_ms: ts,
+                events: Vec::new(),
+                lines: Vec::new(),
+            };
+            commits.push(std::mem::replace(&mut cur, next));
+            cur_bytes = 0;
+        }
+        cur.events.push(ev);
+        cur.lines.push(line);
+        cur.timestamp_ms = ts;
+        cur_bytes = cur_bytes.saturating_add(bytes);
+    }
+    commits.push(cur);
+    Ok(PiSession {
+        import: ImportSession { id, commits },
+        file_version: version,
+    })
+}
+
+fn get_str<'a>(m: &'a Map<String, Value>, key: &str) -> Result<&'a str, String> {
+    m.get(key)
+        .and_then(Value::as_str)
+        .ok_or_else(|| format!("\"{key}\" is missing or not a string"))
+}
+
+fn opt_str(m: &Map<String, Value>, key: &str) -> Option<String> {
+    m.get(key).and_then(Value::as_str).map(str::to_string)
+}
+
+/// Maps one (migrated) pi entry to an entry kind.
+fn map_entry(
+    ty: &str,
+    m: &Map<String, Value>,
+    own_id: &EntryId,
+    version: u64,
+) -> Result<EntryKind, String> {
+    Ok(match ty {
+        "message" => {
+            let msg = m
+                .get("message")
+                .and_then(Value::as_object)
+                .ok_or("the message entry has no \"message\" object")?;
+            map_message(msg, version)?
+        }
+        "model_change" => EntryKind::ModelChange {
+            provider: get_str(m, "provider")?.to_string(),
+            model_id: get_str(m, "modelId")?.to_string(),
+        },
+        "thinking_level_change" => EntryKind::ThinkingLevelChange {
+            thinking_level: get_str(m, "thinkingLevel")?.to_string(),
+        },
+        "compaction" => EntryKind::Compaction {
+            summary: get_str(m, "summary")?.to_string(),
+            // pi keeps nothing before the compaction when its first kept
+            // entry is not found; pointing at the compaction itself gives
+            // the same context here.
+            first_kept_entry_id: m
+                .get("firstKeptEntryId")
+                .and_then(Value::as_str)
+                .and_then(|s| EntryId::parse(s).ok())
+                .unwrap_or_else(|| own_id.clone()),
+            tokens_before: m.get("tokensBefore").and_then(Value::as_u64).unwrap_or(0),
+        },
+        "branch_summary" => EntryKind::BranchSummary {
+            from_id: m
+                .get("fromId")
+                .and_then(Value::as_str)
+                .and_then(|s| EntryId::parse(s).ok()),
+            summary: get_str(m, "summary")?.to_string(),
+        },
+        "custom" => EntryKind::Custom {
+            custom_type: get_str(m, "customType")?.to_string(),
+            data: m.get("data").cloned().unwrap_or(Value::Null),
+        },
+        "custom_message" => EntryKind::CustomMessage {
+            custom_type: get_str(m, "customType")?.to_string(),
+            content: content(m.get("content"))?,
+            display: m.get("display").and_then(Value::as_bool).unwrap_or(false),
+            details: m.get("details").filter(|d| !d.is_null()).cloned(),
+        },
+        "label" => {
+            let target = get_str(m, "targetId")?;
+            EntryKind::Label {
+                target_id: EntryId::parse(target)
+                    .map_err(|e| format!("label target {target:?}: {e}"))?,
+                label: opt_str(m, "label"),
+            }
+        }
+        "session_info" => EntryKind::SessionInfo {
+            name: opt_str(m, "name").map(|n| n.trim().to_string()),
+        },
+        other => return Err(format!("unknown entry type {other:?}")),
+    })
+}
+
+fn map_message(msg: &Map<String, Value>, version: u64) -> Result<EntryKind, String> {
+    let role = msg
+        .get("role")
+        .and_then(Value::as_str)
+        .ok_or("the message has no \"role\"")?;
+    // v2 -> v3: the hookMessage role was renamed to custom.
+    let role = if role == "hookMessage" && version < 3 {
+        "custom"
+    } else {
+        role
+    };
+    let message = |message| EntryKind::Message { message };
+    Ok(match role {
+        "user" => message(Message::User {
+            content: content(msg.get("content"))?,
+        }),
+        "assistant" => {
+            let provider = msg.get("provider").and_then(Value::as_str).unwrap_or("");
+            let model = msg.get("model").and_then(Value::as_str).unwrap_or("");
+            let model = match (provider.is_empty(), model.is_empty()) {
+                (false, false) => Some(format!("{provider}/{model}")),
+                (true, false) => Some(model.to_string()),
+                _ => None,
+            };
+            let stop_reason = match msg.get("stopReason").and_then(Value::as_str) {
+                None | Some("stop") => StopReason::Stop,
+                Some("length") => StopReason::Length,
+                Some("toolUse") => StopReason::ToolUse,
+                Some("error") => StopReason::Error,
+                Some("aborted") => StopReason::Aborted,
+                Some(other) => return Err(format!("unknown stopReason {other:?}")),
+            };
+            let u = msg.get("usage");
+            let tokens = |k: &str| {
+                u.and_then(|u| u.get(k))
+                    .and_then(Value::as_f64)
+                    .filter(|t| t.is_finite() && *t >= 0.0)
+                    .map_or(0, |t| t as u64)
+            };
+            message(Message::Assistant {
+                content: content(msg.get("content"))?,
+                stop_reason,
+                usage: Usage {
+                    input_tokens: tokens("input"),
+                    output_tokens: tokens("output"),
+                    cache_read_tokens: tokens("cacheRead"),
+                    cache_write_tokens: tokens("cacheWrite"),
+                },
+                model,
+                error_message: opt_str(msg, "errorMessage"),
+            })
+        }
+        "toolResult" => message(Message::ToolResult {
+            tool_call_id: get_str(msg, "toolCallId")?.to_string(),
+            tool_name: msg
+                .get("toolName")
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_string(),
+            content: content(msg.get("content"))?,
+            is_error: msg.get("isError").and_then(Value::as_bool).unwrap_or(false),
+        }),
+        "custom" => EntryKind::CustomMessage {
+            custom_type: get_str(msg, "customType")?.to_string(),
+            content: content(msg.get("content"))?,
+            display: msg.get("display").and_then(Value::as_bool).unwrap_or(false),
+            details: msg.get("details").filter(|d| !d.is_null()).cloned(),
+        },
+        "branchSummary" => EntryKind::BranchSummary {
+            from_id: msg
+                .get("fromId")
+                .and_then(Value::as_str)
+                .and_then(|s| EntryId::parse(s).ok()),
+            summary: get_str(msg, "summary")?.to_string(),
+        },
+        "compactionSummary" => EntryKind::CustomMessage {
+            custom_type: "pi.compactionSummary".into(),
+            content: vec![ContentBlock::text(get_str(msg, "summary")?)],
+            display: true,
+            details: None,
+        },
+        "bashExecution" => {
+            let whole = Value::Object(msg.clone());
+            if msg
+                .get("excludeFromContext")
+                .and_then(Value::as_bool)
+                .unwrap_or(false)
+            {
+                EntryKind::Custom {
+                    custom_type: "pi.bashExecution".into(),
+                    data: whole,
+                }
+            } else {
+                EntryKind::CustomMessage {
+                    custom_type: "pi.bashExecution".into(),
+                    content: vec![ContentBlock::text(bash_execution_text(msg))],
+                    display: true,
+                    details: Some(whole),
+                }
+            }
+        }
+        other => return Err(format!("unknown message role {other:?}")),
+    })
+}
+
+/// The text pi sends to the model for a bash execution.
+fn bash_execution_text(msg: &Map<String, Value>) -> String {
+    let command = msg.get("command").and_then(Value::as_str).unwrap_or("");
+    let output = msg.get("output").and_then(Value::as_str).unwrap_or("");
+    let mut text = format!("Ran `{command}`\n");
+    if output.is_empty() {
+        text.push_str("(no output)");
+    } else {
+        text.push_str(&format!("```\n{output}\n```"));
+    }
+    let flag = |k: &str| msg.get(k).and_then(Value::as_bool).unwrap_or(false);
+    if flag("cancelled") {
+        text.push_str("\n\n(command cancelled)");
+    } else if let Some(code) = msg.get("exitCode").and_then(Value::as_i64) {
+        if code != 0 {
+            text.push_str(&format!("\n\nCommand exited with code {code}"));
+        }
+    }
+    if flag("truncated") {
+        if let Some(p) = msg.get("fullOutputPath").and_then(Value::as_str) {
+            text.push_str(&format!("\n\n[Output truncated. Full output: {p}]"));
+        }
+    }
+    text
+}
+
+/// Message content: a string (one text block) or an array of blocks.
+fn content(v: Option<&Value>) -> Result<Vec<ContentBlock>, String> {
+    match v {
+        None | Some(Value::Null) => Ok(Vec::new()),
+        Some(Value::String(s)) => Ok(vec![ContentBlock::text(s.clone())]),
+        Some(Value::Array(blocks)) => blocks.iter().map(block).collect(),
+        Some(other) => Err(format!(
+            "content {other} is neither text nor a list of blocks"
+        )),
+    }
+}
+
+fn block(b: &Value) -> Result<ContentBlock, String> {
+    let m = b.as_object().ok_or("a content block is not an object")?;
+    let ty = get_str(m, "type")?;
+    Ok(match ty {
+        "text" => ContentBlock::Text {
+            text: get_str(m, "text")?.to_string(),
+        },
+        "thinking" => ContentBlock::Thinking {
+            thinking: get_str(m, "thinking")?.to_string(),
+        },
+        "toolCall" => ContentBlock::ToolCall {
+            id: get_str(m, "id")?.to_string(),
+            name: get_str(m, "name")?.to_string(),
+            arguments: m.get("arguments").cloned().unwrap_or(Value::Null),
+        },
+        "image" => ContentBlock::Image {
+            mime_type: get_str(m, "mimeType")?.to_string(),
+            data: get_str(m, "data")?.to_string(),
+        },
+        other => return Err(format!("unknown content block type {other:?}")),
+    })
+}
+
+/// A time: milliseconds since the epoch (a number) or an RFC 3339 /
+/// ISO 8601 string such as `2025-01-02T03:04:05.678Z` or
+/// `2025-01-02T05:04:05+02:00`.
+pub fn parse_time(v: &Value) -> Option<i64> {
+    match v {
+        Value::Number(n) => n.as_i64().or_else(|| n.as_f64().map(|f| f as i64)),
+        Value::String(s) => parse_rfc3339_ms(s),
+        _ => None,
+    }
+}
+
+fn parse_rfc3339_ms(s: &str) -> Option<i64> {
+    let b = s.as_bytes();
+    let num = |r: std::ops::Range<usize>| -> Option<i64> {
+        let part = s.get(r)?;
+        if part.is_empty() || !part.bytes().all(|c| c.is_ascii_digit()) {
+            return None;
+        }
+        part.parse().ok()
+    };
+    if b.len() < 19 || b[4] != b'-' || b[7] != b'-' || !matches!(b[10], b'T' | b't' | b' ') {
+        return None;
+    }
+    if b[13] != b':' || b[16] != b':' {
+        return None;
+    }
+    let (y, mo, d) = (num(0..4)?, num(5..7)?, num(8..10)?);
+    let (h, mi, sec) = (num(11..13)?, num(14..16)?, num(17..19)?);
+    if !(1..=12).contains(&mo) || !(1..=31).contains(&d) || h > 23 || mi > 59 || sec > 60 {
+        return None;
+    }
+    let mut i = 19;
+    let mut ms = 0i64;
+    if b.get(i) == Some(&b'.') {
+        let start = i + 1;
+        let mut end = start;
+        while b.get(end).is_some_and(u8::is_ascii_digit) {
+            end += 1;
+        }
+        if end == start {
+            return None;
+        }
+        // Milliseconds from the first three fraction digits.
+        let frac = s.get(start..end.min(start + 3))?;
+        ms = frac.parse::<i64>().ok()? * 10i64.pow(3 - frac.len() as u32);
+        i = end;
+    }
+    let offset_s = match b.get(i) {
+        Some(b'Z' | b'z') if i + 1 == b.len() => 0,
+        Some(&sign @ (b'+' | b'-')) if b.len() == i + 6 && b[i + 3] == b':' => {
+            let oh = num(i + 1..i + 3)?;
+            let om = num(i + 4..i + 6)?;
+            let o = oh * 3600 + om * 60;
+            if sign == b'+' {
+                o
+            } else {
+                -o
+            }
+        }
+        _ => return None,
+    };
+    let days = days_from_civil(y, mo, d);
+    let secs = days * 86_400 + h * 3600 + mi * 60 + sec - offset_s;
+    secs.checked_mul(1000)?.checked_add(ms)
+}
+
+/// Howard Hinnant's civil-to-days algorithm (proleptic Gregorian).
+fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let mp = (m + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn times_parse_like_javascript_dates() {
+        assert_eq!(parse_rfc3339_ms("1970-01-01T00:00:00.000Z"), Some(0));
+        assert_eq!(
+            parse_rfc3339_ms("2026-11-30T07:35:12Z"),
+            Some(1_796_024_112_000)
+        );
+        assert_eq!(
+            parse_rfc3339_ms("2026-11-30T09:35:12.5+02:00"),
+            Some(1_796_024_112_500)
+        );
+        assert_eq!(parse_rfc3339_ms("2026-11-30"), None);
+        assert_eq!(parse_rfc3339_ms("2026-13-30T07:35:12Z"), None);
+        assert_eq!(parse_time(&Value::from(42)), Some(42));
+    }
+
+    #[test]
+    fn v1_is_a_linear_chain_with_compaction_index_resolved() {
+        let file = concat!(
+            r#"{"type":"session","id":"s1","timestamp":"2025-01-01T00:00:00.000Z","cwd":"/w"}"#,
+            "\n",
+            r#"{"type":"message","timestamp":"2025-01-01T00:00:01.000Z","message":{"role":"user","content":"a"}}"#,
+            "\n",
+            r#"{"type":"message","timestamp":"2025-01-01T00:00:02.000Z","message":{"role":"assistant","content":[{"type":"text","text":"b"}],"provider":"p","model":"m","stopReason":"stop"}}"#,
+            "\n",
+            r#"{"type":"compaction","timestamp":"2025-01-01T00:00:03.000Z","summary":"s","firstKeptEntryIndex":2,"tokensBefore":5}"#,
+            "\n"
+        );
+        let s = read_pi(file.as_bytes(), "t").unwrap();
+        assert_eq!(s.file_version, 1);
+        let evs: Vec<&SessionEvent> = s.import.commits.iter().flat_map(|c| &c.events).collect();
+        let entries: Vec<&Entry> = evs
+            .iter()
+            .filter_map(|e| match e {
+                SessionEvent::EntryAppended { entry } => Some(entry),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(entries.len(), 3);
+        assert_eq!(entries[0].parent_id, None);
+        assert_eq!(entries[1].parent_id.as_ref(), Some(&entries[0].id));
+        assert_eq!(entries[2].parent_id.as_ref(), Some(&entries[1].id));
+        match &entries[2].kind {
+            EntryKind::Compaction {
+                first_kept_entry_id,
+                ..
+            } => assert_eq!(first_kept_entry_id, &entries[1].id),
+            k => panic!("{k:?}"),
+        }
+        assert_eq!(entries[0].timestamp_ms, 1_735_689_601_000);
+    }
+
+    #[test]
+    fn long_sessions_are_split_into_bounded_commits_that_fold() {
+        let mut file = String::from(
+            r#"{"type":"session","version":3,"id":"long","timestamp":"2025-01-01T00:00:00Z","cwd":""}"#,
+        );
+        file.push('\n');
+        let n = PI_COMMIT_EVENTS_MAX * 2 + 10;
+        for i in 0..n {
+            let parent = if i == 0 {
+                "null".to_string()
+            } else {
+                format!("\"e{}\"", i - 1)
+            };
+            file.push_str(&format!(
+                r#"{{"type":"custom","id":"e{i}","parentId":{parent},"timestamp":"2025-01-01T00:00:01Z","customType":"c","data":{i}}}"#
+            ));
+            file.push('\n');
+        }
+        let s = read_pi(file.as_bytes(), "t").unwrap();
+        let commits = &s.import.commits;
+        assert_eq!(commits.len(), 3);
+        for (i, c) in commits.iter().enumerate() {
+            assert_eq!(c.version, i as u64 + 1);
+            assert!(c.events.len() <= PI_COMMIT_EVENTS_MAX);
+            assert_eq!(c.events.len(), c.lines.len());
+        }
+        let folded = s.import.validate().unwrap();
+        assert_eq!(folded.state().transcript.len(), n);
+        let last = format!("e{}", n - 1);
+        assert_eq!(
+            folded.state().transcript.leaf().map(|l| l.as_str()),
+            Some(last.as_str())
+        );
+    }
+
+    #[test]
+    fn dangling_and_duplicate_ids_name_the_line() {
+        let head = r#"{"type":"session","version":3,"id":"s","timestamp":"2025-01-01T00:00:00Z","cwd":""}"#;
+        let a = r#"{"type":"custom","id":"a1","parentId":null,"timestamp":"2025-01-01T00:00:00Z","customType":"x"}"#;
+        let dangling = r#"{"type":"custom","id":"b1","parentId":"zz","timestamp":"2025-01-01T00:00:00Z","customType":"x"}"#;
+        let e = read_pi(format!("{head}\n{a}\n\n{dangling}\n").as_bytes(), "t").unwrap_err();
+        assert_eq!(e.line, 4, "{e}");
+        let e = read_pi(format!("{head}\n{a}\n{a}\n").as_bytes(), "t").unwrap_err();
+        assert_eq!(e.line, 3, "{e}");
+        let e = read_pi(format!("{head}\n{a}\n{{\"type\":").as_bytes(), "t").unwrap_err();
+        assert_eq!(e.line, 3, "{e}");
+        let v4 = head.replace("\"version\":3", "\"version\":4");
+        assert_eq!(read_pi(v4.as_bytes(), "t").unwrap_err().line, 1);
+    }
+}

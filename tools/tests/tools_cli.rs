@@ -1,0 +1,834 @@
+//! Black-box tests of the offline tools (`stats`, `replay`, `export`,
+//! `import`, `delete`), run as a user would run them against stores made
+//! by `spool demo` (and, where a test needs to know each saved version, a
+//! session scripted through the runtime library).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+use serde_json::Value;
+
+fn spool() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_spool"))
+}
+
+/// Runs `spool --store DIR args...`.
+fn run(dir: &Path, args: &[&str]) -> Output {
+    spool()
+        .arg("--store")
+        .arg(dir)
+        .args(args)
+        .env_remove("SPOOL_STORE")
+        .stdin(Stdio::null())
+        .output()
+        .expect("spawn spool")
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// Runs and parses stdout as JSON; the command must succeed.
+fn json(dir: &Path, args: &[&str]) -> Value {
+    let out = run(dir, args);
+    assert!(
+        out.status.success(),
+        "spool {args:?} failed: {}\nstderr: {}",
+        out.status,
+        stderr(&out)
+    );
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "spool {args:?}: stdout is not JSON ({e}): {}",
+            String::from_utf8_lossy(&out.stdout)
+        )
+    })
+}
+
+/// Runs a command that must fail with exit code 2; returns its stderr.
+fn fails(dir: &Path, args: &[&str]) -> String {
+    let out = run(dir, args);
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "spool {args:?} should fail with 2; stdout {} stderr {}",
+        String::from_utf8_lossy(&out.stdout),
+        stderr(&out)
+    );
+    stderr(&out)
+}
+
+/// A store made by `spool demo`; returns its session ids (oldest first).
+fn demo(dir: &Path) -> Vec<String> {
+    let v = json(dir, &["demo", "--json"]);
+    v["created"]
+        .as_array()
+        .expect("created ids")
+        .iter()
+        .map(|s| s.as_str().unwrap().to_string())
+        .collect()
+}
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/pi")
+        .join(name)
+}
+
+fn session_ids(dir: &Path, extra: &[&str]) -> Vec<String> {
+    let mut args = vec!["sessions", "--json"];
+    args.extend_from_slice(extra);
+    let mut ids: Vec<String> = json(dir, &args)
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["id"].as_str().unwrap().to_string())
+        .collect();
+    ids.sort();
+    ids
+}
+
+/// `show --json` without the one field an import cannot keep (the commit
+/// time of the last commit, which the importing store assigns).
+fn show_without_updated(dir: &Path, id: &str) -> Value {
+    let mut v = json(dir, &["show", id, "--json"]);
+    v["header"]
+        .as_object_mut()
+        .unwrap()
+        .remove("updated_at")
+        .expect("updated_at");
+    v
+}
+
+/// Per commit of a stream: (version, commit id, event kinds).
+fn commits_of(dir: &Path, id: &str) -> Vec<(u64, String, Vec<String>)> {
+    json(dir, &["log", "--stream", id, "--json"])
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| {
+            (
+                c["version"].as_u64().unwrap(),
+                c["commit_id"].as_str().unwrap().to_string(),
+                c["events"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|e| e["kind"].as_str().unwrap().to_string())
+                    .collect(),
+            )
+        })
+        .collect()
+}
+
+fn streams(dir: &Path) -> BTreeMap<String, u64> {
+    json(dir, &["streams", "--json"])
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| {
+            (
+                s["stream"].as_str().unwrap().to_string(),
+                s["version"].as_u64().unwrap(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn help_lists_every_command_and_documents_json() {
+    let out = spool().arg("--help").output().unwrap();
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    for cmd in [
+        "stats", "replay", "export", "import", "delete", "verify", "demo",
+    ] {
+        assert!(text.contains(cmd), "--help lacks {cmd}: {text}");
+    }
+    for cmd in [
+        "stats", "replay", "import", "delete", "show", "log", "sessions",
+    ] {
+        let out = spool().args([cmd, "--help"]).output().unwrap();
+        assert!(out.status.success(), "{cmd} --help");
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            text.contains("--json") && text.contains("Print one JSON document"),
+            "{cmd} --help does not document --json: {text}"
+        );
+    }
+    let out = spool().args(["export", "--help"]).output().unwrap();
+    assert!(String::from_utf8_lossy(&out.stdout).contains("--out"));
+}
+
+#[test]
+fn stats_counts_live_and_dead_bytes_and_delete_tombstones() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let ids = demo(&store);
+
+    let s = json(&store, &["stats", "--json", "--top", "10"]);
+    let b = &s["bytes"];
+    let records = b["records"].as_u64().unwrap();
+    assert!(records > 0);
+    assert_eq!(
+        b["live"].as_u64().unwrap(),
+        records,
+        "nothing dead yet: {s}"
+    );
+    assert_eq!(b["dead"].as_u64().unwrap(), 0);
+    assert!(b["file_bytes"].as_u64().unwrap() >= records);
+    assert_eq!(s["sessions"], 4);
+    assert_eq!(s["sessions_by_status"]["suspended"], 1);
+    assert_eq!(s["segments"].as_u64().unwrap(), 1);
+    // The record bytes equal the sum over `log`.
+    let log = json(&store, &["log", "--json"]);
+    let logged: u64 = log
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["record_bytes"].as_u64().unwrap())
+        .sum();
+    assert_eq!(logged, records);
+    assert_eq!(
+        s["commits"].as_u64().unwrap(),
+        log.as_array().unwrap().len() as u64
+    );
+    let sizes: Vec<u64> = s["largest_entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["bytes"].as_u64().unwrap())
+        .collect();
+    assert!(
+        !sizes.is_empty() && sizes.windows(2).all(|w| w[0] >= w[1]),
+        "{sizes:?}"
+    );
+
+    // Delete (tombstone) one session: its bytes become dead.
+    let victim = &ids[2];
+    let victim_bytes: u64 = json(&store, &["log", "--stream", victim, "--json"])
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["record_bytes"].as_u64().unwrap())
+        .sum();
+    let d = json(&store, &["delete", victim, "--json"]);
+    assert_eq!(d["status"], "deleted");
+    assert_eq!(d["already_deleted"], false);
+    let tomb_bytes: u64 = json(&store, &["log", "--stream", victim, "--json"])
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["record_bytes"].as_u64().unwrap())
+        .sum();
+    assert!(tomb_bytes > victim_bytes, "the tombstone is a commit");
+    let s = json(&store, &["stats", "--json"]);
+    assert_eq!(s["bytes"]["dead"].as_u64().unwrap(), tomb_bytes, "{s}");
+    assert_eq!(s["bytes"]["dead_deleted"].as_u64().unwrap(), tomb_bytes);
+    assert_eq!(
+        s["bytes"]["live"].as_u64().unwrap() + tomb_bytes,
+        s["bytes"]["records"].as_u64().unwrap()
+    );
+    assert_eq!(s["sessions_by_status"]["deleted"], 1);
+    let shown = json(&store, &["show", victim, "--json"]);
+    assert_eq!(shown["header"]["status"], "deleted");
+    assert!(
+        !session_ids(&store, &[]).contains(victim),
+        "hidden from listing"
+    );
+    assert_eq!(
+        session_ids(&store, &["--status", "deleted"]),
+        vec![victim.clone()]
+    );
+
+    // Deleting again is a no-op; unknown and invalid ids fail with a hint.
+    let d = json(&store, &["delete", victim, "--json"]);
+    assert_eq!(d["already_deleted"], true);
+    let err = fails(&store, &["delete", "no-such-session"]);
+    assert!(err.contains("no session") && err.contains("hint:"), "{err}");
+    fails(&store, &["delete", "a/b"]);
+
+    // The text forms print.
+    let out = run(&store, &["stats"]);
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("live") && text.contains("dead") && text.contains("largest entries"));
+    let out = run(&store, &["delete", victim]);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("already deleted"));
+}
+
+#[test]
+fn export_then_import_round_trips_identical_sessions() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = dir.path().join("a");
+    let b = dir.path().join("b");
+    let ids = demo(&a);
+    json(&a, &["delete", &ids[3], "--json"]);
+    let file = dir.path().join("all.jsonl");
+    let out = run(
+        &a,
+        &[
+            "export",
+            "--all",
+            "--include-deleted",
+            "--out",
+            file.to_str().unwrap(),
+        ],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    // Stdout export is the same document (bar the export time).
+    let out = run(&a, &["export", "--all", "--include-deleted"]);
+    assert!(out.status.success());
+    let strip = |t: &str| t.lines().skip(1).map(str::to_string).collect::<Vec<_>>();
+    let text = std::fs::read_to_string(&file).unwrap();
+    assert_eq!(strip(&text), strip(&String::from_utf8_lossy(&out.stdout)));
+    // Every line is one JSON object of the documented shape.
+    let lines: Vec<Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines[0]["format"], "spool-export");
+    assert_eq!(lines[0]["version"], 1);
+    assert_eq!(lines.last().unwrap()["end"], true);
+    for l in &lines[1..lines.len() - 1] {
+        for k in [
+            "session",
+            "version",
+            "commit_id",
+            "timestamp_ms",
+            "index",
+            "events_in_commit",
+            "event",
+        ] {
+            assert!(l.get(k).is_some(), "event line lacks {k}: {l}");
+        }
+    }
+
+    let rep = json(&b, &["import", file.to_str().unwrap(), "--json"]);
+    assert_eq!(rep["sessions"].as_array().unwrap().len(), 4);
+    assert_eq!(session_ids(&a, &[]), session_ids(&b, &[]));
+    assert_eq!(
+        session_ids(&a, &["--status", "deleted"]),
+        session_ids(&b, &["--status", "deleted"])
+    );
+    for id in &ids {
+        assert_eq!(
+            show_without_updated(&a, id),
+            show_without_updated(&b, id),
+            "show {id}"
+        );
+        assert_eq!(
+            json(&a, &["tree", id, "--json"]),
+            json(&b, &["tree", id, "--json"]),
+            "tree {id}"
+        );
+        assert_eq!(
+            json(&a, &["context", id, "--json"]),
+            json(&b, &["context", id, "--json"]),
+            "context {id}"
+        );
+        assert_eq!(commits_of(&a, id), commits_of(&b, id), "log --stream {id}");
+    }
+    assert_eq!(streams(&a), streams(&b));
+
+    // Importing again is refused, names the session and changes nothing.
+    let before = streams(&b);
+    let err = fails(&b, &["import", file.to_str().unwrap()]);
+    assert!(
+        err.contains("already exists") && err.contains("hint:"),
+        "{err}"
+    );
+    assert_eq!(streams(&b), before);
+
+    // A single session exports alone; an unknown one is a clear error.
+    let one = run(&a, &["export", &ids[0]]);
+    assert!(one.status.success());
+    let n = String::from_utf8_lossy(&one.stdout)
+        .lines()
+        .filter(|l| l.contains(&ids[1]))
+        .count();
+    assert_eq!(n, 0, "only the asked session");
+    let err = fails(&a, &["export", "no-such-session"]);
+    assert!(err.contains("no session"), "{err}");
+    let _ = fails(&a, &["export"]);
+}
+
+/// A damaged file is refused with the line number and nothing of it
+/// becomes visible; a failure while writing rolls back what was written.
+#[test]
+fn truncated_or_malformed_import_is_refused_and_leaves_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = dir.path().join("a");
+    let b = dir.path().join("b");
+    demo(&a);
+    let text = String::from_utf8(run(&a, &["export", "--all"]).stdout).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    assert!(lines.len() > 10);
+    // The target store already holds other sessions.
+    demo(&b);
+    let before = streams(&b);
+    let sessions_before = session_ids(&b, &[]);
+    let write = |name: &str, body: &str| {
+        let p = dir.path().join(name);
+        std::fs::write(&p, body).unwrap();
+        p
+    };
+    let check = |p: &Path, line: usize, what: &str| {
+        let err = fails(&b, &["import", p.to_str().unwrap()]);
+        assert!(
+            err.contains(&format!("line {line}")),
+            "{what}: error does not name line {line}: {err}"
+        );
+        assert!(err.contains("nothing was imported"), "{what}: {err}");
+        assert_eq!(streams(&b), before, "{what}: the store changed");
+        assert_eq!(session_ids(&b, &[]), sessions_before);
+    };
+
+    // Cut in the middle of line 6.
+    let cut: usize = lines[..5].iter().map(|l| l.len() + 1).sum::<usize>() + lines[5].len() / 2;
+    check(&write("cut.jsonl", &text[..cut]), 6, "cut mid-line");
+    // Cut after a whole line (the end line is missing).
+    let upto: String = lines[..8].iter().map(|l| format!("{l}\n")).collect();
+    check(&write("short.jsonl", &upto), 8, "cut at a line boundary");
+    // A line that is not JSON.
+    let mut bad = lines.clone();
+    bad[3] = "{not json";
+    check(
+        &write("bad.jsonl", &(bad.join("\n") + "\n")),
+        4,
+        "malformed line",
+    );
+    // A well-formed line whose event does not fold (unknown parent entry).
+    let k = lines
+        .iter()
+        .position(|l| l.contains("\"entry_appended\"") && l.contains("\"parent_id\":\""))
+        .expect("an appended entry with a parent");
+    let mut v: Value = serde_json::from_str(lines[k]).unwrap();
+    v["event"]["entry"]["parent_id"] = Value::from("missing0");
+    let changed = v.to_string();
+    let mut bad = lines.clone();
+    bad[k] = &changed;
+    check(
+        &write("fold.jsonl", &(bad.join("\n") + "\n")),
+        k + 1,
+        "history that does not fold",
+    );
+
+    // A failure while writing: the last session's last commit is larger
+    // than the store's record limit (16 MiB by default), which only the
+    // engine finds out. Everything written before is purged again.
+    let fresh = dir.path().join("fresh");
+    let k = lines
+        .iter()
+        .rposition(|l| l.contains("\"entry_appended\"") && l.contains("\"role\":\"user\""))
+        .expect("a user message");
+    let mut v: Value = serde_json::from_str(lines[k]).unwrap();
+    v["event"]["entry"]["kind"]["message"]["content"][0]["text"] =
+        Value::from("x".repeat(17 << 20));
+    let big = v.to_string();
+    let mut bad = lines.clone();
+    bad[k] = &big;
+    let p = write("big.jsonl", &(bad.join("\n") + "\n"));
+    let err = fails(&fresh, &["import", p.to_str().unwrap()]);
+    assert!(err.contains("purged again"), "{err}");
+    assert!(session_ids(&fresh, &[]).is_empty(), "nothing visible");
+    assert!(session_ids(&fresh, &["--status", "deleted"]).is_empty());
+    let v = json(&fresh, &["verify", "--json"]);
+    assert_eq!(v["ok"], true);
+}
+
+fn tree_of(dir: &Path, id: &str) -> (Value, Vec<Value>) {
+    let t = json(dir, &["tree", id, "--json"]);
+    let entries = t["entries"].as_array().unwrap().clone();
+    (t["leaf"].clone(), entries)
+}
+
+fn labels(entries: &[Value]) -> BTreeMap<String, String> {
+    entries
+        .iter()
+        .filter_map(|e| {
+            Some((
+                e["id"].as_str()?.to_string(),
+                e.get("label")?.as_str()?.to_string(),
+            ))
+        })
+        .collect()
+}
+
+/// (role, first text) of each context message.
+fn context_of(dir: &Path, id: &str) -> Vec<(String, String)> {
+    json(dir, &["context", id, "--json"])
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| {
+            let text = m["content"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find_map(|b| b.get("text").and_then(Value::as_str))
+                .unwrap_or("")
+                .to_string();
+            (m["role"].as_str().unwrap().to_string(), text)
+        })
+        .collect()
+}
+
+fn pairs(v: &[(&str, &str)]) -> Vec<(String, String)> {
+    v.iter()
+        .map(|(a, b)| (a.to_string(), b.to_string()))
+        .collect()
+}
+
+#[test]
+fn pi_files_of_all_three_versions_import_with_tree_leaf_labels_and_context() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let import = |name: &str| {
+        let f = fixture(name);
+        json(
+            &store,
+            &["import", "--format", "pi", f.to_str().unwrap(), "--json"],
+        )
+    };
+
+    // v1: a linear chain with generated ids; the compaction's entry index
+    // becomes its first kept entry.
+    let rep = import("v1.jsonl");
+    assert_eq!(rep["pi_version"], 1);
+    assert_eq!(rep["sessions"][0]["entries"], 8);
+    let (leaf, entries) = tree_of(&store, "pi-v1-session");
+    assert_eq!(entries.len(), 8);
+    for (i, e) in entries.iter().enumerate() {
+        assert_eq!(e["depth"].as_u64().unwrap(), i as u64, "a linear chain");
+        assert!(e["children"].as_array().unwrap().len() <= 1);
+    }
+    assert_eq!(leaf, entries[7]["id"], "the last entry is the leaf");
+    assert_eq!(
+        context_of(&store, "pi-v1-session"),
+        pairs(&[
+            (
+                "compaction_summary",
+                "The user listed the files: main.rs and lib.rs."
+            ),
+            ("assistant", "There are two files: main.rs and lib.rs."),
+            ("user", "Which one is the entry point?"),
+            ("assistant", "main.rs is the entry point."),
+        ])
+    );
+    let shown = json(&store, &["show", "pi-v1-session", "--json"]);
+    assert_eq!(shown["state"]["model"], "anthropic/claude-sonnet-4");
+    assert_eq!(shown["state"]["metadata"]["pi.thinking_level"], "high");
+    assert_eq!(shown["state"]["metadata"]["pi.cwd"], "/home/dev/project");
+    assert_eq!(shown["header"]["agent_name"], "pi");
+    assert_eq!(
+        shown["header"]["created_at"].as_i64().unwrap(),
+        1_740_823_200_000
+    );
+
+    // v2: ids and parents, a branch with a summary, hookMessage -> custom,
+    // labels, a session name.
+    let rep = import("v2.jsonl");
+    assert_eq!(rep["pi_version"], 2);
+    let (leaf, entries) = tree_of(&store, "pi-v2-session");
+    assert_eq!(entries.len(), 11);
+    assert_eq!(leaf, "c1000003");
+    let branch = entries.iter().find(|e| e["id"] == "a1000002").unwrap();
+    assert_eq!(
+        branch["children"],
+        serde_json::json!(["a1000003", "b1000001"])
+    );
+    let off_path: Vec<&str> = entries
+        .iter()
+        .filter(|e| e["on_path"] == false)
+        .map(|e| e["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(off_path, ["a1000003", "a1000004"]);
+    assert_eq!(
+        labels(&entries),
+        BTreeMap::from([
+            ("a1000004".to_string(), "plan-a".to_string()),
+            ("b1000004".to_string(), "plan-b".to_string())
+        ])
+    );
+    let b2 = entries.iter().find(|e| e["id"] == "b1000002").unwrap();
+    assert_eq!(b2["kind"], "custom_message");
+    assert_eq!(
+        context_of(&store, "pi-v2-session"),
+        pairs(&[
+            ("user", "hello"),
+            ("assistant", "Hi! What should we plan?"),
+            ("branch_summary", "Plan A worked but was slow."),
+            ("custom", "Remember to write tests."),
+            ("user", "Try plan B"),
+            ("assistant", "Plan B is done and fast."),
+        ])
+    );
+    let header = json(&store, &["sessions", "--agent", "pi", "--json"]);
+    let v2 = header
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|h| h["id"] == "pi-v2-session")
+        .unwrap();
+    assert_eq!(v2["label"], "Planning", "session_info names the session");
+
+    // v3: model change, custom entry (never in the context), custom
+    // message, bash execution, an aborted turn, a compaction keeping a
+    // range, a side branch, a label as the leaf.
+    let rep = import("v3.jsonl");
+    assert_eq!(rep["pi_version"], 3);
+    let (leaf, entries) = tree_of(&store, "pi-v3-session");
+    assert_eq!(entries.len(), 13);
+    assert_eq!(leaf, "d0000012");
+    let fork = entries.iter().find(|e| e["id"] == "d0000004").unwrap();
+    assert_eq!(
+        fork["children"],
+        serde_json::json!(["d0000005", "e0000001"])
+    );
+    assert_eq!(
+        labels(&entries),
+        BTreeMap::from([("d0000002".to_string(), "start".to_string())])
+    );
+    assert_eq!(
+        context_of(&store, "pi-v3-session"),
+        pairs(&[
+            (
+                "compaction_summary",
+                "Read parser.rs; the first rewrite was aborted; tests fail."
+            ),
+            ("custom", "The parser must stay allocation-free."),
+            (
+                "custom",
+                "Ran `cargo test`\n```\n1 failed\n```\n\nCommand exited with code 101"
+            ),
+            ("user", "Continue"),
+            ("assistant", "Fixed: parse() now returns a value."),
+        ])
+    );
+    let shown = json(&store, &["show", "pi-v3-session", "--json"]);
+    assert_eq!(
+        shown["state"]["model"], "anthropic/claude-opus-4",
+        "latest model on the path"
+    );
+    assert_eq!(
+        shown["header"]["created_at"].as_i64().unwrap(),
+        1_746_252_000_000,
+        "offset timestamps"
+    );
+    assert_eq!(
+        shown["state"]["metadata"]["pi.parent_session"],
+        "/home/dev/.pi/agent/sessions/older.jsonl"
+    );
+
+    // The same file again: refused, nothing changes.
+    let before = streams(&store);
+    let f = fixture("v3.jsonl");
+    let err = fails(&store, &["import", "--format", "pi", f.to_str().unwrap()]);
+    assert!(err.contains("already exists"), "{err}");
+    assert_eq!(streams(&store), before);
+    // A spool import of a pi file fails on line 1.
+    let err = fails(&store, &["import", f.to_str().unwrap()]);
+    assert!(err.contains("line 1"), "{err}");
+}
+
+#[test]
+fn broken_pi_files_are_refused_with_the_line_number() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let v2 = std::fs::read_to_string(fixture("v2.jsonl")).unwrap();
+    let cases: Vec<(String, usize, &str)> = vec![
+        (
+            v2.replace("\"parentId\":\"b1000002\"", "\"parentId\":\"zzzz0000\""),
+            9,
+            "dangling parent",
+        ),
+        (
+            v2.replace("\"id\":\"b1000003\"", "\"id\":\"b1000002\""),
+            9,
+            "duplicate id",
+        ),
+        (
+            v2.replace("\"type\":\"label\"", "\"type\":\"bookmark\""),
+            11,
+            "unknown entry type",
+        ),
+        (
+            v2.replacen("\"version\":2", "\"version\":9", 1),
+            1,
+            "future version",
+        ),
+        (v2[..v2.len() - 20].to_string(), 13, "truncated last line"),
+        (
+            v2.replace("\"role\":\"hookMessage\"", "\"role\":\"robot\""),
+            8,
+            "unknown role",
+        ),
+    ];
+    for (i, (body, line, what)) in cases.iter().enumerate() {
+        let p = dir.path().join(format!("case{i}.jsonl"));
+        std::fs::write(&p, body).unwrap();
+        let err = fails(&store, &["import", "--format", "pi", p.to_str().unwrap()]);
+        assert!(err.contains(&format!("line {line}:")), "{what}: {err}");
+        assert!(
+            !store.join("LOCK").exists() || session_ids(&store, &[]).is_empty(),
+            "{what}"
+        );
+    }
+}
+
+#[test]
+fn replay_from_the_log_alone_gives_the_same_answers() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let ids = demo(&store);
+    json(&store, &["delete", &ids[1], "--json"]);
+    // A session imported from a pi file, too.
+    json(
+        &store,
+        &[
+            "import",
+            "--format",
+            "pi",
+            fixture("v2.jsonl").to_str().unwrap(),
+            "--json",
+        ],
+    );
+    let answers = |dir: &Path| {
+        let mut all = vec![
+            json(dir, &["sessions", "--json"]),
+            json(dir, &["sessions", "--status", "deleted", "--json"]),
+            json(dir, &["streams", "--json"]),
+        ];
+        for id in &ids {
+            all.push(json(dir, &["show", id, "--json"]));
+            all.push(json(dir, &["tree", id, "--json"]));
+        }
+        all
+    };
+    let before = answers(&store);
+    let r = json(&store, &["replay", "--json"]);
+    assert_eq!(r["old_index_matched"], true, "{r}");
+    assert_eq!(r["differing_entries"], 0);
+    assert_eq!(r["sessions"], 5);
+    assert_eq!(r["sessions_by_status"]["deleted"], 1);
+    assert_eq!(r["failed_sessions"].as_array().unwrap().len(), 0);
+    assert!(r["commits"].as_u64().unwrap() > 0 && r["index_entries"].as_u64().unwrap() > 0);
+    assert!(store.join("index").is_dir() && !store.join("index.rebuild").exists());
+    assert_eq!(answers(&store), before, "answers after the rebuild");
+
+    // Without any index at all: the same answers again.
+    std::fs::remove_dir_all(store.join("index")).unwrap();
+    let out = run(&store, &["replay"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("rebuilt the indexes"));
+    assert_eq!(answers(&store), before);
+    // The store is still writable and consistent.
+    assert_eq!(json(&store, &["verify", "--json"])["ok"], true);
+    json(&store, &["delete", &ids[0], "--json"]);
+
+    // replay needs exclusive ownership of an existing store.
+    let empty = tempfile::tempdir().unwrap();
+    let err = fails(empty.path(), &["replay"]);
+    assert!(err.contains("not a spool store"), "{err}");
+}
+
+/// Records `show --json` after every step of a scripted session, then asks
+/// `replay ID --at-version N` for each N.
+#[test]
+fn replay_at_version_matches_the_session_as_saved_at_that_version() {
+    use spool_runtime::session::{AgentDefinition, AgentSession, ModelConfig, SessionStatus};
+    use spool_runtime::store::{LogStore, LogStoreOptions};
+    use spool_runtime::transcript::{ContentBlock, EntryKind, Message, StopReason, Usage};
+    use spool_runtime::SessionStore;
+
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store");
+    let store = LogStore::open(&path, LogStoreOptions::default()).unwrap();
+    fn user(t: &str) -> EntryKind {
+        EntryKind::Message {
+            message: Message::User {
+                content: vec![ContentBlock::text(t)],
+            },
+        }
+    }
+    fn assistant(t: &str) -> EntryKind {
+        EntryKind::Message {
+            message: Message::Assistant {
+                content: vec![ContentBlock::text(t)],
+                stop_reason: StopReason::Stop,
+                usage: Usage::default(),
+                model: Some("anthropic/claude".into()),
+                error_message: None,
+            },
+        }
+    }
+    let mut s = store
+        .create(AgentSession::new(
+            AgentDefinition::new("scripted", "d", "be brief"),
+            None,
+        ))
+        .unwrap();
+    let id = s.id().to_string();
+    let mut saved: Vec<Value> = vec![json(&path, &["show", &id, "--json"])];
+    let mut contexts: Vec<Value> = vec![json(&path, &["context", &id, "--json"])];
+    type Step = Box<dyn Fn(&mut AgentSession)>;
+    let first = std::rc::Rc::new(std::cell::RefCell::new(None));
+    let f2 = first.clone();
+    let steps: Vec<Step> = vec![
+        Box::new(move |s| *f2.borrow_mut() = Some(s.append(user("first question")).unwrap())),
+        Box::new(move |s| {
+            s.append(assistant("first answer")).unwrap();
+        }),
+        Box::new(|s| {
+            s.write_metadata("ticket", serde_json::json!("T-1"))
+                .unwrap()
+        }),
+        Box::new(move |s| s.move_leaf(first.borrow().clone()).unwrap()),
+        Box::new(|s| {
+            s.append(assistant("another answer")).unwrap();
+            s.append(user("follow-up")).unwrap();
+        }),
+        Box::new(|s| s.set_model(ModelConfig::new("openai", "gpt")).unwrap()),
+        Box::new(|s| {
+            s.set_status(SessionStatus::Suspended).unwrap();
+        }),
+    ];
+    for step in &steps {
+        step(&mut s);
+        s = store.save(s).unwrap();
+        saved.push(json(&path, &["show", &id, "--json"]));
+        contexts.push(json(&path, &["context", &id, "--json"]));
+    }
+    assert_eq!(saved.len() as u64, s.version());
+    for (i, want) in saved.iter().enumerate() {
+        let v = (i + 1).to_string();
+        let got = json(&path, &["replay", &id, "--at-version", &v, "--json"]);
+        assert_eq!(&got["session"], want, "version {v}");
+        assert_eq!(got["at_version"].as_u64().unwrap(), i as u64 + 1);
+        assert_eq!(got["head_version"].as_u64().unwrap(), saved.len() as u64);
+        assert_eq!(
+            got["context"]["messages"], contexts[i],
+            "context at version {v}"
+        );
+        assert_eq!(
+            got["transcript"]["entries"].as_array().unwrap().len() as u64,
+            want["state"]["entries"].as_u64().unwrap()
+        );
+        assert_eq!(got["transcript"]["leaf"], want["state"]["leaf"]);
+    }
+    let out = run(&path, &["replay", &id, "--at-version", "3"]);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("as of version 3 of 8"));
+    let head = (saved.len() + 1).to_string();
+    let err = fails(&path, &["replay", &id, "--at-version", &head]);
+    assert!(err.contains("has versions 1..=8"), "{err}");
+    fails(&path, &["replay", &id, "--at-version", "0"]);
+    let err = fails(&path, &["replay", &id]);
+    assert!(err.contains("--at-version"), "{err}");
+    fails(&path, &["replay", "no-such-session", "--at-version", "1"]);
+    // The store is owned by this process: a rebuild is refused with a hint.
+    let err = fails(&path, &["replay"]);
+    assert!(err.contains("hint:") && err.contains("owner"), "{err}");
+    drop(store);
+}
