@@ -1,0 +1,1 @@
+//! Bodies of the fuzz targets (filled in below).
