@@ -16,3 +16,4 @@ pub mod fuzz;
 pub mod model;
 pub mod ops;
 pub mod seed;
+pub mod workload;
