@@ -81,7 +81,7 @@ impl Harness {
         };
         match kind {
             StoreKind::Memory => h.memory = Some(Arc::new(MemoryStore::new())),
-            _ => h.dir = Some(tempfile::tempdir().map_err(|e| e.to_string())?),
+            _ => h.dir = Some(crate::seed::scratch_dir()),
         }
         h.open()?;
         Ok(h)

@@ -65,3 +65,23 @@ impl Rng {
         self.below(one_in) == 0
     }
 }
+
+/// A scratch directory for tests that do much small synced I/O: under
+/// `SPOOL_TEST_TMP` when set, else in `/dev/shm` (memory-backed, so fsyncs
+/// are cheap) when it is usable, else in the system temporary directory.
+/// What these tests check is the logic of the error and recovery paths;
+/// the disk itself is exercised by the kill -9 loop in tools/tests/cli.rs.
+pub fn scratch_dir() -> tempfile::TempDir {
+    let base = std::env::var_os("SPOOL_TEST_TMP")
+        .map(std::path::PathBuf::from)
+        .or_else(|| {
+            let shm = std::path::Path::new("/dev/shm");
+            shm.is_dir().then(|| shm.to_path_buf())
+        });
+    if let Some(b) = base {
+        if let Ok(d) = tempfile::Builder::new().prefix("spool-test-").tempdir_in(&b) {
+            return d;
+        }
+    }
+    tempfile::tempdir().expect("create a temporary directory")
+}

@@ -81,12 +81,18 @@ pub enum Inflight {
 pub struct Tracker {
     pub sessions: BTreeMap<SessionId, Track>,
     pub inflight: Option<Inflight>,
+    /// Session ids in creation order (ids are random: ordering by id would
+    /// make the workload's choices differ from run to run).
+    pub order: Vec<SessionId>,
     /// Operations acknowledged.
     pub acked: u64,
 }
 
 impl Tracker {
     fn record(&mut self, s: &AgentSession) -> Result<(), String> {
+        if !self.sessions.contains_key(s.id()) {
+            self.order.push(s.id().clone());
+        }
         let t = self.sessions.entry(s.id().clone()).or_default();
         if s.version() != t.versions.len() as u64 + 1 {
             return Err(format!(
@@ -110,8 +116,9 @@ impl Tracker {
     }
 
     fn live(&self) -> Vec<(SessionId, AgentSession)> {
-        self.sessions
+        self.order
             .iter()
+            .filter_map(|id| self.sessions.get(id).map(|t| (id, t)))
             .filter(|(_, t)| !t.purged)
             .filter_map(|(id, t)| t.versions.last().map(|s| (id.clone(), s.clone())))
             .filter(|(_, s)| !s.is_deleted())

@@ -103,7 +103,7 @@ fn check_after_crash(sim: &SimVfs, ix: &Path, d: Durability, tracker: &Tracker, 
 fn crash_at_every_sync_point(d: Durability) {
     let seed = test_seed(&format!("crash_sim {d:?}"), 0xC4A5_0001);
     let crash_seeds = env_usize("SPOOL_CRASH_SEEDS", 3) as u64;
-    let probe_ix = tempfile::tempdir().expect("tempdir");
+    let probe_ix = spool_tests::seed::scratch_dir();
     let (_, probe, syncs) = crashed_run(seed, 0, 0, d, probe_ix.path());
     assert!(probe.acked >= STEPS as u64 / 2, "the workload acknowledged only {}", probe.acked);
     assert!(syncs > 10, "only {syncs} sync points");
@@ -113,7 +113,7 @@ fn crash_at_every_sync_point(d: Durability) {
         for c in 0..crash_seeds {
             let crash_seed = seed ^ (k << 16) ^ c;
             let ctx = format!("{d:?} seed {seed} crash at sync {k}/{syncs} crash seed {crash_seed}");
-            let ix = tempfile::tempdir().expect("tempdir");
+            let ix = spool_tests::seed::scratch_dir();
             let (sim, tracker, _) = crashed_run(seed, k, crash_seed, d, ix.path());
             if tracker.inflight.is_some() {
                 with_inflight += 1;
