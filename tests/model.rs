@@ -184,10 +184,8 @@ impl ModelSession {
             return Err("invalid_transition");
         }
         if let Some(r) = reason {
-            self.metadata.insert(
-                "failure_reason".into(),
-                serde_json::Value::String(r.into()),
-            );
+            self.metadata
+                .insert("failure_reason".into(), serde_json::Value::String(r.into()));
         }
         self.status = SessionStatus::Failed;
         self.saved();
@@ -406,8 +404,8 @@ impl ModelSession {
             ..Usage::default()
         };
         let model_name = Some(format!("{}/{}", self.model.provider, self.model.model));
-        let assistant = |content: Vec<ContentBlock>, stop: StopReason, usage: Usage| {
-            EntryKind::Message {
+        let assistant =
+            |content: Vec<ContentBlock>, stop: StopReason, usage: Usage| EntryKind::Message {
                 message: Message::Assistant {
                     content,
                     stop_reason: stop,
@@ -415,14 +413,11 @@ impl ModelSession {
                     model: model_name.clone(),
                     error_message: None,
                 },
-            }
-        };
+            };
         let (usage, status, error) = match turn {
-            ScriptedTurn::Fail(msg) => (
-                Usage::default(),
-                ExecutionStatus::Failed,
-                Some(msg.clone()),
-            ),
+            ScriptedTurn::Fail(msg) => {
+                (Usage::default(), ExecutionStatus::Failed, Some(msg.clone()))
+            }
             ScriptedTurn::Echo | ScriptedTurn::Reply(_) => {
                 let reply = match turn {
                     ScriptedTurn::Reply(r) => r.clone(),

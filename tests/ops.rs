@@ -117,7 +117,9 @@ impl Harness {
     }
 
     pub fn rt(&self) -> &SessionRuntime {
-        self.runtime.as_ref().expect("the harness always holds a runtime")
+        self.runtime
+            .as_ref()
+            .expect("the harness always holds a runtime")
     }
 
     /// Closes the store and opens it again; for the log store optionally
@@ -148,24 +150,73 @@ pub enum Pick {
 /// created so far (modulo their count).
 #[derive(Clone, Debug)]
 pub enum Op {
-    Create { agent: u8, seeded: bool },
-    Send { s: usize, text: u8, turn: u8 },
+    Create {
+        agent: u8,
+        seeded: bool,
+    },
+    Send {
+        s: usize,
+        text: u8,
+        turn: u8,
+    },
     Suspend(usize),
     Resume(usize),
     Complete(usize),
-    Fail { s: usize, reason: bool },
+    Fail {
+        s: usize,
+        reason: bool,
+    },
     Clear(usize),
-    Prompt { s: usize, p: u8 },
-    Model { s: usize, m: u8 },
-    WriteMeta { s: usize, key: u8, value: u8 },
-    RemoveMeta { s: usize, key: u8 },
-    UpsertTask { s: usize, id: u8, status: u8 },
-    RemoveTask { s: usize, id: u8 },
-    ReplaceTasks { s: usize, n: u8, in_progress: u8 },
-    Append { s: usize, parent: Pick, dup: bool },
-    MoveLeaf { s: usize, to: Pick },
-    Rewrite { s: usize, keep: u64, leaf: Pick, reverse: bool },
-    Fork { s: usize, at: Pick },
+    Prompt {
+        s: usize,
+        p: u8,
+    },
+    Model {
+        s: usize,
+        m: u8,
+    },
+    WriteMeta {
+        s: usize,
+        key: u8,
+        value: u8,
+    },
+    RemoveMeta {
+        s: usize,
+        key: u8,
+    },
+    UpsertTask {
+        s: usize,
+        id: u8,
+        status: u8,
+    },
+    RemoveTask {
+        s: usize,
+        id: u8,
+    },
+    ReplaceTasks {
+        s: usize,
+        n: u8,
+        in_progress: u8,
+    },
+    Append {
+        s: usize,
+        parent: Pick,
+        dup: bool,
+    },
+    MoveLeaf {
+        s: usize,
+        to: Pick,
+    },
+    Rewrite {
+        s: usize,
+        keep: u64,
+        leaf: Pick,
+        reverse: bool,
+    },
+    Fork {
+        s: usize,
+        at: Pick,
+    },
     Delete(usize),
     Purge(usize),
     /// Save a copy loaded before another save: must be a `Conflict`.
@@ -174,7 +225,9 @@ pub enum Op {
     Missing,
     /// Enough saves to one session that the log store writes a snapshot.
     Burst(usize),
-    Reopen { drop_index: bool },
+    Reopen {
+        drop_index: bool,
+    },
 }
 
 fn pick() -> impl Strategy<Value = Pick> {
@@ -516,11 +569,8 @@ impl Runner {
             }
             Op::UpsertTask { s, id: t, status } => {
                 if let Some(id) = sel(s, &self.model) {
-                    let task = Task::new(
-                        format!("t{t}"),
-                        format!("task {t}"),
-                        task_status(*status),
-                    );
+                    let task =
+                        Task::new(format!("t{t}"), format!("task {t}"), task_status(*status));
                     self.exec(&id, &UpdateTask::Upsert(task.clone()), |m| {
                         m.upsert_task(task)
                     })?;
@@ -529,7 +579,9 @@ impl Runner {
             Op::RemoveTask { s, id: t } => {
                 if let Some(id) = sel(s, &self.model) {
                     let tid = format!("t{t}");
-                    self.exec(&id, &UpdateTask::Remove(tid.clone()), |m| m.remove_task(&tid))?;
+                    self.exec(&id, &UpdateTask::Remove(tid.clone()), |m| {
+                        m.remove_task(&tid)
+                    })?;
                 }
             }
             Op::ReplaceTasks { s, n, in_progress } => {
@@ -688,7 +740,10 @@ impl Runner {
                         }
                         (Err(k), Err(e)) if e.kind() == k => {}
                         (want, got) => {
-                            return Err(format!("delete: runtime {}, model {want:?}", outcome(&got)))
+                            return Err(format!(
+                                "delete: runtime {}, model {want:?}",
+                                outcome(&got)
+                            ))
                         }
                     }
                 }
@@ -842,9 +897,15 @@ impl Runner {
         let ids = |l: &spool_runtime::SessionInfoList| -> BTreeSet<SessionId> {
             l.headers.iter().map(|h| h.id.clone()).collect()
         };
-        let live = rt.list_sessions(&ListQuery::all()).map_err(|e| e.to_string())?;
-        let want_live: BTreeSet<SessionId> =
-            self.model.listed(false).iter().map(|m| m.id.clone()).collect();
+        let live = rt
+            .list_sessions(&ListQuery::all())
+            .map_err(|e| e.to_string())?;
+        let want_live: BTreeSet<SessionId> = self
+            .model
+            .listed(false)
+            .iter()
+            .map(|m| m.id.clone())
+            .collect();
         if ids(&live) != want_live {
             return Err(format!(
                 "listing without deleted: runtime {:?}, model {want_live:?}",
@@ -866,7 +927,8 @@ impl Runner {
                 ids(&by_status)
             ));
         }
-        let parents: BTreeSet<&SessionId> = want.iter().filter_map(|m| m.parent_id.as_ref()).collect();
+        let parents: BTreeSet<&SessionId> =
+            want.iter().filter_map(|m| m.parent_id.as_ref()).collect();
         for p in parents {
             let kids = rt
                 .list_sessions(&ListQuery::all().children_of(p.clone()).including_deleted())
@@ -899,7 +961,10 @@ impl Runner {
             }
         }
         if paged != full.ids() {
-            return Err(format!("paged listing {paged:?} != unpaged {:?}", full.ids()));
+            return Err(format!(
+                "paged listing {paged:?} != unpaged {:?}",
+                full.ids()
+            ));
         }
         Ok(())
     }

@@ -79,7 +79,10 @@ pub fn scratch_dir() -> tempfile::TempDir {
             shm.is_dir().then(|| shm.to_path_buf())
         });
     if let Some(b) = base {
-        if let Ok(d) = tempfile::Builder::new().prefix("spool-test-").tempdir_in(&b) {
+        if let Ok(d) = tempfile::Builder::new()
+            .prefix("spool-test-")
+            .tempdir_in(&b)
+        {
             return d;
         }
     }

@@ -72,7 +72,7 @@ pub struct Track {
 pub enum Inflight {
     /// A create or save: the session as the save was about to persist it
     /// (its version is the one before the save).
-    Save(AgentSession),
+    Save(Box<AgentSession>),
     Purge(SessionId),
 }
 
@@ -150,71 +150,71 @@ pub fn run_workload(
         let live = tracker.live();
         let n = step as u64;
         let mut purge_of = None;
-        let result: Result<Option<AgentSession>, RuntimeError> =
-            if live.is_empty() || rng.chance(8) {
-                rt.create(definition(rng.below(3) as u8), None).map(Some)
-            } else {
-                let (id, cur) = &live[rng.below(live.len() as u64) as usize];
-                match rng.below(20) {
-                    0..=4 if cur.status() == SessionStatus::Active => {
-                        let f = Arc::new(ScriptedLoopFactory::echo());
-                        rt.execute(id, &SendMessage::new(format!("hello {n}"), f))
-                            .map(Some)
-                    }
-                    0..=6 => rt
-                        .execute(id, &WriteMetadata::new(format!("k{}", n % 3), json!(n)))
-                        .map(Some),
-                    7 => {
-                        // Larger than a test segment: it gets a segment of its own.
-                        let big = "x".repeat(5000 + (n as usize % 7) * 100);
-                        rt.execute(id, &WriteMetadata::new("big", json!(big)))
-                            .map(Some)
-                    }
-                    8..=10 => {
-                        let leaf = cur.state().transcript.leaf().cloned();
-                        let entry = Entry {
-                            id: EntryId::parse(&format!("w{n}")).map_err(|e| e.to_string())?,
-                            parent_id: leaf,
-                            timestamp_ms: 1_700_000_000_000 + n as i64,
-                            kind: EntryKind::Custom {
-                                custom_type: "step".into(),
-                                data: json!({ "n": n }),
-                            },
-                        };
-                        let action = FnAction("append_entry", move |s: &mut AgentSession| {
-                            s.append_entry(entry.clone()).map_err(ActionError::from)
-                        });
-                        rt.execute(id, &action).map(Some)
-                    }
-                    11 | 12 => rt.fork(id, None).map(Some),
-                    13 | 14 => {
-                        if cur.status() == SessionStatus::Active {
-                            rt.execute(id, &SuspendSession).map(Some)
-                        } else {
-                            rt.execute(id, &ResumeSession).map(Some)
-                        }
-                    }
-                    15 | 16 => {
-                        let entries = cur.state().transcript.entries();
-                        let kept: Vec<Entry> = entries[..entries.len() / 2].to_vec();
-                        let leaf = kept.last().map(|e| e.id.clone());
-                        let action = FnAction("rewrite_history", move |s: &mut AgentSession| {
-                            s.rewrite_history(kept.clone(), leaf.clone())
-                                .map(|_| ())
-                                .map_err(ActionError::from)
-                        });
-                        rt.execute(id, &action).map(Some)
-                    }
-                    17 => rt.delete(id).map(Some),
-                    18 => {
-                        purge_of = Some(id.clone());
-                        rt.purge(id).map(|_| None)
-                    }
-                    _ => rt
-                        .execute(id, &WriteMetadata::new("tail", json!([n, "t"])))
-                        .map(Some),
+        let result: Result<Option<AgentSession>, RuntimeError> = if live.is_empty() || rng.chance(8)
+        {
+            rt.create(definition(rng.below(3) as u8), None).map(Some)
+        } else {
+            let (id, cur) = &live[rng.below(live.len() as u64) as usize];
+            match rng.below(20) {
+                0..=4 if cur.status() == SessionStatus::Active => {
+                    let f = Arc::new(ScriptedLoopFactory::echo());
+                    rt.execute(id, &SendMessage::new(format!("hello {n}"), f))
+                        .map(Some)
                 }
-            };
+                0..=6 => rt
+                    .execute(id, &WriteMetadata::new(format!("k{}", n % 3), json!(n)))
+                    .map(Some),
+                7 => {
+                    // Larger than a test segment: it gets a segment of its own.
+                    let big = "x".repeat(5000 + (n as usize % 7) * 100);
+                    rt.execute(id, &WriteMetadata::new("big", json!(big)))
+                        .map(Some)
+                }
+                8..=10 => {
+                    let leaf = cur.state().transcript.leaf().cloned();
+                    let entry = Entry {
+                        id: EntryId::parse(&format!("w{n}")).map_err(|e| e.to_string())?,
+                        parent_id: leaf,
+                        timestamp_ms: 1_700_000_000_000 + n as i64,
+                        kind: EntryKind::Custom {
+                            custom_type: "step".into(),
+                            data: json!({ "n": n }),
+                        },
+                    };
+                    let action = FnAction("append_entry", move |s: &mut AgentSession| {
+                        s.append_entry(entry.clone()).map_err(ActionError::from)
+                    });
+                    rt.execute(id, &action).map(Some)
+                }
+                11 | 12 => rt.fork(id, None).map(Some),
+                13 | 14 => {
+                    if cur.status() == SessionStatus::Active {
+                        rt.execute(id, &SuspendSession).map(Some)
+                    } else {
+                        rt.execute(id, &ResumeSession).map(Some)
+                    }
+                }
+                15 | 16 => {
+                    let entries = cur.state().transcript.entries();
+                    let kept: Vec<Entry> = entries[..entries.len() / 2].to_vec();
+                    let leaf = kept.last().map(|e| e.id.clone());
+                    let action = FnAction("rewrite_history", move |s: &mut AgentSession| {
+                        s.rewrite_history(kept.clone(), leaf.clone())
+                            .map(|_| ())
+                            .map_err(ActionError::from)
+                    });
+                    rt.execute(id, &action).map(Some)
+                }
+                17 => rt.delete(id).map(Some),
+                18 => {
+                    purge_of = Some(id.clone());
+                    rt.purge(id).map(|_| None)
+                }
+                _ => rt
+                    .execute(id, &WriteMetadata::new("tail", json!([n, "t"])))
+                    .map(Some),
+            }
+        };
         match result {
             Ok(Some(s)) => {
                 tracker.record(&s)?;
@@ -237,7 +237,7 @@ pub fn run_workload(
                         .lock()
                         .unwrap_or_else(|p| p.into_inner())
                         .take()
-                        .map(Inflight::Save),
+                        .map(|s| Inflight::Save(Box::new(s))),
                 };
                 return Ok(Some(e));
             }
@@ -263,7 +263,7 @@ fn is_inflight_result(loaded: &AgentSession, pre: &AgentSession) -> bool {
 /// Checks a recovered store against the tracker (see the module docs).
 pub fn check_recovered(store: &LogStore, tracker: &Tracker) -> Result<(), String> {
     let inflight_save = match &tracker.inflight {
-        Some(Inflight::Save(s)) => Some(s),
+        Some(Inflight::Save(s)) => Some(&**s),
         _ => None,
     };
     let inflight_purge = match &tracker.inflight {
@@ -298,7 +298,9 @@ pub fn check_recovered(store: &LogStore, tracker: &Tracker) -> Result<(), String
             }
             Some(s) => {
                 if t.durable_purged {
-                    return Err(format!("session {id}: purge was acknowledged, still present"));
+                    return Err(format!(
+                        "session {id}: purge was acknowledged, still present"
+                    ));
                 }
                 let v = s.version() as usize;
                 if v < t.durable_len {
@@ -317,7 +319,9 @@ pub fn check_recovered(store: &LogStore, tracker: &Tracker) -> Result<(), String
                         "session {id}: recovered version {v} is neither an acknowledged \
                          version nor the in-flight one (acknowledged {}, in flight {:?})",
                         t.versions.len(),
-                        inflight_save.filter(|p| p.id() == id).map(|p| p.version() + 1)
+                        inflight_save
+                            .filter(|p| p.id() == id)
+                            .map(|p| p.version() + 1)
                     ));
                 }
                 if header.as_ref() != Some(s.info()) {
@@ -339,7 +343,9 @@ pub fn check_recovered(store: &LogStore, tracker: &Tracker) -> Result<(), String
             .map_err(|e| format!("read_stream {id}: {e}"))?;
         let versions: Vec<u64> = commits.iter().map(|c| c.info.version).collect();
         if versions != (1..=head).collect::<Vec<u64>>() {
-            return Err(format!("session {id}: stream versions {versions:?}, head {head}"));
+            return Err(format!(
+                "session {id}: stream versions {versions:?}, head {head}"
+            ));
         }
     }
     let listed = list_all(store)?;
@@ -352,9 +358,7 @@ pub fn check_recovered(store: &LogStore, tracker: &Tracker) -> Result<(), String
 }
 
 /// Every header, deleted included, ordered by id.
-pub fn list_all(
-    store: &LogStore,
-) -> Result<Vec<spool_runtime::session::AgentSessionInfo>, String> {
+pub fn list_all(store: &LogStore) -> Result<Vec<spool_runtime::session::AgentSessionInfo>, String> {
     let q = ListQuery::all()
         .including_deleted()
         .order_by(ListOrder::Id, SortDirection::Ascending);

@@ -43,7 +43,13 @@ fn open(sim: &SimVfs, ix: &Path, d: Durability) -> Result<LogStore, spool_engine
 /// Runs the workload on a fresh SimVfs that crashes at sync point `k`
 /// (0 = no planned crash: it crashes after the workload). Returns the
 /// tracker and the number of sync points the run reached.
-fn crashed_run(seed: u64, k: u64, crash_seed: u64, d: Durability, ix: &Path) -> (SimVfs, Tracker, u64) {
+fn crashed_run(
+    seed: u64,
+    k: u64,
+    crash_seed: u64,
+    d: Durability,
+    ix: &Path,
+) -> (SimVfs, Tracker, u64) {
     let sim = SimVfs::new();
     if k > 0 {
         sim.crash_at_sync(k, crash_seed);
@@ -58,7 +64,7 @@ fn crashed_run(seed: u64, k: u64, crash_seed: u64, d: Durability, ix: &Path) -> 
             Durability::Immediate => t.mark_durable(),
             _ => {
                 flushes += 1;
-                if flushes % 5 == 0 && store.engine().flush().is_ok() {
+                if flushes.is_multiple_of(5) && store.engine().flush().is_ok() {
                     t.mark_durable();
                 }
             }
@@ -86,7 +92,8 @@ fn check_after_crash(sim: &SimVfs, ix: &Path, d: Durability, tracker: &Tracker, 
     let s = rt
         .create(spool_tests::ops::definition(0), None)
         .unwrap_or_else(|e| panic!("{ctx}: create after recovery: {e}"));
-    rt.purge(s.id()).unwrap_or_else(|e| panic!("{ctx}: purge after recovery: {e}"));
+    rt.purge(s.id())
+        .unwrap_or_else(|e| panic!("{ctx}: purge after recovery: {e}"));
     drop(rt);
     // The log verifies, and a rebuilt index lists the same sessions.
     let report = verify(STORE, opts(sim, &ix.join("verify"), d)).expect("verify runs");
@@ -94,7 +101,10 @@ fn check_after_crash(sim: &SimVfs, ix: &Path, d: Durability, tracker: &Tracker, 
     std::fs::remove_dir_all(ix.join("index")).expect("remove index");
     let store = open(sim, ix, d).unwrap_or_else(|e| panic!("{ctx}: reopen without index: {e}"));
     let after = list_all(&store).unwrap_or_else(|e| panic!("{ctx}: {e}"));
-    assert_eq!(before, after, "{ctx}: listing differs after an index rebuild");
+    assert_eq!(
+        before, after,
+        "{ctx}: listing differs after an index rebuild"
+    );
     if let Err(e) = check_recovered(&store, tracker) {
         panic!("{ctx} (rebuilt index): {e}");
     }
@@ -105,14 +115,19 @@ fn crash_at_every_sync_point(d: Durability) {
     let crash_seeds = env_usize("SPOOL_CRASH_SEEDS", 3) as u64;
     let probe_ix = spool_tests::seed::scratch_dir();
     let (_, probe, syncs) = crashed_run(seed, 0, 0, d, probe_ix.path());
-    assert!(probe.acked >= STEPS as u64 / 2, "the workload acknowledged only {}", probe.acked);
+    assert!(
+        probe.acked >= STEPS as u64 / 2,
+        "the workload acknowledged only {}",
+        probe.acked
+    );
     assert!(syncs > 10, "only {syncs} sync points");
     let mut points = 0u64;
     let mut with_inflight = 0u64;
     for k in 1..=syncs {
         for c in 0..crash_seeds {
             let crash_seed = seed ^ (k << 16) ^ c;
-            let ctx = format!("{d:?} seed {seed} crash at sync {k}/{syncs} crash seed {crash_seed}");
+            let ctx =
+                format!("{d:?} seed {seed} crash at sync {k}/{syncs} crash seed {crash_seed}");
             let ix = spool_tests::seed::scratch_dir();
             let (sim, tracker, _) = crashed_run(seed, k, crash_seed, d, ix.path());
             if tracker.inflight.is_some() {

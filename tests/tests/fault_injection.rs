@@ -60,8 +60,10 @@ fn faulty_run(dir: &Path, fv: &FaultVfs, seed: u64) -> RunResult {
     };
     let (rt, capture) = capturing_runtime(store.clone() as Arc<dyn SessionStore>);
     let mut rng = Rng::new(seed);
-    let err = run_workload(&rt, &capture, &mut r.tracker, &mut rng, steps(), |t| t.mark_durable())
-        .unwrap_or_else(|e| panic!("workload: {e}"));
+    let err = run_workload(&rt, &capture, &mut r.tracker, &mut rng, steps(), |t| {
+        t.mark_durable()
+    })
+    .unwrap_or_else(|e| panic!("workload: {e}"));
     let Some(err) = err else {
         return r;
     };
@@ -98,7 +100,9 @@ fn check_reopened(dir: &Path, tracker: &Tracker, ctx: &str) {
     );
     check_recovered(&store, tracker).unwrap_or_else(|e| panic!("{ctx}: {e}"));
     let before = list_all(&store).unwrap_or_else(|e| panic!("{ctx}: {e}"));
-    store.close().unwrap_or_else(|e| panic!("{ctx}: close: {e}"));
+    store
+        .close()
+        .unwrap_or_else(|e| panic!("{ctx}: close: {e}"));
     let report = verify(dir, opts(None)).expect("verify runs");
     assert!(report.ok, "{ctx}: verify: {report:?}");
     std::fs::remove_dir_all(dir.join(INDEX_DIR)).expect("remove index");
@@ -127,7 +131,8 @@ fn runtime_fault_at_every_io_call_once_then_persistently() {
     let mut poisoned_runs = 0u64;
     for persistent in [false, true] {
         for n in 1..=total {
-            let ctx = format!("seed {seed}: fault at I/O call {n}/{total} (persistent {persistent})");
+            let ctx =
+                format!("seed {seed}: fault at I/O call {n}/{total} (persistent {persistent})");
             let dir = spool_tests::seed::scratch_dir();
             let fv = FaultVfs::new(Arc::new(OsVfs));
             fv.fail_nth(FaultKind::Any, n, persistent);
@@ -150,4 +155,3 @@ fn runtime_fault_at_every_io_call_once_then_persistently() {
     );
     assert!(poisoned_runs > 0);
 }
-

@@ -88,7 +88,10 @@ fn hostile_session_ids_are_refused_everywhere_and_create_nothing() {
         assert!(bad.parse::<SessionId>().is_err());
         // Ids inside documents are validated when decoded, too.
         let doc = serde_json::to_string(&bad).expect("json string");
-        assert!(serde_json::from_str::<SessionId>(&doc).is_err(), "{shown} via JSON");
+        assert!(
+            serde_json::from_str::<SessionId>(&doc).is_err(),
+            "{shown} via JSON"
+        );
         let ev = json!({ "type": "forked", "from": bad, "at_entry": null });
         let mut bytes = vec![spool_runtime::session::EVENT_SCHEMA];
         bytes.extend(serde_json_to_msgpack(&ev));
@@ -172,7 +175,13 @@ fn file_store_with_two() -> (tempfile::TempDir, SessionRuntime, SessionId, Sessi
 /// Loading `victim` fails with `InvalidSessionFile` naming its file; the
 /// listing still works, reports the file in `skipped` (when even the header
 /// is unreadable), and still lists the good session intact.
-fn assert_reported(rt: &SessionRuntime, dir: &Path, victim: &SessionId, good: &SessionId, what: &str) {
+fn assert_reported(
+    rt: &SessionRuntime,
+    dir: &Path,
+    victim: &SessionId,
+    good: &SessionId,
+    what: &str,
+) {
     let path = dir.join(format!("{victim}.json"));
     match rt.get_session(victim) {
         Err(e) => match e.as_store() {
@@ -187,7 +196,10 @@ fn assert_reported(rt: &SessionRuntime, dir: &Path, victim: &SessionId, good: &S
     let list = rt
         .list_sessions(&ListQuery::all().including_deleted())
         .unwrap_or_else(|e| panic!("{what}: listing failed: {e}"));
-    assert!(list.ids().contains(good), "{what}: the good session is not listed");
+    assert!(
+        list.ids().contains(good),
+        "{what}: the good session is not listed"
+    );
     let listed_victim = list.ids().contains(victim);
     let skipped_victim = list
         .skipped
@@ -197,7 +209,9 @@ fn assert_reported(rt: &SessionRuntime, dir: &Path, victim: &SessionId, good: &S
         listed_victim ^ skipped_victim,
         "{what}: the damaged file must be listed (readable header) or skipped, not both or neither"
     );
-    let g = rt.get_session(good).unwrap_or_else(|e| panic!("{what}: {e}"));
+    let g = rt
+        .get_session(good)
+        .unwrap_or_else(|e| panic!("{what}: {e}"));
     assert_eq!(g.version(), 2, "{what}");
 }
 
@@ -277,7 +291,10 @@ fn enormous_session_files_are_bounded_and_listing_goes_on() {
     drop(big);
     assert_reported(&rt, dir.path(), &a, &b, "64 MiB array");
     let list = rt.list_sessions(&ListQuery::all()).expect("listing");
-    assert_eq!(list.total, 2, "the header line of the big file is still listed");
+    assert_eq!(
+        list.total, 2,
+        "the header line of the big file is still listed"
+    );
     // 64 MiB of whitespace inside the header line (past the 64 KiB fast
     // path) and garbage after: an error, listing goes on.
     let mut junk = first.as_bytes()[..20].to_vec();
@@ -325,14 +342,20 @@ fn log_store_with_sessions(dir: &Path) -> Vec<(SessionId, u64)> {
         let mut v = s.version();
         for i in 0..6 {
             v = rt
-                .execute(s.id(), &WriteMetadata::new(format!("k{i}"), json!("x".repeat(300))))
+                .execute(
+                    s.id(),
+                    &WriteMetadata::new(format!("k{i}"), json!("x".repeat(300))),
+                )
                 .expect("save")
                 .version();
         }
         out.push((s.id().clone(), v));
     }
     drop(rt);
-    Arc::try_unwrap(store).expect("sole owner").close().expect("close");
+    Arc::try_unwrap(store)
+        .expect("sole owner")
+        .close()
+        .expect("close");
     out
 }
 
@@ -352,7 +375,10 @@ fn log_end(b: &[u8]) -> usize {
 }
 
 fn expect_open_error(dir: &Path, what: &str, check: impl Fn(&spool_engine::Error)) {
-    let before: Vec<Vec<u8>> = segments(dir).iter().map(|p| std::fs::read(p).expect("read")).collect();
+    let before: Vec<Vec<u8>> = segments(dir)
+        .iter()
+        .map(|p| std::fs::read(p).expect("read"))
+        .collect();
     for read_only in [false, true] {
         let r = if read_only {
             LogStore::open_read_only(dir)
@@ -368,8 +394,14 @@ fn expect_open_error(dir: &Path, what: &str, check: impl Fn(&spool_engine::Error
             Ok(_) => panic!("{what}: a damaged log opened (read_only {read_only})"),
         }
     }
-    let after: Vec<Vec<u8>> = segments(dir).iter().map(|p| std::fs::read(p).expect("read")).collect();
-    assert!(before == after, "{what}: a refused open modified the segments");
+    let after: Vec<Vec<u8>> = segments(dir)
+        .iter()
+        .map(|p| std::fs::read(p).expect("read"))
+        .collect();
+    assert!(
+        before == after,
+        "{what}: a refused open modified the segments"
+    );
 }
 
 #[test]
@@ -389,7 +421,10 @@ fn zeroed_tail_and_torn_last_save_under_the_session_store() {
     {
         let store = LogStore::open(dir.path(), log_opts()).expect("open");
         for (id, v) in &sessions {
-            assert_eq!(store.load(id).expect("load").expect("present").version(), *v);
+            assert_eq!(
+                store.load(id).expect("load").expect("present").version(),
+                *v
+            );
         }
     }
     // Tear the last record: zero its second half. Exactly the last save
@@ -437,9 +472,15 @@ fn hostile_frame_length_in_a_sealed_segment_is_refused_with_segment_and_offset()
     let at = SEGMENT_HEADER_BYTES as usize;
     bytes[at..at + 4].copy_from_slice(&0xFFFF_FFF0u32.to_le_bytes());
     std::fs::write(victim, &bytes).expect("write");
-    let name = victim.file_name().expect("name").to_string_lossy().into_owned();
+    let name = victim
+        .file_name()
+        .expect("name")
+        .to_string_lossy()
+        .into_owned();
     expect_open_error(dir.path(), "hostile length", |e| match e {
-        spool_engine::Error::Corrupt { segment, offset, .. } => {
+        spool_engine::Error::Corrupt {
+            segment, offset, ..
+        } => {
             assert_eq!(segment, &name);
             assert_eq!(*offset, SEGMENT_HEADER_BYTES);
             assert!(e.to_string().contains(&name));
@@ -481,7 +522,10 @@ fn future_format_version_and_wrong_segment_id_under_the_session_store() {
     std::fs::rename(&segs[0], &moved).expect("rename");
     let r = LogStore::open(dir.path(), log_opts());
     assert!(
-        matches!(r, Err(StoreError::Engine(spool_engine::Error::Corrupt { .. }))),
+        matches!(
+            r,
+            Err(StoreError::Engine(spool_engine::Error::Corrupt { .. }))
+        ),
         "a renamed segment opened: {:?}",
         r.err()
     );
@@ -516,7 +560,10 @@ fn undecodable_and_dangling_events_fail_that_session_only() {
         .append(NewCommit::new(
             garbled.as_str(),
             ExpectedVersion::Exact(vg),
-            vec![EventData::new("session.entry_appended", vec![1, 0xc1, 0xff, 0x00])],
+            vec![EventData::new(
+                "session.entry_appended",
+                vec![1, 0xc1, 0xff, 0x00],
+            )],
         ))
         .expect("append");
     // A valid event whose entry's parent does not exist.
@@ -569,7 +616,10 @@ fn commit_over_the_size_limit_is_a_clear_error_and_the_store_stays_usable() {
     let rt = runtime(store.clone());
     let s = rt.create(definition(0), None).expect("create");
     let err = rt
-        .execute(s.id(), &WriteMetadata::new("big", json!("x".repeat(100 << 10))))
+        .execute(
+            s.id(),
+            &WriteMetadata::new("big", json!("x".repeat(100 << 10))),
+        )
         .expect_err("an oversized commit was accepted");
     match err.as_store() {
         Some(StoreError::Engine(spool_engine::Error::RecordTooLarge { bytes, max })) => {
@@ -578,25 +628,39 @@ fn commit_over_the_size_limit_is_a_clear_error_and_the_store_stays_usable() {
         }
         other => panic!("expected RecordTooLarge, got {other:?}"),
     }
-    assert!(!store.engine().is_poisoned(), "an oversized commit poisoned the store");
+    assert!(
+        !store.engine().is_poisoned(),
+        "an oversized commit poisoned the store"
+    );
     let s2 = rt
         .execute(s.id(), &WriteMetadata::new("small", json!(1)))
         .expect("the store stays usable");
     assert_eq!(s2.version(), 2);
     assert!(!s2.state().metadata.contains_key("big"));
     // The same for a create whose first commit is too large.
-    let seed = spool_runtime::session::AgentState::new().with_metadata("big", json!("y".repeat(100 << 10)));
+    let seed = spool_runtime::session::AgentState::new()
+        .with_metadata("big", json!("y".repeat(100 << 10)));
     assert!(rt.create(definition(1), Some(seed)).is_err());
     assert_eq!(rt.list_sessions(&ListQuery::all()).expect("list").total, 1);
     drop(rt);
     drop(store);
     let store = LogStore::open(dir.path(), opts).expect("reopen");
-    assert_eq!(store.load(s.id()).expect("load").expect("present").version(), 2);
+    assert_eq!(
+        store
+            .load(s.id())
+            .expect("load")
+            .expect("present")
+            .version(),
+        2
+    );
     // The memory and file stores accept it (they have no record limit).
     let rt = runtime(Arc::new(MemoryStore::new()));
     let m = rt.create(definition(0), None).expect("create");
-    rt.execute(m.id(), &WriteMetadata::new("big", json!("x".repeat(100 << 10))))
-        .expect("memory store has no record limit");
+    rt.execute(
+        m.id(),
+        &WriteMetadata::new("big", json!("x".repeat(100 << 10))),
+    )
+    .expect("memory store has no record limit");
 }
 
 // ---------------------------------------------------------------------------
@@ -653,7 +717,10 @@ fn log_store_creates_owner_only_files_and_directories() {
             .expect("save");
     }
     drop(rt);
-    Arc::try_unwrap(store).expect("sole owner").close().expect("close");
+    Arc::try_unwrap(store)
+        .expect("sole owner")
+        .close()
+        .expect("close");
     assert!(dir.join(LOCK_FILE).exists() && dir.join(INDEX_DIR).is_dir());
     let bad = too_open(&dir);
     assert!(bad.is_empty(), "group/other access: {bad:?}");
@@ -685,7 +752,10 @@ fn undecodable_indexed_event_fails_that_session_only() {
         }
         .unwrap_or_else(|e| panic!("read_only {read_only}: one bad event refused the store: {e}"));
         for (id, v) in &sessions[1..] {
-            assert_eq!(store.load(id).expect("load").expect("present").version(), *v);
+            assert_eq!(
+                store.load(id).expect("load").expect("present").version(),
+                *v
+            );
         }
         assert!(store.load(&bad).is_err(), "the bad session loaded");
         let list = store.list_headers(&ListQuery::all()).expect("listing");

@@ -21,7 +21,8 @@ fn run(kind: StoreKind, default_cases: usize, max_len: usize) {
     let mut bytes = [0u8; 32];
     bytes[..8].copy_from_slice(&seed.to_le_bytes());
     bytes[8..16].copy_from_slice(&(kind as u64).to_le_bytes());
-    let mut runner = TestRunner::new_with_rng(config, TestRng::from_seed(RngAlgorithm::ChaCha, &bytes));
+    let mut runner =
+        TestRunner::new_with_rng(config, TestRng::from_seed(RngAlgorithm::ChaCha, &bytes));
     let totals = std::cell::Cell::new((0u64, 0u64, 0u64));
     let result = runner.run(&ops_strategy(max_len, true), |ops| {
         let mut r = Runner::new(kind).map_err(TestCaseError::fail)?;
