@@ -266,7 +266,7 @@ fn enormous_session_files_are_bounded_and_listing_goes_on() {
     let (dir, rt, a, b) = file_store_with_two();
     let path = dir.path().join(format!("{a}.json"));
     let original = String::from_utf8(std::fs::read(&path).expect("read")).expect("utf8");
-    let (first, rest) = original.split_once('\n').expect("two-line layout");
+    let (first, _) = original.split_once('\n').expect("two-line layout");
     // 64 MiB of whitespace before the document: no header line to read
     // quickly; the file is still valid JSON.
     let mut ws = vec![b' '; 64 << 20];
@@ -303,7 +303,6 @@ fn enormous_session_files_are_bounded_and_listing_goes_on() {
     std::fs::write(&path, &junk).expect("write");
     drop(junk);
     assert_reported(&rt, dir.path(), &a, &b, "64 MiB header line");
-    let _ = rest;
 }
 
 #[test]
