@@ -322,7 +322,7 @@ pub fn session_ops(data: &[u8]) {
             t.mark_durable()
         })
         .unwrap_or_else(|e| panic!("workload: {e}"));
-        if res.is_some() && store.engine().is_poisoned() {
+        if res.is_some() && store.engine().expect("engine handle").is_poisoned() {
             fv.clear();
             let id = tracker.order.first().cloned();
             if let Some(id) = id {
@@ -460,7 +460,13 @@ pub fn seed_inputs() -> Vec<(&'static str, String, Vec<u8>)> {
         let mut runner_rng = Rng::new(7);
         let mut tracker = Tracker::default();
         let _ = run_workload(&rt, &capture, &mut tracker, &mut runner_rng, 30, |_| {});
-        for c in store.engine().scan(1).expect("scan").flatten() {
+        for c in store
+            .engine()
+            .expect("engine handle")
+            .scan(1)
+            .expect("scan")
+            .flatten()
+        {
             for e in c.events {
                 if events.len() < 24
                     && !events.iter().any(|(k, _): &(String, Vec<u8>)| k == &e.kind)

@@ -333,7 +333,7 @@ pub fn check_recovered(store: &LogStore, tracker: &Tracker) -> Result<(), String
             }
         }
         // Stream versions are contiguous from 1 up to the head.
-        let engine = store.engine();
+        let engine = store.engine().expect("engine handle");
         let head = engine
             .stream_version(id.as_str())
             .map_err(|e| e.to_string())?

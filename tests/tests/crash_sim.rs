@@ -64,7 +64,9 @@ fn crashed_run(
             Durability::Immediate => t.mark_durable(),
             _ => {
                 flushes += 1;
-                if flushes.is_multiple_of(5) && store.engine().flush().is_ok() {
+                if flushes.is_multiple_of(5)
+                    && store.engine().expect("engine handle").flush().is_ok()
+                {
                     t.mark_durable();
                 }
             }

@@ -68,7 +68,7 @@ fn faulty_run(dir: &Path, fv: &FaultVfs, seed: u64) -> RunResult {
         return r;
     };
     r.failed = true;
-    r.poisoned = store.engine().is_poisoned();
+    r.poisoned = store.engine().expect("engine handle").is_poisoned();
     // A failed fsync or write must poison the store.
     if let Some(StoreError::Engine(spool_engine::Error::Io { op, .. })) = err.as_store() {
         if op.starts_with("sync") || *op == "write_at" {

@@ -94,6 +94,8 @@ const KEY_HEADER: u8 = b'h';
 const KEY_STATUS: u8 = b's';
 const KEY_PARENT: u8 = b'p';
 const KEY_PURGED: u8 = b'x';
+/// A session whose stored events do not decode: value is the reason.
+const KEY_BROKEN: u8 = b'k';
 const CACHE_SNAPSHOT: &[u8] = b"snap";
 
 fn key(tag: u8, id: &str) -> Vec<u8> {
@@ -167,10 +169,17 @@ impl SessionIndexer {
             Some(b) => be_u64(&b).unwrap_or(0),
             None => 0,
         };
+        let bkey = key(KEY_BROKEN, id);
+        let mut broken = batch.get(&bkey)?.is_some();
         for ev in &commit.events {
             if ev.kind == PURGE_EVENT_KIND {
                 header = None;
+                broken = false;
+                batch.remove(&bkey);
                 batch.insert(&key(KEY_PURGED, id), &commit.info.version.to_be_bytes());
+                continue;
+            }
+            if broken {
                 continue;
             }
             let Some(kind) = ev.kind.strip_prefix(SESSION_EVENT_PREFIX) else {
@@ -179,12 +188,23 @@ impl SessionIndexer {
             if !matches!(kind, "created" | "status_changed" | "forked" | "deleted") {
                 continue;
             }
-            let decoded = decode_event(&ev.payload).map_err(|e| {
-                IndexError::indexer(
-                    SESSION_INDEXER,
-                    format!("session {id} version {}: {e}", commit.info.version),
-                )
-            })?;
+            let decoded = match decode_event(&ev.payload) {
+                Ok(d) => d,
+                Err(e) => {
+                    // One undecodable event (a foreign writer, a newer
+                    // schema) makes only its own session unreadable: it is
+                    // reported by `header`, `load` and listings, and every
+                    // other session stays reachable.
+                    let reason = format!(
+                        "stream version {} event {}: {e}",
+                        commit.info.version, ev.kind
+                    );
+                    batch.insert(&bkey, reason.as_bytes());
+                    broken = true;
+                    header = None;
+                    continue;
+                }
+            };
             match decoded {
                 SessionEvent::Created {
                     id: sid,
@@ -887,14 +907,32 @@ impl SessionStore for LogStore {
                 }
             }
         }
+        // Sessions whose stored events do not decode are reported, not listed.
+        for kv in index.scan_prefix(SESSION_INDEXER, &[KEY_BROKEN]) {
+            let (k, v) = kv.map_err(engine_err)?;
+            skipped.push(SkippedSession {
+                location: format!("log:{}", String::from_utf8_lossy(&k[1..])),
+                reason: String::from_utf8_lossy(&v).into_owned(),
+            });
+        }
         let mut list = query.apply(headers)?;
         list.skipped.extend(skipped);
         Ok(list)
     }
 
     fn header(&self, id: &SessionId) -> Result<Option<AgentSessionInfo>, StoreError> {
-        match self
-            .engine()?
+        let engine = self.engine()?;
+        if let Some(reason) = engine
+            .index()
+            .get(SESSION_INDEXER, &key(KEY_BROKEN, id.as_str()))
+            .map_err(engine_err)?
+        {
+            return Err(StoreError::Corrupt {
+                id: id.clone(),
+                reason: String::from_utf8_lossy(&reason).into_owned(),
+            });
+        }
+        match engine
             .index()
             .get(SESSION_INDEXER, &key(KEY_HEADER, id.as_str()))
             .map_err(engine_err)?

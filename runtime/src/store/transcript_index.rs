@@ -690,15 +690,12 @@ impl TranscriptIndexer {
             ) {
                 continue;
             }
-            let decoded = decode_event(&ev.payload).map_err(|e| {
-                IndexError::indexer(
-                    TRANSCRIPT_INDEXER,
-                    format!(
-                        "session {sid} version {} event {i}: {e}",
-                        commit.info.version
-                    ),
-                )
-            })?;
+            // An undecodable event fails only its own session: the session
+            // indexer marks it broken (its header, loads and handles report
+            // the damage); the transcript index skips the event.
+            let Ok(decoded) = decode_event(&ev.payload) else {
+                continue;
+            };
             let loc = Locator {
                 position: commit.info.position,
                 event: u32::try_from(i).unwrap_or(u32::MAX),
