@@ -7,6 +7,7 @@ use crate::cli::{Cli, Command};
 use crate::out::{Result, ToolError};
 
 mod bench;
+mod compact;
 mod context;
 mod demo;
 mod log;
@@ -71,6 +72,30 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
             budget_bytes,
             json,
         } => context::run(need_store(&store)?, &id, budget_bytes, json),
+        Command::Compact {
+            id,
+            all,
+            truncate_tool_results,
+            redact,
+            drop_aborted,
+            dry_run,
+            gc,
+            test_concurrent_write,
+            json,
+        } => compact::run(
+            need_store(&store)?,
+            compact::Args {
+                id,
+                all,
+                truncate_tool_results,
+                redact,
+                drop_aborted,
+                dry_run,
+                gc,
+                test_concurrent_write,
+                json,
+            },
+        ),
         Command::Bench {
             workloads,
             quick,
