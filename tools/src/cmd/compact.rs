@@ -508,9 +508,9 @@ fn compact_one(ctx: &Ctx<'_>, id: &SessionId) -> Result<Report> {
 
 /// The sessions to compact: the one given, or every non-deleted session
 /// (oldest first, so the order is stable across runs).
-fn targets(rt: &SessionRuntime, args: &Args) -> Result<Vec<SessionId>> {
-    if let Some(id) = &args.id {
-        return Ok(vec![parse_id(id)?]);
+fn targets(rt: &SessionRuntime, args: &Args, one: Option<SessionId>) -> Result<Vec<SessionId>> {
+    if let Some(id) = one {
+        return Ok(vec![id]);
     }
     if !args.all {
         return Err(ToolError::new("compact: no session given")
@@ -630,7 +630,10 @@ pub fn run(dir: &Path, args: Args) -> Result<ExitCode> {
         return Err(ToolError::new("compact --gc is not available yet")
             .hint("the log GC is not part of this build; `compact` rewrites (without --gc) work"));
     }
+    // Everything that can be refused without the store is checked before
+    // it is opened.
     let transforms = Transforms::from_args(&args)?;
+    let one = args.id.as_deref().map(parse_id).transpose()?;
     crate::cmd::require_existing_store(dir)?;
     let (store, rt): (Arc<LogStore>, SessionRuntime) = if args.dry_run {
         read_only(dir)?
@@ -640,7 +643,7 @@ pub fn run(dir: &Path, args: Args) -> Result<ExitCode> {
     let backend = store
         .transcript_backend()
         .ok_or_else(|| ToolError::new("this store keeps no transcript index; compact needs one"))?;
-    let ids = targets(&rt, &args)?;
+    let ids = targets(&rt, &args, one)?;
     let ctx = Ctx {
         rt: &rt,
         backend,
