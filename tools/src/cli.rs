@@ -9,7 +9,8 @@ use clap::{Parser, Subcommand, ValueEnum};
 /// Every command works on the store directory given with `--store`. Commands
 /// that print data print aligned text by default and one JSON document with
 /// `--json`. Exit codes: 0 success, 1 a check found a problem (e.g. `verify`
-/// found corruption), 2 the command failed.
+/// found corruption), 2 the command failed, 3 `compact` met a version
+/// conflict (another writer committed first; nothing was written for it).
 #[derive(Debug, Parser)]
 #[command(name = "spool", version, about, long_about)]
 pub struct Cli {
@@ -153,7 +154,8 @@ pub enum Command {
         /// read-only).
         #[arg(long)]
         dry_run: bool,
-        /// Log garbage collection: copy live records, swap, retire segments.
+        /// Log garbage collection: copy live records, swap, retire segments
+        /// (not available in this build yet).
         #[arg(long, conflicts_with_all = ["id", "all", "truncate_tool_results", "redact", "drop_aborted"])]
         gc: bool,
         /// Test hook: between prepare and commit, commit a custom entry to
@@ -161,6 +163,7 @@ pub enum Command {
         /// writer), so the commit meets a version conflict.
         #[arg(long, hide = true, conflicts_with = "dry_run")]
         test_concurrent_write: bool,
+        /// Print one JSON array of per-session plan/result objects.
         #[arg(long)]
         json: bool,
     },

@@ -653,22 +653,30 @@ pub fn run(dir: &Path, args: Args) -> Result<ExitCode> {
     };
     let pb = progress(ids.len());
     let mut reports = Vec::with_capacity(ids.len());
+    let mut failure = None;
     for id in &ids {
         let r = compact_one(&ctx, id);
         pb.inc(1);
         match r {
             Ok(r) => reports.push(r),
             Err(e) => {
-                pb.finish_and_clear();
-                return Err(e);
+                failure = Some(e);
+                break;
             }
         }
     }
     pb.finish_and_clear();
-    if args.json {
-        print_json(&reports)?;
-    } else {
-        print_human(&reports, args.dry_run)?;
+    // On a failure the sessions done before it are still shown: their
+    // rewrites are committed.
+    if failure.is_none() || !reports.is_empty() {
+        if args.json {
+            print_json(&reports)?;
+        } else {
+            print_human(&reports, args.dry_run)?;
+        }
+    }
+    if let Some(e) = failure {
+        return Err(e);
     }
     let conflicts: Vec<&Report> = reports
         .iter()
