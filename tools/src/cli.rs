@@ -9,7 +9,8 @@ use clap::{Parser, Subcommand, ValueEnum};
 /// Every command works on the store directory given with `--store`. Commands
 /// that print data print aligned text by default and one JSON document with
 /// `--json`. Exit codes: 0 success, 1 a check found a problem (e.g. `verify`
-/// found corruption), 2 the command failed.
+/// found corruption), 2 the command failed, 3 `compact` met a version
+/// conflict (another writer committed first; nothing was written for it).
 #[derive(Debug, Parser)]
 #[command(name = "spool", version, about, long_about)]
 pub struct Cli {
@@ -122,6 +123,63 @@ pub enum Command {
     /// killed). Exits 0 when the store is sound, 1 when corruption is found.
     Verify {
         /// Print one JSON document instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+
+    /// Rewrite sessions' transcripts to slim them down (prepare, show the plan, commit).
+    ///
+    /// For each session (one ID, or every non-deleted session with --all)
+    /// the transforms are combined into ONE prepared rewrite through the
+    /// session runtime's live handle: the plan (entries touched, their
+    /// bytes before -> after, entries removed and re-parented) is shown,
+    /// then committed as one `transcript_rewritten` event unless --dry-run.
+    /// Order within a session: --drop-aborted picks the entries to remove,
+    /// then on every other entry (all branches) --redact runs (each REGEX
+    /// in turn) and then --truncate-tool-results (so a secret is redacted
+    /// before a cut could leave part of it).
+    ///
+    /// Byte counts are the transcript's entry sizes (what is loaded and
+    /// sent), not log bytes: a rewrite appends to the log; `compact --gc`
+    /// reclaims log space.
+    ///
+    /// Exit codes: 0 success (also for a dry run and for "nothing to
+    /// change"), 2 the command failed, 3 another writer committed to a
+    /// session between prepare and commit (version conflict: nothing was
+    /// written for that session; run the command again).
+    Compact {
+        /// Session id to compact.
+        #[arg(required_unless_present_any = ["all", "gc"], conflicts_with = "all")]
+        id: Option<String>,
+        /// Compact every non-deleted session.
+        #[arg(long)]
+        all: bool,
+        /// Cut tool results whose text is longer than this many bytes (at
+        /// least 64), ending them with a `[truncated N bytes]` marker.
+        #[arg(long, value_name = "BYTES")]
+        truncate_tool_results: Option<u64>,
+        /// Replace matches of REGEX in message texts (user, assistant, tool
+        /// results, custom messages, summaries) with `[redacted]`. Repeatable.
+        #[arg(long = "redact", value_name = "REGEX")]
+        redact: Vec<String>,
+        /// Remove trailing aborted or errored assistant entries (walking back
+        /// from the leaf; custom entries among them are kept).
+        #[arg(long)]
+        drop_aborted: bool,
+        /// Print the prepared plan and commit nothing (the store is opened
+        /// read-only).
+        #[arg(long)]
+        dry_run: bool,
+        /// Log garbage collection: copy live records, swap, retire segments
+        /// (not available in this build yet).
+        #[arg(long, conflicts_with_all = ["id", "all", "truncate_tool_results", "redact", "drop_aborted"])]
+        gc: bool,
+        /// Test hook: between prepare and commit, commit a custom entry to
+        /// the session through the runtime's session pipeline (a concurrent
+        /// writer), so the commit meets a version conflict.
+        #[arg(long, hide = true, conflicts_with = "dry_run")]
+        test_concurrent_write: bool,
+        /// Print one JSON array of per-session plan/result objects.
         #[arg(long)]
         json: bool,
     },

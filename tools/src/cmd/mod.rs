@@ -7,6 +7,7 @@ use crate::cli::{Cli, Command};
 use crate::out::{Result, ToolError};
 
 mod bench;
+mod compact;
 mod context;
 mod delete;
 mod demo;
@@ -102,6 +103,30 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
             json,
         } => import::run(need_store(&store)?, &file, format, fresh_commit_ids, json),
         Command::Delete { id, json } => delete::run(need_store(&store)?, &id, json),
+        Command::Compact {
+            id,
+            all,
+            truncate_tool_results,
+            redact,
+            drop_aborted,
+            dry_run,
+            gc,
+            test_concurrent_write,
+            json,
+        } => compact::run(
+            need_store(&store)?,
+            compact::Args {
+                id,
+                all,
+                truncate_tool_results,
+                redact,
+                drop_aborted,
+                dry_run,
+                gc,
+                test_concurrent_write,
+                json,
+            },
+        ),
         Command::Bench {
             workloads,
             quick,
