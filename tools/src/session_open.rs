@@ -60,3 +60,33 @@ pub fn runtime_err(id: &SessionId, e: spool_runtime::RuntimeError) -> ToolError 
         ToolError::with_source(format!("session {id}"), e)
     }
 }
+
+/// Whether `--store` names a PostgreSQL database rather than a directory.
+pub fn is_postgres(dir: &Path) -> bool {
+    dir.to_str()
+        .is_some_and(spool_runtime::store::is_postgres_location)
+}
+
+/// A runtime over whatever `--store` names: a PostgreSQL URL
+/// (`postgres://…`) or a log-store directory (read-only unless `write`).
+/// Used by the commands that only need sessions, not the log itself.
+pub fn runtime_for(dir: &Path, write: bool) -> Result<SessionRuntime> {
+    if is_postgres(dir) {
+        let location = dir.to_str().unwrap_or_default();
+        let store = spool_runtime::store::open_store(location).map_err(|e| {
+            ToolError::with_source("connecting to the PostgreSQL store failed", e)
+                .hint("check the URL, the server and the credentials")
+        })?;
+        return Ok(SessionRuntime::new(
+            store,
+            Arc::new(NullSink),
+            SessionHookStack::empty(),
+        ));
+    }
+    let (_store, rt) = if write {
+        writable(dir)?
+    } else {
+        read_only(dir)?
+    };
+    Ok(rt)
+}

@@ -8,7 +8,7 @@ use spool_runtime::transcript::{
 };
 
 use crate::out::{ellipsize, human_bytes, print_json, Result, ToolError};
-use crate::session_open::{parse_id, read_only, runtime_err};
+use crate::session_open::{parse_id, runtime_err, runtime_for};
 
 fn block_text(b: &ContentBlock) -> String {
     match b {
@@ -25,7 +25,7 @@ fn block_text(b: &ContentBlock) -> String {
 
 pub fn run(dir: &Path, id: &str, budget_bytes: Option<u64>, json: bool) -> Result<ExitCode> {
     let id = parse_id(id)?;
-    let (_store, rt) = read_only(dir)?;
+    let rt = runtime_for(dir, false)?;
     let s = rt.get_session(&id).map_err(|e| runtime_err(&id, e))?;
     let transcript = &s.state().transcript;
     let (ctx, note): (ModelContext, Option<String>) = match budget_bytes {

@@ -12,7 +12,7 @@ use serde::Serialize;
 use spool_runtime::session::SessionStatus;
 
 use crate::out::{print_json, Result};
-use crate::session_open::{parse_id, runtime_err, writable};
+use crate::session_open::{parse_id, runtime_err, runtime_for};
 
 #[derive(Serialize)]
 struct Deleted {
@@ -25,7 +25,7 @@ struct Deleted {
 pub fn run(dir: &Path, id: &str, json: bool) -> Result<ExitCode> {
     let id = parse_id(id)?;
     crate::cmd::require_existing_store(dir)?;
-    let (_store, rt) = writable(dir)?;
+    let rt = runtime_for(dir, true)?;
     let info = rt.session_info(&id).map_err(|e| runtime_err(&id, e))?;
     let (version, already_deleted) = if info.status == SessionStatus::Deleted {
         (info.version, true)

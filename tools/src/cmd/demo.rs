@@ -17,7 +17,7 @@ use spool_runtime::{ListQuery, SessionRuntime};
 
 use crate::cmd::sessions::{print_headers, HeaderRow};
 use crate::out::{print_json, Result, ToolError};
-use crate::session_open::writable;
+use crate::session_open::runtime_for;
 
 /// Moves the transcript leaf back to an earlier entry, so the next message
 /// starts a new branch. (A custom action through the public trait.)
@@ -71,7 +71,7 @@ fn find_entry(s: &AgentSession, needle: &str) -> Option<EntryId> {
 }
 
 pub fn run(dir: &Path, json: bool) -> Result<ExitCode> {
-    let (_store, rt) = writable(dir)?;
+    let rt = runtime_for(dir, true)?;
     let loops = Arc::new(ScriptedLoopFactory::new([
         ScriptedTurn::ToolRound {
             tool: "bash".into(),
@@ -189,7 +189,6 @@ pub fn run(dir: &Path, json: bool) -> Result<ExitCode> {
     );
     println!();
     drop(rt);
-    drop(_store);
     super::tree::run(dir, id1.as_str(), false)?;
     println!();
     println!("The model context at its leaf:");
