@@ -3,7 +3,6 @@
 //! (skipped loudly when they are absent, except under CI).
 
 #[path = "../../runtime/tests/postgres_support/mod.rs"]
-#[allow(dead_code)]
 mod postgres_support;
 
 use std::process::{Command, Stdio};
