@@ -226,7 +226,11 @@ fn two_thousand_entries_open_with_the_log_stores_bounded_context() {
     let pg = connect(&conn);
     let (rt, _) = runtime(pg.clone());
     let (pid, pids, ps) = build(&rt);
-    assert_eq!(pg.stats().full_loads, 0, "opening reads only the working set");
+    assert_eq!(
+        pg.stats().full_loads,
+        0,
+        "opening reads only the working set"
+    );
 
     let dir = tempfile::tempdir().unwrap();
     let log = open_log(dir.path());

@@ -84,8 +84,8 @@ use self::pool::{
     is_connection_error, is_retryable_transaction_error, is_transient_connect_error, Pool,
 };
 pub use self::schema::{SchemaError, SCHEMA_VERSION};
-use self::transcript::{PgTranscriptSource, TxIndex};
 pub use self::transcript::{IndexFault, INDEX_CACHE_ENTRIES_MAX};
+use self::transcript::{PgTranscriptSource, TxIndex};
 use super::log::SNAPSHOT_TAIL_COMMITS;
 use super::{
     ListOrder, ListQuery, LoadCounter, SessionStore, SortDirection, StoreError, StoreStats,

@@ -38,11 +38,11 @@ struct Migration {
 
 /// Every migration, in order; `MIGRATIONS[i].version == i + 1`.
 const MIGRATIONS: &[Migration] = &[
-Migration {
-    version: 1,
-    // Ids compare bytewise (COLLATE "C") so `ORDER BY id` matches the
-    // order of `SessionId` in Rust, which listing and cursors rely on.
-    sql: r#"
+    Migration {
+        version: 1,
+        // Ids compare bytewise (COLLATE "C") so `ORDER BY id` matches the
+        // order of `SessionId` in Rust, which listing and cursors rely on.
+        sql: r#"
 CREATE TABLE spool_sessions (
     id            text COLLATE "C" PRIMARY KEY,
     parent_id     text COLLATE "C",
@@ -82,15 +82,15 @@ CREATE TABLE spool_snapshots (
     bytes         bytea  NOT NULL
 );
 "#,
-    backfill: None,
-},
-Migration {
-    version: 2,
-    // Entry rows of the current transcript generation, one per entry;
-    // custom ordinals per type and among all types (never reused, so
-    // pages after an ordinal stay stable); label target and value of
-    // label entries (the last by seq wins).
-    sql: r#"
+        backfill: None,
+    },
+    Migration {
+        version: 2,
+        // Entry rows of the current transcript generation, one per entry;
+        // custom ordinals per type and among all types (never reused, so
+        // pages after an ordinal stay stable); label target and value of
+        // label entries (the last by seq wins).
+        sql: r#"
 ALTER TABLE spool_sessions
     ADD COLUMN tx_generation    bigint NOT NULL DEFAULT 0,
     ADD COLUMN tx_raw_seq       bigint NOT NULL DEFAULT 0,
@@ -138,8 +138,8 @@ CREATE TABLE spool_custom_types (
     PRIMARY KEY (session_id, custom_type)
 );
 "#,
-    backfill: Some(super::transcript::backfill),
-},
+        backfill: Some(super::transcript::backfill),
+    },
 ];
 
 /// Why the schema could not be brought to [`SCHEMA_VERSION`].

@@ -131,7 +131,10 @@ fn encode_entry(sid: &str, entry: &Entry) -> Result<Vec<u8>, IndexFault> {
 fn decode_entry(sid: &str, id: &EntryId, b: &[u8]) -> Result<Entry, IndexFault> {
     match decode_event(b) {
         Ok(SessionEvent::EntryAppended { entry }) if &entry.id == id => Ok(entry),
-        Ok(_) => Err(corrupt(sid, format!("the payload of entry {id} is another entry"))),
+        Ok(_) => Err(corrupt(
+            sid,
+            format!("the payload of entry {id} is another entry"),
+        )),
         Err(e) => Err(corrupt(sid, format!("payload of entry {id}: {e}"))),
     }
 }
@@ -807,10 +810,9 @@ impl<'a> PgTranscriptSource<'a> {
         f: impl Fn(&mut Client, &str) -> Result<T, IndexFault>,
     ) -> Result<T, StoreError> {
         let sid = self.sid.as_str();
-        self.store
-            .run(op, &format!("session {sid}"), |client| {
-                f(client, sid).map_err(|e| e.into_fail(&self.sid))
-            })
+        self.store.run(op, &format!("session {sid}"), |client| {
+            f(client, sid).map_err(|e| e.into_fail(&self.sid))
+        })
     }
 
     fn record(&self, id: &EntryId) -> Result<Option<Rec>, StoreError> {
