@@ -70,6 +70,7 @@
 
 mod pool;
 pub mod schema;
+mod transcript;
 
 use std::str::FromStr;
 use std::time::Duration;
@@ -83,11 +84,14 @@ use self::pool::{
     is_connection_error, is_retryable_transaction_error, is_transient_connect_error, Pool,
 };
 pub use self::schema::{SchemaError, SCHEMA_VERSION};
+pub use self::transcript::{IndexFault, INDEX_CACHE_ENTRIES_MAX};
+use self::transcript::{PgTranscriptSource, TxIndex};
 use super::log::SNAPSHOT_TAIL_COMMITS;
 use super::{
     ListOrder, ListQuery, LoadCounter, SessionStore, SortDirection, StoreError, StoreStats,
     MAX_PAGE_LIMIT,
 };
+use crate::handle::{AppendReceipt, BoxedSource, TranscriptBackend, TranscriptHead};
 use crate::session::{
     decode_event, decode_snapshot, encode_event, encode_snapshot, AgentSession, AgentSessionInfo,
     SessionEvent, SessionId, SessionInfoList, SessionStatus, SkippedSession,
@@ -281,6 +285,9 @@ struct Loaded {
 /// Sessions event-sourced in PostgreSQL. See the module docs.
 pub struct PostgresStore {
     pool: Pool,
+    /// Where the store lives (hosts, ports, database, user, options): the
+    /// key of the handles' writer registry.
+    identity: String,
     opts: PostgresOptions,
     loads: LoadCounter,
 }
@@ -311,7 +318,16 @@ impl PostgresStore {
         if config.get_connect_timeout().is_none() {
             config.connect_timeout(opts.connect_timeout);
         }
+        let identity = format!(
+            "postgres:{:?}:{:?}:{:?}:{:?}:{:?}",
+            config.get_hosts(),
+            config.get_ports(),
+            config.get_dbname(),
+            config.get_user(),
+            config.get_options()
+        );
         let store = PostgresStore {
+            identity,
             pool: Pool::new(config, opts.pool_idle_max),
             opts,
             loads: LoadCounter::default(),
@@ -522,6 +538,10 @@ impl PostgresStore {
                     }
                     Err(e) => return Err(e.into()),
                 }
+                // The transcript index, in the commit's transaction.
+                TxIndex::new(&mut tx, id.as_str())
+                    .apply(session.pending_events(), Some(&payloads), stamp)
+                    .map_err(|e| e.into_fail(&id))?;
                 tx.commit()?;
                 return Ok(Landed {
                     version: 1,
@@ -546,16 +566,44 @@ impl PostgresStore {
         session: AgentSession,
         commit_id: Uuid,
     ) -> Result<AgentSession, StoreError> {
-        let id = session.id().clone();
-        let expected = session.version();
-        let expected_sql = version_to_sql(&id, expected)?;
-        let next = version_to_sql(&id, expected.saturating_add(1))?;
         let (kinds, payloads) = encode_batch(&session)?;
         let info = session.info();
         let parent = info.parent_id.as_ref().map(|p| p.as_str());
-        let status = info.status.as_str();
+        let landed = self.commit_events(
+            "save",
+            session.id(),
+            session.version(),
+            commit_id,
+            &kinds,
+            &payloads,
+            session.pending_events(),
+            Some((info.status.as_str(), parent)),
+        )?;
+        Ok(session.reconstitute(landed.version, landed.updated_at_ms))
+    }
+
+    /// Commits one batch of events to `id` at `expected` (the version
+    /// fence), maintaining the transcript index in the same transaction.
+    /// `events` are the decoded events behind `payloads` (empty when the
+    /// batch is the implicit `Touched`); `header` is the status and parent
+    /// to store with the new version (`None`: unchanged).
+    #[allow(clippy::too_many_arguments)]
+    fn commit_events(
+        &self,
+        op: &'static str,
+        id: &SessionId,
+        expected: u64,
+        commit_id: Uuid,
+        kinds: &[String],
+        payloads: &[Vec<u8>],
+        events: &[SessionEvent],
+        header: Option<(&str, Option<&str>)>,
+    ) -> Result<Landed, StoreError> {
+        debug_assert!(events.is_empty() || events.len() == payloads.len());
+        let expected_sql = version_to_sql(id, expected)?;
+        let next = version_to_sql(id, expected.saturating_add(1))?;
         let failed = |client: &mut Client| -> Result<Landed, Fail> {
-            match Self::resolve_failed_write(client, &id, commit_id)? {
+            match Self::resolve_failed_write(client, id, commit_id)? {
                 Ok(landed) => Ok(landed),
                 Err(None) => Err(Fail::Store(StoreError::NotFound { id: id.clone() })),
                 Err(Some(actual)) => Err(Fail::Store(StoreError::Conflict {
@@ -565,7 +613,7 @@ impl PostgresStore {
                 })),
             }
         };
-        let landed = self.run("save", &format!("session {id}"), |client| {
+        self.run(op, &format!("session {id}"), |client| {
             let mut tx = client.transaction()?;
             // The commit row first: its primary key is the version fence.
             let inserted = tx.query_opt(
@@ -591,23 +639,34 @@ impl PostgresStore {
                 }
                 Err(e) => return Err(e.into()),
             };
-            let moved = tx.execute(
-                "UPDATE spool_sessions
-                 SET version = $2, status = $3, parent_id = $4, updated_at_ms = $5
-                 WHERE id = $1 AND version = $6",
-                &[&id.as_str(), &next, &status, &parent, &stamp, &expected_sql],
-            )?;
+            let moved = match header {
+                Some((status, parent)) => tx.execute(
+                    "UPDATE spool_sessions
+                     SET version = $2, status = $3, parent_id = $4, updated_at_ms = $5
+                     WHERE id = $1 AND version = $6",
+                    &[&id.as_str(), &next, &status, &parent, &stamp, &expected_sql],
+                )?,
+                None => tx.execute(
+                    "UPDATE spool_sessions SET version = $2, updated_at_ms = $3
+                     WHERE id = $1 AND version = $4",
+                    &[&id.as_str(), &next, &stamp, &expected_sql],
+                )?,
+            };
             if moved != 1 {
                 drop(tx);
                 return failed(client);
             }
+            // The transcript index, in the commit's transaction: never
+            // ahead of or behind the commits.
+            TxIndex::new(&mut tx, id.as_str())
+                .apply(events, Some(payloads), stamp)
+                .map_err(|e| e.into_fail(id))?;
             tx.commit()?;
             Ok(Landed {
                 version: expected + 1,
                 updated_at_ms: stamp,
             })
-        })?;
-        Ok(session.reconstitute(landed.version, landed.updated_at_ms))
+        })
     }
 
     /// The commit with id `commit_id`, if it landed (and was not purged).
@@ -915,7 +974,120 @@ fn list_sql(query: &ListQuery) -> Result<ListSql, StoreError> {
     })
 }
 
+impl TranscriptBackend for PostgresStore {
+    /// The server, database, user and options of the connection string.
+    fn identity(&self) -> String {
+        self.identity.clone()
+    }
+
+    /// One row: the header and the transcript meta of `spool_sessions`.
+    fn head(&self, id: &SessionId) -> Result<Option<TranscriptHead>, StoreError> {
+        let row = self.run("transcript head", &format!("session {id}"), |client| {
+            Ok(client.query_opt(
+                &format!(
+                    "SELECT {HEADER_COLUMNS}, tx_generation, tx_raw_seq, tx_updated_at_ms,
+                            tx_leaf, tx_entries
+                     FROM spool_sessions WHERE id = $1"
+                ),
+                &[&id.as_str()],
+            )?)
+        })?;
+        let Some(row) = row else {
+            return Ok(None);
+        };
+        let bad = |reason: String| StoreError::Corrupt {
+            id: id.clone(),
+            reason: format!("header row: {reason}"),
+        };
+        let header = header_from_row(&row).map_err(bad)?;
+        let count = |col: &str| -> Result<u64, StoreError> {
+            let v: i64 = row.try_get(col).map_err(|e| bad(e.to_string()))?;
+            u64::try_from(v).map_err(|_| bad(format!("negative {col} {v}")))
+        };
+        let leaf: Option<String> = row.try_get("tx_leaf").map_err(|e| bad(e.to_string()))?;
+        let leaf = leaf
+            .map(|l| crate::transcript::EntryId::parse(&l))
+            .transpose()
+            .map_err(|e| bad(format!("leaf: {e}")))?;
+        Ok(Some(TranscriptHead {
+            version: crate::transcript::TranscriptVersion {
+                generation: count("tx_generation")?,
+                raw_seq: count("tx_raw_seq")?,
+                updated_at_ms: row
+                    .try_get("tx_updated_at_ms")
+                    .map_err(|e| bad(e.to_string()))?,
+            },
+            leaf,
+            entries: count("tx_entries")?,
+            header,
+        }))
+    }
+
+    fn source(&self, id: &SessionId) -> Result<BoxedSource<'_>, StoreError> {
+        Ok(Box::new(PgTranscriptSource::new(self, id.clone())))
+    }
+
+    fn entry_ids(&self, id: &SessionId) -> Result<Vec<crate::transcript::EntryId>, StoreError> {
+        self.run("transcript entry ids", &format!("session {id}"), |client| {
+            transcript::entry_ids(client, id.as_str()).map_err(|e| e.into_fail(id))
+        })
+    }
+
+    /// One commit (a fresh commit id, retried on a broken connection like
+    /// `save`) under the version fence; the header's status and parent are
+    /// left as they are. Deleted sessions are refused.
+    fn append_events(
+        &self,
+        id: &SessionId,
+        expected_version: u64,
+        events: Vec<SessionEvent>,
+    ) -> Result<AppendReceipt, StoreError> {
+        let Some(h) = self.header(id)? else {
+            return Err(StoreError::NotFound { id: id.clone() });
+        };
+        if h.status == SessionStatus::Deleted {
+            return Err(StoreError::InvalidSession {
+                id: id.clone(),
+                reason: "the session is deleted".into(),
+            });
+        }
+        if events.is_empty() {
+            return Err(StoreError::InvalidSession {
+                id: id.clone(),
+                reason: "an append needs at least one event".into(),
+            });
+        }
+        let mut kinds = Vec::with_capacity(events.len());
+        let mut payloads = Vec::with_capacity(events.len());
+        for ev in &events {
+            payloads.push(encode_event(ev).map_err(|source| StoreError::Encoding {
+                context: format!("event {} of session {id}", ev.kind()),
+                source,
+            })?);
+            kinds.push(ev.kind().to_string());
+        }
+        let landed = self.commit_events(
+            "append",
+            id,
+            expected_version,
+            Uuid::new_v4(),
+            &kinds,
+            &payloads,
+            &events,
+            None,
+        )?;
+        Ok(AppendReceipt {
+            session_version: landed.version,
+            updated_at_ms: landed.updated_at_ms,
+        })
+    }
+}
+
 impl SessionStore for PostgresStore {
+    fn transcript_backend(&self) -> Option<&dyn TranscriptBackend> {
+        Some(self)
+    }
+
     fn create(&self, session: AgentSession) -> Result<AgentSession, StoreError> {
         self.create_with_commit_id(session, Uuid::new_v4())
     }

@@ -6,11 +6,18 @@
 //! against an empty database apply each migration exactly once and the
 //! others wait, then see it applied. `spool_schema_version` holds one row
 //! per applied migration.
+//!
+//! | version | brings |
+//! | --- | --- |
+//! | 1 | sessions, commits, snapshots |
+//! | 2 | the transcript index (see [`super::transcript`]): `spool_entries`, `spool_custom_types`, the `tx_*` columns of `spool_sessions`; built for existing sessions by replaying their commits |
 
-use postgres::Client;
+use postgres::{Client, Transaction};
+
+use super::transcript::IndexFault;
 
 /// The schema version this build writes and reads.
-pub const SCHEMA_VERSION: i32 = 1;
+pub const SCHEMA_VERSION: i32 = 2;
 
 /// Key of the advisory lock taken while migrating (`b"spoolsch"` as a
 /// big-endian i64). Advisory locks are per database, so stores in other
@@ -18,18 +25,24 @@ pub const SCHEMA_VERSION: i32 = 1;
 /// harmless.
 pub const MIGRATION_LOCK_KEY: i64 = i64::from_be_bytes(*b"spoolsch");
 
-/// One migration: the version it brings the schema to and its DDL.
+/// Data work run after a migration's DDL, in the same transaction.
+type Backfill = fn(&mut Transaction<'_>) -> Result<(), IndexFault>;
+
+/// One migration: the version it brings the schema to, its DDL and the
+/// data work that follows it.
 struct Migration {
     version: i32,
     sql: &'static str,
+    backfill: Option<Backfill>,
 }
 
 /// Every migration, in order; `MIGRATIONS[i].version == i + 1`.
-const MIGRATIONS: &[Migration] = &[Migration {
-    version: 1,
-    // Ids compare bytewise (COLLATE "C") so `ORDER BY id` matches the
-    // order of `SessionId` in Rust, which listing and cursors rely on.
-    sql: r#"
+const MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        // Ids compare bytewise (COLLATE "C") so `ORDER BY id` matches the
+        // order of `SessionId` in Rust, which listing and cursors rely on.
+        sql: r#"
 CREATE TABLE spool_sessions (
     id            text COLLATE "C" PRIMARY KEY,
     parent_id     text COLLATE "C",
@@ -69,7 +82,65 @@ CREATE TABLE spool_snapshots (
     bytes         bytea  NOT NULL
 );
 "#,
-}];
+        backfill: None,
+    },
+    Migration {
+        version: 2,
+        // Entry rows of the current transcript generation, one per entry;
+        // custom ordinals per type and among all types (never reused, so
+        // pages after an ordinal stay stable); label target and value of
+        // label entries (the last by seq wins).
+        sql: r#"
+ALTER TABLE spool_sessions
+    ADD COLUMN tx_generation    bigint NOT NULL DEFAULT 0,
+    ADD COLUMN tx_raw_seq       bigint NOT NULL DEFAULT 0,
+    ADD COLUMN tx_updated_at_ms bigint NOT NULL DEFAULT 0,
+    ADD COLUMN tx_leaf          text COLLATE "C",
+    ADD COLUMN tx_entries       bigint NOT NULL DEFAULT 0,
+    ADD COLUMN tx_next_seq      bigint NOT NULL DEFAULT 0,
+    ADD COLUMN tx_custom_next   bigint NOT NULL DEFAULT 0;
+
+CREATE TABLE spool_entries (
+    session_id     text COLLATE "C" NOT NULL
+                   REFERENCES spool_sessions (id) ON DELETE CASCADE,
+    entry_id       text COLLATE "C" NOT NULL,
+    seq            bigint NOT NULL CHECK (seq >= 0),
+    parent_id      text COLLATE "C",
+    kind           text   NOT NULL,
+    marker         bytea  NOT NULL,
+    facts          bytea  NOT NULL,
+    size_bytes     bigint NOT NULL CHECK (size_bytes >= 0),
+    custom_type    text COLLATE "C",
+    custom_ordinal bigint,
+    custom_all     bigint,
+    label_target   text COLLATE "C",
+    label          text,
+    summary        text   NOT NULL,
+    payload        bytea  NOT NULL,
+    CONSTRAINT spool_entries_pkey PRIMARY KEY (session_id, entry_id),
+    CONSTRAINT spool_entries_custom CHECK (
+        (custom_type IS NULL) = (custom_ordinal IS NULL)
+        AND (custom_type IS NULL) = (custom_all IS NULL))
+);
+CREATE INDEX spool_entries_children ON spool_entries (session_id, parent_id, seq);
+CREATE INDEX spool_entries_custom_type ON spool_entries (session_id, custom_type, custom_ordinal)
+    WHERE custom_type IS NOT NULL;
+CREATE INDEX spool_entries_custom_all ON spool_entries (session_id, custom_all)
+    WHERE custom_all IS NOT NULL;
+CREATE INDEX spool_entries_labels ON spool_entries (session_id, label_target, seq)
+    WHERE label_target IS NOT NULL;
+
+CREATE TABLE spool_custom_types (
+    session_id   text COLLATE "C" NOT NULL
+                 REFERENCES spool_sessions (id) ON DELETE CASCADE,
+    custom_type  text COLLATE "C" NOT NULL,
+    next_ordinal bigint NOT NULL,
+    PRIMARY KEY (session_id, custom_type)
+);
+"#,
+        backfill: Some(super::transcript::backfill),
+    },
+];
 
 /// Why the schema could not be brought to [`SCHEMA_VERSION`].
 #[derive(Debug, thiserror::Error)]
@@ -80,6 +151,13 @@ pub enum SchemaError {
         version: i32,
         #[source]
         source: postgres::Error,
+    },
+    /// Building a migration's derived data from the stored commits.
+    #[error("schema migration to version {version}: {source}")]
+    Backfill {
+        version: i32,
+        #[source]
+        source: IndexFault,
     },
     #[error("reading the schema version: {0}")]
     Read(#[source] postgres::Error),
@@ -126,6 +204,18 @@ pub fn migrate(client: &mut Client) -> Result<i32, SchemaError> {
             source,
         };
         tx.batch_execute(m.sql).map_err(fail)?;
+        if let Some(backfill) = m.backfill {
+            backfill(&mut tx).map_err(|e| match e {
+                IndexFault::Pg(source) => SchemaError::Migration {
+                    version: m.version,
+                    source,
+                },
+                other => SchemaError::Backfill {
+                    version: m.version,
+                    source: other,
+                },
+            })?;
+        }
         tx.execute(
             "INSERT INTO spool_schema_version (version, applied_at_ms)
              VALUES ($1, (extract(epoch FROM clock_timestamp()) * 1000)::bigint)",
