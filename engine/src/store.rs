@@ -886,9 +886,6 @@ fn init_segment_file(
     capacity: u64,
 ) -> Result<(), Error> {
     match opts.preallocate {
-        Preallocate::Fallocate => file
-            .allocate(capacity)
-            .map_err(|e| Error::io(path, "allocate", e))?,
         Preallocate::ZeroFill => {
             file.set_len(capacity)
                 .map_err(|e| Error::io(path, "set_len", e))?;
@@ -1185,9 +1182,6 @@ impl VfsFile for NoFile {
         Ok(())
     }
     fn set_len(&self, _: u64) -> std::io::Result<()> {
-        Err(std::io::Error::other("read-only"))
-    }
-    fn allocate(&self, _: u64) -> std::io::Result<()> {
         Err(std::io::Error::other("read-only"))
     }
     fn len(&self) -> std::io::Result<u64> {

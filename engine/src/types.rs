@@ -22,13 +22,14 @@ pub enum Durability {
 
 /// How new segments reserve their space.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub enum Preallocate {
     /// Write zeros over the whole segment once: later overwrites need no block
-    /// allocation or extent conversion, so fdatasync commits no metadata.
+    /// allocation or extent conversion, so fdatasync commits no metadata. (Plain
+    /// writes only: no platform call such as fallocate(2), which would need `unsafe`
+    /// and still leave unwritten extents to convert on the first overwrite.)
     #[default]
     ZeroFill,
-    /// `fallocate` (falls back to extending the file with `set_len`).
-    Fallocate,
 }
 
 /// Configuration of a [`crate::Store`].
