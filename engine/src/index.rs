@@ -22,6 +22,7 @@ pub const INDEX_FORMAT_VERSION: u32 = 1;
 
 const META_FORMAT: &[u8] = b"\x00meta:format";
 const META_APPLIED: &[u8] = b"\x00meta:applied";
+const META_LAYOUT: &[u8] = b"\x00meta:layout";
 const META_INDEXER: &[u8] = b"\x00meta:indexer:";
 const HEAD: &[u8] = b"\x01h";
 const VERSION: &[u8] = b"\x01v";
@@ -310,7 +311,7 @@ impl Index {
             Index::wipe_dir(path)?;
             ix = Index::from_db(Index::open_db(path).map_err(sled_err)?, indexers, path)?;
         }
-        ix.init_meta()?;
+        ix.init_meta(0)?;
         Ok((ix, true))
     }
 
@@ -379,11 +380,12 @@ impl Index {
         Ok(self.read_key(META_APPLIED)?.is_some())
     }
 
-    /// Write the meta keys of an empty index.
-    fn init_meta(&self) -> Result<(), Error> {
+    /// Write the meta keys of an empty index built from a log with layout id `layout`.
+    fn init_meta(&self, layout: u64) -> Result<(), Error> {
         let mut b = sled::Batch::default();
         b.insert(META_FORMAT, &INDEX_FORMAT_VERSION.to_be_bytes()[..]);
         b.insert(META_APPLIED, &0u64.to_be_bytes()[..]);
+        b.insert(META_LAYOUT, &layout.to_be_bytes()[..]);
         for ix in &self.indexers {
             let mut k = META_INDEXER.to_vec();
             k.extend_from_slice(ix.name().as_bytes());
@@ -392,15 +394,27 @@ impl Index {
         self.tree.apply_batch(b).map_err(sled_err)
     }
 
-    /// Drop every entry (engine, indexers and cache) and start empty.
-    pub(crate) fn clear(&self) -> Result<(), Error> {
+    /// Drop every entry (engine, indexers and cache) and start empty, for a log with
+    /// layout id `layout` (the largest id of a segment written by GC; 0 if none).
+    pub(crate) fn clear(&self, layout: u64) -> Result<(), Error> {
         // A failed background move does not matter: everything is dropped.
         let _ = self.join_moving();
         *self.mem.write().unwrap_or_else(|e| e.into_inner()) = Mem::default();
         *self.frozen.write().unwrap_or_else(|e| e.into_inner()) = None;
         self.tree.clear().map_err(sled_err)?;
         self.cache.clear().map_err(sled_err)?;
-        self.init_meta()
+        self.init_meta(layout)
+    }
+
+    /// The layout id of the log the index was built from (positions are only valid for
+    /// that arrangement of segments). Absent = 0.
+    pub(crate) fn layout(&self) -> Result<u64, Error> {
+        match self.read_key(META_LAYOUT)? {
+            Some(v) => {
+                be_u64(&v).ok_or_else(|| Error::Index(IndexError::Malformed("layout id".into())))
+            }
+            None => Ok(0),
+        }
     }
 
     /// The last seq whose commit is in the index.
@@ -435,7 +449,8 @@ impl Index {
         for c in commits {
             let i = &c.info;
             writes.insert(head_key(&i.stream), Some(encode_head(i).to_vec()));
-            // Versions are contiguous from 1, so the block holds exactly the versions
+            // Versions are contiguous (from 1, or from where GC removed a prefix of the
+            // stream: those slots stay zero), so the block holds exactly the versions
             // before this one in its range: append the entry at its slot.
             let key = version_block_key(&i.stream, i.version);
             let mut block = match writes.get(&key) {
@@ -627,7 +642,8 @@ impl Index {
             return Ok(None);
         };
         match block_entry(&block, ((version - 1) % VERSIONS_PER_BLOCK) as usize) {
-            Some(e) => Ok(Some(e?.0)),
+            // An all-zero entry: a version GC removed (a stream prefix).
+            Some(e) => Ok(Some(e?.0).filter(|p| p.offset != 0)),
             None => Ok(None),
         }
     }
@@ -658,10 +674,15 @@ impl Index {
                 if version < from {
                     continue;
                 }
+                let pos = e?.0;
+                if pos.offset == 0 {
+                    // A version GC removed (a stream prefix): no record.
+                    continue;
+                }
                 if out.len() >= limit {
                     return Ok(out);
                 }
-                out.push((version, e?.0));
+                out.push((version, pos));
             }
         }
         Ok(out)

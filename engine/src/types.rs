@@ -188,7 +188,8 @@ impl NewCommit {
     }
 }
 
-/// Where a record starts in the log. Ordered by (segment, offset) = log order.
+/// Where a record starts in the log. Ordered by (segment, offset), which is log order
+/// only until a GC: compacted segments get new, higher ids (use `seq` for log order).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct LogPosition {
     pub segment: u64,
@@ -236,7 +237,8 @@ pub struct CommitInfo {
     pub stream: String,
     /// The stream's new head version (number of commits in the stream).
     pub version: u64,
-    /// Global sequence number: 1-based, dense, in log order.
+    /// Global sequence number: 1-based, increasing in log order; dense except where log
+    /// compaction removed commits.
     pub seq: u64,
     pub position: LogPosition,
     pub timestamp_ms: i64,
