@@ -338,18 +338,18 @@ pub(crate) fn segment_files(
     Ok(v)
 }
 
-/// A new segment being filled by GC.
-struct Output {
-    id: u64,
-    buf: Vec<u8>,
-    first_range: u64,
-    first_seq: u64,
-    last_seq: u64,
-    records: u64,
+/// A new compacted segment being filled (by GC or salvage).
+pub(crate) struct Output {
+    pub id: u64,
+    pub buf: Vec<u8>,
+    pub first_range: u64,
+    pub first_seq: u64,
+    pub last_seq: u64,
+    pub records: u64,
 }
 
 impl Output {
-    fn new(id: u64, first_range: u64) -> Output {
+    pub fn new(id: u64, first_range: u64) -> Output {
         let buf = vec![0u8; (format::SEGMENT_HEADER_BYTES + format::COMPACTED_EXT_BYTES) as usize];
         Output {
             id,
@@ -362,11 +362,41 @@ impl Output {
     }
 }
 
-/// A written `.seg.gc` file.
-struct Written {
+/// Write a compacted segment file at `path` (created, never overwritten) covering
+/// `o.first_range..=last_range`, and sync it.
+pub(crate) fn write_compacted(
+    vfs: &dyn Vfs,
+    path: &Path,
+    mut o: Output,
+    last_range: u64,
+) -> Result<Written, Error> {
+    let h = format::encode_compacted_header(o.id, o.first_range, last_range);
+    o.buf[..h.len()].copy_from_slice(&h);
+    debug_assert!(o.records == 0 || (o.first_seq >= o.first_range && o.last_seq <= last_range));
+    let file = vfs
+        .open(path, OpenMode::CreateNew)
+        .map_err(|e| Error::io(path, "create", e))?;
+    file.write_at(&o.buf, 0)
+        .map_err(|e| Error::io(path, "write_at", e))?;
+    file.sync_all()
+        .map_err(|e| Error::io(path, "sync_all", e))?;
+    Ok(Written {
+        id: o.id,
+        file,
+        bytes: o.buf.len() as u64,
+        header: format::SegmentHeader {
+            data_start: h.len() as u64,
+            compacted: Some((o.first_range, last_range)),
+        },
+        first_seq: o.first_seq,
+    })
+}
+
+/// A written compacted segment file.
+pub(crate) struct Written {
     id: u64,
     file: Arc<dyn VfsFile>,
-    bytes: u64,
+    pub bytes: u64,
     header: format::SegmentHeader,
     first_seq: u64,
 }
@@ -760,30 +790,10 @@ impl Store {
     }
 
     /// Write an output segment as `<id>.seg.gc` covering `first_range..=last_range`.
-    fn write_output(&self, mut o: Output, last_range: u64) -> Result<Written, Error> {
+    fn write_output(&self, o: Output, last_range: u64) -> Result<Written, Error> {
         let inner = &*self.inner;
-        let vfs = &*inner.opts.vfs;
-        let h = format::encode_compacted_header(o.id, o.first_range, last_range);
-        o.buf[..h.len()].copy_from_slice(&h);
-        debug_assert!(o.records == 0 || (o.first_seq >= o.first_range && o.last_seq <= last_range));
         let path = inner.dir.join(gc_segment_name(o.id));
-        let file = vfs
-            .open(&path, OpenMode::CreateNew)
-            .map_err(|e| Error::io(&path, "create", e))?;
-        file.write_at(&o.buf, 0)
-            .map_err(|e| Error::io(&path, "write_at", e))?;
-        file.sync_all()
-            .map_err(|e| Error::io(&path, "sync_all", e))?;
-        Ok(Written {
-            id: o.id,
-            file,
-            bytes: o.buf.len() as u64,
-            header: format::SegmentHeader {
-                data_start: h.len() as u64,
-                compacted: Some((o.first_range, last_range)),
-            },
-            first_seq: o.first_seq,
-        })
+        write_compacted(&*inner.opts.vfs, &path, o, last_range)
     }
 
     /// A fresh segment id (shared with the writer's rolls, so ids only grow).
@@ -922,7 +932,7 @@ fn packed_bytes(sizes: &[u64], segment_bytes_max: u64) -> u64 {
 
 /// Re-frame a commit for segment `seg`: the payload is the same bytes (every field is
 /// kept), the checksum binds the new segment id.
-fn encode_copy(out: &mut Vec<u8>, seg: u64, rec: &RecordedCommit) -> Result<(), Error> {
+pub(crate) fn encode_copy(out: &mut Vec<u8>, seg: u64, rec: &RecordedCommit) -> Result<(), Error> {
     let i = &rec.info;
     let len = format::commit_payload_len(&i.stream, &rec.events)
         .and_then(|n| u32::try_from(n).ok())

@@ -16,6 +16,8 @@
 //! - [`Store::open_read_only`] and [`verify`] never write to the store directory.
 //! - [`Store::plan_gc`] / [`Store::run_gc`] compact the log: the live records of sealed
 //!   segments are copied into new segments and the old ones retired, crash-safely.
+//! - [`salvage`] copies every readable commit of a damaged store into a new one and
+//!   reports what was lost, by segment and offset.
 //! - All log I/O goes through [`vfs::Vfs`], so tests can inject faults and crashes.
 //!
 //! The on-disk format is in [`mod@format`] and ARCH-NOTES.md.
@@ -26,6 +28,7 @@ pub mod format;
 mod gc;
 mod index;
 mod log;
+mod salvage;
 mod store;
 mod types;
 mod verify;
@@ -38,6 +41,7 @@ pub use format::{
 };
 pub use gc::{GcPlan, GcReport, GcSegment, GC_MANIFEST_IDS_MAX};
 pub use index::{Index, IndexBatch, IndexScan, Indexer, StreamHead, INDEX_FORMAT_VERSION};
+pub use salvage::{salvage, DroppedCommit, LostRange, SalvageReport};
 pub use store::{LogScan, Store, INDEX_DIR, LOCK_FILE};
 pub use types::{
     AppendOutcome, CommitInfo, Durability, EventData, ExpectedVersion, LogPosition, NewCommit,
