@@ -381,9 +381,23 @@ impl Store {
             return Ok(AppendOutcome::AlreadyCommitted(info));
         }
         if w.ids.may_contain(commit.commit_id) {
-            if let Some(info) = inner.index.commit_by_id(commit.commit_id)? {
-                check_retry_stream(&info, &commit)?;
-                return Ok(AppendOutcome::AlreadyCommitted(info));
+            // The filter knows the id (or it is a false positive, ~0.05%): look for it
+            // in the named stream's version blocks, newest first; failing that, in every
+            // stream's (a retry on another stream is refused).
+            let head = w.heads.get(&commit.stream).copied().unwrap_or(0);
+            if let Some((_, pos)) =
+                inner
+                    .index
+                    .find_in_stream(&commit.stream, head, commit.commit_id)?
+            {
+                let rec = self.read_at(pos)?;
+                return Ok(AppendOutcome::AlreadyCommitted(rec.info));
+            }
+            if let Some((stream, _, _)) = inner.index.find_anywhere(commit.commit_id)? {
+                return Err(Error::InvalidInput(format!(
+                    "commit id {} already landed on stream {stream:?}, retried on {:?}",
+                    commit.commit_id, commit.stream
+                )));
             }
         }
         let actual = w.heads.get(&commit.stream).copied();

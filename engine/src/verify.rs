@@ -313,25 +313,15 @@ pub fn verify(dir: impl AsRef<Path>, opts: Options) -> Result<VerifyReport, Erro
 
 fn check_index_entry(ix: &Index, rec: &crate::RecordedCommit, found: &mut Vec<VerifyProblem>) {
     let i = &rec.info;
-    match ix.stream_position(&i.stream, i.version) {
-        Ok(Some(p)) if p == i.position => {}
+    match ix.stream_entry(&i.stream, i.version) {
+        Ok(Some(e)) if e.position == i.position && e.seq == i.seq && e.commit_id == i.commit_id => {
+        }
         other => found.push(problem(
             INDEX_DIR,
             i.seq,
             format!(
-                "{:?} v{} is at {} in the log, the index says {other:?}",
-                i.stream, i.version, i.position
-            ),
-        )),
-    }
-    match ix.commit_by_id(i.commit_id) {
-        Ok(Some(c)) if c == *i => {}
-        other => found.push(problem(
-            INDEX_DIR,
-            i.seq,
-            format!(
-                "commit {} (seq {}): index entry {other:?}",
-                i.commit_id, i.seq
+                "{:?} v{} (seq {}, commit {}) is at {} in the log, the index says {other:?}",
+                i.stream, i.version, i.seq, i.commit_id, i.position
             ),
         )),
     }
