@@ -93,7 +93,7 @@ fn main() {
         };
         let secs: f64 = args.get(4).and_then(|s| s.parse().ok()).unwrap_or(3.0);
         let base = std::env::temp_dir().join("spool-bench-single");
-        let (rate, st) = spool(&base, secs, w, d, Preallocate::ZeroFill);
+        let (rate, st) = spool(&base, secs, w, d, Preallocate::Auto);
         println!("{d:?} x{w}: {rate:.0} commits/s {st:?}");
         return;
     }
@@ -115,14 +115,14 @@ fn main() {
             secs,
             1,
             Durability::Immediate,
-            Preallocate::ZeroFill,
+            Preallocate::Auto,
         );
         let (sixteen, st) = spool(
             &base.join("s16"),
             secs,
             16,
             Durability::Immediate,
-            Preallocate::ZeroFill,
+            Preallocate::Auto,
         );
         let seq = raw_sequential_writes(&base, secs);
         let (buf, _) = spool(
@@ -130,7 +130,7 @@ fn main() {
             secs,
             1,
             Durability::Buffered,
-            Preallocate::ZeroFill,
+            Preallocate::Auto,
         );
         println!(
             "round {round}: raw write+fdatasync {raw:.0}/s | immediate x1 {one:.0}/s \

@@ -957,7 +957,10 @@ fn init_segment_file(
     id: u64,
     capacity: u64,
 ) -> Result<(), Error> {
-    match opts.preallocate {
+    match opts.preallocate.resolve(opts.durability) {
+        Preallocate::Sparse | Preallocate::Auto => file
+            .set_len(capacity)
+            .map_err(|e| Error::io(path, "set_len", e))?,
         Preallocate::ZeroFill => {
             file.set_len(capacity)
                 .map_err(|e| Error::io(path, "set_len", e))?;

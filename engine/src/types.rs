@@ -24,12 +24,29 @@ pub enum Durability {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub enum Preallocate {
-    /// Write zeros over the whole segment once: later overwrites need no block
-    /// allocation or extent conversion, so fdatasync commits no metadata. (Plain
-    /// writes only: no platform call such as fallocate(2), which would need `unsafe`
-    /// and still leave unwritten extents to convert on the first overwrite.)
+    /// `ZeroFill` with [`Durability::Immediate`], `Sparse` with [`Durability::Buffered`].
     #[default]
+    Auto,
+    /// Write zeros over the whole segment once: later overwrites need no block
+    /// allocation or extent conversion, so fdatasync commits no metadata. Pays off when
+    /// every commit is fdatasynced; costs a second write of every byte otherwise.
+    /// (Plain writes only: no platform call such as fallocate(2), which would need
+    /// `unsafe` and still leave unwritten extents to convert on the first overwrite.)
     ZeroFill,
+    /// Only set the file's length (a sparse file reading as zeros): creating a segment
+    /// costs next to nothing, and the file system allocates blocks as records land.
+    Sparse,
+}
+
+impl Preallocate {
+    /// The mode `Auto` stands for under `durability`.
+    pub fn resolve(self, durability: Durability) -> Preallocate {
+        match (self, durability) {
+            (Preallocate::Auto, Durability::Immediate) => Preallocate::ZeroFill,
+            (Preallocate::Auto, Durability::Buffered) => Preallocate::Sparse,
+            (p, _) => p,
+        }
+    }
 }
 
 /// Configuration of a [`crate::Store`].

@@ -232,7 +232,7 @@ fn retry_of_an_old_commit_in_a_long_stream_is_found() {
     // Commit ids live only in the stream's version blocks (64 versions per block):
     // a retry is found across blocks, memtable and sled, before and after reopen.
     let dir = tempfile::tempdir().unwrap();
-    let s = Store::open(dir.path(), test_opts()).unwrap();
+    let s = Store::open(dir.path(), test_opts().durability(Durability::Buffered)).unwrap();
     let mut sent = Vec::new();
     for v in 0..5000u64 {
         let c = commit("long", ExpectedVersion::Exact(v), &v.to_le_bytes());
@@ -249,7 +249,7 @@ fn retry_of_an_old_commit_in_a_long_stream_is_found() {
         );
     }
     drop(s);
-    let s = Store::open(dir.path(), test_opts()).unwrap();
+    let s = Store::open(dir.path(), test_opts().durability(Durability::Buffered)).unwrap();
     for i in [0usize, 100, 4999] {
         let (c, info) = &sent[i];
         assert_eq!(
