@@ -611,7 +611,7 @@ impl Store {
         // 3: the commit point, under the writer lock.
         let mut w = lock(&inner.w);
         while w.leader {
-            w = inner.cond.wait(w).unwrap_or_else(|e| e.into_inner());
+            w = crate::store::wait_writer(inner, w);
         }
         if inner.poisoned.load(Ordering::Acquire) {
             drop(w);

@@ -76,6 +76,8 @@ pub(crate) struct Writer {
     last_group: usize,
     /// A leader is waiting for more commits to join its group.
     gathering: bool,
+    /// Threads waiting on `Inner::cond` (see `wait_writer`).
+    pub(crate) waiters: usize,
 }
 
 #[derive(Default)]
@@ -136,6 +138,15 @@ fn now_ms() -> i64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_millis() as i64)
         .unwrap_or(0)
+}
+
+/// Wait on `Inner::cond` (woken when a group is done), counted so that the leader only
+/// notifies when someone waits.
+pub(crate) fn wait_writer<'a>(inner: &Inner, mut w: MutexGuard<'a, Writer>) -> MutexGuard<'a, Writer> {
+    w.waiters += 1;
+    let mut w = inner.cond.wait(w).unwrap_or_else(|e| e.into_inner());
+    w.waiters -= 1;
+    w
 }
 
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -328,6 +339,7 @@ impl Store {
             dirty: false,
             last_group: 0,
             gathering: false,
+            waiters: 0,
         };
         let inner = Arc::new(Inner {
             dir: dir.to_path_buf(),
@@ -509,7 +521,7 @@ impl Store {
                 w = self.lead(w)?;
                 continue;
             }
-            w = inner.cond.wait(w).unwrap_or_else(|e| e.into_inner());
+            w = wait_writer(inner, w);
         }
     }
 
@@ -619,7 +631,11 @@ impl Store {
         }
         w.spare_chunks = chunks;
         w.spare_batch = batch;
-        inner.cond.notify_all();
+        // Waking costs a syscall even with no one waiting: skip it then (a lone Buffered
+        // writer leads every group itself).
+        if w.waiters > 0 {
+            inner.cond.notify_all();
+        }
         outcome.map(|()| w)
     }
 
@@ -858,7 +874,7 @@ fn flush_inner(inner: &Inner) -> Result<(), Error> {
     }
     let mut w = lock(&inner.w);
     while w.leader {
-        w = inner.cond.wait(w).unwrap_or_else(|e| e.into_inner());
+        w = wait_writer(inner, w);
     }
     if inner.poisoned.load(Ordering::Acquire) {
         return Err(Error::Poisoned);
