@@ -1,5 +1,5 @@
 //! Rough write-path figures: raw 1 KiB write+fdatasync loop vs. spool appends.
-//! `cargo run --release -p spool-engine --example append_bench -- [seconds] [dir]`
+//! `cargo run --release -p spool-engine --example append_bench -- [seconds] [rounds] [dir]`
 //! or `... -- single <writers> <immediate|buffered> [seconds]`.
 
 use spool_engine::*;
@@ -77,6 +77,11 @@ fn spool(
     (rate, st)
 }
 
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     if args.get(1).map(String::as_str) == Some("single") {
@@ -88,59 +93,67 @@ fn main() {
         };
         let secs: f64 = args.get(4).and_then(|s| s.parse().ok()).unwrap_or(3.0);
         let base = std::env::temp_dir().join("spool-bench-single");
-        let (rate, st) = spool(&base, secs, w, d, Preallocate::ZeroFill);
+        let (rate, st) = spool(&base, secs, w, d, Preallocate::Auto);
         println!("{d:?} x{w}: {rate:.0} commits/s {st:?}");
         return;
     }
+    // append_bench [seconds per figure] [rounds] [dir]: each round measures every figure
+    // back to back, so each ratio compares figures taken under the same load; the
+    // medians over the rounds are printed at the end.
     let secs: f64 = args.get(1).and_then(|s| s.parse().ok()).unwrap_or(2.0);
+    let rounds: usize = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(3);
     let base = args
-        .get(2)
+        .get(3)
         .map(std::path::PathBuf::from)
         .unwrap_or_else(|| std::env::temp_dir().join("spool-bench"));
     std::fs::create_dir_all(&base).unwrap();
-    let raw = raw_loop(&base, secs, true);
-    let raw_sparse = raw_loop(&base, secs, false);
-    println!(
-        "raw 1KiB write+fdatasync, zero-filled file: {raw:.0}/s; sparse file: {raw_sparse:.0}/s"
-    );
-    for p in [Preallocate::ZeroFill, Preallocate::Fallocate] {
-        let (one, st) = spool(&base.join("s1"), secs, 1, Durability::Immediate, p);
-        println!(
-            "{p:?} immediate x1: {one:.0}/s ({:.2}x raw) fsyncs {}",
-            one / raw,
-            st.fsyncs
+    let (mut r_one, mut r_sixteen, mut r_buf) = (Vec::new(), Vec::new(), Vec::new());
+    for round in 1..=rounds {
+        let raw = raw_loop(&base, secs, true);
+        let (one, st1) = spool(
+            &base.join("s1"),
+            secs,
+            1,
+            Durability::Immediate,
+            Preallocate::Auto,
         );
+        let (sixteen, st) = spool(
+            &base.join("s16"),
+            secs,
+            16,
+            Durability::Immediate,
+            Preallocate::Auto,
+        );
+        let seq = raw_sequential_writes(&base, secs);
+        let (buf, _) = spool(
+            &base.join("sb"),
+            secs,
+            1,
+            Durability::Buffered,
+            Preallocate::Auto,
+        );
+        println!(
+            "round {round}: raw write+fdatasync {raw:.0}/s | immediate x1 {one:.0}/s \
+             ({:.2}x raw, {} fsyncs) | immediate x16 {sixteen:.0}/s ({:.2}x x1, \
+             {:.1} commits/fsync) | raw sequential writes {seq:.0}/s | buffered x1 \
+             {buf:.0}/s ({:.2}x raw sequential)",
+            one / raw,
+            st1.fsyncs,
+            sixteen / one,
+            st.commits as f64 / st.fsyncs.max(1) as f64,
+            buf / seq
+        );
+        r_one.push(one / raw);
+        r_sixteen.push(sixteen / one);
+        r_buf.push(buf / seq);
     }
-    let (one, _) = spool(
-        &base.join("s1"),
-        secs,
-        1,
-        Durability::Immediate,
-        Preallocate::ZeroFill,
-    );
-    let (sixteen, st) = spool(
-        &base.join("s16"),
-        secs,
-        16,
-        Durability::Immediate,
-        Preallocate::ZeroFill,
-    );
     println!(
-        "immediate x16: {sixteen:.0}/s ({:.2}x one writer at {one:.0}/s) commits/fsync {:.1}",
-        sixteen / one,
-        st.commits as f64 / st.fsyncs.max(1) as f64
-    );
-    let seq = raw_sequential_writes(&base, secs);
-    let (buf, _) = spool(
-        &base.join("sb"),
-        secs,
-        1,
-        Durability::Buffered,
-        Preallocate::ZeroFill,
-    );
-    println!(
-        "buffered x1: {buf:.0}/s ({:.2}x raw sequential 1KiB writes at {seq:.0}/s)",
-        buf / seq
+        "medians over {rounds} rounds: immediate x1 / raw = {:.2} (goal >= 0.8); \
+         immediate x16 / x1 = {:.2} (goal >= 5); buffered / raw sequential = {:.2} \
+         (goal >= 0.3)",
+        median(r_one),
+        median(r_sixteen),
+        median(r_buf)
     );
 }
 

@@ -53,6 +53,10 @@ pub enum Error {
     /// the log, the store is poisoned, and reopening catches the index up.
     #[error("index error: {0}")]
     Index(#[from] IndexError),
+    /// A GC plan no longer fits the log (another GC ran, or a stream it removes
+    /// commits from has changed): plan again. Nothing was changed.
+    #[error("GC plan is stale: {0}")]
+    GcPlanStale(String),
     /// A log position or sequence number that does not name a record.
     #[error("no record at {0}")]
     NotFound(String),

@@ -11,6 +11,12 @@ pub const SEGMENT_MAGIC: [u8; 8] = *b"SPOOLSEG";
 pub const SEGMENT_FORMAT_VERSION: u32 = 1;
 /// Size of the segment header in bytes.
 pub const SEGMENT_HEADER_BYTES: u64 = 32;
+/// Header flag of a segment written by log compaction (GC): the header is followed by a
+/// [`COMPACTED_EXT_BYTES`] extension naming the seq range the segment replaces.
+pub const SEGMENT_FLAG_COMPACTED: u32 = 1;
+/// Size of the compacted-segment header extension: first seq u64, last seq u64,
+/// reserved u32, crc u32.
+pub const COMPACTED_EXT_BYTES: u64 = 24;
 /// Size of a record frame's header: len u32 + crc u32 + kind u8.
 pub const FRAME_HEADER_BYTES: u64 = 9;
 /// Record kind of a commit.
@@ -78,6 +84,40 @@ pub fn encode_header(segment_id: u64) -> [u8; SEGMENT_HEADER_BYTES as usize] {
     h
 }
 
+/// Encode the header of a segment written by log compaction: the plain header with
+/// [`SEGMENT_FLAG_COMPACTED`] set, then the extension: `first_seq` and `last_seq` (the
+/// seq range this segment stands for: every commit in it has a seq in the range, and a
+/// seq of the range that is not in it was removed by GC), 4 reserved zero bytes, and a
+/// masked crc32 of the 52 bytes before it.
+pub fn encode_compacted_header(
+    segment_id: u64,
+    first_seq: u64,
+    last_seq: u64,
+) -> [u8; (SEGMENT_HEADER_BYTES + COMPACTED_EXT_BYTES) as usize] {
+    let mut h = [0u8; (SEGMENT_HEADER_BYTES + COMPACTED_EXT_BYTES) as usize];
+    h[0..8].copy_from_slice(&SEGMENT_MAGIC);
+    h[8..12].copy_from_slice(&SEGMENT_FORMAT_VERSION.to_le_bytes());
+    h[12..16].copy_from_slice(&SEGMENT_FLAG_COMPACTED.to_le_bytes());
+    h[16..24].copy_from_slice(&segment_id.to_le_bytes());
+    let crc = mask_crc(crc32fast::hash(&h[0..28]));
+    h[28..32].copy_from_slice(&crc.to_le_bytes());
+    h[32..40].copy_from_slice(&first_seq.to_le_bytes());
+    h[40..48].copy_from_slice(&last_seq.to_le_bytes());
+    // 48..52 reserved, 0.
+    let crc = mask_crc(crc32fast::hash(&h[0..52]));
+    h[52..56].copy_from_slice(&crc.to_le_bytes());
+    h
+}
+
+/// A validated segment header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SegmentHeader {
+    /// Offset of the first record (after the header and any extension).
+    pub data_start: u64,
+    /// For a segment written by GC: the seq range it stands for (inclusive).
+    pub compacted: Option<(u64, u64)>,
+}
+
 /// Why a header did not validate.
 #[derive(Debug, PartialEq, Eq)]
 pub enum HeaderProblem {
@@ -92,7 +132,7 @@ pub enum HeaderProblem {
 }
 
 /// Validate a segment header against the id its file name gives.
-pub fn check_header(bytes: &[u8], expected_id: u64) -> Result<(), HeaderProblem> {
+pub fn check_header(bytes: &[u8], expected_id: u64) -> Result<SegmentHeader, HeaderProblem> {
     let Some(h) = bytes.get(..SEGMENT_HEADER_BYTES as usize) else {
         return if bytes.iter().all(|&b| b == 0) {
             Err(HeaderProblem::Blank)
@@ -123,7 +163,39 @@ pub fn check_header(bytes: &[u8], expected_id: u64) -> Result<(), HeaderProblem>
     if id != expected_id {
         return Err(HeaderProblem::WrongId(id));
     }
-    Ok(())
+    let flags = le_u32(&h[12..16]);
+    if flags & !SEGMENT_FLAG_COMPACTED != 0 {
+        return Err(HeaderProblem::Invalid(format!(
+            "unknown header flags {flags:#x}"
+        )));
+    }
+    if flags & SEGMENT_FLAG_COMPACTED == 0 {
+        return Ok(SegmentHeader {
+            data_start: SEGMENT_HEADER_BYTES,
+            compacted: None,
+        });
+    }
+    let end = (SEGMENT_HEADER_BYTES + COMPACTED_EXT_BYTES) as usize;
+    let Some(x) = bytes.get(..end) else {
+        return Err(HeaderProblem::Invalid(
+            "file shorter than a compacted segment header".into(),
+        ));
+    };
+    if le_u32(&x[52..56]) != mask_crc(crc32fast::hash(&x[0..52])) {
+        return Err(HeaderProblem::Invalid(
+            "compacted header checksum mismatch".into(),
+        ));
+    }
+    let (first, last) = (le_u64(&x[32..40]), le_u64(&x[40..48]));
+    if first == 0 || first > last {
+        return Err(HeaderProblem::Invalid(format!(
+            "compacted header seq range {first}..={last} is empty"
+        )));
+    }
+    Ok(SegmentHeader {
+        data_start: end as u64,
+        compacted: Some((first, last)),
+    })
 }
 
 fn le_u32(b: &[u8]) -> u32 {

@@ -1,5 +1,7 @@
-//! Derived indexes in sled: the engine's own (stream heads, stream+version -> position,
-//! commit id -> info) and those of registered [`Indexer`]s.
+//! Derived indexes in sled: the engine's own (stream heads; stream+version -> position,
+//! seq and commit id) and those of registered [`Indexer`]s. Commit ids have no key of
+//! their own: one sled key per commit (random ids, no locality) was the write path's
+//! main cost; a retry is found through its stream's version blocks instead.
 //!
 //! Everything lives in sled's default tree under namespaced keys, so one `apply_batch`
 //! writes a group of commits and the applied sequence number atomically. A separate
@@ -18,14 +20,14 @@ use std::thread::JoinHandle;
 use uuid::Uuid;
 
 /// Version of the index layout; a different one in an existing index means rebuild.
-pub const INDEX_FORMAT_VERSION: u32 = 1;
+pub const INDEX_FORMAT_VERSION: u32 = 2;
 
 const META_FORMAT: &[u8] = b"\x00meta:format";
 const META_APPLIED: &[u8] = b"\x00meta:applied";
+const META_LAYOUT: &[u8] = b"\x00meta:layout";
 const META_INDEXER: &[u8] = b"\x00meta:indexer:";
 const HEAD: &[u8] = b"\x01h";
 const VERSION: &[u8] = b"\x01v";
-const COMMIT: &[u8] = b"\x01c";
 const USER: u8 = 0x02;
 
 /// A derived index maintained from every commit, in seq order.
@@ -123,33 +125,64 @@ pub(crate) fn head_key(stream: &str) -> Vec<u8> {
 /// `VERSIONS_PER_BLOCK` consecutive versions, so a busy stream costs sled one key write
 /// per block instead of one per commit.
 pub const VERSIONS_PER_BLOCK: u64 = 64;
-/// Bytes per version in a block: position (16) + seq (8).
-const BLOCK_ENTRY_BYTES: usize = 24;
+/// Bytes per version in a block: position (16) + seq (8) + commit id (16). The commit
+/// ids here are the only place the index keeps them: an idempotent retry is found by
+/// scanning its stream's blocks (see `Store::append`).
+const BLOCK_ENTRY_BYTES: usize = 40;
 
 /// Key of the block holding `version` (1-based) of `stream`.
 pub(crate) fn version_block_key(stream: &str, version: u64) -> Vec<u8> {
-    let mut k = VERSION.to_vec();
+    let mut k = Vec::with_capacity(VERSION.len() + 1 + stream.len() + 8);
+    write_version_block_key(&mut k, stream, version);
+    k
+}
+
+/// [`version_block_key`] into a reused buffer.
+fn write_version_block_key(k: &mut Vec<u8>, stream: &str, version: u64) {
+    k.clear();
+    k.extend_from_slice(VERSION);
     k.push(stream.len() as u8);
     k.extend_from_slice(stream.as_bytes());
     k.extend_from_slice(&(version.saturating_sub(1) / VERSIONS_PER_BLOCK).to_be_bytes());
-    k
 }
 
-/// Entry `i` of a block: (position, seq).
-fn block_entry(block: &[u8], i: usize) -> Option<Result<(LogPosition, u64), IndexError>> {
+/// One version's entry in a block.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct BlockEntry {
+    pub position: LogPosition,
+    pub seq: u64,
+    pub commit_id: Uuid,
+}
+
+impl BlockEntry {
+    /// An all-zero entry: a version GC removed (a stream prefix).
+    fn is_hole(&self) -> bool {
+        self.position.offset == 0
+    }
+}
+
+fn encode_block_entry(i: &CommitInfo) -> [u8; BLOCK_ENTRY_BYTES] {
+    let mut e = [0u8; BLOCK_ENTRY_BYTES];
+    e[..16].copy_from_slice(&i.position.to_bytes());
+    e[16..24].copy_from_slice(&i.seq.to_be_bytes());
+    e[24..].copy_from_slice(i.commit_id.as_bytes());
+    e
+}
+
+/// Entry `i` of a block.
+fn block_entry(block: &[u8], i: usize) -> Option<Result<BlockEntry, IndexError>> {
     let e = block.get(i * BLOCK_ENTRY_BYTES..(i + 1) * BLOCK_ENTRY_BYTES)?;
+    let id: Option<[u8; 16]> = e[24..].try_into().ok();
     Some(
-        match (LogPosition::from_bytes(&e[..16]), be_u64(&e[16..])) {
-            (Some(p), Some(seq)) => Ok((p, seq)),
+        match (LogPosition::from_bytes(&e[..16]), be_u64(&e[16..24]), id) {
+            (Some(position), Some(seq), Some(id)) => Ok(BlockEntry {
+                position,
+                seq,
+                commit_id: Uuid::from_bytes(id),
+            }),
             _ => Err(IndexError::Malformed("stream version block".into())),
         },
     )
-}
-
-pub(crate) fn commit_key(id: Uuid) -> Vec<u8> {
-    let mut k = COMMIT.to_vec();
-    k.extend_from_slice(id.as_bytes());
-    k
 }
 
 /// The head of a stream as the index records it.
@@ -182,31 +215,6 @@ fn decode_head(b: &[u8]) -> Result<StreamHead, IndexError> {
         version: be_u64(&b[..8]).ok_or_else(bad)?,
         seq: be_u64(&b[8..16]).ok_or_else(bad)?,
         position: LogPosition::from_bytes(&b[16..]).ok_or_else(bad)?,
-    })
-}
-
-fn encode_commit_info(i: &CommitInfo) -> Vec<u8> {
-    let mut b = Vec::with_capacity(40 + i.stream.len());
-    b.extend_from_slice(&i.version.to_be_bytes());
-    b.extend_from_slice(&i.seq.to_be_bytes());
-    b.extend_from_slice(&i.position.to_bytes());
-    b.extend_from_slice(&i.timestamp_ms.to_be_bytes());
-    b.extend_from_slice(i.stream.as_bytes());
-    b
-}
-
-fn decode_commit_info(id: Uuid, b: &[u8]) -> Result<CommitInfo, IndexError> {
-    let bad = || IndexError::Malformed(format!("commit entry of {} bytes", b.len()));
-    if b.len() < 40 {
-        return Err(bad());
-    }
-    Ok(CommitInfo {
-        version: be_u64(&b[..8]).ok_or_else(bad)?,
-        seq: be_u64(&b[8..16]).ok_or_else(bad)?,
-        position: LogPosition::from_bytes(&b[16..32]).ok_or_else(bad)?,
-        timestamp_ms: be_u64(&b[32..40]).ok_or_else(bad)? as i64,
-        stream: String::from_utf8(b[40..].to_vec()).map_err(|_| bad())?,
-        commit_id: id,
     })
 }
 
@@ -310,7 +318,7 @@ impl Index {
             Index::wipe_dir(path)?;
             ix = Index::from_db(Index::open_db(path).map_err(sled_err)?, indexers, path)?;
         }
-        ix.init_meta()?;
+        ix.init_meta(0)?;
         Ok((ix, true))
     }
 
@@ -379,11 +387,12 @@ impl Index {
         Ok(self.read_key(META_APPLIED)?.is_some())
     }
 
-    /// Write the meta keys of an empty index.
-    fn init_meta(&self) -> Result<(), Error> {
+    /// Write the meta keys of an empty index built from a log with layout id `layout`.
+    fn init_meta(&self, layout: u64) -> Result<(), Error> {
         let mut b = sled::Batch::default();
         b.insert(META_FORMAT, &INDEX_FORMAT_VERSION.to_be_bytes()[..]);
         b.insert(META_APPLIED, &0u64.to_be_bytes()[..]);
+        b.insert(META_LAYOUT, &layout.to_be_bytes()[..]);
         for ix in &self.indexers {
             let mut k = META_INDEXER.to_vec();
             k.extend_from_slice(ix.name().as_bytes());
@@ -392,15 +401,27 @@ impl Index {
         self.tree.apply_batch(b).map_err(sled_err)
     }
 
-    /// Drop every entry (engine, indexers and cache) and start empty.
-    pub(crate) fn clear(&self) -> Result<(), Error> {
+    /// Drop every entry (engine, indexers and cache) and start empty, for a log with
+    /// layout id `layout` (the largest id of a segment written by GC; 0 if none).
+    pub(crate) fn clear(&self, layout: u64) -> Result<(), Error> {
         // A failed background move does not matter: everything is dropped.
         let _ = self.join_moving();
         *self.mem.write().unwrap_or_else(|e| e.into_inner()) = Mem::default();
         *self.frozen.write().unwrap_or_else(|e| e.into_inner()) = None;
         self.tree.clear().map_err(sled_err)?;
         self.cache.clear().map_err(sled_err)?;
-        self.init_meta()
+        self.init_meta(layout)
+    }
+
+    /// The layout id of the log the index was built from (positions are only valid for
+    /// that arrangement of segments). Absent = 0.
+    pub(crate) fn layout(&self) -> Result<u64, Error> {
+        match self.read_key(META_LAYOUT)? {
+            Some(v) => {
+                be_u64(&v).ok_or_else(|| Error::Index(IndexError::Malformed("layout id".into())))
+            }
+            None => Ok(0),
+        }
     }
 
     /// The last seq whose commit is in the index.
@@ -425,29 +446,15 @@ impl Index {
         }
     }
 
-    /// Apply `commits` (consecutive, in seq order) in one atomic sled batch, together with
-    /// the new applied seq.
+    /// Apply `commits` (consecutive, in seq order) to the memtable, together with the
+    /// new applied seq; a full memtable moves into sled in one atomic batch.
     pub(crate) fn apply(&self, commits: &[RecordedCommit]) -> Result<(), IndexError> {
         let Some(last) = commits.last() else {
             return Ok(());
         };
-        let mut writes: BTreeMap<Vec<u8>, Option<Vec<u8>>> = BTreeMap::new();
+        // The indexers' writes, in a batch that sees its own pending writes.
+        let mut writes: Writes = BTreeMap::new();
         for c in commits {
-            let i = &c.info;
-            writes.insert(head_key(&i.stream), Some(encode_head(i).to_vec()));
-            // Versions are contiguous from 1, so the block holds exactly the versions
-            // before this one in its range: append the entry at its slot.
-            let key = version_block_key(&i.stream, i.version);
-            let mut block = match writes.get(&key) {
-                Some(v) => v.clone().unwrap_or_default(),
-                None => self.read_key(&key)?.unwrap_or_default(),
-            };
-            let slot = ((i.version - 1) % VERSIONS_PER_BLOCK) as usize * BLOCK_ENTRY_BYTES;
-            block.resize(slot, 0);
-            block.extend_from_slice(&i.position.to_bytes());
-            block.extend_from_slice(&i.seq.to_be_bytes());
-            writes.insert(key, Some(block));
-            writes.insert(commit_key(i.commit_id), Some(encode_commit_info(i)));
             for ix in &self.indexers {
                 let mut batch = IndexBatch {
                     index: self,
@@ -457,15 +464,57 @@ impl Index {
                 ix.apply(c, &mut batch)?;
             }
         }
-        let mut marker = [0u8; 24];
-        marker[..8].copy_from_slice(&last.info.seq.to_be_bytes());
-        marker[8..].copy_from_slice(last.info.commit_id.as_bytes());
-        writes.insert(META_APPLIED.to_vec(), Some(marker.to_vec()));
         let full = {
-            let mut mem = self.mem.write().unwrap_or_else(|e| e.into_inner());
+            let mut guard = self.mem.write().unwrap_or_else(|e| e.into_inner());
+            let mem = &mut *guard;
+            let mut key = Vec::with_capacity(64);
+            for c in commits {
+                let i = &c.info;
+                // The head, overwritten in place when the memtable has it.
+                key.clear();
+                key.extend_from_slice(HEAD);
+                key.extend_from_slice(i.stream.as_bytes());
+                let head = encode_head(i);
+                match mem.writes.get_mut(key.as_slice()) {
+                    Some(Some(v)) if v.len() == head.len() => v.copy_from_slice(&head),
+                    _ => {
+                        mem.bytes += key.len() + head.len();
+                        mem.writes.insert(key.clone(), Some(head.to_vec()));
+                    }
+                }
+                // Versions are contiguous (from 1, or from where GC removed a prefix of
+                // the stream: those slots stay zero), so the block holds exactly the
+                // versions before this one in its range: append the entry at its slot,
+                // in place when the memtable has the block.
+                write_version_block_key(&mut key, &i.stream, i.version);
+                let slot = ((i.version - 1) % VERSIONS_PER_BLOCK) as usize * BLOCK_ENTRY_BYTES;
+                let entry = encode_block_entry(i);
+                if let Some(Some(block)) = mem.writes.get_mut(key.as_slice()) {
+                    let before = block.len();
+                    block.resize(slot, 0);
+                    block.extend_from_slice(&entry);
+                    mem.bytes += block.len().saturating_sub(before);
+                } else {
+                    let mut block = self.read_below_mem(&key)?.unwrap_or_default();
+                    block.resize(slot, 0);
+                    block.extend_from_slice(&entry);
+                    mem.bytes += key.len() + block.len();
+                    mem.writes.insert(key.clone(), Some(block));
+                }
+            }
             for (k, v) in writes {
                 mem.bytes += k.len() + v.as_ref().map_or(0, Vec::len);
                 mem.writes.insert(k, v);
+            }
+            let mut marker = [0u8; 24];
+            marker[..8].copy_from_slice(&last.info.seq.to_be_bytes());
+            marker[8..].copy_from_slice(last.info.commit_id.as_bytes());
+            match mem.writes.get_mut(META_APPLIED) {
+                Some(Some(v)) if v.len() == marker.len() => v.copy_from_slice(&marker),
+                _ => {
+                    mem.writes
+                        .insert(META_APPLIED.to_vec(), Some(marker.to_vec()));
+                }
             }
             mem.commits += commits.len();
             mem.commits >= MEM_COMMITS_MAX || mem.bytes >= MEM_BYTES_MAX
@@ -540,6 +589,21 @@ impl Index {
         }
         let writes = self.freeze();
         move_into_sled(&self.tree, &self.frozen, &writes)
+    }
+
+    /// A key's value in the frozen memtable or sled (the caller holds the memtable).
+    fn read_below_mem(&self, k: &[u8]) -> Result<Option<Vec<u8>>, IndexError> {
+        if let Some(f) = self
+            .frozen
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+        {
+            if let Some(v) = f.get(k) {
+                return Ok(v.clone());
+            }
+        }
+        Ok(self.tree.get(k)?.map(|v| v.to_vec()))
     }
 
     /// A key's value: the memtable, the frozen memtable, then sled.
@@ -620,6 +684,15 @@ impl Index {
         stream: &str,
         version: u64,
     ) -> Result<Option<LogPosition>, Error> {
+        Ok(self.stream_entry(stream, version)?.map(|e| e.position))
+    }
+
+    /// The index entry of version `version` of `stream`.
+    pub(crate) fn stream_entry(
+        &self,
+        stream: &str,
+        version: u64,
+    ) -> Result<Option<BlockEntry>, Error> {
         if version == 0 {
             return Ok(None);
         }
@@ -627,9 +700,69 @@ impl Index {
             return Ok(None);
         };
         match block_entry(&block, ((version - 1) % VERSIONS_PER_BLOCK) as usize) {
-            Some(e) => Ok(Some(e?.0)),
+            Some(e) => Ok(Some(e?).filter(|e| !e.is_hole())),
             None => Ok(None),
         }
+    }
+
+    /// The version and position of the commit with `id` in `stream`, searching from the
+    /// stream's head version `head` backwards (one index read per 64 versions).
+    pub(crate) fn find_in_stream(
+        &self,
+        stream: &str,
+        head: u64,
+        id: Uuid,
+    ) -> Result<Option<(u64, LogPosition)>, Error> {
+        if head == 0 {
+            return Ok(None);
+        }
+        let mut block_no = (head - 1) / VERSIONS_PER_BLOCK;
+        loop {
+            let first = block_no * VERSIONS_PER_BLOCK + 1;
+            if let Some(block) = self.read_key(&version_block_key(stream, first))? {
+                let n = block.len() / BLOCK_ENTRY_BYTES;
+                for i in (0..n).rev() {
+                    if let Some(e) = block_entry(&block, i) {
+                        let e = e?;
+                        if e.commit_id == id && !e.is_hole() {
+                            return Ok(Some((first + i as u64, e.position)));
+                        }
+                    }
+                }
+            }
+            if block_no == 0 {
+                return Ok(None);
+            }
+            block_no -= 1;
+        }
+    }
+
+    /// The stream, version and position of the commit with `id`, searching every
+    /// stream's blocks (a full pass over the version index: only for the rare case of a
+    /// commit id the filter knows that is not on the stream it was retried on).
+    pub(crate) fn find_anywhere(
+        &self,
+        id: Uuid,
+    ) -> Result<Option<(String, u64, LogPosition)>, Error> {
+        for kv in self.merged(VERSION, None) {
+            let (k, block) = kv?;
+            let bad = || Error::Index(IndexError::Malformed("stream version block key".into()));
+            let len = *k.get(VERSION.len()).ok_or_else(bad)? as usize;
+            let s0 = VERSION.len() + 1;
+            let stream = k.get(s0..s0 + len).ok_or_else(bad)?;
+            let block_no = be_u64(k.get(s0 + len..).ok_or_else(bad)?).ok_or_else(bad)?;
+            let mut i = 0;
+            while let Some(e) = block_entry(&block, i) {
+                let e = e?;
+                if e.commit_id == id && !e.is_hole() {
+                    let stream = String::from_utf8(stream.to_vec()).map_err(|_| bad())?;
+                    let version = block_no * VERSIONS_PER_BLOCK + 1 + i as u64;
+                    return Ok(Some((stream, version, e.position)));
+                }
+                i += 1;
+            }
+        }
+        Ok(None)
     }
 
     /// Positions of `stream`'s versions `>= from`, ascending, at most `limit`.
@@ -658,21 +791,18 @@ impl Index {
                 if version < from {
                     continue;
                 }
+                let e = e?;
+                if e.is_hole() {
+                    // A version GC removed (a stream prefix): no record.
+                    continue;
+                }
                 if out.len() >= limit {
                     return Ok(out);
                 }
-                out.push((version, e?.0));
+                out.push((version, e.position));
             }
         }
         Ok(out)
-    }
-
-    /// The info of the commit with `id`, if it landed.
-    pub fn commit_by_id(&self, id: Uuid) -> Result<Option<CommitInfo>, Error> {
-        match self.read_key(&commit_key(id))? {
-            Some(v) => Ok(Some(decode_commit_info(id, &v)?)),
-            None => Ok(None),
-        }
     }
 
     /// Every stream with its head version, sorted by name.

@@ -2,8 +2,8 @@
 //!
 //! The segment log is the single source of truth. A commit (1..=N events appended to one
 //! stream behind an expected-version fence) is one checksummed record in a segment file;
-//! sequence numbers are global, dense and 1-based; a stream's version is the number of
-//! commits in it. Derived indexes (stream heads, stream version → position, commit id →
+//! sequence numbers are global, 1-based and increasing (dense until log compaction
+//! removes commits); a stream's version is the number of commits appended to it. Derived indexes (stream heads, stream version → position, commit id →
 //! info, and those of registered [`Indexer`]s) live in sled, which is a rebuildable cache
 //! that is never ahead of the log.
 //!
@@ -14,6 +14,10 @@
 //!   shared among concurrent writers by group commit) or after the write
 //!   ([`Durability::Buffered`]). A failed write or fsync poisons the store.
 //! - [`Store::open_read_only`] and [`verify`] never write to the store directory.
+//! - [`Store::plan_gc`] / [`Store::run_gc`] compact the log: the live records of sealed
+//!   segments are copied into new segments and the old ones retired, crash-safely.
+//! - [`salvage`] copies every readable commit of a damaged store into a new one and
+//!   reports what was lost, by segment and offset.
 //! - All log I/O goes through [`vfs::Vfs`], so tests can inject faults and crashes.
 //!
 //! The on-disk format is in [`mod@format`] and ARCH-NOTES.md.
@@ -21,8 +25,10 @@
 mod bloom;
 mod error;
 pub mod format;
+mod gc;
 mod index;
 mod log;
+mod salvage;
 mod store;
 mod types;
 mod verify;
@@ -33,7 +39,9 @@ pub use format::{
     EVENTS_PER_COMMIT_MAX, EVENT_KIND_BYTES_MAX, RECORD_BYTES_HARD_CAP, RECORD_BYTES_MAX_DEFAULT,
     SEGMENT_BYTES_MAX_DEFAULT, SEGMENT_BYTES_MIN, STREAM_ID_BYTES_MAX,
 };
+pub use gc::{GcPlan, GcReport, GcSegment, GC_MANIFEST_IDS_MAX};
 pub use index::{Index, IndexBatch, IndexScan, Indexer, StreamHead, INDEX_FORMAT_VERSION};
+pub use salvage::{salvage, DroppedCommit, LostRange, SalvageReport};
 pub use store::{LogScan, Store, INDEX_DIR, LOCK_FILE};
 pub use types::{
     AppendOutcome, CommitInfo, Durability, EventData, ExpectedVersion, LogPosition, NewCommit,

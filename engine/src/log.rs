@@ -20,6 +20,10 @@ pub(crate) struct Segment {
     pub capacity: u64,
     /// Seq of the first record in the segment, 0 while it has none.
     pub first_seq: AtomicU64,
+    /// Offset of the first record (after the header and any extension).
+    pub data_start: u64,
+    /// For a segment written by GC: the seq range it stands for.
+    pub compacted: Option<(u64, u64)>,
     /// Memory map, made on first read once the segment is sealed (or read-only).
     map: Mutex<Option<Arc<Mapped>>>,
     /// Whether reads may use a map: the bytes before `end` never change.
@@ -41,8 +45,30 @@ impl Segment {
             end: AtomicU64::new(end),
             capacity,
             first_seq: AtomicU64::new(first_seq),
+            data_start: SEGMENT_HEADER_BYTES,
+            compacted: None,
             map: Mutex::new(None),
             mappable: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
+
+    /// Set what the header says (data start, compacted range).
+    pub fn with_header(mut self, h: format::SegmentHeader) -> Segment {
+        self.data_start = h.data_start;
+        self.compacted = h.compacted;
+        self
+    }
+
+    /// Where the segment sits in log order: segments are ordered by this key, then id.
+    /// A compacted segment by the start of its seq range, any other by its first seq; an
+    /// empty one (the active segment before its first write) comes last.
+    pub fn order_key(&self) -> u64 {
+        match self.compacted {
+            Some((first, _)) => first,
+            None => match self.first_seq.load(Ordering::Acquire) {
+                0 => u64::MAX,
+                s => s,
+            },
         }
     }
 
@@ -73,7 +99,7 @@ impl Segment {
     /// acknowledged end and `max_len` before anything is allocated.
     pub fn read(&self, offset: u64, max_len: u32) -> Result<RecordedCommit, Error> {
         let end = self.end.load(Ordering::Acquire);
-        if offset < SEGMENT_HEADER_BYTES || offset >= end {
+        if offset < self.data_start || offset >= end {
             return Err(Error::NotFound(format!("{}@{offset}", self.name)));
         }
         let pos = LogPosition {
@@ -123,6 +149,47 @@ impl Segment {
             ));
         }
         format::decode_commit(&payload, pos).map_err(|p| Error::corrupt(&self.name, offset, p))
+    }
+}
+
+/// Segments in log order (see [`sort_in_log_order`]).
+pub(crate) fn in_log_order<'a>(
+    segs: impl IntoIterator<Item = &'a Arc<Segment>>,
+) -> Vec<Arc<Segment>> {
+    let mut v: Vec<Arc<Segment>> = segs.into_iter().cloned().collect();
+    sort_in_log_order(&mut v, |s| (s.id, s.compacted.is_some(), s.order_key()));
+    v
+}
+
+/// Sort segments into log order. `info` gives (id, written by GC, key): the key of a GC
+/// segment is the start of its seq range, that of another segment its first seq, or
+/// `u64::MAX` when it has no (readable) first record. Segments the writer made are in id
+/// order; one without a key goes right before the next one that has one (an empty
+/// sealed segment: the first record was too large for it), or last. GC segments go
+/// where their range starts.
+pub(crate) fn sort_in_log_order<T>(v: &mut Vec<T>, info: impl Fn(&T) -> (u64, bool, u64)) {
+    let mut plain: Vec<(u64, usize)> = v
+        .iter()
+        .enumerate()
+        .filter(|(_, t)| !info(t).1)
+        .map(|(i, t)| (info(t).0, i))
+        .collect();
+    plain.sort_unstable();
+    let mut keys: Vec<u64> = v.iter().map(|t| info(t).2).collect();
+    let mut next = u64::MAX;
+    for &(_, i) in plain.iter().rev() {
+        if keys[i] != u64::MAX {
+            next = keys[i];
+        }
+        keys[i] = next;
+    }
+    let mut idx: Vec<usize> = (0..v.len()).collect();
+    idx.sort_by_key(|&i| (keys[i], info(&v[i]).0));
+    let mut taken: Vec<Option<T>> = v.drain(..).map(Some).collect();
+    for i in idx {
+        if let Some(t) = taken.get_mut(i).and_then(Option::take) {
+            v.push(t);
+        }
     }
 }
 
@@ -237,24 +304,75 @@ pub(crate) fn scan_segment(
     }
 }
 
-/// Checks that the log's records form a valid history: dense seqs, contiguous versions.
+/// Checks that the log's records form a valid history.
+///
+/// Without GC: seqs dense from 1, every stream's versions contiguous from 1, expected
+/// versions consistent. GC removes commits, so: inside a compacted segment (entered with
+/// [`HistoryCheck::enter_segment`]) seqs only need to increase within the segment's
+/// range, and after it the history continues from the range's end; once a compacted
+/// segment has been seen, a stream's first commit may have a version above 1 (GC removed
+/// a prefix of it). Everything else stays strict.
 #[derive(Debug, Default)]
 pub(crate) struct HistoryCheck {
     pub last_seq: u64,
     pub heads: HashMap<String, u64>,
+    /// The seq range of the compacted segment being checked.
+    range: Option<(u64, u64)>,
+    /// A compacted segment came before (stream prefixes may be missing).
+    compacted_seen: bool,
 }
 
 impl HistoryCheck {
+    /// Start checking the records of a segment (`compacted`: its header's seq range).
+    pub fn enter_segment(&mut self, compacted: Option<(u64, u64)>) -> Result<(), String> {
+        self.leave_segment();
+        if let Some((first, last)) = compacted {
+            if first <= self.last_seq {
+                return Err(format!(
+                    "compacted segment starts at seq {first}, not after {}",
+                    self.last_seq
+                ));
+            }
+            self.range = Some((first, last));
+            self.compacted_seen = true;
+        }
+        Ok(())
+    }
+
+    /// Done with the current segment: a compacted one accounts for its whole range.
+    pub fn leave_segment(&mut self) {
+        if let Some((_, last)) = self.range.take() {
+            self.last_seq = self.last_seq.max(last);
+        }
+    }
+
     /// `Err(problem)` when `rec` does not continue the history.
     pub fn check(&mut self, rec: &RecordedCommit) -> Result<(), String> {
         let i = &rec.info;
-        if i.seq != self.last_seq + 1 {
-            return Err(format!(
-                "sequence number {} does not follow {}",
-                i.seq, self.last_seq
-            ));
+        match self.range {
+            Some((first, last)) => {
+                if i.seq <= self.last_seq || i.seq < first || i.seq > last {
+                    return Err(format!(
+                        "sequence number {} is outside the compacted range {first}..={last} \
+                         or does not increase from {}",
+                        i.seq, self.last_seq
+                    ));
+                }
+            }
+            None => {
+                if i.seq != self.last_seq + 1 {
+                    return Err(format!(
+                        "sequence number {} does not follow {}",
+                        i.seq, self.last_seq
+                    ));
+                }
+            }
         }
-        let prev = self.heads.get(&i.stream).copied();
+        let mut prev = self.heads.get(&i.stream).copied();
+        if prev.is_none() && i.version > 1 && self.compacted_seen {
+            // GC removed the stream's first versions.
+            prev = Some(i.version - 1);
+        }
         let prev_v = prev.unwrap_or(0);
         if i.version != prev_v + 1 {
             return Err(format!(

@@ -20,7 +20,7 @@ pub const LOCK_FILE: &str = "LOCK";
 pub const INDEX_DIR: &str = "index";
 
 /// Commits applied to the index per sled batch while catching up on open.
-const CATCH_UP_BATCH: usize = 1024;
+pub(crate) const CATCH_UP_BATCH: usize = 1024;
 /// How often a read-only open rescans a log that looked corrupt (see `open_impl`).
 const READ_ONLY_RESCANS: u32 = 3;
 /// Upper bound of how long a group-commit leader waits for followers (2 ms).
@@ -40,11 +40,14 @@ struct Chunk {
     first_seq: u64,
 }
 
-struct Writer {
+pub(crate) struct Writer {
     /// The segment on disk that takes the next write.
-    active: Arc<Segment>,
+    pub(crate) active: Arc<Segment>,
     /// Logical end of the log including sequenced but unwritten frames.
     tail_seg: u64,
+    /// The id the next new segment gets (the writer's and GC's segments share it, so
+    /// ids only grow).
+    pub(crate) next_segment_id: u64,
     tail_off: u64,
     tail_cap: u64,
     buf: Vec<u8>,
@@ -58,10 +61,10 @@ struct Writer {
     /// Last seq acknowledged (durable with Immediate, written with Buffered).
     done_seq: u64,
     /// A leader is writing a group.
-    leader: bool,
+    pub(crate) leader: bool,
     /// Head version of every stream, including commits sequenced but not yet
     /// acknowledged: version checks never touch the index. Built by the open scan.
-    heads: HashMap<String, u64>,
+    pub(crate) heads: HashMap<String, u64>,
     /// Commit ids sequenced but not yet applied to the index.
     pending_ids: HashMap<Uuid, CommitInfo>,
     /// Every commit id in the log (approximately): a miss skips the index lookup.
@@ -73,10 +76,12 @@ struct Writer {
     last_group: usize,
     /// A leader is waiting for more commits to join its group.
     gathering: bool,
+    /// Threads waiting on `Inner::cond` (see `wait_writer`).
+    pub(crate) waiters: usize,
 }
 
 #[derive(Default)]
-struct Counters {
+pub(crate) struct Counters {
     commits: AtomicU64,
     fsyncs: AtomicU64,
     groups: AtomicU64,
@@ -84,33 +89,39 @@ struct Counters {
     segments_created: AtomicU64,
 }
 
-struct Inner {
-    dir: PathBuf,
-    opts: Options,
-    read_only: bool,
-    segments: RwLock<BTreeMap<u64, Arc<Segment>>>,
-    w: Mutex<Writer>,
-    cond: Condvar,
+pub(crate) struct Inner {
+    pub(crate) dir: PathBuf,
+    pub(crate) opts: Options,
+    pub(crate) read_only: bool,
+    pub(crate) segments: RwLock<BTreeMap<u64, Arc<Segment>>>,
+    pub(crate) w: Mutex<Writer>,
+    pub(crate) cond: Condvar,
     /// Wakes a gathering leader when a commit joins its group.
-    gather_cond: Condvar,
+    pub(crate) gather_cond: Condvar,
     /// Duration of the last group's fdatasync, in nanoseconds.
-    last_sync_nanos: AtomicU64,
-    index: Index,
-    last_seq: AtomicU64,
-    poisoned: AtomicBool,
-    closed: AtomicBool,
-    counters: Counters,
-    stop: Mutex<bool>,
-    stop_cond: Condvar,
-    flusher: Mutex<Option<JoinHandle<()>>>,
+    pub(crate) last_sync_nanos: AtomicU64,
+    pub(crate) index: Index,
+    pub(crate) last_seq: AtomicU64,
+    pub(crate) poisoned: AtomicBool,
+    pub(crate) closed: AtomicBool,
+    pub(crate) counters: Counters,
+    pub(crate) stop: Mutex<bool>,
+    pub(crate) stop_cond: Condvar,
+    pub(crate) flusher: Mutex<Option<JoinHandle<()>>>,
     /// The owner lock. Declared last so that it is dropped last: another owner may only
     /// get in after sled (inside `index`) has been closed.
-    _lock: Option<Box<dyn VfsLock>>,
+    /// One GC at a time.
+    pub(crate) gc_lock: Mutex<()>,
+    /// Number of GCs committed since open (plans name the one they were made after).
+    pub(crate) gc_epoch: AtomicU64,
+    /// Old segments of committed GCs waiting for their readers.
+    pub(crate) retired: Mutex<Vec<crate::gc::Retired>>,
+    pub(crate) _lock: Option<Box<dyn VfsLock>>,
 }
 
 /// An open store. `Send + Sync`; share it in an `Arc`.
 pub struct Store {
-    inner: Arc<Inner>,
+    pub(crate) inner: Arc<Inner>,
 }
 
 impl std::fmt::Debug for Store {
@@ -129,7 +140,16 @@ fn now_ms() -> i64 {
         .unwrap_or(0)
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+/// Wait on `Inner::cond` (woken when a group is done), counted so that the leader only
+/// notifies when someone waits.
+pub(crate) fn wait_writer<'a>(inner: &Inner, mut w: MutexGuard<'a, Writer>) -> MutexGuard<'a, Writer> {
+    w.waiters += 1;
+    let mut w = inner.cond.wait(w).unwrap_or_else(|e| e.into_inner());
+    w.waiters -= 1;
+    w
+}
+
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
@@ -177,6 +197,10 @@ struct LogState {
     ids: CommitIdFilter,
     /// The index's applied seq names a record the log does not have (or another one).
     index_stale: bool,
+    /// Largest segment id in the directory.
+    max_id: u64,
+    /// The log's layout id (see `layout_of`).
+    layout: u64,
 }
 
 impl Store {
@@ -226,6 +250,10 @@ impl Store {
                     .map_err(|e| Error::io(dir, "sync_dir", e))?;
             }
         }
+        if !read_only {
+            // Finish or roll back a GC that a crash interrupted, before reading the log.
+            crate::gc::recover(&*vfs, dir)?;
+        }
         let index_path = if read_only {
             None
         } else {
@@ -246,7 +274,7 @@ impl Store {
             while tries < READ_ONLY_RESCANS && matches!(state, Err(Error::Corrupt { .. })) {
                 tries += 1;
                 std::thread::sleep(std::time::Duration::from_millis(10));
-                index.clear()?;
+                index.clear(0)?;
                 state = scan_log(&*vfs, dir, &opts, &index, read_only);
             }
         }
@@ -254,13 +282,17 @@ impl Store {
         if state.index_stale {
             // The index is ahead of the log or describes another history (e.g. after a
             // crash with Buffered durability): rebuild it from the log.
-            index.clear()?;
+            index.clear(state.layout)?;
             state = scan_log(&*vfs, dir, &opts, &index, read_only)?;
             debug_assert!(!state.index_stale);
             let _ = index.flush();
         }
         let mut segments = state.segments;
-        let active = match segments.values().next_back() {
+        // The active segment is the last in log order, unless that one was written by GC
+        // (or the log is empty): then a new one starts.
+        let last = log::in_log_order(segments.values()).pop();
+        let mut next_segment_id = state.max_id.max(1);
+        let active = match last.filter(|s| s.compacted.is_none()) {
             Some(s) => s.clone(),
             None if read_only => {
                 // An empty read-only store: a placeholder segment that is never written.
@@ -273,8 +305,14 @@ impl Store {
                 ))
             }
             None => {
-                let seg = create_segment(&*vfs, dir, &opts, 1, opts.segment_bytes_max)?;
-                segments.insert(1, seg.clone());
+                let id = if segments.is_empty() && state.max_id == 0 {
+                    1
+                } else {
+                    state.max_id + 1
+                };
+                let seg = create_segment(&*vfs, dir, &opts, id, opts.segment_bytes_max)?;
+                segments.insert(id, seg.clone());
+                next_segment_id = id;
                 seg
             }
         };
@@ -284,6 +322,7 @@ impl Store {
             tail_off: end,
             tail_cap: active.capacity,
             active,
+            next_segment_id: next_segment_id + 1,
             buf: Vec::new(),
             chunks: Vec::new(),
             batch: Vec::new(),
@@ -300,6 +339,7 @@ impl Store {
             dirty: false,
             last_group: 0,
             gathering: false,
+            waiters: 0,
         };
         let inner = Arc::new(Inner {
             dir: dir.to_path_buf(),
@@ -318,6 +358,9 @@ impl Store {
             stop: Mutex::new(false),
             stop_cond: Condvar::new(),
             flusher: Mutex::new(None),
+            gc_lock: Mutex::new(()),
+            gc_epoch: AtomicU64::new(0),
+            retired: Mutex::new(Vec::new()),
             opts,
         });
         if !read_only && inner.opts.durability == Durability::Buffered {
@@ -350,9 +393,23 @@ impl Store {
             return Ok(AppendOutcome::AlreadyCommitted(info));
         }
         if w.ids.may_contain(commit.commit_id) {
-            if let Some(info) = inner.index.commit_by_id(commit.commit_id)? {
-                check_retry_stream(&info, &commit)?;
-                return Ok(AppendOutcome::AlreadyCommitted(info));
+            // The filter knows the id (or it is a false positive, ~0.05%): look for it
+            // in the named stream's version blocks, newest first; failing that, in every
+            // stream's (a retry on another stream is refused).
+            let head = w.heads.get(&commit.stream).copied().unwrap_or(0);
+            if let Some((_, pos)) =
+                inner
+                    .index
+                    .find_in_stream(&commit.stream, head, commit.commit_id)?
+            {
+                let rec = self.read_at(pos)?;
+                return Ok(AppendOutcome::AlreadyCommitted(rec.info));
+            }
+            if let Some((stream, _, _)) = inner.index.find_anywhere(commit.commit_id)? {
+                return Err(Error::InvalidInput(format!(
+                    "commit id {} already landed on stream {stream:?}, retried on {:?}",
+                    commit.commit_id, commit.stream
+                )));
             }
         }
         let actual = w.heads.get(&commit.stream).copied();
@@ -365,7 +422,8 @@ impl Store {
         if w.tail_off + frame_len > w.tail_cap {
             // Roll: the leader that writes this frame creates the next segment. A record
             // larger than a segment gets a segment of its own.
-            w.tail_seg += 1;
+            w.tail_seg = w.next_segment_id;
+            w.next_segment_id += 1;
             w.tail_off = SEGMENT_HEADER_BYTES;
             w.tail_cap = inner
                 .opts
@@ -463,7 +521,7 @@ impl Store {
                 w = self.lead(w)?;
                 continue;
             }
-            w = inner.cond.wait(w).unwrap_or_else(|e| e.into_inner());
+            w = wait_writer(inner, w);
         }
     }
 
@@ -573,7 +631,11 @@ impl Store {
         }
         w.spare_chunks = chunks;
         w.spare_batch = batch;
-        inner.cond.notify_all();
+        // Waking costs a syscall even with no one waiting: skip it then (a lone Buffered
+        // writer leads every group itself).
+        if w.waiters > 0 {
+            inner.cond.notify_all();
+        }
         outcome.map(|()| w)
     }
 
@@ -591,7 +653,7 @@ impl Store {
         let mut ends = Vec::with_capacity(chunks.len());
         for ch in chunks {
             if ch.seg != seg.id {
-                debug_assert_eq!(ch.seg, seg.id + 1);
+                debug_assert!(ch.seg > seg.id);
                 // Seal the current segment: its records must be durable before a later
                 // segment exists, or recovery would find a torn segment in mid-log.
                 self.sync_segment(&seg)?;
@@ -652,6 +714,26 @@ impl Store {
         from_version: u64,
         limit: usize,
     ) -> Result<Vec<RecordedCommit>, Error> {
+        loop {
+            // A GC that swaps segments between reading positions and records makes
+            // the positions stale: read again from the rebuilt index.
+            let epoch = self.inner.gc_epoch.load(Ordering::Acquire);
+            match self.read_stream_once(stream, from_version, limit) {
+                Err(e) if self.inner.gc_epoch.load(Ordering::Acquire) != epoch => {
+                    let _ = e;
+                    continue;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    fn read_stream_once(
+        &self,
+        stream: &str,
+        from_version: u64,
+        limit: usize,
+    ) -> Result<Vec<RecordedCommit>, Error> {
         let positions = self
             .inner
             .index
@@ -687,23 +769,24 @@ impl Store {
     /// the scan starts.
     pub fn scan(&self, from_seq: u64) -> Result<LogScan<'_>, Error> {
         let end_seq = self.last_seq();
-        let segs = self
-            .inner
-            .segments
-            .read()
-            .unwrap_or_else(|e| e.into_inner());
+        let segs = log::in_log_order(
+            self.inner
+                .segments
+                .read()
+                .unwrap_or_else(|e| e.into_inner())
+                .values(),
+        );
         let target = from_seq.max(1);
-        let mut start = segs.keys().next().copied();
-        for (id, s) in segs.iter() {
-            let f = s.first_seq.load(Ordering::Acquire);
-            if f != 0 && f <= target {
-                start = Some(*id);
-            }
-        }
+        // Start at the last segment that begins at or before the target.
+        let start = segs
+            .iter()
+            .rposition(|s| s.order_key() != u64::MAX && s.order_key() <= target)
+            .unwrap_or(0);
         Ok(LogScan {
             store: self,
-            seg: start,
-            off: SEGMENT_HEADER_BYTES,
+            segs,
+            i: start,
+            off: 0,
             from_seq: target,
             end_seq,
         })
@@ -791,7 +874,7 @@ fn flush_inner(inner: &Inner) -> Result<(), Error> {
     }
     let mut w = lock(&inner.w);
     while w.leader {
-        w = inner.cond.wait(w).unwrap_or_else(|e| e.into_inner());
+        w = wait_writer(inner, w);
     }
     if inner.poisoned.load(Ordering::Acquire) {
         return Err(Error::Poisoned);
@@ -824,6 +907,11 @@ fn shutdown(inner: &Inner) -> Result<(), Error> {
     } else {
         flush_inner(inner)
     };
+    // Old segments of a GC: no reader is left once the store is closed (scans borrow
+    // it). What fails here is finished by the next open's GC recovery.
+    if !inner.read_only {
+        let _ = crate::gc::retire(inner);
+    }
     let _ = inner.index.flush();
     // The lock is released when `Inner` is dropped, after the index.
     res
@@ -885,10 +973,10 @@ fn init_segment_file(
     id: u64,
     capacity: u64,
 ) -> Result<(), Error> {
-    match opts.preallocate {
-        Preallocate::Fallocate => file
-            .allocate(capacity)
-            .map_err(|e| Error::io(path, "allocate", e))?,
+    match opts.preallocate.resolve(opts.durability) {
+        Preallocate::Sparse | Preallocate::Auto => file
+            .set_len(capacity)
+            .map_err(|e| Error::io(path, "set_len", e))?,
         Preallocate::ZeroFill => {
             file.set_len(capacity)
                 .map_err(|e| Error::io(path, "set_len", e))?;
@@ -922,16 +1010,108 @@ fn zero_range(file: &dyn VfsFile, path: &Path, from: u64, to: u64) -> Result<(),
         .map_err(|e| Error::io(path, "sync_data", e))
 }
 
-/// Segment ids in `dir`, ascending.
-pub(crate) fn list_segments(vfs: &dyn Vfs, dir: &Path) -> Result<Vec<u64>, Error> {
-    let mut ids: Vec<u64> = vfs
-        .read_dir(dir)
-        .map_err(|e| Error::io(dir, "read_dir", e))?
-        .iter()
-        .filter_map(|n| format::parse_segment_file_name(n))
-        .collect();
-    ids.sort_unstable();
-    Ok(ids)
+/// A segment file opened by the first pass of a log scan.
+pub(crate) struct OpenedSegment {
+    pub id: u64,
+    /// Where the file is (a `.seg`, or a `.seg.gc` a read-only view rolls forward).
+    pub path: PathBuf,
+    pub name: String,
+    pub file: Arc<dyn VfsFile>,
+    pub map: Mapped,
+    pub header: Result<format::SegmentHeader, format::HeaderProblem>,
+    /// Position in log order (see `Segment::order_key`); `u64::MAX` when unknown.
+    pub key: u64,
+}
+
+/// Open and map every segment of the log (read only) and sort them into log order (see
+/// `log::sort_in_log_order`). Returns the segments and the largest segment id in the
+/// directory.
+pub(crate) fn open_segments_in_order(
+    vfs: &dyn Vfs,
+    dir: &Path,
+    max: u32,
+    read_only: bool,
+) -> Result<(Vec<OpenedSegment>, u64), Error> {
+    let files = crate::gc::segment_files(vfs, dir, read_only)?;
+    let max_id = files.iter().map(|(id, _)| *id).max().unwrap_or(0);
+    let mut out = Vec::with_capacity(files.len());
+    for (id, file_name) in files {
+        let path = dir.join(&file_name);
+        let file = vfs
+            .open(&path, OpenMode::Read)
+            .map_err(|e| Error::io(&path, "open", e))?;
+        let map: Mapped = file.map().map_err(|e| Error::io(&path, "map", e))?;
+        let header = format::check_header(&map, id);
+        let key = match &header {
+            Ok(h) => match h.compacted {
+                Some((first, _)) => first,
+                None => match map
+                    .get(h.data_start as usize..)
+                    .map(|rest| format::check_frame(rest, id, max))
+                {
+                    Some(format::FrameCheck::Valid { payload, .. }) => {
+                        format::peek_seq(payload).unwrap_or(u64::MAX)
+                    }
+                    _ => u64::MAX,
+                },
+            },
+            Err(_) => u64::MAX,
+        };
+        out.push(OpenedSegment {
+            id,
+            path,
+            name: format::segment_file_name(id),
+            file,
+            map,
+            header,
+            key,
+        });
+    }
+    log::sort_in_log_order(&mut out, |s| {
+        (
+            s.id,
+            matches!(&s.header, Ok(h) if h.compacted.is_some()),
+            s.key,
+        )
+    });
+    Ok((out, max_id))
+}
+
+/// Segments not written by GC must appear in log order by ascending id (the writer only
+/// ever creates higher ids); `Err` names the first one out of place.
+pub(crate) fn check_plain_order(segs: &[OpenedSegment]) -> Result<(), Error> {
+    let mut prev: Option<u64> = None;
+    for s in segs {
+        let compacted = matches!(&s.header, Ok(h) if h.compacted.is_some());
+        if compacted {
+            continue;
+        }
+        if let Some(p) = prev {
+            if s.id < p {
+                return Err(Error::corrupt(
+                    &s.name,
+                    SEGMENT_HEADER_BYTES,
+                    format!(
+                        "holds seqs after those of the later segment {}",
+                        format::segment_file_name(p)
+                    ),
+                ));
+            }
+        }
+        prev = Some(s.id);
+    }
+    Ok(())
+}
+
+/// The log's layout id: the largest id of a segment written by GC (0 if none). Every GC
+/// writes a segment with a new, larger id, so the index records the layout it was built
+/// from and is rebuilt when it differs.
+pub(crate) fn layout_of<'a>(segs: impl IntoIterator<Item = &'a OpenedSegment>) -> u64 {
+    segs.into_iter()
+        .filter(|s| matches!(&s.header, Ok(h) if h.compacted.is_some()))
+        .map(|s| s.id)
+        .max()
+        .unwrap_or(0)
 }
 
 /// Scan the whole log: validate every record and the history, repair a torn tail (owner
@@ -943,30 +1123,43 @@ fn scan_log(
     index: &Index,
     read_only: bool,
 ) -> Result<LogState, Error> {
-    let ids = list_segments(vfs, dir)?;
-    let (applied, applied_id) = index.applied_marker()?;
     let max = opts.record_bytes_max;
+    let (opened, max_id) = open_segments_in_order(vfs, dir, max, read_only)?;
+    check_plain_order(&opened)?;
+    let layout = layout_of(&opened);
+    if index.layout()? != layout {
+        // Built from another arrangement of the log (before or after a GC): its
+        // positions mean nothing now.
+        index.clear(layout)?;
+    }
+    let (applied, applied_id) = index.applied_marker()?;
     let mut hist = HistoryCheck::default();
     let mut pending: Vec<RecordedCommit> = Vec::new();
     let mut segments = BTreeMap::new();
     let mut last_ts = 0i64;
     let mut index_stale = false;
     let mut commit_ids = CommitIdFilter::with_capacity(0);
-    for (i, &id) in ids.iter().enumerate() {
-        let is_last = i + 1 == ids.len();
-        let name = format::segment_file_name(id);
-        let path = dir.join(&name);
-        let mode = if read_only || !is_last {
-            OpenMode::Read
-        } else {
-            OpenMode::ReadWrite
-        };
-        let file = vfs
-            .open(&path, mode)
-            .map_err(|e| Error::io(&path, "open", e))?;
-        let map: Mapped = file.map().map_err(|e| Error::io(&path, "map", e))?;
-        match format::check_header(&map, id) {
-            Ok(()) => {}
+    let count = opened.len();
+    for (i, seg) in opened.into_iter().enumerate() {
+        let OpenedSegment {
+            id,
+            path,
+            name,
+            mut file,
+            map,
+            header,
+            ..
+        } = seg;
+        // Only the last segment in log order, if the writer made it, may have a torn
+        // tail or an unfinished header.
+        let is_last = i + 1 == count && !matches!(&header, Ok(h) if h.compacted.is_some());
+        if is_last && !read_only {
+            file = vfs
+                .open(&path, OpenMode::ReadWrite)
+                .map_err(|e| Error::io(&path, "open", e))?;
+        }
+        let header = match header {
+            Ok(h) => h,
             Err(format::HeaderProblem::FutureVersion(v)) => {
                 return Err(Error::UnsupportedFormat {
                     path,
@@ -1009,9 +1202,11 @@ fn scan_log(
                 );
                 continue;
             }
-        }
+        };
+        hist.enter_segment(header.compacted)
+            .map_err(|p| Error::corrupt(&name, SEGMENT_HEADER_BYTES, p))?;
         let mut first_seq = 0;
-        let scan = log::scan_segment(&map, id, max, SEGMENT_HEADER_BYTES, |off, payload| {
+        let scan = log::scan_segment(&map, id, max, header.data_start, |off, payload| {
             let pos = LogPosition {
                 segment: id,
                 offset: off,
@@ -1045,6 +1240,7 @@ fn scan_log(
             }
             Ok(())
         })?;
+        hist.leave_segment();
         let mut end = scan.end;
         match scan.tail {
             Tail::Clean => {}
@@ -1072,7 +1268,7 @@ fn scan_log(
             }
         }
         let capacity = map.len() as u64;
-        let seg = Segment::new(id, file, end, capacity, first_seq);
+        let seg = Segment::new(id, file, end, capacity, first_seq).with_header(header);
         let seg = if read_only || !is_last {
             seg.with_map(Arc::new(map))
         } else {
@@ -1100,13 +1296,20 @@ fn scan_log(
         },
         ids: commit_ids,
         index_stale,
+        max_id,
+        layout,
     })
 }
 
 /// Iterator over the log in seq order (from [`Store::scan`]).
+///
+/// It holds the segments of the log as they were when the scan started, so a GC that
+/// retires them meanwhile does not cut it short: a retired segment's file is removed
+/// only once no scan holds it.
 pub struct LogScan<'a> {
     store: &'a Store,
-    seg: Option<u64>,
+    segs: Vec<Arc<Segment>>,
+    i: usize,
     off: u64,
     from_seq: u64,
     end_seq: u64,
@@ -1116,38 +1319,20 @@ impl Iterator for LogScan<'_> {
     type Item = Result<RecordedCommit, Error>;
     fn next(&mut self) -> Option<Self::Item> {
         loop {
-            let id = self.seg?;
-            let seg = {
-                let segs = self
-                    .store
-                    .inner
-                    .segments
-                    .read()
-                    .unwrap_or_else(|e| e.into_inner());
-                match segs.get(&id) {
-                    Some(s) => s.clone(),
-                    None => {
-                        self.seg = None;
-                        return None;
-                    }
-                }
-            };
+            let seg = self.segs.get(self.i)?.clone();
+            if self.off < seg.data_start {
+                self.off = seg.data_start;
+            }
             if self.off >= seg.end.load(Ordering::Acquire) {
-                let segs = self
-                    .store
-                    .inner
-                    .segments
-                    .read()
-                    .unwrap_or_else(|e| e.into_inner());
-                self.seg = segs.range(id + 1..).next().map(|(k, _)| *k);
-                self.off = SEGMENT_HEADER_BYTES;
+                self.i += 1;
+                self.off = 0;
                 continue;
             }
             match seg.read(self.off, self.store.inner.opts.record_bytes_max) {
                 Ok(rec) => {
                     self.off += u64::from(rec.record_bytes);
                     if rec.info.seq > self.end_seq {
-                        self.seg = None;
+                        self.i = self.segs.len();
                         return None;
                     }
                     if rec.info.seq < self.from_seq {
@@ -1156,7 +1341,7 @@ impl Iterator for LogScan<'_> {
                     return Some(Ok(rec));
                 }
                 Err(e) => {
-                    self.seg = None;
+                    self.i = self.segs.len();
                     return Some(Err(e));
                 }
             }
@@ -1185,9 +1370,6 @@ impl VfsFile for NoFile {
         Ok(())
     }
     fn set_len(&self, _: u64) -> std::io::Result<()> {
-        Err(std::io::Error::other("read-only"))
-    }
-    fn allocate(&self, _: u64) -> std::io::Result<()> {
         Err(std::io::Error::other("read-only"))
     }
     fn len(&self) -> std::io::Result<u64> {

@@ -22,13 +22,31 @@ pub enum Durability {
 
 /// How new segments reserve their space.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub enum Preallocate {
-    /// Write zeros over the whole segment once: later overwrites need no block
-    /// allocation or extent conversion, so fdatasync commits no metadata.
+    /// `ZeroFill` with [`Durability::Immediate`], `Sparse` with [`Durability::Buffered`].
     #[default]
+    Auto,
+    /// Write zeros over the whole segment once: later overwrites need no block
+    /// allocation or extent conversion, so fdatasync commits no metadata. Pays off when
+    /// every commit is fdatasynced; costs a second write of every byte otherwise.
+    /// (Plain writes only: no platform call such as fallocate(2), which would need
+    /// `unsafe` and still leave unwritten extents to convert on the first overwrite.)
     ZeroFill,
-    /// `fallocate` (falls back to extending the file with `set_len`).
-    Fallocate,
+    /// Only set the file's length (a sparse file reading as zeros): creating a segment
+    /// costs next to nothing, and the file system allocates blocks as records land.
+    Sparse,
+}
+
+impl Preallocate {
+    /// The mode `Auto` stands for under `durability`.
+    pub fn resolve(self, durability: Durability) -> Preallocate {
+        match (self, durability) {
+            (Preallocate::Auto, Durability::Immediate) => Preallocate::ZeroFill,
+            (Preallocate::Auto, Durability::Buffered) => Preallocate::Sparse,
+            (p, _) => p,
+        }
+    }
 }
 
 /// Configuration of a [`crate::Store`].
@@ -187,7 +205,8 @@ impl NewCommit {
     }
 }
 
-/// Where a record starts in the log. Ordered by (segment, offset) = log order.
+/// Where a record starts in the log. Ordered by (segment, offset), which is log order
+/// only until a GC: compacted segments get new, higher ids (use `seq` for log order).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct LogPosition {
     pub segment: u64,
@@ -235,7 +254,8 @@ pub struct CommitInfo {
     pub stream: String,
     /// The stream's new head version (number of commits in the stream).
     pub version: u64,
-    /// Global sequence number: 1-based, dense, in log order.
+    /// Global sequence number: 1-based, increasing in log order; dense except where log
+    /// compaction removed commits.
     pub seq: u64,
     pub position: LogPosition,
     pub timestamp_ms: i64,

@@ -226,3 +226,39 @@ fn buffered_flush_and_reopen() {
     let s = Store::open(dir.path(), opts()).unwrap();
     assert_eq!(s.stream_version("a").unwrap(), Some(50));
 }
+
+#[test]
+fn retry_of_an_old_commit_in_a_long_stream_is_found() {
+    // Commit ids live only in the stream's version blocks (64 versions per block):
+    // a retry is found across blocks, memtable and sled, before and after reopen.
+    let dir = tempfile::tempdir().unwrap();
+    let s = Store::open(dir.path(), test_opts().durability(Durability::Buffered)).unwrap();
+    let mut sent = Vec::new();
+    for v in 0..5000u64 {
+        let c = commit("long", ExpectedVersion::Exact(v), &v.to_le_bytes());
+        let info = committed(s.append(c.clone()).unwrap());
+        sent.push((c, info));
+    }
+    for i in [0usize, 3, 63, 64, 4095, 4999] {
+        let (c, info) = &sent[i];
+        assert_eq!(
+            s.append(c.clone()).unwrap(),
+            AppendOutcome::AlreadyCommitted(info.clone()),
+            "version {}",
+            i + 1
+        );
+    }
+    drop(s);
+    let s = Store::open(dir.path(), test_opts().durability(Durability::Buffered)).unwrap();
+    for i in [0usize, 100, 4999] {
+        let (c, info) = &sent[i];
+        assert_eq!(
+            s.append(c.clone()).unwrap(),
+            AppendOutcome::AlreadyCommitted(info.clone())
+        );
+        let mut other = c.clone();
+        other.stream = "elsewhere".into();
+        assert!(matches!(s.append(other), Err(Error::InvalidInput(_))));
+    }
+    assert_eq!(s.last_seq(), 5000);
+}

@@ -15,7 +15,7 @@ pub enum FaultKind {
     Sync,
     /// `rename`.
     Rename,
-    /// `set_len`, `allocate`.
+    /// `set_len`.
     Truncate,
     /// `open`, `remove`, `read_dir`, `create_dir_all`, `exists`, `lock`.
     Meta,
@@ -193,10 +193,6 @@ impl VfsFile for FaultFile {
     fn set_len(&self, len: u64) -> io::Result<()> {
         self.state.check(FaultKind::Truncate, "set_len")?;
         self.inner.set_len(len)
-    }
-    fn allocate(&self, len: u64) -> io::Result<()> {
-        self.state.check(FaultKind::Truncate, "allocate")?;
-        self.inner.allocate(len)
     }
     fn len(&self) -> io::Result<u64> {
         self.state.check(FaultKind::Read, "len")?;

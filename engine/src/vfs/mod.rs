@@ -1,7 +1,7 @@
 //! The I/O seam: every file operation of the log goes through [`Vfs`] and [`VfsFile`].
 //!
 //! Three implementations ship:
-//! - [`OsVfs`]: the real file system (pread/pwrite, fdatasync, fallocate, mmap, flock).
+//! - [`OsVfs`]: the real file system (pread/pwrite, fdatasync, mmap, `File::try_lock`).
 //! - [`FaultVfs`]: wraps another `Vfs` and fails the Nth call of a chosen kind, once or
 //!   persistently, counting every call so tests can enumerate each call site.
 //! - [`SimVfs`]: an in-memory file system that keeps a live and a durable image of every
@@ -63,8 +63,6 @@ pub trait VfsFile: Send + Sync + fmt::Debug {
     fn sync_all(&self) -> io::Result<()>;
     /// Truncate or extend (with zeros).
     fn set_len(&self, len: u64) -> io::Result<()>;
-    /// Reserve space so that the file is at least `len` bytes long, reading as zeros.
-    fn allocate(&self, len: u64) -> io::Result<()>;
     fn len(&self) -> io::Result<u64>;
     fn is_empty(&self) -> io::Result<bool> {
         Ok(self.len()? == 0)

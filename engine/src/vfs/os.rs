@@ -1,10 +1,9 @@
-//! The real file system.
+//! The real file system (std only; the memory map is the one `unsafe` call).
 
 use super::{Mapped, OpenMode, Vfs, VfsFile, VfsLock};
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::unix::fs::FileExt;
-use std::os::unix::io::AsRawFd;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -81,23 +80,14 @@ impl Vfs for OsVfs {
             .create(create)
             .truncate(false)
             .open(path)?;
-        // flock locks belong to the open file description, so a second open of the same
-        // file in this process conflicts as well as one in another process.
-        match try_flock(&file) {
+        // std's exclusive, non-blocking file lock (flock(2) on Linux): it belongs to the
+        // open file description, so a second open of the same file in this process
+        // conflicts as well as one in another process.
+        match file.try_lock() {
             Ok(()) => Ok(Some(Box::new(OsLock { _file: file }))),
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(None),
-            Err(e) => Err(e),
+            Err(std::fs::TryLockError::WouldBlock) => Ok(None),
+            Err(std::fs::TryLockError::Error(e)) => Err(e),
         }
-    }
-}
-
-fn try_flock(file: &File) -> io::Result<()> {
-    // SAFETY: the descriptor is valid for the lifetime of `file`.
-    let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
     }
 }
 
@@ -120,29 +110,6 @@ impl VfsFile for OsFile {
 
     fn set_len(&self, len: u64) -> io::Result<()> {
         self.file.set_len(len)
-    }
-
-    fn allocate(&self, len: u64) -> io::Result<()> {
-        let Ok(len_off) = libc::off_t::try_from(len) else {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                "length too large",
-            ));
-        };
-        // SAFETY: plain syscall on a descriptor we own; no pointers involved.
-        let rc = unsafe { libc::fallocate(self.file.as_raw_fd(), 0, 0, len_off) };
-        if rc == 0 {
-            return Ok(());
-        }
-        let err = io::Error::last_os_error();
-        // File systems without fallocate: extend with zeros instead.
-        if err.raw_os_error() == Some(libc::EOPNOTSUPP) {
-            if self.file.metadata()?.len() < len {
-                self.file.set_len(len)?;
-            }
-            return Ok(());
-        }
-        Err(err)
     }
 
     fn len(&self) -> io::Result<u64> {

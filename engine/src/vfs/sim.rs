@@ -473,13 +473,6 @@ impl VfsFile for SimFile {
     fn set_len(&self, len: u64) -> io::Result<()> {
         self.mutate(PendingOp::SetLen(len))
     }
-    fn allocate(&self, len: u64) -> io::Result<()> {
-        let cur = self.len()?;
-        if cur < len {
-            self.mutate(PendingOp::SetLen(len))?;
-        }
-        Ok(())
-    }
     fn len(&self) -> io::Result<u64> {
         self.with(|st, ino| Ok(st.inodes.get(&ino).map_or(0, |n| n.live.len() as u64)))
     }
