@@ -142,7 +142,10 @@ fn now_ms() -> i64 {
 
 /// Wait on `Inner::cond` (woken when a group is done), counted so that the leader only
 /// notifies when someone waits.
-pub(crate) fn wait_writer<'a>(inner: &Inner, mut w: MutexGuard<'a, Writer>) -> MutexGuard<'a, Writer> {
+pub(crate) fn wait_writer<'a>(
+    inner: &Inner,
+    mut w: MutexGuard<'a, Writer>,
+) -> MutexGuard<'a, Writer> {
     w.waiters += 1;
     let mut w = inner.cond.wait(w).unwrap_or_else(|e| e.into_inner());
     w.waiters -= 1;
@@ -795,6 +798,27 @@ impl Store {
     /// Every stream with its head version, sorted by name.
     pub fn streams(&self) -> Result<Vec<(String, u64)>, Error> {
         self.inner.index.streams()
+    }
+
+    /// The commit with client commit id `id`, if one landed (on any stream).
+    /// Ids the in-memory filter has never seen answer `None` at once; otherwise
+    /// the version index is searched (a full pass over it: meant for importers
+    /// and tools, not for the write path).
+    pub fn commit_by_id(&self, id: Uuid) -> Result<Option<CommitInfo>, Error> {
+        let inner = &*self.inner;
+        {
+            let w = lock(&inner.w);
+            if let Some(info) = w.pending_ids.get(&id) {
+                return Ok(Some(info.clone()));
+            }
+            if !w.ids.may_contain(id) {
+                return Ok(None);
+            }
+        }
+        match inner.index.find_anywhere(id)? {
+            Some((_, _, pos)) => Ok(Some(self.read_at(pos)?.info)),
+            None => Ok(None),
+        }
     }
 
     /// The last acknowledged sequence number (0 for an empty store).

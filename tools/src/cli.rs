@@ -122,6 +122,11 @@ pub enum Command {
     /// Works without a writer holding the store (e.g. after the writer was
     /// killed). Exits 0 when the store is sound, 1 when corruption is found.
     Verify {
+        /// Copy every readable commit into a new store in OUT_DIR (which must
+        /// be empty or absent) and report what was lost, by segment and offset.
+        /// The damaged store is never written.
+        #[arg(long, value_name = "OUT_DIR")]
+        salvage: Option<PathBuf>,
         /// Print one JSON document instead of text.
         #[arg(long)]
         json: bool,
@@ -170,8 +175,9 @@ pub enum Command {
         /// read-only).
         #[arg(long)]
         dry_run: bool,
-        /// Log garbage collection: copy live records, swap, retire segments
-        /// (not available in this build yet).
+        /// Log garbage collection: reclaim the records of deleted and purged
+        /// sessions (copy live records into new segments, swap, retire the old
+        /// ones; crash-safe). With --dry-run, only show the plan.
         #[arg(long, conflicts_with_all = ["id", "all", "truncate_tool_results", "redact", "drop_aborted"])]
         gc: bool,
         /// Test hook: between prepare and commit, commit a custom entry to

@@ -726,7 +726,6 @@ pub fn check_import(
             for c in &s.commits {
                 let taken = !commit_ids.insert(c.commit_id)
                     || engine
-                        .index()
                         .commit_by_id(c.commit_id)
                         .map_err(engine_err)?
                         .is_some();

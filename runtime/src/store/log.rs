@@ -559,6 +559,45 @@ impl LogStore {
         }
     }
 
+    /// Streams a log GC may remove whole: sessions whose current
+    /// incarnation is deleted (status `Deleted`), and purged sessions that
+    /// were not created again. A purged session that was created again
+    /// keeps its history: the session index derives the new incarnation's
+    /// version base from the purge marker. Non-session streams are live.
+    pub fn gc_dead_streams(&self) -> Result<std::collections::BTreeSet<String>, StoreError> {
+        let engine = self.engine()?;
+        let index = engine.index();
+        let mut dead = std::collections::BTreeSet::new();
+        let deleted = [KEY_STATUS, status_byte(SessionStatus::Deleted)];
+        for kv in index.scan_prefix(SESSION_INDEXER, &deleted) {
+            let (k, _) = kv.map_err(engine_err)?;
+            dead.insert(String::from_utf8_lossy(&k[deleted.len()..]).into_owned());
+        }
+        for kv in index.scan_prefix(SESSION_INDEXER, &[KEY_PURGED]) {
+            let (k, v) = kv.map_err(engine_err)?;
+            let id = String::from_utf8_lossy(&k[1..]).into_owned();
+            let base = be_u64(&v).unwrap_or(0);
+            if engine.stream_version(&id).map_err(engine_err)? == Some(base) {
+                dead.insert(id);
+            }
+        }
+        Ok(dead)
+    }
+
+    /// Plans a log GC that removes the streams of [`LogStore::gc_dead_streams`].
+    pub fn plan_gc(&self) -> Result<spool_engine::GcPlan, StoreError> {
+        let dead = self.gc_dead_streams()?;
+        self.engine()?
+            .plan_gc(&|c: &RecordedCommit| !dead.contains(&c.info.stream))
+            .map_err(engine_err)
+    }
+
+    /// Runs a planned log GC (copy live records, swap, retire; crash-safe,
+    /// see the engine). Snapshots are dropped with the rebuilt index.
+    pub fn run_gc(&self, plan: spool_engine::GcPlan) -> Result<spool_engine::GcReport, StoreError> {
+        self.engine()?.run_gc(plan).map_err(engine_err)
+    }
+
     /// Loads the session as of stream version `upto` (inclusive), or its
     /// head when `None`. Used by `load` and by time travel.
     pub fn load_at(

@@ -627,8 +627,7 @@ fn print_human(reports: &[Report], dry_run: bool) -> Result<()> {
 
 pub fn run(dir: &Path, args: Args) -> Result<ExitCode> {
     if args.gc {
-        return Err(ToolError::new("compact --gc is not available yet")
-            .hint("the log GC is not part of this build; `compact` rewrites (without --gc) work"));
+        return super::gc::run(dir, args.dry_run, args.json);
     }
     // Everything that can be refused without the store is checked before
     // it is opened.

@@ -12,6 +12,7 @@ mod context;
 mod delete;
 mod demo;
 mod export;
+mod gc;
 mod import;
 mod log;
 mod replay;
@@ -32,7 +33,10 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
             limit,
             json,
         } => log::run(need_store(&store)?, stream.as_deref(), limit, json),
-        Command::Verify { json } => verify::run(need_store(&store)?, json),
+        Command::Verify { salvage, json } => match salvage {
+            Some(out) => verify::salvage(need_store(&store)?, &out, json),
+            None => verify::run(need_store(&store)?, json),
+        },
         Command::Stress {
             writers,
             seconds,

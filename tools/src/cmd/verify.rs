@@ -73,3 +73,109 @@ pub fn run(dir: &Path, json: bool) -> Result<ExitCode> {
         ExitCode::from(EXIT_PROBLEM)
     })
 }
+
+#[derive(Serialize)]
+struct SalvageOutput {
+    out_dir: String,
+    segments: u64,
+    commits_copied: u64,
+    streams: u64,
+    last_seq: u64,
+    unreadable: Vec<LostRow>,
+    dropped: Vec<DroppedRow>,
+    streams_starting_late: Vec<(String, u64)>,
+}
+
+#[derive(Serialize)]
+struct LostRow {
+    segment: String,
+    offset: u64,
+    bytes: u64,
+    problem: String,
+}
+
+#[derive(Serialize)]
+struct DroppedRow {
+    segment: String,
+    offset: u64,
+    stream: String,
+    version: u64,
+    seq: u64,
+    reason: String,
+}
+
+/// `verify --salvage OUT_DIR`: copy every readable commit into a new store.
+pub fn salvage(dir: &Path, out_dir: &Path, json: bool) -> Result<ExitCode> {
+    require_existing_store(dir)?;
+    let r = spool_engine::salvage(dir, out_dir, engine_options()).map_err(|e| {
+        ToolError::with_source(
+            format!(
+                "salvaging {} into {} failed",
+                dir.display(),
+                out_dir.display()
+            ),
+            e,
+        )
+        .hint("OUT_DIR must be empty or absent; the damaged store was not written")
+    })?;
+    let lost = !r.unreadable.is_empty() || !r.dropped.is_empty();
+    let out = SalvageOutput {
+        out_dir: out_dir.display().to_string(),
+        segments: r.segments,
+        commits_copied: r.commits_copied,
+        streams: r.streams,
+        last_seq: r.last_seq,
+        unreadable: r
+            .unreadable
+            .iter()
+            .map(|l| LostRow {
+                segment: l.segment.clone(),
+                offset: l.offset,
+                bytes: l.bytes,
+                problem: l.problem.clone(),
+            })
+            .collect(),
+        dropped: r
+            .dropped
+            .iter()
+            .map(|d| DroppedRow {
+                segment: d.segment.clone(),
+                offset: d.offset,
+                stream: d.stream.clone(),
+                version: d.version,
+                seq: d.seq,
+                reason: d.reason.clone(),
+            })
+            .collect(),
+        streams_starting_late: r.streams_starting_late.clone(),
+    };
+    if json {
+        print_json(&out)?;
+    } else {
+        println!(
+            "salvaged {} commits of {} streams from {} segments into {}",
+            out.commits_copied, out.streams, out.segments, out.out_dir
+        );
+        for l in &out.unreadable {
+            println!(
+                "  lost {} bytes at {} @ {}: {}",
+                l.bytes, l.segment, l.offset, l.problem
+            );
+        }
+        for d in &out.dropped {
+            println!(
+                "  dropped {} v{} (seq {}) at {} @ {}: {}",
+                d.stream, d.version, d.seq, d.segment, d.offset, d.reason
+            );
+        }
+        if !lost {
+            println!("nothing was lost");
+        }
+    }
+    // Exit 1 when something could not be recovered, like `verify`.
+    Ok(if lost {
+        ExitCode::from(EXIT_PROBLEM)
+    } else {
+        ExitCode::SUCCESS
+    })
+}
