@@ -14,6 +14,7 @@ use crate::error::{Error, IndexError};
 use crate::types::{CommitInfo, LogPosition, RecordedCommit};
 use std::collections::BTreeMap;
 use std::ops::Bound;
+use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, RwLock};
 use std::thread::JoinHandle;
@@ -271,6 +272,22 @@ fn sled_err(e: sled::Error) -> Error {
 
 impl Index {
     fn open_db(path: Option<&Path>) -> Result<sled::Db, sled::Error> {
+        if let Some(p) = path {
+            // The index directory is the owner's alone (sled picks its own file
+            // modes; `tighten_permissions` fixes them up on open and close).
+            let _ = std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(p);
+        }
+        let db = Self::open_db_inner(path);
+        if let (Some(p), Ok(_)) = (path, &db) {
+            tighten_permissions(p);
+        }
+        db
+    }
+
+    fn open_db_inner(path: Option<&Path>) -> Result<sled::Db, sled::Error> {
         let cfg = sled::Config::new()
             // The log is the source of truth: sled's periodic flush only bounds how much
             // catch-up the next open does; it is kept infrequent so it competes little
@@ -889,6 +906,35 @@ impl Drop for Index {
         // sled must not outlive the Index through the mover thread: a reopen of the same
         // directory would find it still locked.
         let _ = self.join_moving();
+        if let Some(p) = &self.path {
+            tighten_permissions(p);
+        }
+    }
+}
+
+/// Removes group and other access from the index directory and everything
+/// in it (best effort). sled creates its files with the process's default
+/// mode; the directory itself is created 0700, so nothing in it is reachable
+/// by others in between.
+fn tighten_permissions(dir: &Path) {
+    use std::os::unix::fs::PermissionsExt;
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(p) = stack.pop() {
+        let Ok(meta) = std::fs::symlink_metadata(&p) else {
+            continue;
+        };
+        if meta.file_type().is_symlink() {
+            continue;
+        }
+        let mode = meta.permissions().mode();
+        if mode & 0o077 != 0 {
+            let _ = std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode & !0o077));
+        }
+        if meta.is_dir() {
+            if let Ok(rd) = std::fs::read_dir(&p) {
+                stack.extend(rd.filter_map(|e| e.ok()).map(|e| e.path()));
+            }
+        }
     }
 }
 

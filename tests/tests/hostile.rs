@@ -712,7 +712,6 @@ fn file_store_creates_owner_only_files_and_directories() {
 }
 
 #[test]
-#[ignore = "engine: OsVfs creates the store directory, segments and LOCK with default modes, and sled the index with its own; see the reliability report"]
 fn log_store_creates_owner_only_files_and_directories() {
     let base = scratch_dir();
     let dir = base.path().join("store");

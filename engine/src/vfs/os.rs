@@ -4,6 +4,7 @@ use super::{Mapped, OpenMode, Vfs, VfsFile, VfsLock};
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::unix::fs::FileExt;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::Path;
 use std::sync::Arc;
 
@@ -32,6 +33,8 @@ impl VfsLock for OsLock {}
 impl Vfs for OsVfs {
     fn open(&self, path: &Path, mode: OpenMode) -> io::Result<Arc<dyn VfsFile>> {
         let mut o = OpenOptions::new();
+        // Files the log creates are the owner's alone.
+        o.mode(0o600);
         match mode {
             OpenMode::Read => o.read(true),
             OpenMode::ReadWrite => o.read(true).write(true),
@@ -62,7 +65,11 @@ impl Vfs for OsVfs {
     }
 
     fn create_dir_all(&self, dir: &Path) -> io::Result<()> {
-        std::fs::create_dir_all(dir)
+        // Directories the store creates are the owner's alone.
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
     }
 
     fn sync_dir(&self, dir: &Path) -> io::Result<()> {
@@ -75,6 +82,7 @@ impl Vfs for OsVfs {
 
     fn lock(&self, path: &Path, create: bool) -> io::Result<Option<Box<dyn VfsLock>>> {
         let file = OpenOptions::new()
+            .mode(0o600)
             .read(true)
             .write(true)
             .create(create)
