@@ -1221,3 +1221,200 @@ impl EntrySource for LogTranscriptSource {
         Ok(self.cached_record(id)?.map(|r| r.summary.clone()))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::handle::{HandleOptions, SessionHandle, TranscriptBackend};
+    use crate::hooks::SessionHookStack;
+    use crate::observer::NullSink;
+    use crate::session::AgentDefinition;
+    use crate::store::{LogStore, LogStoreOptions, SessionStore};
+    use crate::transcript::{CancelToken, ContentBlock, Message};
+    use crate::SessionRuntime;
+
+    fn open(dir: &std::path::Path) -> (Arc<LogStore>, SessionRuntime) {
+        let store = Arc::new(
+            LogStore::open(
+                dir,
+                LogStoreOptions {
+                    durability: spool_engine::Durability::Buffered,
+                    ..LogStoreOptions::default()
+                },
+            )
+            .unwrap(),
+        );
+        let rt = SessionRuntime::new(store.clone(), Arc::new(NullSink), SessionHookStack::empty());
+        (store, rt)
+    }
+
+    fn user(text: &str) -> EntryKind {
+        EntryKind::Message {
+            message: Message::User {
+                content: vec![ContentBlock::text(text)],
+            },
+        }
+    }
+
+    /// The active-path keys agree with the fully loaded transcript's
+    /// current path: exactly its depths exist, `ancestor_at_depth` answers
+    /// from the leaf and from a mid-path entry, and an off-path entry gets
+    /// no answer (the caller walks).
+    fn check_path(store: &LogStore, id: &SessionId) -> Vec<EntryId> {
+        let t = store.load(id).unwrap().unwrap().state().transcript.clone();
+        let path: Vec<EntryId> = t
+            .current_path()
+            .unwrap()
+            .into_iter()
+            .map(|e| e.id.clone())
+            .collect();
+        let engine = store.engine().unwrap();
+        let meta = read_meta(engine.index(), id).unwrap().unwrap();
+        assert_eq!(meta.path_len, path.len() as u64, "path_len of {id}");
+        let keys = engine
+            .index()
+            .scan_prefix(TRANSCRIPT_INDEXER, &sk(TAG_PATH, id.as_str()))
+            .count();
+        assert_eq!(keys, path.len(), "active-path keys of {id}");
+        let src = store.source(id).unwrap();
+        if let Some(leaf) = path.last() {
+            for (d, want) in path.iter().enumerate() {
+                let got = src.ancestor_at_depth(leaf, d as u64).unwrap();
+                assert_eq!(got.as_ref(), Some(want), "depth {d} from the leaf");
+            }
+            assert_eq!(
+                src.ancestor_at_depth(leaf, path.len() as u64).unwrap(),
+                None
+            );
+            let mid = &path[path.len() / 2];
+            assert_eq!(
+                src.ancestor_at_depth(mid, 0).unwrap().as_ref(),
+                path.first()
+            );
+            assert_eq!(
+                src.ancestor_at_depth(mid, path.len() as u64 / 2 + 1)
+                    .unwrap(),
+                None
+            );
+        }
+        for e in t.entries() {
+            if !path.contains(&e.id) {
+                assert_eq!(src.ancestor_at_depth(&e.id, 0).unwrap(), None, "{}", e.id);
+            }
+        }
+        path
+    }
+
+    fn append_n(h: &SessionHandle, n: usize, tag: &str) -> Vec<EntryId> {
+        (0..n)
+            .map(|i| h.append(user(&format!("{tag}{i}"))).unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn the_active_path_index_follows_appends_moves_rewrites_and_rebuilds() {
+        let dir = tempfile::tempdir().unwrap();
+        let (id, fork_id, before) = {
+            let (store, rt) = open(dir.path());
+            let id = rt
+                .create(AgentDefinition::default(), None)
+                .unwrap()
+                .id()
+                .clone();
+            let h = rt.open_handle(&id, HandleOptions::writer()).unwrap();
+            // Linear appends: the O(1) path.
+            let main = append_n(&h, 40, "m");
+            check_path(&store, &id);
+            // Back to a shallow entry, then a branch: the old path's
+            // deeper keys go, the branch's come.
+            h.move_leaf(Some(main[9].clone())).unwrap();
+            assert_eq!(check_path(&store, &id).len(), 10);
+            let side = append_n(&h, 5, "s");
+            assert_eq!(check_path(&store, &id).len(), 15);
+            // A leaf move back down the first branch: rewrite below the
+            // common ancestor only.
+            h.move_leaf(Some(main[35].clone())).unwrap();
+            assert_eq!(check_path(&store, &id).len(), 36);
+            // An append under a non-leaf entry (a branch by append).
+            h.append_entry(Entry {
+                id: EntryId::parse("x-under-side").unwrap(),
+                parent_id: Some(side[2].clone()),
+                timestamp_ms: 1,
+                kind: user("under side"),
+            })
+            .unwrap();
+            assert_eq!(check_path(&store, &id).len(), 14);
+            // A new root.
+            h.append_entry(Entry {
+                id: EntryId::parse("x-root").unwrap(),
+                parent_id: None,
+                timestamp_ms: 2,
+                kind: user("new root"),
+            })
+            .unwrap();
+            assert_eq!(check_path(&store, &id).len(), 1);
+            h.move_leaf(None).unwrap();
+            assert_eq!(check_path(&store, &id).len(), 0);
+            h.move_leaf(Some(main[39].clone())).unwrap();
+            // A delta rewrite that relinks: an aborted assistant is removed
+            // and the custom entry after it moves up one depth.
+            h.append(EntryKind::Message {
+                message: Message::Assistant {
+                    content: vec![ContentBlock::text("aborted")],
+                    stop_reason: crate::transcript::StopReason::Aborted,
+                    usage: Default::default(),
+                    model: None,
+                    error_message: None,
+                },
+            })
+            .unwrap();
+            h.append(EntryKind::Custom {
+                custom_type: "payload".into(),
+                data: serde_json::json!({"k": 1}),
+            })
+            .unwrap();
+            assert_eq!(check_path(&store, &id).len(), 42);
+            let out = h
+                .remove_trailing_entries(
+                    &|e| {
+                        matches!(
+                            &e.kind,
+                            EntryKind::Message {
+                                message: Message::Assistant { .. }
+                            }
+                        )
+                    },
+                    &|f| f.kind == "custom",
+                    &CancelToken::new(),
+                )
+                .unwrap();
+            assert_eq!(out.removed.len(), 1);
+            assert_eq!(check_path(&store, &id).len(), 41);
+            // A rewrite that relinks nothing (redaction).
+            h.redact(&|s| s.replace("m1", "[r]"), &CancelToken::new())
+                .unwrap();
+            check_path(&store, &id);
+            drop(h);
+            // A fork's seed transcript is indexed with its path.
+            let fork = rt.fork(&id, Some(main[20].clone())).unwrap();
+            assert_eq!(check_path(&store, fork.id()).len(), 21);
+            let before = (check_path(&store, &id), check_path(&store, fork.id()));
+            (id, fork.id().clone(), before)
+        };
+        // Rebuilt from the log: the same paths.
+        std::fs::remove_dir_all(dir.path().join("index")).unwrap();
+        let (store, rt) = open(dir.path());
+        assert_eq!(
+            (check_path(&store, &id), check_path(&store, &fork_id)),
+            before
+        );
+        // A state clear empties the path; appends start it again.
+        rt.execute(&id, &crate::actions::ClearSession).unwrap();
+        assert_eq!(check_path(&store, &id).len(), 0);
+        let h = rt.open_handle(&id, HandleOptions::writer()).unwrap();
+        append_n(&h, 3, "c");
+        assert_eq!(check_path(&store, &id).len(), 3);
+    }
+}
