@@ -14,7 +14,9 @@ use super::stats::{self, Samples};
 use super::{peers, CONTEXT_BUDGET, LIST_ENTRIES_PER_SESSION, PAGE_BUDGET};
 
 /// The order peers appear in tables.
-pub const PEER_ORDER: [&str; 5] = ["sqlite", "jsonl", "json-file", "raw", "raw-append"];
+pub const PEER_ORDER: [&str; 6] = [
+    "sqlite", "postgres", "jsonl", "json-file", "raw", "raw-append",
+];
 
 /// A whole run: `{"machine": {...}, "run": {...}, "results": [...]}`.
 #[derive(Clone, Debug, Serialize)]
@@ -61,8 +63,12 @@ pub struct ResultRow {
     pub unit: String,
     /// Median rate of spool; `None` (JSON `null`) when spool did not run.
     pub spool: Option<f64>,
-    /// Median rate of each peer that took part, by peer key.
-    pub peers: BTreeMap<String, f64>,
+    /// Median rate of each peer that took part, by peer key; `null` for a
+    /// peer that could not run here (see `notes`).
+    pub peers: BTreeMap<String, Option<f64>>,
+    /// Why a peer has no figure, by peer key.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub notes: BTreeMap<String, String>,
     /// `[min, max]` of the repetitions, by subject (`spool` and peer keys).
     pub spread: BTreeMap<String, [f64; 2]>,
     /// spool's median over each peer's median (absent without spool).
@@ -72,9 +78,23 @@ pub struct ResultRow {
     /// [`RunInfo::peak_rss_per_workload`]); includes the generated data and
     /// every subject, so it is an upper bound for each.
     pub peak_rss_bytes: Option<u64>,
-    /// Resident bytes of an open spool session handle (`open` only).
+    /// `open` rows (issue 4's fields): the history length in entries.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub spool_resident_bytes: Option<u64>,
+    pub history: Option<u64>,
+    /// `open`: median microseconds per spool open (handle + context).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub open_us: Option<f64>,
+    /// `open`: resident bytes of the open spool handle's snapshot.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub resident_bytes: Option<u64>,
+    /// `open`: median microseconds of spool's first root-first page
+    /// (the page budget) on an open handle.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub first_page_us: Option<f64>,
+    /// `open`: median microseconds per open by the JSONL whole-file parse
+    /// of the same transcript.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub jsonl_open_us: Option<f64>,
 }
 
 impl ResultRow {
@@ -93,10 +113,15 @@ impl ResultRow {
             spool: None,
             peers: BTreeMap::new(),
             spread: BTreeMap::new(),
+            notes: BTreeMap::new(),
             ratios: BTreeMap::new(),
             repetitions: 0,
             peak_rss_bytes: None,
-            spool_resident_bytes: None,
+            history: None,
+            open_us: None,
+            resident_bytes: None,
+            first_page_us: None,
+            jsonl_open_us: None,
         };
         for (name, samples) in measured {
             row.repetitions = row.repetitions.max(samples.rates.len());
@@ -105,17 +130,28 @@ impl ResultRow {
             if name == "spool" {
                 row.spool = Some(s.median);
             } else {
-                row.peers.insert(name, s.median);
+                row.peers.insert(name, Some(s.median));
             }
         }
         if let Some(sp) = row.spool {
-            for (name, &p) in &row.peers {
-                if let Some(r) = stats::ratio(sp, p) {
+            for (name, p) in &row.peers {
+                if let Some(r) = p.and_then(|p| stats::ratio(sp, p)) {
                     row.ratios.insert(name.clone(), r);
                 }
             }
         }
         row
+    }
+
+    /// Records a peer that could not run: `null` figure and the reason.
+    pub fn missing_peer(&mut self, peer: &str, note: &str) {
+        self.peers.insert(peer.to_string(), None);
+        self.notes.insert(peer.to_string(), note.to_string());
+    }
+
+    /// The median figure of a peer, if it has one.
+    pub fn peer(&self, peer: &str) -> Option<f64> {
+        self.peers.get(peer).copied().flatten()
     }
 }
 
@@ -289,7 +325,7 @@ pub fn to_markdown(report: &Report) -> String {
             let _ = write!(
                 line,
                 " {} |",
-                fmt_cell(row.peers.get(*p).copied(), row.spread.get(*p))
+                fmt_cell(row.peer(p), row.spread.get(*p))
             );
         }
         let ratios: Vec<String> = PEER_ORDER
@@ -305,20 +341,40 @@ pub fn to_markdown(report: &Report) -> String {
         let _ = writeln!(line, " {ratios} | {rss} |");
         out.push_str(&line);
     }
-    let resident: Vec<String> = report
+    let opens: Vec<&ResultRow> = report
         .results
         .iter()
-        .filter_map(|row| {
-            row.spool_resident_bytes
-                .map(|b| format!("{} {}: {b} bytes", row.workload, row.variant))
-        })
+        .filter(|r| r.history.is_some())
         .collect();
-    if !resident.is_empty() {
+    if !opens.is_empty() {
         let _ = writeln!(
             out,
-            "\nResident bytes of an open spool session handle: {}.",
-            resident.join("; ")
+            "\nOpening a session with a {CONTEXT_BUDGET}-byte budget (issue 4's figures;              microseconds, medians):\n\n             | history | spool open µs | resident bytes | first page µs | JSONL open µs |\n             |---:|---:|---:|---:|---:|"
         );
+        let us = |v: Option<f64>| v.map_or("—".to_string(), |v| format!("{v:.1}"));
+        for r in opens {
+            let _ = writeln!(
+                out,
+                "| {} | {} | {} | {} | {} |",
+                r.history.unwrap_or(0),
+                us(r.open_us),
+                r.resident_bytes.map_or("—".to_string(), |b| b.to_string()),
+                us(r.first_page_us),
+                us(r.jsonl_open_us)
+            );
+        }
+    }
+    let notes: Vec<String> = report
+        .results
+        .iter()
+        .flat_map(|r| {
+            r.notes
+                .iter()
+                .map(move |(p, n)| format!("- {} {} `{p}`: {n}", r.workload, r.variant))
+        })
+        .collect();
+    if !notes.is_empty() {
+        let _ = writeln!(out, "\nPeers without a figure:\n\n{}", notes.join("\n"));
     }
 
     let _ = writeln!(out, "\n## Machine\n");
