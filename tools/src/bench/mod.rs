@@ -321,10 +321,12 @@ pub trait SubjectStore: Send + Sync {
         record: &Record,
     ) -> Result<u64, BenchError>;
 
-    /// Loads whole sessions (untimed setup): afterwards each session must
-    /// be exactly as if created and appended to record by record, and
-    /// durable once [`SubjectStore::close`] returns. Subjects may use a
-    /// faster path (one transaction, a batch) than `append`.
+    /// Loads whole sessions (untimed setup, on a store opened
+    /// [`Durability::Buffered`]): afterwards each session must be as if
+    /// created and appended to record by record, and complete for a store
+    /// reopened on the same directory once [`SubjectStore::close`]
+    /// returns. Subjects may use a faster path (one transaction, a batch)
+    /// than `append` when it stores the same layout.
     fn load(&self, sessions: &[SessionData<'_>]) -> Result<(), BenchError> {
         for s in sessions {
             self.create_session(0, s.spec)?;
@@ -787,7 +789,8 @@ impl Harness<'_> {
         (self.progress)(&format!("  {} {variant}", subject.name()));
         let dir = self.subject_dir(subject.name(), variant);
         create_dir(&dir)?;
-        let store = subject.open_store(&dir, durability, 1)?;
+        // Loading is untimed setup: buffered, flushed by the close.
+        let store = subject.open_store(&dir, Durability::Buffered, 1)?;
         store.load(sessions)?;
         store.close()?;
         let store = subject.open_store(&dir, durability, 1)?;

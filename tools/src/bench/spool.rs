@@ -18,10 +18,11 @@
 //! - `fork`: [`SessionRuntime::fork`] at the middle entry (durable), then
 //!   the fork opened as in `open`.
 //!
-//! Loading (untimed) commits each session's entries in chunks of
-//! [`LOAD_CHUNK`] `entry_appended` events per commit through the store's
-//! transcript backend, or as part of the `created` event for small
-//! sessions.
+//! Loading (untimed, on a buffered store) commits each entry as its own
+//! `entry_appended` commit through the store's transcript backend — the
+//! log layout the appends of an application leave — or, for sessions of
+//! at most [`LOAD_IN_CREATE_MAX`] entries (the `list` workload), inside
+//! the `created` event.
 //!
 //! **Units.** spool's budgets count [`entry_size`] (the length of the
 //! entry's compact JSON), so [`SubjectStore::entry_cost`] is that size of
@@ -57,18 +58,16 @@ use super::{
     Status, SubjectStore, Workload,
 };
 
-/// Entries per commit when loading a session (untimed): about 1.4 MB of
-/// events per commit, well under the engine's record limit.
-pub const LOAD_CHUNK: usize = 1_000;
-
 /// Sessions with at most this many entries are created with their
 /// transcript inside the `created` event (the `list` workload's sessions).
 pub const LOAD_IN_CREATE_MAX: usize = 64;
 
-/// Entries per branch page at most (the byte budget binds first: the
-/// smallest generated entry is about 270 bytes, so 64 KiB holds at most
-/// about 240 of them).
-pub const PAGE_EVENTS_MAX: u64 = 256;
+/// Entries per branch page at most. A root-first page is found from its
+/// last entry (the active-path index) and walked back over this many
+/// entries' index records, so the count bounds the work per page; 64
+/// entries hold about 90 KB of the generated mix on average, so the
+/// 64 KiB byte budget binds on most pages.
+pub const PAGE_EVENTS_MAX: u64 = 64;
 
 /// spool itself.
 #[derive(Clone, Copy, Debug, Default)]
@@ -334,20 +333,17 @@ impl SubjectStore for SpoolStore {
                 .create(Self::new_session(s.spec, &[])?)
                 .map_err(subject_err)?;
             let mut version = created.version();
-            for (c, chunk) in s.records.chunks(LOAD_CHUNK).enumerate() {
-                let base = (c * LOAD_CHUNK) as u64;
-                let events = chunk
-                    .iter()
-                    .enumerate()
-                    .map(|(i, r)| {
-                        entry_for(base + i as u64, r).map(|entry| SessionEvent::EntryAppended {
-                            entry,
-                        })
-                    })
-                    .collect::<Result<Vec<_>, _>>()?;
+            // One commit per entry: the log holds what an application's
+            // appends leave there (reads then cost what they would).
+            for (seq, r) in s.records.iter().enumerate() {
+                let entry = entry_for(seq as u64, r)?;
                 version = self
                     .store
-                    .append_events(created.id(), version, events)
+                    .append_events(
+                        created.id(),
+                        version,
+                        vec![SessionEvent::EntryAppended { entry }],
+                    )
                     .map_err(subject_err)?
                     .session_version;
             }

@@ -17,9 +17,12 @@
 //! - Append: one transaction per commit — a single prepared `INSERT` in
 //!   autocommit mode, acknowledged after its WAL flush (one round trip;
 //!   an explicit `BEGIN`/`COMMIT` would only add two).
-//! - Open: the tail query newest first through a portal, fetching
-//!   [`TAIL_FETCH_ROWS`] rows at a time until the budget is reached (a
-//!   cursor, as a client that does not know how many rows fit does it).
+//! - Open: the tail query newest first in keyset batches of
+//!   [`TAIL_FETCH_ROWS`] rows (`seq < last ORDER BY seq DESC LIMIT n`,
+//!   each an index range scan) until the budget is reached: a client does
+//!   not know how many rows fit, and a `LIMIT` lets the planner pick the
+//!   backward index scan (an open-ended query or portal is planned for
+//!   fetching every row).
 //!
 //! When the server cannot run (no binaries, no `postgres` user as root),
 //! the peer is unavailable and the rows carry `null` with a note.
@@ -42,7 +45,7 @@ const NAME: &str = "postgres";
 
 /// Rows fetched per round trip by the tail query's portal (a 64 KiB
 /// context holds about 50 generated entries).
-pub const TAIL_FETCH_ROWS: i32 = 64;
+pub const TAIL_FETCH_ROWS: i64 = 64;
 
 const SCHEMA: &str = "
 CREATE TABLE sessions (
@@ -69,7 +72,8 @@ const INSERT_ENTRY: &str = "INSERT INTO entries (session, seq, id, parent_id, ts
                             VALUES ($1, $2, $3, $4, $5, $6, $7)";
 const INSERT_SESSION: &str = "INSERT INTO sessions (id, parent_id, status, agent, version, \
                               updated_ms) VALUES ($1, $2, $3, $4, $5, $6)";
-const TAIL: &str = "SELECT seq, role, text FROM entries WHERE session = $1 ORDER BY seq DESC";
+const TAIL: &str = "SELECT seq, role, text FROM entries WHERE session = $1 AND seq < $2 \
+                    ORDER BY seq DESC LIMIT $3";
 
 /// The PostgreSQL peer. See the module docs.
 pub struct PostgresPeer {
@@ -345,17 +349,12 @@ impl SubjectStore for PostgresStore {
         let mut c = self.conn(0)?;
         let Conn { client, tail, .. } = &mut *c;
         let id = session.id();
-        let mut tx = client
-            .transaction()
-            .map_err(|e| pg("beginning the tail read", e))?;
-        let portal = tx
-            .bind(&*tail, &[&id])
-            .map_err(|e| pg("binding the tail query", e))?;
         let mut ctx: Vec<(i64, String, String)> = Vec::new();
         let mut bytes = 0usize;
+        let mut before = i64::MAX;
         'fetch: loop {
-            let rows = tx
-                .query_portal(&portal, TAIL_FETCH_ROWS)
+            let rows = client
+                .query(&*tail, &[&id, &before, &TAIL_FETCH_ROWS])
                 .map_err(|e| pg(&format!("fetching the tail of {id}"), e))?;
             let last_batch = rows.len() < TAIL_FETCH_ROWS as usize;
             for row in rows {
@@ -366,13 +365,13 @@ impl SubjectStore for PostgresStore {
                 bytes += text.len();
                 let seq: i64 = row.try_get(0).map_err(|e| pg("reading seq", e))?;
                 let role: String = row.try_get(1).map_err(|e| pg("reading role", e))?;
+                before = seq;
                 ctx.push((seq, role, text));
             }
             if last_batch {
                 break;
             }
         }
-        tx.commit().map_err(|e| pg("ending the tail read", e))?;
         // A model context is oldest first.
         ctx.reverse();
         Ok(context(ctx.len() as u64, bytes as u64))
