@@ -31,11 +31,8 @@ fn postgres_binaries_present() -> bool {
             .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(name).is_file()))
     };
     (on_path("initdb") && on_path("pg_ctl"))
-        || std::fs::read_dir("/usr/lib/postgresql").is_ok_and(|mut d| {
-            d.any(|e| {
-                e.is_ok_and(|e| e.path().join("bin/initdb").is_file())
-            })
-        })
+        || std::fs::read_dir("/usr/lib/postgresql")
+            .is_ok_and(|mut d| d.any(|e| e.is_ok_and(|e| e.path().join("bin/initdb").is_file())))
 }
 
 fn positive(v: &Value, what: &str) -> f64 {
@@ -53,8 +50,7 @@ fn quick_bench_reports_every_workload_with_every_peer() {
     // its directory.
     {
         use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(scratch.path(), std::fs::Permissions::from_mode(0o755))
-            .unwrap();
+        std::fs::set_permissions(scratch.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     }
     let out = Command::new(env!("CARGO_BIN_EXE_spool"))
         .arg("--store")
@@ -90,12 +86,18 @@ fn quick_bench_reports_every_workload_with_every_peer() {
         for (k, f) in peers {
             if k == "postgres" && !pg {
                 assert!(f.is_null(), "{what}: postgres without a server");
-                assert!(r["notes"][k].is_string(), "{what}: postgres null without a note");
+                assert!(
+                    r["notes"][k].is_string(),
+                    "{what}: postgres null without a note"
+                );
                 continue;
             }
             let f = positive(f, &format!("{what} {k}"));
             let ratio = positive(&r["ratios"][k], &format!("{what} ratio to {k}"));
-            assert!((ratio * f - spool).abs() <= 1e-6 * spool, "{what}: ratio to {k}");
+            assert!(
+                (ratio * f - spool).abs() <= 1e-6 * spool,
+                "{what}: ratio to {k}"
+            );
             let spread = r["spread"][k].as_array().unwrap();
             let (lo, hi) = (spread[0].as_f64().unwrap(), spread[1].as_f64().unwrap());
             assert!(lo <= f && f <= hi, "{what} {k}: {lo} <= {f} <= {hi}");
@@ -109,12 +111,22 @@ fn quick_bench_reports_every_workload_with_every_peer() {
             positive(&r["jsonl_open_us"], &format!("{what} jsonl_open_us"));
             let resident = r["resident_bytes"].as_u64().expect("resident_bytes");
             let budget = json["run"]["context_budget"].as_u64().unwrap();
-            assert!(resident > 0 && resident <= budget, "{what}: resident {resident}");
+            assert!(
+                resident > 0 && resident <= budget,
+                "{what}: resident {resident}"
+            );
         }
         seen.push((w, v, u));
     }
     let workloads: Vec<&str> = seen.iter().map(|(w, _, _)| w.as_str()).collect();
-    for w in ["append-durable", "append-buffered", "open", "page", "list", "fork"] {
+    for w in [
+        "append-durable",
+        "append-buffered",
+        "open",
+        "page",
+        "list",
+        "fork",
+    ] {
         assert!(workloads.contains(&w), "no {w} row in {workloads:?}");
     }
     assert_eq!(

@@ -263,7 +263,12 @@ fn build_at(
         // Entries are immutable within a generation; the caller's own
         // rewrite names every entry it changed (`changed`).
         if head.version.generation == r.generation {
-            let sizes = r.prev.sizes.iter().map(|s| Some(*s)).chain(std::iter::repeat(None));
+            let sizes = r
+                .prev
+                .sizes
+                .iter()
+                .map(|s| Some(*s))
+                .chain(std::iter::repeat(None));
             for (e, size) in r.prev.selection.entries.iter().zip(sizes) {
                 if !r.changed.contains(&e.id) {
                     overlay.entries.insert(&e.id, (e, size));

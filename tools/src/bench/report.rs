@@ -15,7 +15,12 @@ use super::{peers, CONTEXT_BUDGET, LIST_ENTRIES_PER_SESSION, PAGE_BUDGET};
 
 /// The order peers appear in tables.
 pub const PEER_ORDER: [&str; 6] = [
-    "sqlite", "postgres", "jsonl", "json-file", "raw", "raw-append",
+    "sqlite",
+    "postgres",
+    "jsonl",
+    "json-file",
+    "raw",
+    "raw-append",
 ];
 
 /// A whole run: `{"machine": {...}, "run": {...}, "results": [...]}`.
@@ -322,11 +327,7 @@ pub fn to_markdown(report: &Report) -> String {
             fmt_cell(row.spool, row.spread.get("spool"))
         );
         for p in &peers {
-            let _ = write!(
-                line,
-                " {} |",
-                fmt_cell(row.peer(p), row.spread.get(*p))
-            );
+            let _ = write!(line, " {} |", fmt_cell(row.peer(p), row.spread.get(*p)));
         }
         let ratios: Vec<String> = PEER_ORDER
             .iter()

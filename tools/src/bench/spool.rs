@@ -47,8 +47,8 @@ use spool_runtime::session::{
 };
 use spool_runtime::store::{LogStore, LogStoreOptions, SessionStore};
 use spool_runtime::transcript::{
-    entry_size, Budget, CancelToken, ContentBlock, Entry, EntryId, EntryKind, Message,
-    PageBudget, PageOrder, ReadResult, StopReason, Usage, DEFAULT_RESIDENT_EVENTS_MAX,
+    entry_size, Budget, CancelToken, ContentBlock, Entry, EntryId, EntryKind, Message, PageBudget,
+    PageOrder, ReadResult, StopReason, Usage, DEFAULT_RESIDENT_EVENTS_MAX,
 };
 use spool_runtime::{ListQuery, SessionRuntime};
 
@@ -180,11 +180,8 @@ impl SpoolSubject for Spool {
             ..LogStoreOptions::default()
         };
         let store = Arc::new(LogStore::open(dir, opts).map_err(subject_err)?);
-        let runtime = SessionRuntime::new(
-            store.clone(),
-            Arc::new(NullSink),
-            SessionHookStack::empty(),
-        );
+        let runtime =
+            SessionRuntime::new(store.clone(), Arc::new(NullSink), SessionHookStack::empty());
         Ok(Box::new(SpoolStore {
             store,
             runtime,
@@ -307,7 +304,10 @@ impl SubjectStore for SpoolStore {
         record: &Record,
     ) -> Result<u64, BenchError> {
         let entry = entry_for(seq, record)?;
-        let handles = self.writers(writer).lock().unwrap_or_else(|p| p.into_inner());
+        let handles = self
+            .writers(writer)
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
         let h = handles
             .get(&session.id())
             .ok_or_else(|| subject_err(format!("session {} was not created", session.id())))?;
@@ -447,7 +447,8 @@ impl SubjectStore for SpoolStore {
         drop(page_reader);
         drop(writers);
         drop(runtime);
-        let store = Arc::try_unwrap(store).map_err(|_| subject_err("store still shared at close"))?;
+        let store =
+            Arc::try_unwrap(store).map_err(|_| subject_err("store still shared at close"))?;
         store.close().map_err(subject_err)
     }
 

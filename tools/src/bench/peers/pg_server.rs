@@ -146,8 +146,8 @@ impl PgServer {
             if find_on_path("runuser").is_none() {
                 return Err("running as root and `runuser` was not found".into());
             }
-            let (uid, gid) = postgres_user_ids()
-                .ok_or("running as root and there is no `postgres` user")?;
+            let (uid, gid) =
+                postgres_user_ids().ok_or("running as root and there is no `postgres` user")?;
             std::os::unix::fs::chown(dir.path(), Some(uid), Some(gid))
                 .map_err(|e| format!("chown {} to postgres: {e}", dir.path().display()))?;
         }

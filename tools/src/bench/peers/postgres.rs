@@ -27,8 +27,8 @@
 //! When the server cannot run (no binaries, no `postgres` user as root),
 //! the peer is unavailable and the rows carry `null` with a note.
 
-use std::path::{Path, PathBuf};
 use std::collections::HashMap;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use postgres::{Client, NoTls, Statement};
@@ -382,7 +382,9 @@ impl SubjectStore for PostgresStore {
     fn close(self: Box<Self>) -> Result<(), BenchError> {
         for c in self.conns {
             let c = c.into_inner().map_err(|_| poisoned())?;
-            c.client.close().map_err(|e| pg("closing a connection", e))?;
+            c.client
+                .close()
+                .map_err(|e| pg("closing a connection", e))?;
         }
         Ok(())
     }
