@@ -1276,10 +1276,10 @@ mod tests {
 
         let md = report::to_markdown(&report);
         assert!(md.contains(
-            "| workload | variant | unit | spool | sqlite | jsonl | json-file | raw | raw-append |"
+            "| workload | variant | unit | spool | sqlite | postgres | jsonl | json-file | raw | raw-append |"
         ));
         assert_eq!(md.matches("\n| append-durable |").count(), 2);
-        assert!(md.contains("## Peer configurations"));
+        assert!(md.contains("## Subject and peer configurations"));
     }
 
     /// A stand-in spool: the SQLite peer under the name `spool`, to check

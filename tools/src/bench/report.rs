@@ -350,7 +350,11 @@ pub fn to_markdown(report: &Report) -> String {
     if !opens.is_empty() {
         let _ = writeln!(
             out,
-            "\nOpening a session with a {CONTEXT_BUDGET}-byte budget (issue 4's figures;              microseconds, medians):\n\n             | history | spool open µs | resident bytes | first page µs | JSONL open µs |\n             |---:|---:|---:|---:|---:|"
+            "\nOpening a session with a {CONTEXT_BUDGET}-byte budget (issue 4's figures; \
+             microseconds, medians; the first page is one root-first {PAGE_BUDGET}-byte \
+             page read on an open handle):\n\n\
+             | history | spool open µs | resident bytes | first page µs | JSONL open µs |\n\
+             |---:|---:|---:|---:|---:|"
         );
         let us = |v: Option<f64>| v.map_or("—".to_string(), |v| format!("{v:.1}"));
         for r in opens {
@@ -409,8 +413,15 @@ pub fn to_markdown(report: &Report) -> String {
          page or list answer differs from the expected one fails the run).\n\
          - Data: a fixed seed ({seed:#x}); each record is a user message (35 %, 100–300 \
          bytes), an assistant message (45 %, 512–1536 bytes) or a tool result (20 %, \
-         2048–6144 bytes): about 1.35 KiB of text on average. Budgets and MB/s count text \
-         bytes (1 MB = 10^6 bytes); the raw peers write 1 KiB per commit.\n\
+         2048–6144 bytes): about 1.35 KiB of text on average. MB/s count text bytes (1 MB = \
+         10^6 bytes); the raw peers write 1 KiB per commit.\n\
+         - Budgets count each subject's own unit: text bytes for the peers, the entry's \
+         compact JSON size (`entry_size`, what spool's budgets count; about 170 bytes more \
+         than the text per entry) for spool. The expected context (the newest entries whose \
+         costs fit the budget) and the expected first page are computed per subject from \
+         that unit, so spool's 64 KiB context holds a few entries fewer than a peer's.\n\
+         - Loading is untimed: each store is loaded buffered (spool: one commit per entry, \
+         the layout appends leave), closed, and reopened with the workload's durability.\n\
          - `append-durable`: each writer thread commits its own session's records one \
          commit per record, acknowledged only once on stable storage; timed from a common \
          start to the last writer's end. `append-buffered`: one writer, acknowledged from the \
@@ -436,7 +447,27 @@ pub fn to_markdown(report: &Report) -> String {
         }
     );
 
-    let _ = writeln!(out, "\n## Peer configurations\n");
+    let _ = writeln!(out, "\n## Subject and peer configurations\n");
+    let _ = writeln!(
+        out,
+        "- `spool`: the runtime's public handle API over the log store (engine durability \
+         `Immediate` = fdatasync with group commit for durable runs, `Buffered` otherwise). \
+         Append = one writer `SessionHandle` per session per writer thread, `append_entry` \
+         per record: one commit, then the publication of the handle's bounded snapshot. \
+         Open = `open_handle` read-only with the 64 KiB budget, then the snapshot's model \
+         context. Page = a read-only handle, `read(BranchPage {{ order: RootFirst }})` in \
+         pages of at most {pb} bytes and {pe} entries until complete (the active-path index \
+         finds each page's last entry). Fork = `SessionRuntime::fork` at the middle entry, \
+         then the open. List = the log store's header index with a status filter. Tool \
+         results are custom messages (`tool_output`): the data has no tool calls, and the \
+         context builder drops a tool result that answers no call.",
+        pb = PAGE_BUDGET,
+        pe = super::spool::PAGE_EVENTS_MAX,
+    );
+    let settings: Vec<String> = peers::pg_server::SERVER_SETTINGS
+        .iter()
+        .map(|(k, v)| format!("`{k}={v}`"))
+        .collect();
     let _ = writeln!(
         out,
         "- `sqlite`: bundled SQLite through rusqlite; WAL; `synchronous=FULL` (durable) or \
@@ -446,6 +477,14 @@ pub fn to_markdown(report: &Report) -> String {
          one `INSERT`, `COMMIT`. Open = tail query newest first until the budget. Page = \
          keyset pagination. Fork = `INSERT ... SELECT` row copy in one transaction, then \
          the tail query.\n\
+         - `postgres` (append-durable and open): a throwaway PostgreSQL server started by the \
+         run (initdb + pg_ctl, as the `postgres` user when run as root), its data directory on \
+         the scratch disk, with {pg} and every other setting at its default \
+         (`full_page_writes=on`, default `wal_sync_method`); the synchronous `postgres` crate \
+         over the Unix socket; one connection per writer; prepared statements; append = one \
+         autocommit `INSERT` (one transaction, acknowledged after its WAL flush); entries \
+         keyed by (session, seq); open = keyset tail batches of {rows} rows newest first \
+         until the budget.\n\
          - `jsonl`: one file per session, one serde_json line per entry written with one \
          `write` (plus `fdatasync` when durable). Open and page parse the whole file.\n\
          - `json-file`: one JSON file per session holding header, definition and \
@@ -455,6 +494,8 @@ pub fn to_markdown(report: &Report) -> String {
          with written zeros (its size never changes), one file per writer; buffered: \
          sequential {rb}-byte writes to a growing file, no sync. `raw-append`: the durable \
          loop appending to a growing file.",
+        pg = settings.join(", "),
+        rows = peers::postgres::TAIL_FETCH_ROWS,
         busy = peers::sqlite::BUSY_TIMEOUT.as_secs(),
         rb = peers::raw::RAW_RECORD_BYTES,
     );
@@ -462,9 +503,14 @@ pub fn to_markdown(report: &Report) -> String {
     let _ = writeln!(out, "\n## Rerun\n");
     let _ = writeln!(
         out,
-        "```sh\ncargo run --release -p spool-tools -- bench --markdown   # full run, minutes\n\
-         cargo run --release -p spool-tools -- bench --quick --json   # seconds\n\
-         cargo run --release -p spool-tools -- bench --workload open --json\n```"
+        "```sh\ncargo build --release -p spool-tools\n\
+         target/release/spool bench --store /path/on/the/disk --markdown   # full run, minutes\n\
+         target/release/spool bench --quick --json                         # seconds (CI)\n\
+         target/release/spool bench --workload open --json                 # issue 4's figures\n```\n\n\
+         The PostgreSQL peer needs `initdb` and `pg_ctl` (PATH, `SPOOL_PG_BIN` or \
+         `/usr/lib/postgresql/*/bin`); as root, the `postgres` user and `runuser`, and a \
+         scratch directory that user can reach. Without them its figures are `null` with a \
+         note."
     );
     out
 }
