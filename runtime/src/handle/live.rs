@@ -263,7 +263,13 @@ impl SessionHandle {
         } else {
             Backend::Adapter(FullLoadBackend::new(store))
         };
-        let identity = backend.get(id)?.identity();
+        // The identity keys the writer registry; read-only handles never
+        // touch it (and computing it may cost a system call per open).
+        let identity = if opts.writer {
+            backend.get(id)?.identity()
+        } else {
+            String::new()
+        };
         let owner = registry::next_incarnation();
         if opts.writer {
             registry::acquire(&identity, id.as_str(), owner, opts.wait_for_writer).map_err(

@@ -2,6 +2,7 @@
 //! built incrementally.
 
 use std::borrow::Cow;
+use std::cell::RefCell;
 use std::collections::{HashMap, HashSet};
 
 use serde::Serialize;
@@ -40,6 +41,11 @@ pub struct ResidentSnapshot {
     /// Local revision: 1 for the snapshot published at open, +1 per
     /// publication by this handle.
     pub revision: u64,
+    /// [`entry_size`] of each resident entry, aligned with
+    /// `selection.entries`: the next publication reuses them instead of
+    /// encoding every resident entry again.
+    #[serde(skip)]
+    sizes: Vec<u64>,
 }
 
 impl ResidentSnapshot {
@@ -120,8 +126,29 @@ pub(crate) struct Reuse<'a> {
 /// budget, not the history).
 struct Overlay<'a> {
     base: &'a dyn EntrySource<Error = StoreError>,
-    entries: HashMap<&'a EntryId, &'a Entry>,
+    /// Entries held already, with their size when known.
+    entries: HashMap<&'a EntryId, (&'a Entry, Option<u64>)>,
     links: HashMap<&'a EntryId, &'a NavLinks>,
+    /// Every size answered during this build (the new snapshot keeps
+    /// those of its resident entries).
+    sizes: RefCell<HashMap<EntryId, u64>>,
+}
+
+impl Overlay<'_> {
+    fn size_of(&self, id: &EntryId) -> Result<Option<u64>, StoreError> {
+        if let Some(&s) = self.sizes.borrow().get(id) {
+            return Ok(Some(s));
+        }
+        let size = match self.entries.get(id) {
+            Some((_, Some(s))) => Some(*s),
+            Some((e, None)) => Some(entry_size(e)),
+            None => self.base.entry_size(id)?,
+        };
+        if let Some(s) = size {
+            self.sizes.borrow_mut().insert(id.clone(), s);
+        }
+        Ok(size)
+    }
 }
 
 impl EntrySource for Overlay<'_> {
@@ -129,7 +156,7 @@ impl EntrySource for Overlay<'_> {
 
     fn entry(&self, id: &EntryId) -> Result<Option<Cow<'_, Entry>>, StoreError> {
         match self.entries.get(id) {
-            Some(e) => Ok(Some(Cow::Borrowed(*e))),
+            Some((e, _)) => Ok(Some(Cow::Borrowed(*e))),
             None => self.base.entry(id),
         }
     }
@@ -146,16 +173,13 @@ impl EntrySource for Overlay<'_> {
 
     fn facts(&self, id: &EntryId) -> Result<Option<EntryFacts>, StoreError> {
         match self.entries.get(id) {
-            Some(e) => Ok(Some(EntryFacts::of(e))),
+            Some((e, _)) => Ok(Some(EntryFacts::of(e))),
             None => self.base.facts(id),
         }
     }
 
     fn entry_size(&self, id: &EntryId) -> Result<Option<u64>, StoreError> {
-        match self.entries.get(id) {
-            Some(e) => Ok(Some(entry_size(e))),
-            None => self.base.entry_size(id),
-        }
+        self.size_of(id)
     }
 
     fn path_facts(&self, id: &EntryId) -> Result<Option<PathFacts>, StoreError> {
@@ -233,19 +257,26 @@ fn build_at(
         base: &*base,
         entries: HashMap::new(),
         links: HashMap::new(),
+        sizes: RefCell::new(HashMap::new()),
     };
     if let Some(r) = reuse {
         // Entries are immutable within a generation; the caller's own
         // rewrite names every entry it changed (`changed`).
         if head.version.generation == r.generation {
-            for e in &r.prev.selection.entries {
+            let sizes = r
+                .prev
+                .sizes
+                .iter()
+                .map(|s| Some(*s))
+                .chain(std::iter::repeat(None));
+            for (e, size) in r.prev.selection.entries.iter().zip(sizes) {
                 if !r.changed.contains(&e.id) {
-                    overlay.entries.insert(&e.id, e);
+                    overlay.entries.insert(&e.id, (e, size));
                 }
             }
         }
         for e in r.fresh {
-            overlay.entries.insert(&e.id, e);
+            overlay.entries.insert(&e.id, (e, None));
         }
         let follows = head.header.version == r.prev.session_version.saturating_add(1);
         if r.links && follows {
@@ -267,6 +298,12 @@ fn build_at(
             source,
         }
     })?;
+    let known = overlay.sizes.into_inner();
+    let sizes = selection
+        .entries
+        .iter()
+        .map(|e| known.get(&e.id).copied().unwrap_or_else(|| entry_size(e)))
+        .collect();
     Ok(ResidentSnapshot {
         session_id: id.clone(),
         header: head.header.clone(),
@@ -277,5 +314,6 @@ fn build_at(
         selection,
         owner,
         revision,
+        sizes,
     })
 }

@@ -16,6 +16,7 @@
 //! | `T` | custom type | u64 BE next ordinal of that type |
 //! | `a` | u64 BE ordinal | custom entry id of any type (empty = removed) |
 //! | `l` | u8 len ++ target id ++ u64 BE seq | MessagePack `Option<String>` of a label entry |
+//! | `p` | u64 BE depth | entry id at that depth on the current leaf's path (the active path) |
 //!
 //! Events read: `created` (the seed transcript of a fork), `entry_appended`,
 //! `leaf_moved`, `history_rewritten` (whole form), `transcript_rewritten`
@@ -26,6 +27,17 @@
 //! is proportional to what it names plus the subtrees whose path facts
 //! change (re-parented entries, entries whose [`PathMarker`] changed); a
 //! whole rewrite, a state clear and a purge are O(entries of the session).
+//!
+//! **Active path.** The `p` keys hold the root→leaf path of the current
+//! leaf by depth (exactly the depths `0..path_len` of [`TranscriptMeta`]
+//! exist), so [`EntrySource::ancestor_at_depth`] answers in O(1) and a
+//! root-first branch page costs what it returns. An append under the leaf
+//! writes one key; a leaf move (or an append elsewhere) rewrites the keys
+//! below the common ancestor of the old and the new leaf and removes the
+//! old leaf's surplus depths: O(distance to the common ancestor). A delta
+//! rewrite rewrites the keys from the new leaf up to the shallowest entry
+//! whose parent it changed (its ancestry above stays valid); whole
+//! rewrites, clears and fork seeds rebuild the path with the entries.
 //!
 //! An entry is read back ([`LogTranscriptSource`]) by reading the commit
 //! at its position and decoding only the event that holds it; the parent
@@ -39,7 +51,7 @@
 
 use std::borrow::Cow;
 use std::cell::RefCell;
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
@@ -57,7 +69,7 @@ use crate::transcript::{
 /// Name of the engine indexer that keeps transcripts.
 pub const TRANSCRIPT_INDEXER: &str = "transcript";
 /// Version of the transcript index layout; bumping it rebuilds the index.
-pub const TRANSCRIPT_INDEX_VERSION: u32 = 1;
+pub const TRANSCRIPT_INDEX_VERSION: u32 = 2;
 
 const TAG_META: u8 = b'm';
 const TAG_ENTRY: u8 = b'e';
@@ -67,8 +79,9 @@ const TAG_CUSTOM: u8 = b't';
 const TAG_CUSTOM_NEXT: u8 = b'T';
 const TAG_CUSTOM_ALL: u8 = b'a';
 const TAG_LABEL: u8 = b'l';
+const TAG_PATH: u8 = b'p';
 /// Every per-entry tag (what a clear or purge removes).
-const ENTRY_TAGS: [u8; 7] = [
+const ENTRY_TAGS: [u8; 8] = [
     TAG_ENTRY,
     TAG_CHILD,
     TAG_COUNT,
@@ -76,6 +89,7 @@ const ENTRY_TAGS: [u8; 7] = [
     TAG_CUSTOM_NEXT,
     TAG_CUSTOM_ALL,
     TAG_LABEL,
+    TAG_PATH,
 ];
 
 /// Per-session transcript facts kept by the index.
@@ -95,6 +109,10 @@ pub struct TranscriptMeta {
     pub next_seq: u64,
     /// Next ordinal of the any-type custom-entry list.
     pub custom_next: u64,
+    /// Entries on the active path (the leaf's depth + 1; 0 without a
+    /// leaf): the `p` keys of depths `0..path_len` exist, no others.
+    #[serde(default)]
+    pub path_len: u64,
 }
 
 impl TranscriptMeta {
@@ -217,6 +235,12 @@ fn label_prefix(sid: &str, target: &EntryId) -> Vec<u8> {
 fn label_key(sid: &str, target: &EntryId, seq: u64) -> Vec<u8> {
     let mut k = label_prefix(sid, target);
     k.extend_from_slice(&seq.to_be_bytes());
+    k
+}
+
+fn path_key(sid: &str, depth: u64) -> Vec<u8> {
+    let mut k = sk(TAG_PATH, sid);
+    k.extend_from_slice(&depth.to_be_bytes());
     k
 }
 
@@ -410,14 +434,15 @@ fn index_entry(
     entry: &Entry,
     loc: &Locator,
     sub: u32,
-) -> Result<bool, IndexError> {
+) -> Result<Option<u64>, IndexError> {
     let ekey = entry_key(sid, &entry.id);
     if batch.get(&ekey)?.is_some() {
         // A duplicate id (only in whole-transcript events): the first
         // occurrence stays authoritative, as in `Transcript`.
-        return Ok(false);
+        return Ok(None);
     }
     let facts = facts_for(batch, sid, entry.parent_id.as_ref(), entry)?;
+    let depth = facts.depth;
     let seq = meta.next_seq;
     meta.next_seq = meta.next_seq.saturating_add(1);
     let custom = match custom_type(entry) {
@@ -461,7 +486,61 @@ fn index_entry(
     };
     put_record(batch, sid, &entry.id, &record)?;
     meta.entries = meta.entries.saturating_add(1);
-    Ok(true)
+    Ok(Some(depth))
+}
+
+/// Brings the active-path keys (`p`) in line with `meta.leaf`: walks up
+/// from the leaf writing each entry at its depth, and stops at the first
+/// entry shallower than `stable_below` that is already at its depth (its
+/// ancestry is unchanged, so every key above it is right); then removes
+/// the keys of depths the new path no longer has. `stable_below` is the
+/// shallowest depth whose ancestry a rewrite may have changed (`u64::MAX`
+/// when nothing was re-parented: a leaf move). Cost: the entries below the
+/// common ancestor of the old and the new path, plus the removed depths.
+fn sync_path(
+    batch: &mut IndexBatch<'_>,
+    sid: &str,
+    meta: &mut TranscriptMeta,
+    stable_below: u64,
+) -> Result<(), IndexError> {
+    let old_len = meta.path_len;
+    let mut new_len = 0;
+    let mut cur = meta.leaf.clone();
+    let mut expect_depth: Option<u64> = None;
+    while let Some(id) = cur {
+        let Some(r) = get_record(batch, sid, &id)? else {
+            // A leaf or parent the index does not know: keep what was
+            // found so far (readers verify depths and fall back to walks).
+            break;
+        };
+        let d = r.facts.depth;
+        match expect_depth {
+            None => new_len = d.saturating_add(1),
+            // Depths fall by one per parent in a consistent index; stop
+            // rather than loop on a damaged chain.
+            Some(e) if e != d => break,
+            Some(_) => {}
+        }
+        let key = path_key(sid, d);
+        let at = batch.get(&key)?;
+        let placed = at.as_deref() == Some(id.as_str().as_bytes());
+        if placed && d < stable_below {
+            break;
+        }
+        if !placed {
+            batch.insert(&key, id.as_str().as_bytes());
+        }
+        if d == 0 {
+            break;
+        }
+        expect_depth = Some(d - 1);
+        cur = r.parent;
+    }
+    for d in new_len..old_len {
+        batch.remove(&path_key(sid, d));
+    }
+    meta.path_len = new_len;
+    Ok(())
 }
 
 /// Removes every per-entry key of a session.
@@ -515,8 +594,10 @@ fn apply_delta_rewrite(
     written: &[Entry],
     reparented: &[(EntryId, Option<EntryId>)],
     removed: &[EntryId],
-) -> Result<(), IndexError> {
+) -> Result<u64, IndexError> {
     let mut stale: Vec<EntryId> = Vec::new();
+    // Entries whose parent link changed: the ancestry of their subtrees.
+    let mut relinked: Vec<EntryId> = Vec::new();
     let removed_set: HashSet<&EntryId> = removed.iter().collect();
     for id in removed {
         let Some(r) = get_record(batch, sid, id)? else {
@@ -547,6 +628,7 @@ fn apply_delta_rewrite(
         r.parent = new_parent.clone();
         put_record(batch, sid, id, &r)?;
         stale.push(id.clone());
+        relinked.push(id.clone());
     }
     for (k, w) in written.iter().enumerate() {
         let Some(mut r) = get_record(batch, sid, &w.id)? else {
@@ -556,6 +638,7 @@ fn apply_delta_rewrite(
         if r.parent != w.parent_id {
             relink(batch, sid, &w.id, &r, &w.parent_id)?;
             is_stale = true;
+            relinked.push(w.id.clone());
         }
         let marker = PathMarker::of(w);
         if marker != r.marker {
@@ -616,7 +699,16 @@ fn apply_delta_rewrite(
             stale.push(w.id.clone());
         }
     }
-    recompute_facts(batch, sid, &stale)
+    recompute_facts(batch, sid, &stale)?;
+    // The shallowest (new) depth whose ancestry changed: above it every
+    // entry keeps its ancestors, so the active path above it stays valid.
+    let mut stable_below = u64::MAX;
+    for id in &relinked {
+        if let Some(r) = get_record(batch, sid, id)? {
+            stable_below = stable_below.min(r.facts.depth);
+        }
+    }
+    Ok(stable_below)
 }
 
 /// Recomputes the path facts of each stale entry and, where they changed,
@@ -713,12 +805,26 @@ impl TranscriptIndexer {
                         index_entry(batch, sid, m, e, &loc, u32::try_from(k).unwrap_or(u32::MAX))?;
                     }
                     m.leaf = state.transcript.leaf().cloned();
+                    sync_path(batch, sid, m, u64::MAX)?;
                 }
                 SessionEvent::EntryAppended { entry } => {
-                    index_entry(batch, sid, m, entry, &loc, 0)?;
+                    let under_leaf = entry.parent_id == m.leaf;
+                    let depth = index_entry(batch, sid, m, entry, &loc, 0)?;
                     m.leaf = Some(entry.id.clone());
+                    match depth {
+                        // The common case, O(1): the new leaf extends the
+                        // active path by one.
+                        Some(d) if under_leaf && d == m.path_len => {
+                            batch.insert(&path_key(sid, d), entry.id.as_str().as_bytes());
+                            m.path_len = d.saturating_add(1);
+                        }
+                        _ => sync_path(batch, sid, m, u64::MAX)?,
+                    }
                 }
-                SessionEvent::LeafMoved { leaf } => m.leaf = leaf.clone(),
+                SessionEvent::LeafMoved { leaf } => {
+                    m.leaf = leaf.clone();
+                    sync_path(batch, sid, m, u64::MAX)?;
+                }
                 SessionEvent::HistoryRewritten {
                     generation,
                     entries,
@@ -726,11 +832,13 @@ impl TranscriptIndexer {
                 } => {
                     clear_entries(batch, sid)?;
                     m.entries = 0;
+                    m.path_len = 0;
                     for (k, e) in entries.iter().enumerate() {
                         index_entry(batch, sid, m, e, &loc, u32::try_from(k).unwrap_or(u32::MAX))?;
                     }
                     m.generation = *generation;
                     m.leaf = leaf.clone();
+                    sync_path(batch, sid, m, u64::MAX)?;
                 }
                 SessionEvent::TranscriptRewritten {
                     generation,
@@ -739,13 +847,16 @@ impl TranscriptIndexer {
                     removed,
                     leaf,
                 } => {
-                    apply_delta_rewrite(batch, sid, m, &loc, written, reparented, removed)?;
+                    let stable_below =
+                        apply_delta_rewrite(batch, sid, m, &loc, written, reparented, removed)?;
                     m.generation = *generation;
                     m.leaf = leaf.clone();
+                    sync_path(batch, sid, m, stable_below)?;
                 }
                 SessionEvent::StateCleared => {
                     clear_entries(batch, sid)?;
                     m.entries = 0;
+                    m.path_len = 0;
                     m.generation = m.generation.saturating_add(1);
                     m.leaf = None;
                 }
@@ -829,16 +940,26 @@ pub fn entry_ids(index: &Index, sid: &SessionId) -> Result<Vec<EntryId>, StoreEr
 type CommitCache = Option<(LogPosition, Arc<RecordedCommit>)>;
 type EventCache = Option<((LogPosition, u32), Arc<SessionEvent>)>;
 
+/// Index records a [`LogTranscriptSource`] keeps decoded during its one
+/// operation (a page walk asks for an entry's facts, size and payload in
+/// turn; each is one index lookup and decode without the cache). When full
+/// the cache is emptied, so its memory stays bounded whatever the
+/// operation reads.
+pub const SOURCE_RECORD_CACHE_MAX: usize = 4096;
+
 /// An [`EntrySource`] over the log store's transcript index for one
-/// session: facts, sizes, path facts, children, labels, summaries and
-/// custom lists come from the index; an entry's payload is read from the
-/// commit at its position (the last commit read and the last event decoded
-/// are cached for the source's lifetime, which is one operation).
+/// session: facts, sizes, path facts, children, labels, summaries, the
+/// active path and custom lists come from the index; an entry's payload is
+/// read from the commit at its position. The last commit read, the last
+/// event decoded and up to [`SOURCE_RECORD_CACHE_MAX`] index records are
+/// cached for the source's lifetime, which is one operation (callers
+/// re-check the transcript version after it).
 pub struct LogTranscriptSource {
     engine: Arc<Store>,
     sid: SessionId,
     commit: RefCell<CommitCache>,
     event: RefCell<EventCache>,
+    records: RefCell<HashMap<EntryId, Arc<EntryRecord>>>,
 }
 
 impl std::fmt::Debug for LogTranscriptSource {
@@ -856,6 +977,7 @@ impl LogTranscriptSource {
             sid,
             commit: RefCell::new(None),
             event: RefCell::new(None),
+            records: RefCell::new(HashMap::new()),
         }
     }
 
@@ -868,17 +990,49 @@ impl LogTranscriptSource {
 
     /// The index record of an entry.
     pub fn record(&self, id: &EntryId) -> Result<Option<EntryRecord>, StoreError> {
-        match self
+        Ok(self.cached_record(id)?.map(|r| (*r).clone()))
+    }
+
+    /// The index record of an entry, through the per-operation cache.
+    fn cached_record(&self, id: &EntryId) -> Result<Option<Arc<EntryRecord>>, StoreError> {
+        if let Some(r) = self.records.borrow().get(id) {
+            return Ok(Some(r.clone()));
+        }
+        let Some(b) = self
             .engine
             .index()
             .get(TRANSCRIPT_INDEXER, &entry_key(self.sid.as_str(), id))
             .map_err(engine_err)?
-        {
-            Some(b) => rmp_serde::from_slice(&b)
-                .map(Some)
-                .map_err(|e| self.corrupt(format!("index record of entry {id}: {e}"))),
-            None => Ok(None),
+        else {
+            return Ok(None);
+        };
+        let r: Arc<EntryRecord> = Arc::new(
+            rmp_serde::from_slice(&b)
+                .map_err(|e| self.corrupt(format!("index record of entry {id}: {e}")))?,
+        );
+        let mut cache = self.records.borrow_mut();
+        if cache.len() >= SOURCE_RECORD_CACHE_MAX {
+            cache.clear();
         }
+        cache.insert(id.clone(), r.clone());
+        Ok(Some(r))
+    }
+
+    /// The entry at `depth` on the active path (the current leaf's path).
+    fn path_at(&self, depth: u64) -> Result<Option<EntryId>, StoreError> {
+        let Some(v) = self
+            .engine
+            .index()
+            .get(TRANSCRIPT_INDEXER, &path_key(self.sid.as_str(), depth))
+            .map_err(engine_err)?
+        else {
+            return Ok(None);
+        };
+        std::str::from_utf8(&v)
+            .ok()
+            .and_then(|s| EntryId::parse(s).ok())
+            .map(Some)
+            .ok_or_else(|| self.corrupt(format!("malformed active-path link at depth {depth}")))
     }
 
     fn event_at(&self, pos: LogPosition, idx: u32) -> Result<Arc<SessionEvent>, StoreError> {
@@ -947,7 +1101,7 @@ impl EntrySource for LogTranscriptSource {
     type Error = StoreError;
 
     fn entry(&self, id: &EntryId) -> Result<Option<Cow<'_, Entry>>, StoreError> {
-        match self.record(id)? {
+        match self.cached_record(id)? {
             Some(r) => Ok(Some(Cow::Owned(self.load(id, &r)?))),
             None => Ok(None),
         }
@@ -979,19 +1133,33 @@ impl EntrySource for LogTranscriptSource {
     }
 
     fn facts(&self, id: &EntryId) -> Result<Option<EntryFacts>, StoreError> {
-        Ok(self.record(id)?.map(|r| EntryFacts {
-            parent_id: r.parent,
-            kind: r.kind,
-            marker: r.marker,
+        Ok(self.cached_record(id)?.map(|r| EntryFacts {
+            parent_id: r.parent.clone(),
+            kind: r.kind.clone(),
+            marker: r.marker.clone(),
         }))
     }
 
     fn entry_size(&self, id: &EntryId) -> Result<Option<u64>, StoreError> {
-        Ok(self.record(id)?.map(|r| r.size))
+        Ok(self.cached_record(id)?.map(|r| r.size))
     }
 
     fn path_facts(&self, id: &EntryId) -> Result<Option<PathFacts>, StoreError> {
-        Ok(self.record(id)?.map(|r| r.facts))
+        Ok(self.cached_record(id)?.map(|r| r.facts.clone()))
+    }
+
+    /// From the active-path index: answered when `from` is on the current
+    /// leaf's path (the key at its depth names it), else `None` and the
+    /// caller walks. O(1): two key lookups and `from`'s record.
+    fn ancestor_at_depth(&self, from: &EntryId, depth: u64) -> Result<Option<EntryId>, StoreError> {
+        let Some(r) = self.cached_record(from)? else {
+            return Ok(None);
+        };
+        let from_depth = r.facts.depth;
+        if depth > from_depth || self.path_at(from_depth)?.as_ref() != Some(from) {
+            return Ok(None);
+        }
+        self.path_at(depth)
     }
 
     /// Ordinals are dense per list (removed entries leave tombstones), so
@@ -1047,6 +1215,203 @@ impl EntrySource for LogTranscriptSource {
     }
 
     fn summary(&self, id: &EntryId) -> Result<Option<String>, StoreError> {
-        Ok(self.record(id)?.map(|r| r.summary))
+        Ok(self.cached_record(id)?.map(|r| r.summary.clone()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::handle::{HandleOptions, SessionHandle, TranscriptBackend};
+    use crate::hooks::SessionHookStack;
+    use crate::observer::NullSink;
+    use crate::session::AgentDefinition;
+    use crate::store::{LogStore, LogStoreOptions, SessionStore};
+    use crate::transcript::{CancelToken, ContentBlock, Message};
+    use crate::SessionRuntime;
+
+    fn open(dir: &std::path::Path) -> (Arc<LogStore>, SessionRuntime) {
+        let store = Arc::new(
+            LogStore::open(
+                dir,
+                LogStoreOptions {
+                    durability: spool_engine::Durability::Buffered,
+                    ..LogStoreOptions::default()
+                },
+            )
+            .unwrap(),
+        );
+        let rt = SessionRuntime::new(store.clone(), Arc::new(NullSink), SessionHookStack::empty());
+        (store, rt)
+    }
+
+    fn user(text: &str) -> EntryKind {
+        EntryKind::Message {
+            message: Message::User {
+                content: vec![ContentBlock::text(text)],
+            },
+        }
+    }
+
+    /// The active-path keys agree with the fully loaded transcript's
+    /// current path: exactly its depths exist, `ancestor_at_depth` answers
+    /// from the leaf and from a mid-path entry, and an off-path entry gets
+    /// no answer (the caller walks).
+    fn check_path(store: &LogStore, id: &SessionId) -> Vec<EntryId> {
+        let t = store.load(id).unwrap().unwrap().state().transcript.clone();
+        let path: Vec<EntryId> = t
+            .current_path()
+            .unwrap()
+            .into_iter()
+            .map(|e| e.id.clone())
+            .collect();
+        let engine = store.engine().unwrap();
+        let meta = read_meta(engine.index(), id).unwrap().unwrap();
+        assert_eq!(meta.path_len, path.len() as u64, "path_len of {id}");
+        let keys = engine
+            .index()
+            .scan_prefix(TRANSCRIPT_INDEXER, &sk(TAG_PATH, id.as_str()))
+            .count();
+        assert_eq!(keys, path.len(), "active-path keys of {id}");
+        let src = store.source(id).unwrap();
+        if let Some(leaf) = path.last() {
+            for (d, want) in path.iter().enumerate() {
+                let got = src.ancestor_at_depth(leaf, d as u64).unwrap();
+                assert_eq!(got.as_ref(), Some(want), "depth {d} from the leaf");
+            }
+            assert_eq!(
+                src.ancestor_at_depth(leaf, path.len() as u64).unwrap(),
+                None
+            );
+            let mid = &path[path.len() / 2];
+            assert_eq!(
+                src.ancestor_at_depth(mid, 0).unwrap().as_ref(),
+                path.first()
+            );
+            assert_eq!(
+                src.ancestor_at_depth(mid, path.len() as u64 / 2 + 1)
+                    .unwrap(),
+                None
+            );
+        }
+        for e in t.entries() {
+            if !path.contains(&e.id) {
+                assert_eq!(src.ancestor_at_depth(&e.id, 0).unwrap(), None, "{}", e.id);
+            }
+        }
+        path
+    }
+
+    fn append_n(h: &SessionHandle, n: usize, tag: &str) -> Vec<EntryId> {
+        (0..n)
+            .map(|i| h.append(user(&format!("{tag}{i}"))).unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn the_active_path_index_follows_appends_moves_rewrites_and_rebuilds() {
+        let dir = tempfile::tempdir().unwrap();
+        let (id, fork_id, before) = {
+            let (store, rt) = open(dir.path());
+            let id = rt
+                .create(AgentDefinition::default(), None)
+                .unwrap()
+                .id()
+                .clone();
+            let h = rt.open_handle(&id, HandleOptions::writer()).unwrap();
+            // Linear appends: the O(1) path.
+            let main = append_n(&h, 40, "m");
+            check_path(&store, &id);
+            // Back to a shallow entry, then a branch: the old path's
+            // deeper keys go, the branch's come.
+            h.move_leaf(Some(main[9].clone())).unwrap();
+            assert_eq!(check_path(&store, &id).len(), 10);
+            let side = append_n(&h, 5, "s");
+            assert_eq!(check_path(&store, &id).len(), 15);
+            // A leaf move back down the first branch: rewrite below the
+            // common ancestor only.
+            h.move_leaf(Some(main[35].clone())).unwrap();
+            assert_eq!(check_path(&store, &id).len(), 36);
+            // An append under a non-leaf entry (a branch by append).
+            h.append_entry(Entry {
+                id: EntryId::parse("x-under-side").unwrap(),
+                parent_id: Some(side[2].clone()),
+                timestamp_ms: 1,
+                kind: user("under side"),
+            })
+            .unwrap();
+            assert_eq!(check_path(&store, &id).len(), 14);
+            // A new root.
+            h.append_entry(Entry {
+                id: EntryId::parse("x-root").unwrap(),
+                parent_id: None,
+                timestamp_ms: 2,
+                kind: user("new root"),
+            })
+            .unwrap();
+            assert_eq!(check_path(&store, &id).len(), 1);
+            h.move_leaf(None).unwrap();
+            assert_eq!(check_path(&store, &id).len(), 0);
+            h.move_leaf(Some(main[39].clone())).unwrap();
+            // A delta rewrite that relinks: an aborted assistant is removed
+            // and the custom entry after it moves up one depth.
+            h.append(EntryKind::Message {
+                message: Message::Assistant {
+                    content: vec![ContentBlock::text("aborted")],
+                    stop_reason: crate::transcript::StopReason::Aborted,
+                    usage: Default::default(),
+                    model: None,
+                    error_message: None,
+                },
+            })
+            .unwrap();
+            h.append(EntryKind::Custom {
+                custom_type: "payload".into(),
+                data: serde_json::json!({"k": 1}),
+            })
+            .unwrap();
+            assert_eq!(check_path(&store, &id).len(), 42);
+            let out = h
+                .remove_trailing_entries(
+                    &|e| {
+                        matches!(
+                            &e.kind,
+                            EntryKind::Message {
+                                message: Message::Assistant { .. }
+                            }
+                        )
+                    },
+                    &|f| f.kind == "custom",
+                    &CancelToken::new(),
+                )
+                .unwrap();
+            assert_eq!(out.removed.len(), 1);
+            assert_eq!(check_path(&store, &id).len(), 41);
+            // A rewrite that relinks nothing (redaction).
+            h.redact(&|s| s.replace("m1", "[r]"), &CancelToken::new())
+                .unwrap();
+            check_path(&store, &id);
+            drop(h);
+            // A fork's seed transcript is indexed with its path.
+            let fork = rt.fork(&id, Some(main[20].clone())).unwrap();
+            assert_eq!(check_path(&store, fork.id()).len(), 21);
+            let before = (check_path(&store, &id), check_path(&store, fork.id()));
+            (id, fork.id().clone(), before)
+        };
+        // Rebuilt from the log: the same paths.
+        std::fs::remove_dir_all(dir.path().join("index")).unwrap();
+        let (store, rt) = open(dir.path());
+        assert_eq!(
+            (check_path(&store, &id), check_path(&store, &fork_id)),
+            before
+        );
+        // A state clear empties the path; appends start it again.
+        rt.execute(&id, &crate::actions::ClearSession).unwrap();
+        assert_eq!(check_path(&store, &id).len(), 0);
+        let h = rt.open_handle(&id, HandleOptions::writer()).unwrap();
+        append_n(&h, 3, "c");
+        assert_eq!(check_path(&store, &id).len(), 3);
     }
 }

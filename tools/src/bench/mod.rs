@@ -4,27 +4,25 @@
 //! Every subject — spool and each peer — implements [`SpoolSubject`], so all
 //! of them go through the same harness code: the same generated records
 //! ([`data`]), the same threads, the same timer, the same repetitions
-//! ([`stats`]) and the same answer checks. Until a real spool subject is
-//! plugged in, [`NoSpool`] stands in and the spool figures are `null`.
+//! ([`stats`]) and the same answer checks. The spool subject
+//! ([`spool::Spool`]) drives the runtime's public handle API over the log
+//! store; each subject's budgets count its own unit
+//! ([`SubjectStore::entry_cost`]).
 //!
 //! Workloads (names as given to `--workload`; a name without its suffix,
 //! such as `append`, selects every workload that starts with `append-`):
 //!
 //! | workload          | variants                        | unit        | peers                          |
 //! |-------------------|---------------------------------|-------------|--------------------------------|
-//! | `append-durable`  | `writers=1`, `writers=16`       | commits/s   | sqlite, jsonl, raw, raw-append |
+//! | `append-durable`  | `writers=1`, `writers=16`       | commits/s   | sqlite, postgres, jsonl, raw, raw-append |
 //! | `append-buffered` | `writers=1`                     | commits/s, MB/s | sqlite, jsonl, raw         |
-//! | `open`            | `history=2000/10000/50000`      | opens/s     | sqlite, jsonl                  |
+//! | `open`            | `history=2000/10000/50000`      | opens/s     | sqlite, postgres, jsonl        |
 //! | `page`            | `history=50000`                 | MB/s        | sqlite, jsonl                  |
 //! | `list`            | `sessions=10000`                | lists/s     | sqlite, json-file              |
 //! | `fork`            | `history=10000`                 | forks/s     | sqlite                         |
 //!
 //! `--quick` runs the same variants at small sizes (the variant names carry
 //! the sizes actually used) and fewer repetitions, so it finishes in seconds.
-
-// The `spool bench` command calls `run`, `report::to_json` and
-// `report::to_markdown`; until it does, parts of this API have no caller in
-// the binary.
 
 pub mod data;
 pub mod peers;
@@ -323,10 +321,12 @@ pub trait SubjectStore: Send + Sync {
         record: &Record,
     ) -> Result<u64, BenchError>;
 
-    /// Loads whole sessions (untimed setup): afterwards each session must
-    /// be exactly as if created and appended to record by record, and
-    /// durable once [`SubjectStore::close`] returns. Subjects may use a
-    /// faster path (one transaction, a batch) than `append`.
+    /// Loads whole sessions (untimed setup, on a store opened
+    /// [`Durability::Buffered`]): afterwards each session must be as if
+    /// created and appended to record by record, and complete for a store
+    /// reopened on the same directory once [`SubjectStore::close`]
+    /// returns. Subjects may use a faster path (one transaction, a batch)
+    /// than `append` when it stores the same layout.
     fn load(&self, sessions: &[SessionData<'_>]) -> Result<(), BenchError> {
         for s in sessions {
             self.create_session(0, s.spec)?;
@@ -337,12 +337,23 @@ pub trait SubjectStore: Send + Sync {
         Ok(())
     }
 
+    /// What `record`, stored at sequence number `seq`, costs against this
+    /// subject's context and page budgets. The default is its text bytes
+    /// ([`Record::bytes`]); spool counts the compact JSON size of the
+    /// entry it stores. The harness computes each subject's expected
+    /// context and first page in the subject's own unit.
+    fn entry_cost(&self, record: &Record, seq: u64) -> usize {
+        let _ = seq;
+        record.bytes()
+    }
+
     /// Opens the session as a program starting to work on it would and
-    /// builds its model context: the newest entries whose payload bytes
-    /// fit in `budget` together (stop at the first that does not fit),
-    /// oldest first, with their text in memory. Must not reuse a session
-    /// handle cached by an earlier call; the store itself stays open, as
-    /// SQLite's connection does.
+    /// builds its model context: the newest entries whose costs
+    /// ([`SubjectStore::entry_cost`]) fit in `budget` together (stop at
+    /// the first that does not fit), oldest first, with their text in
+    /// memory. Returns the entry count and the sum of their costs. Must
+    /// not reuse a session handle cached by an earlier call; the store
+    /// itself stays open, as SQLite's connection does.
     fn open_context(
         &self,
         _session: &SessionSpec,
@@ -360,6 +371,18 @@ pub trait SubjectStore: Send + Sync {
         _page_budget: usize,
     ) -> Result<PageSummary, BenchError> {
         Err(self.unsupported("read_branch"))
+    }
+
+    /// Reads the first page (oldest entries first) of the session's branch
+    /// under `page_budget` (costs as in [`SubjectStore::entry_cost`]) on
+    /// an already open session (issue 4's `first_page_us`). Optional: the
+    /// default is unsupported.
+    fn first_page(
+        &self,
+        _session: &SessionSpec,
+        _page_budget: usize,
+    ) -> Result<PageSummary, BenchError> {
+        Err(self.unsupported("first_page"))
     }
 
     /// Lists the headers (id, parent, status, agent, version, updated
@@ -519,6 +542,9 @@ pub fn run_with_sizes(
     let machine = Machine::detect(&config.dir);
     let mut results = Vec::new();
     let mut rss_reset = true;
+    // One PostgreSQL server for the run, on the scratch disk; stopped and
+    // removed when `pg` is dropped below.
+    let pg = peers::postgres::PostgresPeer::new(&root);
     for w in workloads {
         progress(&format!("workload {}", w.name()));
         rss_reset &= report::reset_peak_rss();
@@ -527,6 +553,7 @@ pub fn run_with_sizes(
             dir: &wdir,
             sizes,
             progress: &mut *progress,
+            pg: &pg,
         };
         let mut rows = match w {
             Workload::AppendDurable => h.append_durable(spool)?,
@@ -543,6 +570,7 @@ pub fn run_with_sizes(
         }
         results.extend(rows);
     }
+    drop(pg);
     remove_dir(&root)?;
     Ok(Report {
         machine,
@@ -579,13 +607,18 @@ pub(crate) fn io_err(subject: &str, path: &Path, source: std::io::Error) -> Benc
     }
 }
 
-/// The context every subject must build from `records` (a linear branch):
-/// the newest records that fit in `budget` together.
-pub fn expected_context(records: &[Record], budget: usize) -> ContextSummary {
+/// The context a subject must build from `records` (a linear branch,
+/// sequence numbers from 0): the newest records whose costs fit in
+/// `budget` together, costed by `cost(record, seq)`.
+pub fn expected_context(
+    records: &[Record],
+    budget: usize,
+    cost: impl Fn(&Record, u64) -> usize,
+) -> ContextSummary {
     let mut entries = 0;
     let mut bytes = 0u64;
-    for r in records.iter().rev() {
-        let b = r.bytes() as u64;
+    for (seq, r) in records.iter().enumerate().rev() {
+        let b = cost(r, seq as u64) as u64;
         if bytes + b > budget as u64 {
             break;
         }
@@ -599,6 +632,32 @@ pub fn expected_context(records: &[Record], budget: usize) -> ContextSummary {
     }
 }
 
+/// The first page a subject must return from `records` under
+/// `page_budget`: the oldest records whose costs fit together (a larger
+/// first record alone). `bytes` are text bytes, as page reads report.
+pub fn expected_first_page(
+    records: &[Record],
+    page_budget: usize,
+    cost: impl Fn(&Record, u64) -> usize,
+) -> PageSummary {
+    let mut used = 0u64;
+    let mut page = PageSummary::default();
+    for (seq, r) in records.iter().enumerate() {
+        let c = cost(r, seq as u64) as u64;
+        if page.entries > 0 && used + c > page_budget as u64 {
+            break;
+        }
+        used += c;
+        page.entries += 1;
+        page.bytes += r.bytes() as u64;
+        if used > page_budget as u64 {
+            break;
+        }
+    }
+    page.pages = u64::from(page.entries > 0);
+    page
+}
+
 /// Figures of one subject for one row.
 struct Measured {
     name: String,
@@ -609,6 +668,8 @@ struct Harness<'a> {
     dir: &'a Path,
     sizes: &'a Sizes,
     progress: &'a mut dyn FnMut(&str),
+    /// The PostgreSQL peer (its server starts on first use).
+    pg: &'a peers::postgres::PostgresPeer,
 }
 
 impl Harness<'_> {
@@ -659,7 +720,12 @@ impl Harness<'_> {
             let jsonl = peers::jsonl::JsonlPeer;
             let raw = peers::raw::RawPeer::in_place(n);
             let raw_append = peers::raw::RawPeer::appending();
-            let subjects: [&dyn SpoolSubject; 5] = [spool, &sqlite, &jsonl, &raw, &raw_append];
+            let pg_missing = self.pg.available().err();
+            let mut subjects: Vec<&dyn SpoolSubject> = vec![spool, &sqlite];
+            if pg_missing.is_none() {
+                subjects.push(self.pg);
+            }
+            subjects.extend([&jsonl as &dyn SpoolSubject, &raw, &raw_append]);
             let mut measured = Vec::new();
             for s in subjects {
                 if s.supports(Workload::AppendDurable) {
@@ -670,12 +736,16 @@ impl Harness<'_> {
                     });
                 }
             }
-            rows.push(ResultRow::from_measured(
+            let mut row = ResultRow::from_measured(
                 Workload::AppendDurable.name(),
                 &variant,
                 "commits/s",
                 measured.into_iter().map(|m| (m.name, m.samples)),
-            ));
+            );
+            if let Some(note) = pg_missing {
+                row.missing_peer(self.pg.name(), &note);
+            }
+            rows.push(row);
         }
         Ok(rows)
     }
@@ -719,7 +789,8 @@ impl Harness<'_> {
         (self.progress)(&format!("  {} {variant}", subject.name()));
         let dir = self.subject_dir(subject.name(), variant);
         create_dir(&dir)?;
-        let store = subject.open_store(&dir, durability, 1)?;
+        // Loading is untimed setup: buffered, flushed by the close.
+        let store = subject.open_store(&dir, Durability::Buffered, 1)?;
         store.load(sessions)?;
         store.close()?;
         let store = subject.open_store(&dir, durability, 1)?;
@@ -740,13 +811,17 @@ impl Harness<'_> {
         for &n in &self.sizes.open_histories.clone() {
             let records = data::transcript(data::DEFAULT_SEED, 0, n);
             let spec = SessionSpec::new(0);
-            let expected = expected_context(&records, CONTEXT_BUDGET);
             let variant = format!("history={n}");
             let peers = self.peers_for(Workload::Open);
+            let pg_missing = self.pg.available().err();
             let mut subjects: Vec<&dyn SpoolSubject> = vec![spool];
             subjects.extend(peers.iter().map(|p| p.as_ref()));
+            if pg_missing.is_none() {
+                subjects.push(self.pg);
+            }
             let mut measured = Vec::new();
             let mut resident = None;
+            let mut first_page = None;
             for s in subjects {
                 if !s.supports(Workload::Open) {
                     continue;
@@ -757,6 +832,9 @@ impl Harness<'_> {
                 }];
                 let (dir, store) =
                     self.loaded_store(s, &variant, Durability::Durable, &sessions)?;
+                // Each subject's answer in its own unit.
+                let expected =
+                    expected_context(&records, CONTEXT_BUDGET, |r, q| store.entry_cost(r, q));
                 let samples = stats::repeat(self.sizes.repetitions, |_| {
                     stats::rate_loop(self.sizes.min_time, self.sizes.max_iters, || {
                         let got = store.open_context(&spec, CONTEXT_BUDGET)?;
@@ -767,16 +845,66 @@ impl Harness<'_> {
                         Ok(1)
                     })
                 })?;
+                if s.name() == "spool" {
+                    first_page = self.first_page(s, store.as_ref(), &spec, &records, &variant)?;
+                }
                 store.close()?;
                 remove_dir(&dir)?;
                 measured.push((s.name().to_string(), samples));
             }
             let mut row =
                 ResultRow::from_measured(Workload::Open.name(), &variant, "opens/s", measured);
-            row.spool_resident_bytes = resident;
+            if let Some(note) = pg_missing {
+                row.missing_peer(self.pg.name(), &note);
+            }
+            let micros = |rate: Option<f64>| rate.filter(|r| *r > 0.0).map(|r| 1e6 / r);
+            row.history = Some(n as u64);
+            row.open_us = micros(row.spool);
+            row.resident_bytes = resident;
+            row.first_page_us = first_page;
+            row.jsonl_open_us = micros(row.peer("jsonl"));
             rows.push(row);
         }
         Ok(rows)
+    }
+
+    /// Median microseconds of one first page read on `store`, checked
+    /// against the expected page; `None` when the subject has no such
+    /// read.
+    fn first_page(
+        &mut self,
+        s: &dyn SpoolSubject,
+        store: &dyn SubjectStore,
+        spec: &SessionSpec,
+        records: &[Record],
+        variant: &str,
+    ) -> Result<Option<f64>, BenchError> {
+        let expected = expected_first_page(records, PAGE_BUDGET, |r, q| store.entry_cost(r, q));
+        match store.first_page(spec, PAGE_BUDGET) {
+            Err(BenchError::Unsupported { .. }) => return Ok(None),
+            Err(e) => return Err(e),
+            Ok(_) => {}
+        }
+        let samples = stats::repeat(self.sizes.repetitions, |_| {
+            stats::rate_loop(self.sizes.min_time, self.sizes.max_iters, || {
+                let got = store.first_page(spec, PAGE_BUDGET)?;
+                if got != expected {
+                    return Err(wrong(
+                        s.name(),
+                        Workload::Open,
+                        variant,
+                        format!("first page {got:?}"),
+                        format!("{expected:?}"),
+                    ));
+                }
+                Ok(1)
+            })
+        })?;
+        Ok(samples
+            .summary()
+            .map(|m| m.median)
+            .filter(|r| *r > 0.0)
+            .map(|r| 1e6 / r))
     }
 
     fn page(&mut self, spool: &dyn SpoolSubject) -> Result<Vec<ResultRow>, BenchError> {
@@ -879,10 +1007,7 @@ impl Harness<'_> {
         let n = self.sizes.fork_history;
         let records = data::transcript(data::DEFAULT_SEED, 0, n);
         let at = (n / 2) as u64;
-        let expected = expected_context(
-            &records[..=(at as usize).min(n.saturating_sub(1))],
-            CONTEXT_BUDGET,
-        );
+        let forked = &records[..=(at as usize).min(n.saturating_sub(1))];
         let source = SessionSpec::new(0);
         let variant = format!("history={n}");
         let peers = self.peers_for(Workload::Fork);
@@ -898,6 +1023,7 @@ impl Harness<'_> {
                 records: &records,
             }];
             let (dir, store) = self.loaded_store(s, &variant, Durability::Durable, &sessions)?;
+            let expected = expected_context(forked, CONTEXT_BUDGET, |r, q| store.entry_cost(r, q));
             let mut next_key = 1u64;
             // Every fork copies half the history; cap the count so the
             // store stays within a few times the source's size per
@@ -1057,9 +1183,10 @@ mod tests {
     /// The peers each workload must report.
     fn expected_peers(workload: &str) -> &'static [&'static str] {
         match workload {
-            "append-durable" => &["sqlite", "jsonl", "raw", "raw-append"],
+            "append-durable" => &["sqlite", "postgres", "jsonl", "raw", "raw-append"],
             "append-buffered" => &["sqlite", "jsonl", "raw"],
-            "open" | "page" => &["sqlite", "jsonl"],
+            "open" => &["sqlite", "postgres", "jsonl"],
+            "page" => &["sqlite", "jsonl"],
             "list" => &["sqlite", "json-file"],
             "fork" => &["sqlite"],
             other => panic!("unexpected workload {other}"),
@@ -1131,6 +1258,11 @@ mod tests {
             expected.sort_unstable();
             assert_eq!(keys, expected, "{w}");
             for (k, v) in peers {
+                if v.is_null() && k == "postgres" && peers::pg_server::find_binaries().is_none() {
+                    // No server on this machine: null with a note.
+                    assert!(r["notes"][k].is_string(), "{w}: {k} null without a note");
+                    continue;
+                }
                 let f = v.as_f64().unwrap();
                 assert!(f.is_finite() && f > 0.0, "{w} {k}: {f}");
                 let spread = r["spread"][k].as_array().unwrap();
@@ -1144,10 +1276,10 @@ mod tests {
 
         let md = report::to_markdown(&report);
         assert!(md.contains(
-            "| workload | variant | unit | spool | sqlite | jsonl | json-file | raw | raw-append |"
+            "| workload | variant | unit | spool | sqlite | postgres | jsonl | json-file | raw | raw-append |"
         ));
         assert_eq!(md.matches("\n| append-durable |").count(), 2);
-        assert!(md.contains("## Peer configurations"));
+        assert!(md.contains("## Subject and peer configurations"));
     }
 
     /// A stand-in spool: the SQLite peer under the name `spool`, to check
@@ -1191,7 +1323,8 @@ mod tests {
             assert!(r.spread.contains_key("spool"));
             assert_eq!(r.ratios.len(), r.peers.len(), "{}", r.workload);
             for (k, ratio) in &r.ratios {
-                assert!((ratio * r.peers[k] - sp).abs() <= 1e-9 * sp.max(1.0));
+                let p = r.peer(k).unwrap();
+                assert!((ratio * p - sp).abs() <= 1e-9 * sp.max(1.0));
             }
         }
     }
@@ -1291,7 +1424,7 @@ mod tests {
     #[test]
     fn expected_context_takes_the_newest_that_fit() {
         let recs = data::transcript(data::DEFAULT_SEED, 0, 300);
-        let c = expected_context(&recs, CONTEXT_BUDGET);
+        let c = expected_context(&recs, CONTEXT_BUDGET, |r, _| r.bytes());
         let tail = &recs[recs.len() - c.entries as usize..];
         assert_eq!(data::total_bytes(tail), c.bytes);
         assert!(c.bytes <= CONTEXT_BUDGET as u64);

@@ -14,7 +14,14 @@ use super::stats::{self, Samples};
 use super::{peers, CONTEXT_BUDGET, LIST_ENTRIES_PER_SESSION, PAGE_BUDGET};
 
 /// The order peers appear in tables.
-pub const PEER_ORDER: [&str; 5] = ["sqlite", "jsonl", "json-file", "raw", "raw-append"];
+pub const PEER_ORDER: [&str; 6] = [
+    "sqlite",
+    "postgres",
+    "jsonl",
+    "json-file",
+    "raw",
+    "raw-append",
+];
 
 /// A whole run: `{"machine": {...}, "run": {...}, "results": [...]}`.
 #[derive(Clone, Debug, Serialize)]
@@ -61,8 +68,12 @@ pub struct ResultRow {
     pub unit: String,
     /// Median rate of spool; `None` (JSON `null`) when spool did not run.
     pub spool: Option<f64>,
-    /// Median rate of each peer that took part, by peer key.
-    pub peers: BTreeMap<String, f64>,
+    /// Median rate of each peer that took part, by peer key; `null` for a
+    /// peer that could not run here (see `notes`).
+    pub peers: BTreeMap<String, Option<f64>>,
+    /// Why a peer has no figure, by peer key.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub notes: BTreeMap<String, String>,
     /// `[min, max]` of the repetitions, by subject (`spool` and peer keys).
     pub spread: BTreeMap<String, [f64; 2]>,
     /// spool's median over each peer's median (absent without spool).
@@ -72,9 +83,23 @@ pub struct ResultRow {
     /// [`RunInfo::peak_rss_per_workload`]); includes the generated data and
     /// every subject, so it is an upper bound for each.
     pub peak_rss_bytes: Option<u64>,
-    /// Resident bytes of an open spool session handle (`open` only).
+    /// `open` rows (issue 4's fields): the history length in entries.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub spool_resident_bytes: Option<u64>,
+    pub history: Option<u64>,
+    /// `open`: median microseconds per spool open (handle + context).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub open_us: Option<f64>,
+    /// `open`: resident bytes of the open spool handle's snapshot.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub resident_bytes: Option<u64>,
+    /// `open`: median microseconds of spool's first root-first page
+    /// (the page budget) on an open handle.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub first_page_us: Option<f64>,
+    /// `open`: median microseconds per open by the JSONL whole-file parse
+    /// of the same transcript.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub jsonl_open_us: Option<f64>,
 }
 
 impl ResultRow {
@@ -93,10 +118,15 @@ impl ResultRow {
             spool: None,
             peers: BTreeMap::new(),
             spread: BTreeMap::new(),
+            notes: BTreeMap::new(),
             ratios: BTreeMap::new(),
             repetitions: 0,
             peak_rss_bytes: None,
-            spool_resident_bytes: None,
+            history: None,
+            open_us: None,
+            resident_bytes: None,
+            first_page_us: None,
+            jsonl_open_us: None,
         };
         for (name, samples) in measured {
             row.repetitions = row.repetitions.max(samples.rates.len());
@@ -105,17 +135,28 @@ impl ResultRow {
             if name == "spool" {
                 row.spool = Some(s.median);
             } else {
-                row.peers.insert(name, s.median);
+                row.peers.insert(name, Some(s.median));
             }
         }
         if let Some(sp) = row.spool {
-            for (name, &p) in &row.peers {
-                if let Some(r) = stats::ratio(sp, p) {
+            for (name, p) in &row.peers {
+                if let Some(r) = p.and_then(|p| stats::ratio(sp, p)) {
                     row.ratios.insert(name.clone(), r);
                 }
             }
         }
         row
+    }
+
+    /// Records a peer that could not run: `null` figure and the reason.
+    pub fn missing_peer(&mut self, peer: &str, note: &str) {
+        self.peers.insert(peer.to_string(), None);
+        self.notes.insert(peer.to_string(), note.to_string());
+    }
+
+    /// The median figure of a peer, if it has one.
+    pub fn peer(&self, peer: &str) -> Option<f64> {
+        self.peers.get(peer).copied().flatten()
     }
 }
 
@@ -286,11 +327,7 @@ pub fn to_markdown(report: &Report) -> String {
             fmt_cell(row.spool, row.spread.get("spool"))
         );
         for p in &peers {
-            let _ = write!(
-                line,
-                " {} |",
-                fmt_cell(row.peers.get(*p).copied(), row.spread.get(*p))
-            );
+            let _ = write!(line, " {} |", fmt_cell(row.peer(p), row.spread.get(*p)));
         }
         let ratios: Vec<String> = PEER_ORDER
             .iter()
@@ -305,20 +342,44 @@ pub fn to_markdown(report: &Report) -> String {
         let _ = writeln!(line, " {ratios} | {rss} |");
         out.push_str(&line);
     }
-    let resident: Vec<String> = report
+    let opens: Vec<&ResultRow> = report
         .results
         .iter()
-        .filter_map(|row| {
-            row.spool_resident_bytes
-                .map(|b| format!("{} {}: {b} bytes", row.workload, row.variant))
-        })
+        .filter(|r| r.history.is_some())
         .collect();
-    if !resident.is_empty() {
+    if !opens.is_empty() {
         let _ = writeln!(
             out,
-            "\nResident bytes of an open spool session handle: {}.",
-            resident.join("; ")
+            "\nOpening a session with a {CONTEXT_BUDGET}-byte budget (issue 4's figures; \
+             microseconds, medians; the first page is one root-first {PAGE_BUDGET}-byte \
+             page read on an open handle):\n\n\
+             | history | spool open µs | resident bytes | first page µs | JSONL open µs |\n\
+             |---:|---:|---:|---:|---:|"
         );
+        let us = |v: Option<f64>| v.map_or("—".to_string(), |v| format!("{v:.1}"));
+        for r in opens {
+            let _ = writeln!(
+                out,
+                "| {} | {} | {} | {} | {} |",
+                r.history.unwrap_or(0),
+                us(r.open_us),
+                r.resident_bytes.map_or("—".to_string(), |b| b.to_string()),
+                us(r.first_page_us),
+                us(r.jsonl_open_us)
+            );
+        }
+    }
+    let notes: Vec<String> = report
+        .results
+        .iter()
+        .flat_map(|r| {
+            r.notes
+                .iter()
+                .map(move |(p, n)| format!("- {} {} `{p}`: {n}", r.workload, r.variant))
+        })
+        .collect();
+    if !notes.is_empty() {
+        let _ = writeln!(out, "\nPeers without a figure:\n\n{}", notes.join("\n"));
     }
 
     let _ = writeln!(out, "\n## Machine\n");
@@ -352,8 +413,15 @@ pub fn to_markdown(report: &Report) -> String {
          page or list answer differs from the expected one fails the run).\n\
          - Data: a fixed seed ({seed:#x}); each record is a user message (35 %, 100–300 \
          bytes), an assistant message (45 %, 512–1536 bytes) or a tool result (20 %, \
-         2048–6144 bytes): about 1.35 KiB of text on average. Budgets and MB/s count text \
-         bytes (1 MB = 10^6 bytes); the raw peers write 1 KiB per commit.\n\
+         2048–6144 bytes): about 1.35 KiB of text on average. MB/s count text bytes (1 MB = \
+         10^6 bytes); the raw peers write 1 KiB per commit.\n\
+         - Budgets count each subject's own unit: text bytes for the peers, the entry's \
+         compact JSON size (`entry_size`, what spool's budgets count; about 170 bytes more \
+         than the text per entry) for spool. The expected context (the newest entries whose \
+         costs fit the budget) and the expected first page are computed per subject from \
+         that unit, so spool's 64 KiB context holds a few entries fewer than a peer's.\n\
+         - Loading is untimed: each store is loaded buffered (spool: one commit per entry, \
+         the layout appends leave), closed, and reopened with the workload's durability.\n\
          - `append-durable`: each writer thread commits its own session's records one \
          commit per record, acknowledged only once on stable storage; timed from a common \
          start to the last writer's end. `append-buffered`: one writer, acknowledged from the \
@@ -379,7 +447,27 @@ pub fn to_markdown(report: &Report) -> String {
         }
     );
 
-    let _ = writeln!(out, "\n## Peer configurations\n");
+    let _ = writeln!(out, "\n## Subject and peer configurations\n");
+    let _ = writeln!(
+        out,
+        "- `spool`: the runtime's public handle API over the log store (engine durability \
+         `Immediate` = fdatasync with group commit for durable runs, `Buffered` otherwise). \
+         Append = one writer `SessionHandle` per session per writer thread, `append_entry` \
+         per record: one commit, then the publication of the handle's bounded snapshot. \
+         Open = `open_handle` read-only with the 64 KiB budget, then the snapshot's model \
+         context. Page = a read-only handle, `read(BranchPage {{ order: RootFirst }})` in \
+         pages of at most {pb} bytes and {pe} entries until complete (the active-path index \
+         finds each page's last entry). Fork = `SessionRuntime::fork` at the middle entry, \
+         then the open. List = the log store's header index with a status filter. Tool \
+         results are custom messages (`tool_output`): the data has no tool calls, and the \
+         context builder drops a tool result that answers no call.",
+        pb = PAGE_BUDGET,
+        pe = super::spool::PAGE_EVENTS_MAX,
+    );
+    let settings: Vec<String> = peers::pg_server::SERVER_SETTINGS
+        .iter()
+        .map(|(k, v)| format!("`{k}={v}`"))
+        .collect();
     let _ = writeln!(
         out,
         "- `sqlite`: bundled SQLite through rusqlite; WAL; `synchronous=FULL` (durable) or \
@@ -389,6 +477,14 @@ pub fn to_markdown(report: &Report) -> String {
          one `INSERT`, `COMMIT`. Open = tail query newest first until the budget. Page = \
          keyset pagination. Fork = `INSERT ... SELECT` row copy in one transaction, then \
          the tail query.\n\
+         - `postgres` (append-durable and open): a throwaway PostgreSQL server started by the \
+         run (initdb + pg_ctl, as the `postgres` user when run as root), its data directory on \
+         the scratch disk, with {pg} and every other setting at its default \
+         (`full_page_writes=on`, default `wal_sync_method`); the synchronous `postgres` crate \
+         over the Unix socket; one connection per writer; prepared statements; append = one \
+         autocommit `INSERT` (one transaction, acknowledged after its WAL flush); entries \
+         keyed by (session, seq); open = keyset tail batches of {rows} rows newest first \
+         until the budget.\n\
          - `jsonl`: one file per session, one serde_json line per entry written with one \
          `write` (plus `fdatasync` when durable). Open and page parse the whole file.\n\
          - `json-file`: one JSON file per session holding header, definition and \
@@ -398,6 +494,8 @@ pub fn to_markdown(report: &Report) -> String {
          with written zeros (its size never changes), one file per writer; buffered: \
          sequential {rb}-byte writes to a growing file, no sync. `raw-append`: the durable \
          loop appending to a growing file.",
+        pg = settings.join(", "),
+        rows = peers::postgres::TAIL_FETCH_ROWS,
         busy = peers::sqlite::BUSY_TIMEOUT.as_secs(),
         rb = peers::raw::RAW_RECORD_BYTES,
     );
@@ -405,9 +503,14 @@ pub fn to_markdown(report: &Report) -> String {
     let _ = writeln!(out, "\n## Rerun\n");
     let _ = writeln!(
         out,
-        "```sh\ncargo run --release -p spool-tools -- bench --markdown   # full run, minutes\n\
-         cargo run --release -p spool-tools -- bench --quick --json   # seconds\n\
-         cargo run --release -p spool-tools -- bench --workload open --json\n```"
+        "```sh\ncargo build --release -p spool-tools\n\
+         target/release/spool bench --store /path/on/the/disk --markdown   # full run, minutes\n\
+         target/release/spool bench --quick --json                         # seconds (CI)\n\
+         target/release/spool bench --workload open --json                 # issue 4's figures\n```\n\n\
+         The PostgreSQL peer needs `initdb` and `pg_ctl` (PATH, `SPOOL_PG_BIN` or \
+         `/usr/lib/postgresql/*/bin`); as root, the `postgres` user and `runuser`, and a \
+         scratch directory that user can reach. Without them its figures are `null` with a \
+         note."
     );
     out
 }

@@ -25,6 +25,10 @@ pub fn run(args: Args) -> Result<ExitCode> {
                 .tempdir_in(".")
                 .or_else(|_| tempfile::tempdir())
                 .map_err(|e| ToolError::with_source("creating a scratch directory failed", e))?;
+            // The PostgreSQL peer's server runs as the `postgres` user when
+            // this runs as root: it must be able to reach its directory.
+            use std::os::unix::fs::PermissionsExt;
+            let _ = std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o755));
             tmp.path().to_path_buf()
         }
     };

@@ -8,9 +8,13 @@
 //!   the layout of the runtime's JSON file store; the `list` peer.
 //! - [`raw`]: the physical limit of the disk: raw writes, with and without
 //!   fdatasync, no format at all.
+//! - [`postgres`]: a PostgreSQL server ([`pg_server`] starts a throwaway
+//!   one), for `append-durable` and `open`.
 
 pub mod json_file;
 pub mod jsonl;
+pub mod pg_server;
+pub mod postgres;
 pub mod raw;
 pub mod sqlite;
 

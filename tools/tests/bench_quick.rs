@@ -1,0 +1,144 @@
+//! `spool bench --quick --json`, all workloads, as CI runs it: the output's
+//! shape, a spool figure and a figure from every peer in every row, issue
+//! 4's open fields. No time is asserted.
+
+use std::process::{Command, Stdio};
+
+use serde_json::Value;
+
+/// Peers every row of a workload must report.
+fn expected_peers(workload: &str) -> &'static [&'static str] {
+    match workload {
+        "append-durable" => &["jsonl", "postgres", "raw", "raw-append", "sqlite"],
+        "append-buffered" => &["jsonl", "raw", "sqlite"],
+        "open" => &["jsonl", "postgres", "sqlite"],
+        "page" => &["jsonl", "sqlite"],
+        "list" => &["json-file", "sqlite"],
+        "fork" => &["sqlite"],
+        other => panic!("unexpected workload {other}"),
+    }
+}
+
+/// Whether this machine can run the PostgreSQL peer's server (the same
+/// lookup as the peer's: SPOOL_PG_BIN, PATH, /usr/lib/postgresql).
+fn postgres_binaries_present() -> bool {
+    if let Some(dir) = std::env::var_os("SPOOL_PG_BIN") {
+        let dir = std::path::PathBuf::from(dir);
+        return dir.join("initdb").is_file() && dir.join("pg_ctl").is_file();
+    }
+    let on_path = |name: &str| {
+        std::env::var_os("PATH")
+            .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(name).is_file()))
+    };
+    (on_path("initdb") && on_path("pg_ctl"))
+        || std::fs::read_dir("/usr/lib/postgresql")
+            .is_ok_and(|mut d| d.any(|e| e.is_ok_and(|e| e.path().join("bin/initdb").is_file())))
+}
+
+fn positive(v: &Value, what: &str) -> f64 {
+    let f = v
+        .as_f64()
+        .unwrap_or_else(|| panic!("{what}: not a number: {v}"));
+    assert!(f.is_finite() && f > 0.0, "{what}: {f}");
+    f
+}
+
+#[test]
+fn quick_bench_reports_every_workload_with_every_peer() {
+    let scratch = tempfile::tempdir().unwrap();
+    // The PostgreSQL server may run as the `postgres` user: let it reach
+    // its directory.
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(scratch.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let out = Command::new(env!("CARGO_BIN_EXE_spool"))
+        .arg("--store")
+        .arg(scratch.path())
+        .args(["bench", "--quick", "--json"])
+        .stdin(Stdio::null())
+        .output()
+        .expect("spawn spool");
+    assert!(
+        out.status.success(),
+        "spool bench failed: {}\nstderr: {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let json: Value = serde_json::from_slice(&out.stdout).expect("one JSON object on stdout");
+    let machine = &json["machine"];
+    assert!(machine["cpus"].as_u64().unwrap() >= 1);
+    assert!(machine["os"].is_string());
+    let pg = postgres_binaries_present();
+
+    let results = json["results"].as_array().expect("results");
+    let mut seen: Vec<(String, String, String)> = Vec::new();
+    for r in results {
+        let w = r["workload"].as_str().unwrap().to_string();
+        let v = r["variant"].as_str().unwrap().to_string();
+        let u = r["unit"].as_str().unwrap().to_string();
+        let what = format!("{w} {v} {u}");
+        let spool = positive(&r["spool"], &format!("{what} spool"));
+        let peers = r["peers"].as_object().unwrap();
+        let mut keys: Vec<&str> = peers.keys().map(|k| k.as_str()).collect();
+        keys.sort_unstable();
+        assert_eq!(keys, expected_peers(&w), "{what}");
+        for (k, f) in peers {
+            if k == "postgres" && !pg {
+                assert!(f.is_null(), "{what}: postgres without a server");
+                assert!(
+                    r["notes"][k].is_string(),
+                    "{what}: postgres null without a note"
+                );
+                continue;
+            }
+            let f = positive(f, &format!("{what} {k}"));
+            let ratio = positive(&r["ratios"][k], &format!("{what} ratio to {k}"));
+            assert!(
+                (ratio * f - spool).abs() <= 1e-6 * spool,
+                "{what}: ratio to {k}"
+            );
+            let spread = r["spread"][k].as_array().unwrap();
+            let (lo, hi) = (spread[0].as_f64().unwrap(), spread[1].as_f64().unwrap());
+            assert!(lo <= f && f <= hi, "{what} {k}: {lo} <= {f} <= {hi}");
+        }
+        if w == "open" {
+            // Issue 4's fields, one object per size.
+            let n = r["history"].as_u64().expect("history");
+            assert_eq!(v, format!("history={n}"));
+            positive(&r["open_us"], &format!("{what} open_us"));
+            positive(&r["first_page_us"], &format!("{what} first_page_us"));
+            positive(&r["jsonl_open_us"], &format!("{what} jsonl_open_us"));
+            let resident = r["resident_bytes"].as_u64().expect("resident_bytes");
+            let budget = json["run"]["context_budget"].as_u64().unwrap();
+            assert!(
+                resident > 0 && resident <= budget,
+                "{what}: resident {resident}"
+            );
+        }
+        seen.push((w, v, u));
+    }
+    let workloads: Vec<&str> = seen.iter().map(|(w, _, _)| w.as_str()).collect();
+    for w in [
+        "append-durable",
+        "append-buffered",
+        "open",
+        "page",
+        "list",
+        "fork",
+    ] {
+        assert!(workloads.contains(&w), "no {w} row in {workloads:?}");
+    }
+    assert_eq!(
+        seen.iter().filter(|(w, _, _)| w == "open").count(),
+        3,
+        "three open sizes"
+    );
+    assert!(seen.contains(&(
+        "append-durable".into(),
+        "writers=16".into(),
+        "commits/s".into()
+    )));
+    // The scratch space is cleaned up, the server's directory with it.
+    assert!(!scratch.path().join("spool-bench-scratch").exists());
+}
