@@ -410,6 +410,9 @@ impl<'a, 't> TxIndex<'a, 't> {
             entries: u64_col(sid, "entries", row.try_get(4)?)?,
             next_seq: u64_col(sid, "next seq", row.try_get(5)?)?,
             custom_next: u64_col(sid, "custom next", row.try_get(6)?)?,
+            // The active-path depth index is the log store's; PostgreSQL
+            // answers `ancestor_at_depth` by walking parents.
+            path_len: 0,
         })
     }
 
