@@ -142,7 +142,10 @@ fn now_ms() -> i64 {
 
 /// Wait on `Inner::cond` (woken when a group is done), counted so that the leader only
 /// notifies when someone waits.
-pub(crate) fn wait_writer<'a>(inner: &Inner, mut w: MutexGuard<'a, Writer>) -> MutexGuard<'a, Writer> {
+pub(crate) fn wait_writer<'a>(
+    inner: &Inner,
+    mut w: MutexGuard<'a, Writer>,
+) -> MutexGuard<'a, Writer> {
     w.waiters += 1;
     let mut w = inner.cond.wait(w).unwrap_or_else(|e| e.into_inner());
     w.waiters -= 1;
