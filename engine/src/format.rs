@@ -1,6 +1,6 @@
 //! The on-disk format: segment header, record frame and commit payload.
 //!
-//! Everything is little-endian with explicit widths; see ARCH-NOTES.md for the byte map.
+//! Everything is little-endian with explicit widths; see ARCHITECTURE.md at the repository root for the byte map.
 
 use crate::types::{CommitInfo, EventData, ExpectedVersion, LogPosition, RecordedCommit};
 use uuid::Uuid;

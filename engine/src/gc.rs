@@ -564,7 +564,7 @@ impl Store {
         Ok(plan)
     }
 
-    /// Commit a plan from [`Store::plan_gc`]; see the module docs of `gc` (ARCH-NOTES)
+    /// Commit a plan from [`Store::plan_gc`]; see the module docs of `gc` (and ARCHITECTURE.md)
     /// for the crash-safe sequence. Appends wait while the segments are swapped and the
     /// index is rebuilt. A failure after the commit point poisons the store (reopening
     /// finishes the GC); a failure before it leaves the log as it was.

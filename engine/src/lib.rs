@@ -3,9 +3,10 @@
 //! The segment log is the single source of truth. A commit (1..=N events appended to one
 //! stream behind an expected-version fence) is one checksummed record in a segment file;
 //! sequence numbers are global, 1-based and increasing (dense until log compaction
-//! removes commits); a stream's version is the number of commits appended to it. Derived indexes (stream heads, stream version → position, commit id →
-//! info, and those of registered [`Indexer`]s) live in sled, which is a rebuildable cache
-//! that is never ahead of the log.
+//! removes commits); a stream's version is the number of commits appended to it.
+//! Derived indexes (stream heads; stream version → position, seq and commit id; those of
+//! registered [`Indexer`]s) live in sled, which is a rebuildable cache that is never
+//! ahead of the log.
 //!
 //! - [`Store::open`] takes an exclusive lock, recovers the log (truncating only a torn
 //!   tail of the last segment; mid-log corruption is an error naming segment and offset)
@@ -20,7 +21,7 @@
 //!   reports what was lost, by segment and offset.
 //! - All log I/O goes through [`vfs::Vfs`], so tests can inject faults and crashes.
 //!
-//! The on-disk format is in [`mod@format`] and ARCH-NOTES.md.
+//! The on-disk format is in [`mod@format`] and ARCHITECTURE.md at the repository root.
 
 mod bloom;
 mod error;

@@ -495,3 +495,41 @@ fn a_fault_at_every_io_call_of_a_gc_leaves_a_consistent_store() {
         probe(Some(k));
     }
 }
+
+#[test]
+fn a_committed_but_unfinished_gc_is_seen_by_readers_and_finished_by_the_owner() {
+    let tmp = tempfile::tempdir().unwrap();
+    let fv = FaultVfs::new(Arc::new(OsVfs));
+    let (s, _all, live, bound) = setup(gc_opts().vfs(Arc::new(fv.clone())), tmp.path());
+    let plan = s.plan_gc(&keep_until(bound)).unwrap();
+    // Every rename fails: the GC stops right after its commit point.
+    fv.fail_nth(FaultKind::Rename, 1, true);
+    assert!(s.run_gc(plan).is_err());
+    assert!(s.is_poisoned());
+    drop(s);
+    let names = |d: &Path| {
+        let mut v: Vec<String> = std::fs::read_dir(d)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        v.sort();
+        v
+    };
+    let before = names(tmp.path());
+    assert!(before.iter().any(|n| n.ends_with(".manifest")));
+    assert!(before.iter().any(|n| n.ends_with(".seg.gc")));
+    // A read-only open and verify see the new log, and write nothing.
+    let ro = Store::open_read_only(tmp.path(), gc_opts()).unwrap();
+    assert_eq!(full_log(&ro), live);
+    drop(ro);
+    let r = verify(tmp.path(), Options::default()).unwrap();
+    assert!(r.ok, "{:?}", r.errors);
+    assert_eq!(names(tmp.path()), before);
+    // The owner finishes it.
+    let s = Store::open(tmp.path(), gc_opts()).unwrap();
+    assert_eq!(full_log(&s), live);
+    drop(s);
+    assert!(names(tmp.path())
+        .iter()
+        .all(|n| !n.ends_with(".manifest") && !n.ends_with(".gc")));
+}

@@ -9,7 +9,7 @@
 //! lands, and the bytes after the torn point may be garbage). Unsynced directory changes
 //! are kept or dropped per entry by the seed. Writes land in order within a file: a later
 //! unsynced write never survives without the earlier ones (this is the model the log's
-//! torn-tail rule is designed for; see ARCH-NOTES).
+//! torn-tail rule is designed for; see ARCHITECTURE.md).
 //!
 //! After a crash every handle from before it (files, locks and the `SimVfs` value itself)
 //! fails with an error; [`SimVfs::after_crash`] gives a handle onto the crashed image.
