@@ -798,7 +798,6 @@ fn usage_errors_exit_2_with_a_hint() {
             vec!["compact", "not an id!", "--drop-aborted"],
             "not a valid session id",
         ),
-        (vec!["compact", "--gc"], "not available yet"),
     ];
     for (args, needle) in cases {
         let out = run(&dir, &args);
