@@ -87,6 +87,8 @@ pub const SESSION_EVENT_PREFIX: &str = "session.";
 pub const PURGE_EVENT_KIND: &str = "spool.purge";
 /// A load that replays at least this many commits writes a snapshot.
 pub const SNAPSHOT_TAIL_COMMITS: u64 = 64;
+/// How long `close` waits for operations in flight to let go of the engine.
+const CLOSE_WAIT_MAX: std::time::Duration = std::time::Duration::from_secs(5);
 /// Commits read from the engine per batch while loading.
 const LOAD_BATCH_COMMITS: usize = 256;
 
@@ -456,14 +458,28 @@ impl LogStore {
     /// Flushes and closes the engine.
     pub fn close(self) -> Result<(), StoreError> {
         let engine = self.engine.into_inner().unwrap_or_else(|e| e.into_inner());
-        match engine {
-            Some(e) => match Arc::try_unwrap(e) {
-                Ok(store) => store.close().map_err(engine_err),
-                // Still shared (an operation in flight): it closes when
-                // the last holder drops it.
-                Err(_) => Ok(()),
-            },
-            None => Ok(()),
+        let Some(mut e) = engine else {
+            return Ok(());
+        };
+        // Operations in flight (a handle read on another thread) hold the
+        // engine briefly; wait for them so that a successful close means
+        // the owner lock is free. Never report success while it is held.
+        let deadline = std::time::Instant::now() + CLOSE_WAIT_MAX;
+        loop {
+            match Arc::try_unwrap(e) {
+                Ok(store) => return store.close().map_err(engine_err),
+                Err(shared) if std::time::Instant::now() < deadline => {
+                    e = shared;
+                    std::thread::sleep(std::time::Duration::from_millis(1));
+                }
+                Err(_) => {
+                    return Err(StoreError::Backend(
+                        "the store is still in use by another holder of its engine; \
+                         it closes when the last one is dropped"
+                            .into(),
+                    ))
+                }
+            }
         }
     }
 
