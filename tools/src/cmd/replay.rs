@@ -283,6 +283,8 @@ fn rebuild(dir: &Path, json: bool) -> Result<ExitCode> {
     let new =
         dump(&engine).map_err(|e| ToolError::with_source("reading the rebuilt index failed", e))?;
     r.index_entries = new.len() as u64;
+    // Let go of the engine before closing: close waits for every holder.
+    drop(engine);
     store
         .close()
         .map_err(|e| ToolError::with_source("closing the store failed", e))?;
