@@ -3,6 +3,19 @@
 
 use std::io::{self, Write};
 
+/// `println!` that returns the write error instead of panicking, so a
+/// closed stdout (`spool log | head`) ends the command quietly: the error
+/// is a broken pipe, which `main` treats as success.
+#[macro_export]
+macro_rules! outln {
+    () => {
+        std::io::Write::write_all(&mut std::io::stdout(), b"\n")?
+    };
+    ($($arg:tt)*) => {
+        std::io::Write::write_fmt(&mut std::io::stdout(), format_args!("{}\n", format_args!($($arg)*)))?
+    };
+}
+
 /// The tool's error: a message, an optional cause, an optional hint saying
 /// what to do next, and an exit code.
 #[derive(Debug)]

@@ -600,3 +600,55 @@ fn verify_salvage_recovers_around_corruption() {
     // The damaged store was not written.
     assert_eq!(std::fs::read(victim).unwrap(), bytes);
 }
+
+/// A closed stdout (`spool … | head`) ends a command quietly with success,
+/// like a well-behaved Unix tool; it never panics.
+#[test]
+fn broken_pipe_is_success() {
+    use std::io::Read;
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    // Enough commits that `log` writes far more than a pipe buffer (64 KiB)
+    // after the reader has gone.
+    let out = run(
+        &store,
+        &[
+            "stress",
+            "--seconds",
+            "0.3",
+            "--payload-bytes",
+            "10",
+            "--durability",
+            "buffered",
+            "--json",
+        ],
+    );
+    let commits = stdout_json(&out)["commits"].as_u64().unwrap();
+    assert!(commits > 2_000, "need a long log, got {commits} commits");
+    for args in [&["log"][..], &["log", "--json"][..]] {
+        let mut child = spool()
+            .arg("--store")
+            .arg(&store)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        // Read one byte, then close the pipe while the command still writes.
+        let mut out = child.stdout.take().unwrap();
+        let mut one = [0u8; 1];
+        out.read_exact(&mut one).unwrap();
+        drop(out);
+        let status = child.wait().unwrap();
+        let mut err = String::new();
+        child
+            .stderr
+            .take()
+            .unwrap()
+            .read_to_string(&mut err)
+            .unwrap();
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+        assert!(status.success(), "{args:?}: {status} {err}");
+    }
+}

@@ -44,13 +44,13 @@ pub fn run(args: Args) -> Result<ExitCode> {
         )
     })?;
     if args.json {
-        println!("{}", bench::report::to_json(&report));
+        crate::outln!("{}", bench::report::to_json(&report));
     }
     if args.markdown {
-        println!("{}", bench::report::to_markdown(&report));
+        crate::outln!("{}", bench::report::to_markdown(&report));
     }
     if !args.json && !args.markdown {
-        println!("{}", bench::report::to_markdown(&report));
+        crate::outln!("{}", bench::report::to_markdown(&report));
     }
     Ok(ExitCode::SUCCESS)
 }

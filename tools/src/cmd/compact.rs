@@ -546,7 +546,7 @@ fn print_human(reports: &[Report], dry_run: bool) -> Result<()> {
         if r.entries.is_empty() && r.outcome != Outcome::Conflict {
             continue;
         }
-        println!(
+        crate::outln!(
             "session {}: {}{}",
             r.session,
             r.outcome.as_str(),
@@ -569,13 +569,13 @@ fn print_human(reports: &[Report], dry_run: bool) -> Result<()> {
         }
         t.print()?;
         if r.leaf_before != r.leaf_after {
-            println!(
+            crate::outln!(
                 "leaf: {} -> {}",
                 r.leaf_before.as_deref().unwrap_or("(none)"),
                 r.leaf_after.as_deref().unwrap_or("(none)")
             );
         }
-        println!();
+        crate::outln!();
     }
     let mut t = Table::new(&[
         "SESSION",
@@ -609,13 +609,13 @@ fn print_human(reports: &[Report], dry_run: bool) -> Result<()> {
     t.print()?;
     let n = |o: Outcome| reports.iter().filter(|r| r.outcome == o).count();
     if dry_run {
-        println!(
+        crate::outln!(
             "dry run: {} of {} sessions would be rewritten; nothing was written",
             n(Outcome::Planned),
             reports.len()
         );
     } else {
-        println!(
+        crate::outln!(
             "{} sessions rewritten, {} unchanged, {} version conflicts",
             n(Outcome::Committed),
             n(Outcome::Unchanged),

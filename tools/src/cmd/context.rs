@@ -66,21 +66,21 @@ pub fn run(dir: &Path, id: &str, budget_bytes: Option<u64>, json: bool) -> Resul
         return Ok(ExitCode::SUCCESS);
     }
     if let Some((p, m)) = &ctx.model {
-        println!("model: {p}/{m}");
+        crate::outln!("model: {p}/{m}");
     }
     if let Some(t) = &ctx.thinking_level {
-        println!("thinking: {t}");
+        crate::outln!("thinking: {t}");
     }
     for m in &ctx.messages {
         let text: Vec<String> = m.content.iter().map(block_text).collect();
-        println!(
+        crate::outln!(
             "{:>18}  {}",
             m.role.as_str(),
             ellipsize(&text.join(" "), 100)
         );
     }
     if let Some(n) = note {
-        println!("{n}");
+        crate::outln!("{n}");
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -42,10 +42,10 @@ pub fn run(dir: &Path, id: &str, json: bool) -> Result<ExitCode> {
     if json {
         print_json(&out)?;
     } else if already_deleted {
-        println!("session {id} was already deleted (version {version})");
+        crate::outln!("session {id} was already deleted (version {version})");
     } else {
-        println!("deleted session {id} (tombstone at version {version})");
-        println!("its bytes are reclaimed by `spool --store DIR compact --gc`");
+        crate::outln!("deleted session {id} (tombstone at version {version})");
+        crate::outln!("its bytes are reclaimed by `spool --store DIR compact --gc`");
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -178,31 +178,31 @@ pub fn run(dir: &Path, json: bool) -> Result<ExitCode> {
         }))?;
         return Ok(ExitCode::SUCCESS);
     }
-    println!("Built a sample store in {}:", dir.display());
-    println!();
+    crate::outln!("Built a sample store in {}:", dir.display());
+    crate::outln!();
     print_headers(&list.headers)?;
-    println!();
-    println!(
+    crate::outln!();
+    crate::outln!(
         "Session {} branches after its first answer ({} entries):",
         id1,
         s1.state().transcript.len()
     );
-    println!();
+    crate::outln!();
     drop(rt);
     super::tree::run(dir, id1.as_str(), false)?;
-    println!();
-    println!("The model context at its leaf:");
-    println!();
+    crate::outln!();
+    crate::outln!("The model context at its leaf:");
+    crate::outln!();
     super::context::run(dir, id1.as_str(), None, false)?;
-    println!();
-    println!("Explore further:");
-    println!("  spool --store {} show {}", dir.display(), id1);
-    println!(
+    crate::outln!();
+    crate::outln!("Explore further:");
+    crate::outln!("  spool --store {} show {}", dir.display(), id1);
+    crate::outln!(
         "  spool --store {} sessions --parent {}",
         dir.display(),
         id1
     );
-    println!("  spool --store {} log --stream {}", dir.display(), id1);
-    println!("  spool --store {} verify", dir.display());
+    crate::outln!("  spool --store {} log --stream {}", dir.display(), id1);
+    crate::outln!("  spool --store {} verify", dir.display());
     Ok(ExitCode::SUCCESS)
 }

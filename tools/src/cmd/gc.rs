@@ -94,7 +94,7 @@ pub fn run(dir: &Path, dry_run: bool, json: bool) -> Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     if empty {
-        println!(
+        crate::outln!(
             "nothing to collect: no sealed segment holds records of deleted or purged sessions"
         );
         return Ok(ExitCode::SUCCESS);
@@ -123,7 +123,7 @@ pub fn run(dir: &Path, dry_run: bool, json: bool) -> Result<ExitCode> {
         ]);
     }
     t.print()?;
-    println!(
+    crate::outln!(
         "{} dead commits of {} stream(s), {} dead; {} reclaimable",
         out.dead_commits,
         out.streams_removed.len(),
@@ -131,13 +131,13 @@ pub fn run(dir: &Path, dry_run: bool, json: bool) -> Result<ExitCode> {
         human_bytes(out.reclaimed_bytes)
     );
     match (out.bytes_before, out.bytes_after) {
-        (Some(b), Some(a)) => println!(
+        (Some(b), Some(a)) => crate::outln!(
             "collected: segments {} -> {}, {} commits copied",
             human_bytes(b),
             human_bytes(a),
             out.commits_copied.unwrap_or(0)
         ),
-        _ => println!("dry run: nothing was written"),
+        _ => crate::outln!("dry run: nothing was written"),
     }
     Ok(ExitCode::SUCCESS)
 }

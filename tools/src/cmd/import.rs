@@ -126,7 +126,7 @@ pub fn run(
         ]);
     }
     t.print()?;
-    println!(
+    crate::outln!(
         "imported {} session(s), {commits} commit(s) from {}{}",
         imported.len(),
         file.display(),

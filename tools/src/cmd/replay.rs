@@ -118,13 +118,13 @@ fn at(dir: &Path, id: &str, version: u64, json: bool) -> Result<ExitCode> {
         })?;
         return Ok(ExitCode::SUCCESS);
     }
-    println!(
+    crate::outln!(
         "as of version {version} of {head} (saved {})",
         human_time_ms(s.info().updated_at_ms)
     );
-    println!();
-    print_text(&s);
-    println!("context   {} messages at the leaf", context.messages.len());
+    crate::outln!();
+    print_text(&s)?;
+    crate::outln!("context   {} messages at the leaf", context.messages.len());
     Ok(ExitCode::SUCCESS)
 }
 
@@ -354,7 +354,7 @@ fn rebuild(dir: &Path, json: bool) -> Result<ExitCode> {
     if json {
         print_json(&r)?;
     } else {
-        println!(
+        crate::outln!(
             "rebuilt the indexes of {} from the log: {} commits, {} streams, {} sessions, {} entries, {} snapshots",
             dir.display(),
             r.commits,
@@ -375,28 +375,30 @@ fn rebuild(dir: &Path, json: bool) -> Result<ExitCode> {
             t.row(vec![st.as_str().to_string(), n.to_string()]);
         }
         t.print()?;
-        println!(
+        crate::outln!(
             "time: {} ms indexes, {} ms sessions, {} ms total",
-            r.rebuild_ms, r.load_ms, r.total_ms
+            r.rebuild_ms,
+            r.load_ms,
+            r.total_ms
         );
         match (&r.old_index_error, r.old_index_matched) {
-            (Some(e), _) => println!("the old index could not be read ({e}); it was replaced"),
-            (None, true) => println!(
+            (Some(e), _) => crate::outln!("the old index could not be read ({e}); it was replaced"),
+            (None, true) => crate::outln!(
                 "the old index matched the log exactly ({} entries)",
                 r.index_entries
             ),
             (None, false) => {
-                println!(
+                crate::outln!(
                     "the old index differed from the log in {} entries; it was replaced. First keys:",
                     r.differing_entries
                 );
                 for k in &r.differing_keys {
-                    println!("  {k}");
+                    crate::outln!("  {k}");
                 }
             }
         }
         for f in &r.failed_sessions {
-            println!("session failed to load: {f}");
+            crate::outln!("session failed to load: {f}");
         }
     }
     Ok(if problem {

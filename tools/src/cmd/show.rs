@@ -76,26 +76,26 @@ pub fn run(dir: &Path, id: &str, json: bool) -> Result<ExitCode> {
         print_json(&Shown::of(&s))?;
         return Ok(ExitCode::SUCCESS);
     }
-    print_text(&s);
+    print_text(&s)?;
     Ok(ExitCode::SUCCESS)
 }
 
 /// Prints a session as `show` does without `--json`.
-pub fn print_text(s: &AgentSession) {
+pub fn print_text(s: &AgentSession) -> Result<()> {
     let shown = Shown::of(s);
     let h = &shown.header;
     let st = &shown.state;
-    println!("session   {}", h.id);
-    println!("status    {} (version {})", h.status, h.version);
-    println!("agent     {} — {}", h.agent_name, h.label);
+    crate::outln!("session   {}", h.id);
+    crate::outln!("status    {} (version {})", h.status, h.version);
+    crate::outln!("agent     {} — {}", h.agent_name, h.label);
     if let Some(p) = &h.parent_id {
-        println!("parent    {p}");
+        crate::outln!("parent    {p}");
     }
-    println!("created   {}", human_time_ms(h.created_at));
-    println!("updated   {}", human_time_ms(h.updated_at));
-    println!("model     {}", st.model);
-    println!("prompt    {}", ellipsize(&st.system_prompt, 70));
-    println!(
+    crate::outln!("created   {}", human_time_ms(h.created_at));
+    crate::outln!("updated   {}", human_time_ms(h.updated_at));
+    crate::outln!("model     {}", st.model);
+    crate::outln!("prompt    {}", ellipsize(&st.system_prompt, 70));
+    crate::outln!(
         "state     {} entries (generation {}), leaf {}, {} executions, last {}{}",
         st.entries,
         st.generation,
@@ -107,17 +107,17 @@ pub fn print_text(s: &AgentSession) {
             .map(|e| format!(" ({})", ellipsize(e, 40)))
             .unwrap_or_default()
     );
-    println!("tokens    {}", st.usage_total_tokens);
+    crate::outln!("tokens    {}", st.usage_total_tokens);
     if !st.metadata.is_empty() {
-        println!("metadata");
+        crate::outln!("metadata");
         for (k, v) in &st.metadata {
-            println!("  {k} = {}", ellipsize(&v.to_string(), 60));
+            crate::outln!("  {k} = {}", ellipsize(&v.to_string(), 60));
         }
     }
     if !st.tasks.is_empty() {
-        println!("tasks");
+        crate::outln!("tasks");
         for t in &s.state().tasks {
-            println!(
+            crate::outln!(
                 "  [{:?}] {} {}",
                 t.status,
                 t.id,
@@ -125,4 +125,5 @@ pub fn print_text(s: &AgentSession) {
             );
         }
     }
+    Ok(())
 }

@@ -306,27 +306,27 @@ fn pct(part: u64, whole: u64) -> String {
 
 fn print_text(s: &Stats) -> Result<()> {
     let b = &s.bytes;
-    println!(
+    crate::outln!(
         "segments  {} files, {} on disk, {} in {} commits",
         s.segments,
         human_bytes(b.file_bytes),
         human_bytes(b.records),
         s.commits
     );
-    println!(
+    crate::outln!(
         "live      {} ({})",
         human_bytes(b.live),
         pct(b.live, b.records)
     );
-    println!(
+    crate::outln!(
         "dead      {} ({}): {} of deleted sessions, {} of purged ones; `compact --gc` reclaims it",
         human_bytes(b.dead),
         pct(b.dead, b.records),
         human_bytes(b.dead_deleted),
         human_bytes(b.dead_purged)
     );
-    println!("streams   {} ({} sessions)", s.streams, s.session_streams);
-    println!();
+    crate::outln!("streams   {} ({} sessions)", s.streams, s.session_streams);
+    crate::outln!();
     let mut t = Table::new(&["STATUS", "SESSIONS"]).right(1);
     for st in [
         SessionStatus::Active,
@@ -341,8 +341,8 @@ fn print_text(s: &Stats) -> Result<()> {
     t.row(vec!["total".into(), s.sessions.to_string()]);
     t.print()?;
     if !s.largest_sessions.is_empty() {
-        println!();
-        println!("largest sessions");
+        crate::outln!();
+        crate::outln!("largest sessions");
         let mut t = Table::new(&["ID", "STATUS", "VERSION", "COMMITS", "SIZE"])
             .right(2)
             .right(3)
@@ -359,8 +359,8 @@ fn print_text(s: &Stats) -> Result<()> {
         t.print()?;
     }
     if !s.largest_entries.is_empty() {
-        println!();
-        println!("largest entries");
+        crate::outln!();
+        crate::outln!("largest entries");
         let mut t = Table::new(&["SESSION", "ENTRY", "KIND", "SIZE", "SUMMARY"]).right(3);
         for r in &s.largest_entries {
             let kind = match r.role {

@@ -181,7 +181,7 @@ pub fn run(dir: &Path, args: Args) -> Result<ExitCode> {
     if args.json {
         print_json(&summary)?;
     } else {
-        println!(
+        crate::outln!(
             "{} commits in {:.2}s by {} writer(s), {}: {:.0} commits/s, {:.2} MB/s ({} per commit); {} fsyncs, {:.1} commits per fsync",
             summary.commits,
             summary.seconds,

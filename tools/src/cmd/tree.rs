@@ -21,7 +21,7 @@ pub fn run(dir: &Path, id: &str, json: bool) -> Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     if rows.is_empty() {
-        println!("(empty transcript)");
+        crate::outln!("(empty transcript)");
         return Ok(ExitCode::SUCCESS);
     }
     // Indent by branch depth so a linear run stays flat; mark branch
@@ -65,9 +65,9 @@ pub fn run(dir: &Path, id: &str, json: bool) -> Result<ExitCode> {
         } else {
             String::new()
         };
-        println!("{indent}{mark} {} {what}{label}  {}{fork}", r.id, r.summary);
+        crate::outln!("{indent}{mark} {} {what}{label}  {}{fork}", r.id, r.summary);
     }
-    println!();
-    println!("● on the active path   ◉ leaf   ○ other branches");
+    crate::outln!();
+    crate::outln!("● on the active path   ◉ leaf   ○ other branches");
     Ok(ExitCode::SUCCESS)
 }

@@ -51,7 +51,7 @@ pub fn run(dir: &Path, json: bool) -> Result<ExitCode> {
     if json {
         print_json(&report)?;
     } else {
-        println!(
+        crate::outln!(
             "{}: {} segments, {} records, {} commits, {} streams, torn tail {} bytes",
             if report.ok { "ok" } else { "CORRUPT" },
             report.segments,
@@ -61,10 +61,10 @@ pub fn run(dir: &Path, json: bool) -> Result<ExitCode> {
             report.torn_tail_bytes
         );
         for p in &report.errors {
-            println!("  {} @ {}: {}", p.segment, p.offset, p.problem);
+            crate::outln!("  {} @ {}: {}", p.segment, p.offset, p.problem);
         }
         if !report.ok {
-            println!("hint: `spool --store DIR verify --salvage OUT_DIR` copies every readable commit into a new store");
+            crate::outln!("hint: `spool --store DIR verify --salvage OUT_DIR` copies every readable commit into a new store");
         }
     }
     Ok(if report.ok {
@@ -152,24 +152,35 @@ pub fn salvage(dir: &Path, out_dir: &Path, json: bool) -> Result<ExitCode> {
     if json {
         print_json(&out)?;
     } else {
-        println!(
+        crate::outln!(
             "salvaged {} commits of {} streams from {} segments into {}",
-            out.commits_copied, out.streams, out.segments, out.out_dir
+            out.commits_copied,
+            out.streams,
+            out.segments,
+            out.out_dir
         );
         for l in &out.unreadable {
-            println!(
+            crate::outln!(
                 "  lost {} bytes at {} @ {}: {}",
-                l.bytes, l.segment, l.offset, l.problem
+                l.bytes,
+                l.segment,
+                l.offset,
+                l.problem
             );
         }
         for d in &out.dropped {
-            println!(
+            crate::outln!(
                 "  dropped {} v{} (seq {}) at {} @ {}: {}",
-                d.stream, d.version, d.seq, d.segment, d.offset, d.reason
+                d.stream,
+                d.version,
+                d.seq,
+                d.segment,
+                d.offset,
+                d.reason
             );
         }
         if !lost {
-            println!("nothing was lost");
+            crate::outln!("nothing was lost");
         }
     }
     // Exit 1 when something could not be recovered, like `verify`.
