@@ -395,30 +395,7 @@ fn facts_from_record(
     r: &EntryRecord,
 ) -> Result<PathFacts, IndexError> {
     // A stand-in entry with the same id, parent and path marker.
-    let kind = match &r.marker {
-        PathMarker::Reset => EntryKind::Reset,
-        PathMarker::Compaction {
-            first_kept_entry_id,
-        } => EntryKind::Compaction {
-            summary: String::new(),
-            first_kept_entry_id: first_kept_entry_id.clone(),
-            tokens_before: 0,
-        },
-        PathMarker::Model { provider, model_id } => EntryKind::ModelChange {
-            provider: provider.clone(),
-            model_id: model_id.clone(),
-        },
-        PathMarker::ThinkingLevel { thinking_level } => EntryKind::ThinkingLevelChange {
-            thinking_level: thinking_level.clone(),
-        },
-        _ => EntryKind::SessionInfo { name: None },
-    };
-    let stand_in = Entry {
-        id: id.clone(),
-        parent_id: r.parent.clone(),
-        timestamp_ms: 0,
-        kind,
-    };
+    let stand_in = r.marker.stand_in_entry(id.clone(), r.parent.clone());
     facts_for(batch, sid, r.parent.as_ref(), &stand_in)
 }
 

@@ -156,6 +156,36 @@ pub enum PathMarker {
 }
 
 impl PathMarker {
+    /// An entry with this id and parent whose kind has exactly this path
+    /// marker: what [`super::PathFacts::child`] needs to recompute facts for
+    /// a stored entry from its index record alone, without its payload.
+    pub fn stand_in_entry(&self, id: EntryId, parent_id: Option<EntryId>) -> Entry {
+        let kind = match self {
+            PathMarker::Reset => EntryKind::Reset,
+            PathMarker::Compaction {
+                first_kept_entry_id,
+            } => EntryKind::Compaction {
+                summary: String::new(),
+                first_kept_entry_id: first_kept_entry_id.clone(),
+                tokens_before: 0,
+            },
+            PathMarker::Model { provider, model_id } => EntryKind::ModelChange {
+                provider: provider.clone(),
+                model_id: model_id.clone(),
+            },
+            PathMarker::ThinkingLevel { thinking_level } => EntryKind::ThinkingLevelChange {
+                thinking_level: thinking_level.clone(),
+            },
+            _ => EntryKind::SessionInfo { name: None },
+        };
+        Entry {
+            id,
+            parent_id,
+            timestamp_ms: 0,
+            kind,
+        }
+    }
+
     pub fn of(entry: &Entry) -> PathMarker {
         match &entry.kind {
             EntryKind::Reset => PathMarker::Reset,

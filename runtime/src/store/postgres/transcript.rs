@@ -463,30 +463,7 @@ impl<'a, 't> TxIndex<'a, 't> {
     /// Facts for a stored entry recomputed from its row alone:
     /// [`PathFacts::child`] only needs the marker and the id.
     fn facts_from_rec(&self, id: &EntryId, r: &Rec) -> Result<PathFacts, IndexFault> {
-        let kind = match &r.marker {
-            PathMarker::Reset => EntryKind::Reset,
-            PathMarker::Compaction {
-                first_kept_entry_id,
-            } => EntryKind::Compaction {
-                summary: String::new(),
-                first_kept_entry_id: first_kept_entry_id.clone(),
-                tokens_before: 0,
-            },
-            PathMarker::Model { provider, model_id } => EntryKind::ModelChange {
-                provider: provider.clone(),
-                model_id: model_id.clone(),
-            },
-            PathMarker::ThinkingLevel { thinking_level } => EntryKind::ThinkingLevelChange {
-                thinking_level: thinking_level.clone(),
-            },
-            _ => EntryKind::SessionInfo { name: None },
-        };
-        let stand_in = Entry {
-            id: id.clone(),
-            parent_id: r.parent.clone(),
-            timestamp_ms: 0,
-            kind,
-        };
+        let stand_in = r.marker.stand_in_entry(id.clone(), r.parent.clone());
         self.facts_for(r.parent.as_ref(), &stand_in)
     }
 
