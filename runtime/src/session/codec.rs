@@ -100,6 +100,35 @@ pub fn decode_event(bytes: &[u8]) -> Result<SessionEvent, CodecError> {
     decode("event", EVENT_SCHEMA, bytes)
 }
 
+/// The body of an `entry_appended` event, read as a plain struct: the
+/// `type` tag is checked but the event enum's internally tagged decoding
+/// (which buffers the whole event, entry text included, before decoding
+/// it) is skipped.
+#[derive(Deserialize)]
+struct EntryAppendedBody<'a> {
+    #[serde(rename = "type", borrow)]
+    tag: std::borrow::Cow<'a, str>,
+    entry: crate::transcript::Entry,
+}
+
+/// Decodes the entry of an `entry_appended` event written by
+/// [`encode_event`]; the same bytes decoded by [`decode_event`] give
+/// `SessionEvent::EntryAppended` with this entry. Any other event is an
+/// error (`Malformed`).
+pub fn decode_appended_entry(bytes: &[u8]) -> Result<crate::transcript::Entry, CodecError> {
+    let body: EntryAppendedBody<'_> = decode("event", EVENT_SCHEMA, bytes)?;
+    if body.tag != "entry_appended" {
+        return Err(CodecError::Malformed {
+            what: "event",
+            reason: format!(
+                "an {} event where an entry_appended event was expected",
+                body.tag
+            ),
+        });
+    }
+    Ok(body.entry)
+}
+
 #[derive(Serialize)]
 struct SnapshotRef<'a> {
     info: &'a AgentSessionInfo,
