@@ -167,3 +167,43 @@ pub fn decode_snapshot(bytes: &[u8]) -> Result<AgentSession, CodecError> {
         pending: Vec::new(),
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::transcript::{ContentBlock, Entry, EntryId, EntryKind, Message};
+
+    #[test]
+    fn an_appended_entry_decodes_alone_as_in_the_event() {
+        let entry = Entry {
+            id: EntryId::parse("e1").unwrap(),
+            parent_id: Some(EntryId::parse("e0").unwrap()),
+            timestamp_ms: 7,
+            kind: EntryKind::Message {
+                message: Message::User {
+                    content: vec![ContentBlock::text("hello")],
+                },
+            },
+        };
+        let bytes = encode_event(&SessionEvent::EntryAppended {
+            entry: entry.clone(),
+        })
+        .unwrap();
+        assert_eq!(decode_appended_entry(&bytes).unwrap(), entry);
+        assert!(matches!(
+            decode_event(&bytes).unwrap(),
+            SessionEvent::EntryAppended { entry: e } if e == entry
+        ));
+        // Another event, a truncated payload, another schema: errors.
+        let moved = encode_event(&SessionEvent::LeafMoved { leaf: None }).unwrap();
+        assert!(decode_appended_entry(&moved).is_err());
+        assert!(decode_appended_entry(&bytes[..bytes.len() / 2]).is_err());
+        let mut other = bytes.clone();
+        other[0] = EVENT_SCHEMA + 1;
+        assert!(matches!(
+            decode_appended_entry(&other),
+            Err(CodecError::UnsupportedSchema { .. })
+        ));
+        assert!(decode_appended_entry(&[]).is_err());
+    }
+}

@@ -1551,6 +1551,16 @@ mod tests {
             if !path.contains(&e.id) {
                 assert_eq!(src.ancestor_at_depth(&e.id, 0).unwrap(), None, "{}", e.id);
             }
+            // Child links (the count names an only child) agree with the
+            // loaded transcript, with and without a limit.
+            for limit in [0, 1, 64] {
+                assert_eq!(
+                    src.children(&e.id, limit).unwrap(),
+                    EntrySource::children(&t, &e.id, limit).unwrap(),
+                    "children of {} (limit {limit})",
+                    e.id
+                );
+            }
         }
         path
     }
@@ -1559,6 +1569,146 @@ mod tests {
         (0..n)
             .map(|i| h.append(user(&format!("{tag}{i}"))).unwrap())
             .collect()
+    }
+
+    /// Entries read again come from the engine's entry cache, and what a
+    /// reader gets stays what the log and index say across rewrites (new
+    /// positions), re-parenting (the parent comes from the index) and a
+    /// reopened store (a new engine, a new cache).
+    #[test]
+    fn cached_entries_stay_exact_across_rewrites_and_reopens() {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, rt) = open(dir.path());
+        let id = rt
+            .create(AgentDefinition::default(), None)
+            .unwrap()
+            .id()
+            .clone();
+        let h = rt.open_handle(&id, HandleOptions::writer()).unwrap();
+        let ids = append_n(&h, 30, "m");
+        let loaded =
+            |store: &LogStore| store.load(&id).unwrap().unwrap().state().transcript.clone();
+        let check = |store: &LogStore| {
+            let t = loaded(store);
+            // Three sources in turn: a miss, the admitting read, a hit.
+            for _ in 0..3 {
+                let src = store.source(&id).unwrap();
+                for e in t.entries() {
+                    assert_eq!(src.entry(&e.id).unwrap().as_deref(), Some(e), "{}", e.id);
+                }
+            }
+        };
+        check(&store);
+        let engine = store.engine().unwrap();
+        let cache = EntryCache::of(&engine);
+        assert!(cache.bytes() > 0, "entries read again are cached");
+        assert!(cache.bytes() <= ENTRY_CACHE_BYTES_MAX);
+        // A rewrite writes the entries it changes at new positions.
+        h.redact(&|s| s.replace("m1", "[r]"), &CancelToken::new())
+            .unwrap();
+        check(&store);
+        assert!(loaded(&store).get(&ids[1]).is_some_and(|e| {
+            matches!(&e.kind, EntryKind::Message { message: Message::User { content } }
+                if content == &vec![ContentBlock::text("[r]")])
+        }));
+        // Re-parenting: an aborted assistant removed from between two
+        // entries; the kept entry's stored bytes name the old parent.
+        h.append(EntryKind::Message {
+            message: Message::Assistant {
+                content: vec![ContentBlock::text("aborted")],
+                stop_reason: crate::transcript::StopReason::Aborted,
+                usage: Default::default(),
+                model: None,
+                error_message: None,
+            },
+        })
+        .unwrap();
+        h.append(EntryKind::Custom {
+            custom_type: "payload".into(),
+            data: serde_json::json!({"k": 1}),
+        })
+        .unwrap();
+        check(&store);
+        h.remove_trailing_entries(
+            &|e| {
+                matches!(
+                    &e.kind,
+                    EntryKind::Message {
+                        message: Message::Assistant { .. }
+                    }
+                )
+            },
+            &|f| f.kind == "custom",
+            &CancelToken::new(),
+        )
+        .unwrap();
+        check(&store);
+        drop(h);
+        drop(rt);
+        drop(engine);
+        drop(store);
+        let (store, _rt) = open(dir.path());
+        assert_eq!(EntryCache::of(&store.engine().unwrap()).bytes(), 0);
+        check(&store);
+    }
+
+    /// The cache stays within its bound whatever is read, and a one-pass
+    /// read fills nothing (admission needs a second read).
+    #[test]
+    fn the_entry_cache_is_bounded_and_scan_resistant() {
+        let mut c = EntryCacheInner::default();
+        let entry = Entry {
+            id: EntryId::parse("x").unwrap(),
+            parent_id: None,
+            timestamp_ms: 0,
+            kind: user("x"),
+        };
+        let key = |i: u64| {
+            (
+                LogPosition {
+                    segment: 1,
+                    offset: i,
+                },
+                0,
+                0,
+            )
+        };
+        let cost = 100_000;
+        for i in 0..1000 {
+            assert!(!c.seen_before(key(i)), "a first read is only remembered");
+        }
+        assert!(c.young.is_empty() && c.old.is_empty());
+        for i in 0..1000 {
+            c.insert(
+                key(i),
+                Arc::new(CachedEntry {
+                    sid: SessionId::parse("s").unwrap(),
+                    entry: entry.clone(),
+                    cost,
+                }),
+            );
+            let held: u64 = c.young.values().chain(c.old.values()).map(|v| v.cost).sum();
+            assert!(held <= ENTRY_CACHE_BYTES_MAX, "{held} bytes held after {i}");
+            assert_eq!(
+                held - c.old.values().map(|v| v.cost).sum::<u64>(),
+                c.young_bytes
+            );
+        }
+        // Too large for a generation: never cached.
+        c.insert(
+            key(5000),
+            Arc::new(CachedEntry {
+                sid: SessionId::parse("s").unwrap(),
+                entry,
+                cost: ENTRY_CACHE_BYTES_MAX,
+            }),
+        );
+        assert!(!c.young.contains_key(&key(5000)));
+        // Ghosts are bounded too.
+        for i in 0..(ENTRY_CACHE_GHOSTS_MAX as u64 * 3) {
+            c.seen_before(key(10_000 + i));
+            assert!(c.ghosts_young.len() + c.ghosts_old.len() <= ENTRY_CACHE_GHOSTS_MAX);
+        }
     }
 
     #[test]
