@@ -40,11 +40,15 @@
 //! rewrites, clears and fork seeds rebuild the path with the entries.
 //!
 //! An entry is read back ([`LogTranscriptSource`]) by reading the commit
-//! at its position and decoding only the event that holds it; the parent
+//! at its position and decoding only the event that holds it (an appended
+//! entry is decoded alone, without the event enum's buffering); the parent
 //! comes from the index (a re-parented entry's stored bytes are never
 //! rewritten, only its parent link). A fork's seed transcript lives in its
 //! `created` event: reading one of its entries decodes that whole event
-//! (cached for the source's lifetime).
+//! (cached for the source's lifetime). Decoded entries read more than once
+//! are kept in the engine's bounded, scan-resistant [`EntryCache`], keyed
+//! by log position. Child links cost one lookup of the `n` key for an
+//! entry with at most one child (a chain), a prefix scan for more.
 //!
 //! Resolved labels are the last label entry (in append order) of a target;
 //! removing a label entry by a rewrite restores the previous one.
