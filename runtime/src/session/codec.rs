@@ -100,6 +100,35 @@ pub fn decode_event(bytes: &[u8]) -> Result<SessionEvent, CodecError> {
     decode("event", EVENT_SCHEMA, bytes)
 }
 
+/// The body of an `entry_appended` event, read as a plain struct: the
+/// `type` tag is checked but the event enum's internally tagged decoding
+/// (which buffers the whole event, entry text included, before decoding
+/// it) is skipped.
+#[derive(Deserialize)]
+struct EntryAppendedBody<'a> {
+    #[serde(rename = "type", borrow)]
+    tag: std::borrow::Cow<'a, str>,
+    entry: crate::transcript::Entry,
+}
+
+/// Decodes the entry of an `entry_appended` event written by
+/// [`encode_event`]; the same bytes decoded by [`decode_event`] give
+/// `SessionEvent::EntryAppended` with this entry. Any other event is an
+/// error (`Malformed`).
+pub fn decode_appended_entry(bytes: &[u8]) -> Result<crate::transcript::Entry, CodecError> {
+    let body: EntryAppendedBody<'_> = decode("event", EVENT_SCHEMA, bytes)?;
+    if body.tag != "entry_appended" {
+        return Err(CodecError::Malformed {
+            what: "event",
+            reason: format!(
+                "an {} event where an entry_appended event was expected",
+                body.tag
+            ),
+        });
+    }
+    Ok(body.entry)
+}
+
 #[derive(Serialize)]
 struct SnapshotRef<'a> {
     info: &'a AgentSessionInfo,
@@ -137,4 +166,44 @@ pub fn decode_snapshot(bytes: &[u8]) -> Result<AgentSession, CodecError> {
         state: s.state,
         pending: Vec::new(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::transcript::{ContentBlock, Entry, EntryId, EntryKind, Message};
+
+    #[test]
+    fn an_appended_entry_decodes_alone_as_in_the_event() {
+        let entry = Entry {
+            id: EntryId::parse("e1").unwrap(),
+            parent_id: Some(EntryId::parse("e0").unwrap()),
+            timestamp_ms: 7,
+            kind: EntryKind::Message {
+                message: Message::User {
+                    content: vec![ContentBlock::text("hello")],
+                },
+            },
+        };
+        let bytes = encode_event(&SessionEvent::EntryAppended {
+            entry: entry.clone(),
+        })
+        .unwrap();
+        assert_eq!(decode_appended_entry(&bytes).unwrap(), entry);
+        assert!(matches!(
+            decode_event(&bytes).unwrap(),
+            SessionEvent::EntryAppended { entry: e } if e == entry
+        ));
+        // Another event, a truncated payload, another schema: errors.
+        let moved = encode_event(&SessionEvent::LeafMoved { leaf: None }).unwrap();
+        assert!(decode_appended_entry(&moved).is_err());
+        assert!(decode_appended_entry(&bytes[..bytes.len() / 2]).is_err());
+        let mut other = bytes.clone();
+        other[0] = EVENT_SCHEMA + 1;
+        assert!(matches!(
+            decode_appended_entry(&other),
+            Err(CodecError::UnsupportedSchema { .. })
+        ));
+        assert!(decode_appended_entry(&[]).is_err());
+    }
 }

@@ -26,8 +26,8 @@ use std::collections::HashMap;
 use serde::{Deserialize, Serialize};
 
 pub use codec::{
-    decode_event, decode_snapshot, encode_event, encode_snapshot, CodecError, EVENT_SCHEMA,
-    MAX_CODEC_INPUT, SNAPSHOT_SCHEMA,
+    decode_appended_entry, decode_event, decode_snapshot, encode_event, encode_snapshot,
+    CodecError, EVENT_SCHEMA, MAX_CODEC_INPUT, SNAPSHOT_SCHEMA,
 };
 pub use definition::{AgentDefinition, Budget, ModelConfig};
 pub use events::SessionEvent;

@@ -11,7 +11,7 @@
 //! | `m` | — | [`TranscriptMeta`]: generation, raw seq, updated at, leaf, counters |
 //! | `e` | entry id | [`EntryRecord`]: where the entry is in the log, size, kind, parent, [`PathMarker`], [`PathFacts`], append seq, summary |
 //! | `c` | u8 len ++ parent id ++ u64 BE seq | child id (children in append order) |
-//! | `n` | parent id | u64 BE number of children |
+//! | `n` | parent id | u64 BE number of children, then the only child's id when there is exactly one |
 //! | `t` | u32 BE len ++ custom type ++ u64 BE ordinal | custom entry id (empty = removed) |
 //! | `T` | custom type | u64 BE next ordinal of that type |
 //! | `a` | u64 BE ordinal | custom entry id of any type (empty = removed) |
@@ -40,11 +40,15 @@
 //! rewrites, clears and fork seeds rebuild the path with the entries.
 //!
 //! An entry is read back ([`LogTranscriptSource`]) by reading the commit
-//! at its position and decoding only the event that holds it; the parent
+//! at its position and decoding only the event that holds it (an appended
+//! entry is decoded alone, without the event enum's buffering); the parent
 //! comes from the index (a re-parented entry's stored bytes are never
 //! rewritten, only its parent link). A fork's seed transcript lives in its
 //! `created` event: reading one of its entries decodes that whole event
-//! (cached for the source's lifetime).
+//! (cached for the source's lifetime). Decoded entries read more than once
+//! are kept in the engine's bounded, scan-resistant [`EntryCache`], keyed
+//! by log position. Child links cost one lookup of the `n` key for an
+//! entry with at most one child (a chain), a prefix scan for more.
 //!
 //! Resolved labels are the last label entry (in append order) of a target;
 //! removing a label entry by a rewrite restores the previous one.
@@ -52,14 +56,14 @@
 use std::borrow::Cow;
 use std::cell::RefCell;
 use std::collections::{HashMap, HashSet};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, Weak};
 
 use serde::{Deserialize, Serialize};
 use spool_engine::{Index, IndexBatch, IndexError, Indexer, LogPosition, RecordedCommit, Store};
 
 use super::log::{PURGE_EVENT_KIND, SESSION_EVENT_PREFIX};
 use super::StoreError;
-use crate::session::{decode_event, SessionEvent, SessionId};
+use crate::session::{decode_appended_entry, decode_event, SessionEvent, SessionId};
 use crate::transcript::{
     entry_size, entry_summary, first_kept_depth, ChildLinks, CustomRef, Entry, EntryFacts, EntryId,
     EntryKind, EntrySource, PathFacts, PathMarker, ResidentError, TranscriptVersion,
@@ -69,7 +73,7 @@ use crate::transcript::{
 /// Name of the engine indexer that keeps transcripts.
 pub const TRANSCRIPT_INDEXER: &str = "transcript";
 /// Version of the transcript index layout; bumping it rebuilds the index.
-pub const TRANSCRIPT_INDEX_VERSION: u32 = 2;
+pub const TRANSCRIPT_INDEX_VERSION: u32 = 3;
 
 const TAG_META: u8 = b'm';
 const TAG_ENTRY: u8 = b'e';
@@ -349,14 +353,48 @@ fn put_record(
     Ok(())
 }
 
-fn add_count(batch: &mut IndexBatch<'_>, key: &[u8], delta: i64) -> Result<(), IndexError> {
-    let cur = batch.get(key)?.and_then(|b| be_u64(&b)).unwrap_or(0);
-    let next = if delta >= 0 {
-        cur.saturating_add(delta.unsigned_abs())
+/// The `n` value: the number of children and, when there is exactly one,
+/// its id (a chain's child list is then one point lookup, no scan).
+fn count_value(count: u64, only: Option<&EntryId>) -> Vec<u8> {
+    let mut v = count.to_be_bytes().to_vec();
+    if let (1, Some(id)) = (count, only) {
+        v.extend_from_slice(id.as_str().as_bytes());
+    }
+    v
+}
+
+/// Counts a new child link of `parent` (its `c` key is written by the
+/// caller).
+fn add_child(
+    batch: &mut IndexBatch<'_>,
+    sid: &str,
+    parent: &EntryId,
+    child: &EntryId,
+) -> Result<(), IndexError> {
+    let key = count_key(sid, parent);
+    let cur = batch.get(&key)?.and_then(|b| be_u64(&b)).unwrap_or(0);
+    let next = cur.saturating_add(1);
+    batch.insert(&key, &count_value(next, Some(child)));
+    Ok(())
+}
+
+/// Uncounts a child link of `parent` whose `c` key the caller removed;
+/// when one child is left, finds it among the remaining links.
+fn remove_child(batch: &mut IndexBatch<'_>, sid: &str, parent: &EntryId) -> Result<(), IndexError> {
+    let key = count_key(sid, parent);
+    let cur = batch.get(&key)?.and_then(|b| be_u64(&b)).unwrap_or(0);
+    let next = cur.saturating_sub(1);
+    let only = if next == 1 {
+        batch
+            .scan_prefix(&child_prefix(sid, parent))?
+            .into_iter()
+            .next()
+            .and_then(|(_, v)| String::from_utf8(v).ok())
+            .and_then(|s| EntryId::parse(&s).ok())
     } else {
-        cur.saturating_sub(delta.unsigned_abs())
+        None
     };
-    batch.insert(key, &next.to_be_bytes());
+    batch.insert(&key, &count_value(next, only.as_ref()));
     Ok(())
 }
 
@@ -444,7 +482,7 @@ fn index_entry(
     };
     if let Some(p) = &entry.parent_id {
         batch.insert(&child_key(sid, p, seq), entry.id.as_str().as_bytes());
-        add_count(batch, &count_key(sid, p), 1)?;
+        add_child(batch, sid, p, &entry.id)?;
     }
     let record = EntryRecord {
         segment: loc.position.segment,
@@ -552,12 +590,12 @@ fn relink(
     if let Some(old) = &r.parent {
         batch.remove(&child_key(sid, old, r.seq));
         if batch.get(&entry_key(sid, old))?.is_some() {
-            add_count(batch, &count_key(sid, old), -1)?;
+            remove_child(batch, sid, old)?;
         }
     }
     if let Some(p) = new_parent {
         batch.insert(&child_key(sid, p, r.seq), id.as_str().as_bytes());
-        add_count(batch, &count_key(sid, p), 1)?;
+        add_child(batch, sid, p, id)?;
     }
     Ok(())
 }
@@ -584,7 +622,7 @@ fn apply_delta_rewrite(
         if let Some(p) = &r.parent {
             batch.remove(&child_key(sid, p, r.seq));
             if !removed_set.contains(p) {
-                add_count(batch, &count_key(sid, p), -1)?;
+                remove_child(batch, sid, p)?;
             }
         }
         batch.remove(&entry_key(sid, id));
@@ -924,19 +962,172 @@ type EventCache = Option<((LogPosition, u32), Arc<SessionEvent>)>;
 /// operation reads.
 pub const SOURCE_RECORD_CACHE_MAX: usize = 4096;
 
+/// Bytes of decoded entries the [`EntryCache`] of one engine holds at
+/// most, counted as the entries' [`entry_size`] plus
+/// [`ENTRY_CACHE_OVERHEAD_BYTES`] each (the entry size is the length of
+/// its compact JSON, close to the heap its decoded form holds).
+pub const ENTRY_CACHE_BYTES_MAX: u64 = 8 << 20;
+/// Bytes counted per cached entry on top of its size (map slot, key,
+/// allocation headers).
+pub const ENTRY_CACHE_OVERHEAD_BYTES: u64 = 128;
+/// Positions of recently read, not cached entries the [`EntryCache`]
+/// remembers (in two generations of half as many): an entry is cached
+/// when it is read again while remembered.
+pub const ENTRY_CACHE_GHOSTS_MAX: usize = 8192;
+
+/// Where a decoded entry came from in the log: commit position, event
+/// index in the commit, entry index in the event.
+type EntryKey = (LogPosition, u32, u32);
+
+/// A decoded log entry as cached: the stream (session) of its commit and
+/// the entry as the log holds it (its parent as written; readers take the
+/// parent from the index).
+struct CachedEntry {
+    sid: SessionId,
+    entry: Entry,
+    cost: u64,
+}
+
+/// A bounded cache of decoded transcript entries, shared by every
+/// [`LogTranscriptSource`] of one engine (a block cache one level up: it
+/// saves the log read, the checksum, the commit and event decoding of an
+/// entry read again, e.g. the newest entries of a session opened by
+/// several handles).
+///
+/// **Correctness.** Keys are log positions (segment id, offset, event,
+/// entry index). A record at a position never changes: appends only add
+/// records; rewrites write new records at new positions (the index then
+/// points there); log compaction (GC) copies live records into segments
+/// with ids above every existing one and retires the old ids, so no
+/// position is ever reused for other bytes within one engine (the cache
+/// belongs to one engine instance; a store reopened on its directory gets
+/// a new engine and a new cache). A hit is checked against the reader's
+/// session and entry id like a log read.
+///
+/// **Admission (scan resistance).** A first read of a position only
+/// remembers the position (a "ghost", [`ENTRY_CACHE_GHOSTS_MAX`]); a read
+/// of a remembered position caches the entry. A one-pass read of a long
+/// branch (an export) therefore never fills the cache nor pays for
+/// copying entries into it, while entries read again soon (the newest
+/// entries of a session opened again) are cached on their second read.
+///
+/// **Bound.** [`ENTRY_CACHE_BYTES_MAX`] in two generations: entries go to
+/// the young one; when it reaches half the bound it becomes the old one
+/// (the previous old one is dropped), and a hit in the old generation
+/// moves the entry back to the young one. Memory never exceeds the bound
+/// plus the ghosts (a few dozen bytes each); lookups and inserts are O(1).
+#[derive(Default)]
+pub struct EntryCache {
+    inner: Mutex<EntryCacheInner>,
+}
+
+#[derive(Default)]
+struct EntryCacheInner {
+    young: HashMap<EntryKey, Arc<CachedEntry>>,
+    young_bytes: u64,
+    old: HashMap<EntryKey, Arc<CachedEntry>>,
+    ghosts_young: HashSet<EntryKey>,
+    ghosts_old: HashSet<EntryKey>,
+}
+
+impl EntryCacheInner {
+    fn insert(&mut self, key: EntryKey, v: Arc<CachedEntry>) {
+        let cost = v.cost;
+        if cost > ENTRY_CACHE_BYTES_MAX / 2 {
+            return; // larger than a generation: never cached
+        }
+        if self.young_bytes.saturating_add(cost) > ENTRY_CACHE_BYTES_MAX / 2 {
+            self.old = std::mem::take(&mut self.young);
+            self.young_bytes = 0;
+        }
+        self.young_bytes = self.young_bytes.saturating_add(cost);
+        if let Some(prev) = self.young.insert(key, v) {
+            self.young_bytes = self.young_bytes.saturating_sub(prev.cost);
+        }
+    }
+
+    /// Whether `key` was remembered (it is forgotten then); else it is
+    /// remembered now.
+    fn seen_before(&mut self, key: EntryKey) -> bool {
+        if self.ghosts_young.remove(&key) || self.ghosts_old.remove(&key) {
+            return true;
+        }
+        if self.ghosts_young.len() >= ENTRY_CACHE_GHOSTS_MAX / 2 {
+            self.ghosts_old = std::mem::take(&mut self.ghosts_young);
+        }
+        self.ghosts_young.insert(key);
+        false
+    }
+}
+
+impl EntryCache {
+    fn get(&self, key: &EntryKey) -> Option<Arc<CachedEntry>> {
+        let mut c = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(v) = c.young.get(key) {
+            return Some(v.clone());
+        }
+        let v = c.old.remove(key)?;
+        c.insert(*key, v.clone());
+        Some(v)
+    }
+
+    /// After a miss: whether the entry read at `key` should be cached
+    /// (see the admission rule).
+    fn admit(&self, key: EntryKey) -> bool {
+        self.inner
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .seen_before(key)
+    }
+
+    fn insert(&self, key: EntryKey, v: Arc<CachedEntry>) {
+        self.inner
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(key, v);
+    }
+
+    /// Bytes held (as counted against [`ENTRY_CACHE_BYTES_MAX`]).
+    pub fn bytes(&self) -> u64 {
+        let c = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        c.young_bytes
+            .saturating_add(c.old.values().map(|v| v.cost).sum::<u64>())
+    }
+
+    /// The cache of `engine`, created on first use. Caches are kept per
+    /// engine instance in a process-wide list holding a weak reference
+    /// to their engine: while the weak reference exists the engine's
+    /// allocation cannot be reused by another engine, so pointer
+    /// equality identifies it; caches of dropped engines are removed here.
+    pub fn of(engine: &Arc<Store>) -> Arc<EntryCache> {
+        static CACHES: Mutex<Vec<(Weak<Store>, Arc<EntryCache>)>> = Mutex::new(Vec::new());
+        let mut all = CACHES.lock().unwrap_or_else(|p| p.into_inner());
+        all.retain(|(w, _)| w.strong_count() > 0);
+        let me = Arc::downgrade(engine);
+        if let Some((_, c)) = all.iter().find(|(w, _)| w.ptr_eq(&me)) {
+            return c.clone();
+        }
+        let c = Arc::new(EntryCache::default());
+        all.push((me, c.clone()));
+        c
+    }
+}
+
 /// An [`EntrySource`] over the log store's transcript index for one
 /// session: facts, sizes, path facts, children, labels, summaries, the
 /// active path and custom lists come from the index; an entry's payload is
-/// read from the commit at its position. The last commit read, the last
-/// event decoded and up to [`SOURCE_RECORD_CACHE_MAX`] index records are
-/// cached for the source's lifetime, which is one operation (callers
-/// re-check the transcript version after it).
+/// read from the commit at its position, through the engine's shared
+/// [`EntryCache`]. The last commit read, the last event decoded and up to
+/// [`SOURCE_RECORD_CACHE_MAX`] index records are cached for the source's
+/// lifetime, which is one operation (callers re-check the transcript
+/// version after it).
 pub struct LogTranscriptSource {
     engine: Arc<Store>,
     sid: SessionId,
     commit: RefCell<CommitCache>,
     event: RefCell<EventCache>,
     records: RefCell<HashMap<EntryId, Arc<EntryRecord>>>,
+    entries: Arc<EntryCache>,
 }
 
 impl std::fmt::Debug for LogTranscriptSource {
@@ -950,6 +1141,7 @@ impl std::fmt::Debug for LogTranscriptSource {
 impl LogTranscriptSource {
     pub fn new(engine: Arc<Store>, sid: SessionId) -> Self {
         LogTranscriptSource {
+            entries: EntryCache::of(&engine),
             engine,
             sid,
             commit: RefCell::new(None),
@@ -1012,12 +1204,9 @@ impl LogTranscriptSource {
             .ok_or_else(|| self.corrupt(format!("malformed active-path link at depth {depth}")))
     }
 
-    fn event_at(&self, pos: LogPosition, idx: u32) -> Result<Arc<SessionEvent>, StoreError> {
-        if let Some((k, ev)) = &*self.event.borrow() {
-            if *k == (pos, idx) {
-                return Ok(ev.clone());
-            }
-        }
+    /// The commit at `pos` (the last one read is kept), checked to belong
+    /// to this session.
+    fn commit_at(&self, pos: LogPosition) -> Result<Arc<RecordedCommit>, StoreError> {
         let cached = self
             .commit
             .borrow()
@@ -1038,6 +1227,16 @@ impl LogTranscriptSource {
                 commit.info.stream
             )));
         }
+        Ok(commit)
+    }
+
+    fn event_at(&self, pos: LogPosition, idx: u32) -> Result<Arc<SessionEvent>, StoreError> {
+        if let Some((k, ev)) = &*self.event.borrow() {
+            if *k == (pos, idx) {
+                return Ok(ev.clone());
+            }
+        }
+        let commit = self.commit_at(pos)?;
         let raw = usize::try_from(idx)
             .ok()
             .and_then(|i| commit.events.get(i))
@@ -1050,25 +1249,75 @@ impl LogTranscriptSource {
         Ok(ev)
     }
 
-    fn load(&self, id: &EntryId, r: &EntryRecord) -> Result<Entry, StoreError> {
-        let ev = self.event_at(r.position(), r.event)?;
+    /// The entry as the log holds it (its parent as written), read and
+    /// decoded from the commit the record names. An appended entry is
+    /// decoded alone ([`decode_appended_entry`]); an entry of a
+    /// whole-transcript event decodes that event (kept for the next entry
+    /// of the same event).
+    fn read_entry(&self, id: &EntryId, r: &EntryRecord) -> Result<Entry, StoreError> {
+        let pos = r.position();
+        let misplaced = || {
+            self.corrupt(format!(
+                "entry {id} is not where the index says ({pos}, event {}, #{})",
+                r.event, r.sub
+            ))
+        };
+        if r.sub == 0 {
+            let commit = self.commit_at(pos)?;
+            let raw = usize::try_from(r.event)
+                .ok()
+                .and_then(|i| commit.events.get(i))
+                .ok_or_else(|| {
+                    self.corrupt(format!("no event {} in the commit at {pos}", r.event))
+                })?;
+            if raw
+                .kind
+                .strip_prefix(SESSION_EVENT_PREFIX)
+                .is_some_and(|k| k == "entry_appended")
+            {
+                let e = decode_appended_entry(&raw.payload).map_err(|e| {
+                    self.corrupt(format!("event {} of the commit at {pos}: {e}", r.event))
+                })?;
+                return if &e.id == id { Ok(e) } else { Err(misplaced()) };
+            }
+        }
+        let ev = self.event_at(pos, r.event)?;
         let sub = usize::try_from(r.sub).unwrap_or(usize::MAX);
         let found = match &*ev {
-            SessionEvent::EntryAppended { entry } => Some(entry),
+            SessionEvent::EntryAppended { entry } if sub == 0 => Some(entry),
             SessionEvent::Created { state, .. } => state.transcript.entries().get(sub),
             SessionEvent::HistoryRewritten { entries, .. } => entries.get(sub),
             SessionEvent::TranscriptRewritten { written, .. } => written.get(sub),
             _ => None,
         };
-        let e = found.filter(|e| &e.id == id).ok_or_else(|| {
-            self.corrupt(format!(
-                "entry {id} is not where the index says ({}, event {}, #{})",
-                r.position(),
-                r.event,
-                r.sub
-            ))
-        })?;
-        let mut e = e.clone();
+        found.filter(|e| &e.id == id).cloned().ok_or_else(misplaced)
+    }
+
+    /// The entry with its current parent (from the index), through the
+    /// engine's [`EntryCache`].
+    fn load(&self, id: &EntryId, r: &EntryRecord) -> Result<Entry, StoreError> {
+        let key = (r.position(), r.event, r.sub);
+        let hit = self
+            .entries
+            .get(&key)
+            .filter(|c| c.sid == self.sid && &c.entry.id == id);
+        let mut e = match hit {
+            Some(c) => c.entry.clone(),
+            None => {
+                let e = self.read_entry(id, r)?;
+                if self.entries.admit(key) {
+                    self.entries.insert(
+                        key,
+                        Arc::new(CachedEntry {
+                            sid: self.sid.clone(),
+                            entry: e.clone(),
+                            cost: r.size.saturating_add(ENTRY_CACHE_OVERHEAD_BYTES),
+                        }),
+                    );
+                }
+                e
+            }
+        };
         e.parent_id = r.parent.clone();
         Ok(e)
     }
@@ -1084,28 +1333,57 @@ impl EntrySource for LogTranscriptSource {
         }
     }
 
+    /// One lookup of the count (which names the only child of an entry
+    /// with one: a chain); a scan of the child links for more.
     fn children(&self, id: &EntryId, limit: usize) -> Result<ChildLinks, StoreError> {
         let sid = self.sid.as_str();
         let index = self.engine.index();
-        let mut ids = Vec::new();
-        if limit > 0 {
-            for kv in index.scan_prefix(TRANSCRIPT_INDEXER, &child_prefix(sid, id)) {
-                let (_, v) = kv.map_err(engine_err)?;
-                let child = std::str::from_utf8(&v)
-                    .ok()
-                    .and_then(|s| EntryId::parse(s).ok())
-                    .ok_or_else(|| self.corrupt(format!("malformed child link of {id}")))?;
-                ids.push(child);
-                if ids.len() >= limit {
-                    break;
-                }
-            }
-        }
-        let total = index
+        let (total, only) = match index
             .get(TRANSCRIPT_INDEXER, &count_key(sid, id))
             .map_err(engine_err)?
-            .and_then(|b| be_u64(&b))
-            .unwrap_or(0);
+        {
+            None => (0, None),
+            Some(b) => {
+                let total = be_u64(&b)
+                    .ok_or_else(|| self.corrupt(format!("malformed child count of {id}")))?;
+                let only = match b.get(8..) {
+                    Some(rest) if !rest.is_empty() => Some(
+                        std::str::from_utf8(rest)
+                            .ok()
+                            .and_then(|s| EntryId::parse(s).ok())
+                            .ok_or_else(|| {
+                                self.corrupt(format!("malformed only-child link of {id}"))
+                            })?,
+                    ),
+                    _ => None,
+                };
+                (total, only)
+            }
+        };
+        if total == 0 || limit == 0 {
+            return Ok(ChildLinks {
+                ids: Vec::new(),
+                total,
+            });
+        }
+        if let (1, Some(only)) = (total, only) {
+            return Ok(ChildLinks {
+                ids: vec![only],
+                total,
+            });
+        }
+        let mut ids = Vec::new();
+        for kv in index.scan_prefix(TRANSCRIPT_INDEXER, &child_prefix(sid, id)) {
+            let (_, v) = kv.map_err(engine_err)?;
+            let child = std::str::from_utf8(&v)
+                .ok()
+                .and_then(|s| EntryId::parse(s).ok())
+                .ok_or_else(|| self.corrupt(format!("malformed child link of {id}")))?;
+            ids.push(child);
+            if ids.len() >= limit {
+                break;
+            }
+        }
         Ok(ChildLinks { ids, total })
     }
 
@@ -1277,6 +1555,16 @@ mod tests {
             if !path.contains(&e.id) {
                 assert_eq!(src.ancestor_at_depth(&e.id, 0).unwrap(), None, "{}", e.id);
             }
+            // Child links (the count names an only child) agree with the
+            // loaded transcript, with and without a limit.
+            for limit in [0, 1, 64] {
+                assert_eq!(
+                    src.children(&e.id, limit).unwrap(),
+                    EntrySource::children(&t, &e.id, limit).unwrap(),
+                    "children of {} (limit {limit})",
+                    e.id
+                );
+            }
         }
         path
     }
@@ -1285,6 +1573,146 @@ mod tests {
         (0..n)
             .map(|i| h.append(user(&format!("{tag}{i}"))).unwrap())
             .collect()
+    }
+
+    /// Entries read again come from the engine's entry cache, and what a
+    /// reader gets stays what the log and index say across rewrites (new
+    /// positions), re-parenting (the parent comes from the index) and a
+    /// reopened store (a new engine, a new cache).
+    #[test]
+    fn cached_entries_stay_exact_across_rewrites_and_reopens() {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, rt) = open(dir.path());
+        let id = rt
+            .create(AgentDefinition::default(), None)
+            .unwrap()
+            .id()
+            .clone();
+        let h = rt.open_handle(&id, HandleOptions::writer()).unwrap();
+        let ids = append_n(&h, 30, "m");
+        let loaded =
+            |store: &LogStore| store.load(&id).unwrap().unwrap().state().transcript.clone();
+        let check = |store: &LogStore| {
+            let t = loaded(store);
+            // Three sources in turn: a miss, the admitting read, a hit.
+            for _ in 0..3 {
+                let src = store.source(&id).unwrap();
+                for e in t.entries() {
+                    assert_eq!(src.entry(&e.id).unwrap().as_deref(), Some(e), "{}", e.id);
+                }
+            }
+        };
+        check(&store);
+        let engine = store.engine().unwrap();
+        let cache = EntryCache::of(&engine);
+        assert!(cache.bytes() > 0, "entries read again are cached");
+        assert!(cache.bytes() <= ENTRY_CACHE_BYTES_MAX);
+        // A rewrite writes the entries it changes at new positions.
+        h.redact(&|s| s.replace("m1", "[r]"), &CancelToken::new())
+            .unwrap();
+        check(&store);
+        assert!(loaded(&store).get(&ids[1]).is_some_and(|e| {
+            matches!(&e.kind, EntryKind::Message { message: Message::User { content } }
+                if content == &vec![ContentBlock::text("[r]")])
+        }));
+        // Re-parenting: an aborted assistant removed from between two
+        // entries; the kept entry's stored bytes name the old parent.
+        h.append(EntryKind::Message {
+            message: Message::Assistant {
+                content: vec![ContentBlock::text("aborted")],
+                stop_reason: crate::transcript::StopReason::Aborted,
+                usage: Default::default(),
+                model: None,
+                error_message: None,
+            },
+        })
+        .unwrap();
+        h.append(EntryKind::Custom {
+            custom_type: "payload".into(),
+            data: serde_json::json!({"k": 1}),
+        })
+        .unwrap();
+        check(&store);
+        h.remove_trailing_entries(
+            &|e| {
+                matches!(
+                    &e.kind,
+                    EntryKind::Message {
+                        message: Message::Assistant { .. }
+                    }
+                )
+            },
+            &|f| f.kind == "custom",
+            &CancelToken::new(),
+        )
+        .unwrap();
+        check(&store);
+        drop(h);
+        drop(rt);
+        drop(engine);
+        drop(store);
+        let (store, _rt) = open(dir.path());
+        assert_eq!(EntryCache::of(&store.engine().unwrap()).bytes(), 0);
+        check(&store);
+    }
+
+    /// The cache stays within its bound whatever is read, and a one-pass
+    /// read fills nothing (admission needs a second read).
+    #[test]
+    fn the_entry_cache_is_bounded_and_scan_resistant() {
+        let mut c = EntryCacheInner::default();
+        let entry = Entry {
+            id: EntryId::parse("x").unwrap(),
+            parent_id: None,
+            timestamp_ms: 0,
+            kind: user("x"),
+        };
+        let key = |i: u64| {
+            (
+                LogPosition {
+                    segment: 1,
+                    offset: i,
+                },
+                0,
+                0,
+            )
+        };
+        let cost = 100_000;
+        for i in 0..1000 {
+            assert!(!c.seen_before(key(i)), "a first read is only remembered");
+        }
+        assert!(c.young.is_empty() && c.old.is_empty());
+        for i in 0..1000 {
+            c.insert(
+                key(i),
+                Arc::new(CachedEntry {
+                    sid: SessionId::parse("s").unwrap(),
+                    entry: entry.clone(),
+                    cost,
+                }),
+            );
+            let held: u64 = c.young.values().chain(c.old.values()).map(|v| v.cost).sum();
+            assert!(held <= ENTRY_CACHE_BYTES_MAX, "{held} bytes held after {i}");
+            assert_eq!(
+                held - c.old.values().map(|v| v.cost).sum::<u64>(),
+                c.young_bytes
+            );
+        }
+        // Too large for a generation: never cached.
+        c.insert(
+            key(5000),
+            Arc::new(CachedEntry {
+                sid: SessionId::parse("s").unwrap(),
+                entry,
+                cost: ENTRY_CACHE_BYTES_MAX,
+            }),
+        );
+        assert!(!c.young.contains_key(&key(5000)));
+        // Ghosts are bounded too.
+        for i in 0..(ENTRY_CACHE_GHOSTS_MAX as u64 * 3) {
+            c.seen_before(key(10_000 + i));
+            assert!(c.ghosts_young.len() + c.ghosts_old.len() <= ENTRY_CACHE_GHOSTS_MAX);
+        }
     }
 
     #[test]
