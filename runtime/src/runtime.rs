@@ -1,7 +1,9 @@
 //! [`SessionRuntime`]: the create / read / execute boundary.
 //!
 //! # Create pipeline (`create`, and `fork` after loading the source)
-//! 1. Build the session ([`SessionFactory`] rules).
+//! 1. Build the session ([`SessionFactory`] rules; for `fork`,
+//!    [`ForkSession::fork_owned`]: the loaded source is consumed and the
+//!    kept path's entries move into the fork).
 //! 2. BeforeCreate hooks. 3. BeforeSave hooks.
 //! 4. `store.create` (version 0 → 1). On failure: `SessionSaveFailed`,
 //!    the store error is returned.

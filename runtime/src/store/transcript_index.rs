@@ -27,6 +27,9 @@
 //! is proportional to what it names plus the subtrees whose path facts
 //! change (re-parented entries, entries whose [`PathMarker`] changed); a
 //! whole rewrite, a state clear and a purge are O(entries of the session).
+//! A `created` event's seed transcript (a fork's path) is indexed in one
+//! in-memory pass (`index_seed`): the same keys as appending its entries
+//! one by one, without reading the index back.
 //!
 //! **Active path.** The `p` keys hold the root→leaf path of the current
 //! leaf by depth (exactly the depths `0..path_len` of [`TranscriptMeta`]
