@@ -469,18 +469,18 @@ fn index_entry(
     Ok(Some(depth))
 }
 
-/// What [`index_seed`] keeps of each entry it indexed.
-struct SeedEntry {
-    parent: Option<EntryId>,
-    kind: &'static str,
-    marker: PathMarker,
-    facts: PathFacts,
-    size: u64,
+/// The seed's entries indexed so far, as an [`EntrySource`] of facts (for
+/// [`first_kept_depth`]): entry id → position of its record.
+struct SeedSource<'a> {
+    at: &'a HashMap<&'a EntryId, usize>,
+    records: &'a [EntryRecord],
 }
 
-/// The seed's entries indexed so far, as an [`EntrySource`] of facts (for
-/// [`first_kept_depth`]).
-struct SeedSource<'a>(&'a HashMap<EntryId, SeedEntry>);
+impl SeedSource<'_> {
+    fn record(&self, id: &EntryId) -> Option<&EntryRecord> {
+        self.at.get(id).and_then(|&i| self.records.get(i))
+    }
+}
 
 impl EntrySource for SeedSource<'_> {
     type Error = std::convert::Infallible;
@@ -495,19 +495,19 @@ impl EntrySource for SeedSource<'_> {
     }
 
     fn facts(&self, id: &EntryId) -> Result<Option<EntryFacts>, Self::Error> {
-        Ok(self.0.get(id).map(|r| EntryFacts {
+        Ok(self.record(id).map(|r| EntryFacts {
             parent_id: r.parent.clone(),
-            kind: r.kind.to_string(),
+            kind: r.kind.clone(),
             marker: r.marker.clone(),
         }))
     }
 
     fn entry_size(&self, id: &EntryId) -> Result<Option<u64>, Self::Error> {
-        Ok(self.0.get(id).map(|r| r.size))
+        Ok(self.record(id).map(|r| r.size))
     }
 
     fn path_facts(&self, id: &EntryId) -> Result<Option<PathFacts>, Self::Error> {
-        Ok(self.0.get(id).map(|r| r.facts.clone()))
+        Ok(self.record(id).map(|r| r.facts.clone()))
     }
 }
 
@@ -516,10 +516,10 @@ impl EntrySource for SeedSource<'_> {
 /// [`index_entry`] for each entry in order followed by [`sync_path`], but
 /// computed in memory. Every lookup of an earlier entry (duplicates,
 /// parents' facts, child counts, custom ordinals, the path walk) is
-/// answered from what this seed indexed — after the clear the session has
-/// nothing else — so no index read is made and no record is decoded
-/// again; child counts and custom ordinals are written once with their
-/// final values.
+/// answered from the records this seed built — after the clear the
+/// session has nothing else — so no index read is made and no record is
+/// decoded again; child counts and custom ordinals are written once with
+/// their final values.
 fn index_seed(
     batch: &mut IndexBatch<'_>,
     sid: &str,
@@ -529,19 +529,29 @@ fn index_seed(
     loc: &Locator,
 ) -> Result<(), IndexError> {
     debug_assert_eq!(meta.entries, 0, "a seed is indexed into a cleared session");
-    let mut seen: HashMap<EntryId, SeedEntry> = HashMap::with_capacity(entries.len());
+    let mut at: HashMap<&EntryId, usize> = HashMap::with_capacity(entries.len());
+    let mut records: Vec<EntryRecord> = Vec::with_capacity(entries.len());
     let mut child_counts: HashMap<&EntryId, u64> = HashMap::new();
     let mut custom_next: HashMap<&str, u64> = HashMap::new();
     for (k, entry) in entries.iter().enumerate() {
-        if seen.contains_key(&entry.id) {
+        if at.contains_key(&entry.id) {
             // A duplicate id: the first occurrence stays authoritative.
             continue;
         }
-        let facts = match entry.parent_id.as_ref().and_then(|p| seen.get(p)) {
+        let parent = entry
+            .parent_id
+            .as_ref()
+            .and_then(|p| at.get(p))
+            .and_then(|&i| records.get(i));
+        let facts = match parent {
             None => PathFacts::root(entry),
             Some(pr) => {
+                let view = SeedSource {
+                    at: &at,
+                    records: &records,
+                };
                 // A damaged parent chain: the compaction keeps nothing.
-                let kept = first_kept_depth(&SeedSource(&seen), entry, pr.facts.depth)
+                let kept = first_kept_depth(&view, entry, pr.facts.depth)
                     .ok()
                     .flatten();
                 PathFacts::child(&pr.facts, entry, kept)
@@ -574,19 +584,16 @@ fn index_seed(
             let n = child_counts.entry(p).or_insert(0);
             *n = n.saturating_add(1);
         }
-        let size = entry_size(entry);
-        let kind = entry.kind_name();
-        let marker = PathMarker::of(entry);
         let record = EntryRecord {
             segment: loc.position.segment,
             offset: loc.position.offset,
             event: loc.event,
             sub: u32::try_from(k).unwrap_or(u32::MAX),
-            size,
-            kind: kind.to_string(),
+            size: entry_size(entry),
+            kind: entry.kind_name().to_string(),
             parent: entry.parent_id.clone(),
-            marker: marker.clone(),
-            facts: facts.clone(),
+            marker: PathMarker::of(entry),
+            facts,
             seq,
             custom,
             label_target,
@@ -594,16 +601,8 @@ fn index_seed(
         };
         put_record(batch, sid, &entry.id, &record)?;
         meta.entries = meta.entries.saturating_add(1);
-        seen.insert(
-            entry.id.clone(),
-            SeedEntry {
-                parent: entry.parent_id.clone(),
-                kind,
-                marker,
-                facts,
-                size,
-            },
-        );
+        at.insert(&entry.id, records.len());
+        records.push(record);
     }
     for (parent, n) in child_counts {
         batch.insert(&count_key(sid, parent), &n.to_be_bytes());
@@ -619,7 +618,7 @@ fn index_seed(
     let mut cur = leaf;
     let mut expect_depth: Option<u64> = None;
     while let Some(id) = cur {
-        let Some(r) = seen.get(id) else {
+        let Some(r) = at.get(id).and_then(|&i| records.get(i)) else {
             break;
         };
         let d = r.facts.depth;
