@@ -1,7 +1,9 @@
 //! [`SessionRuntime`]: the create / read / execute boundary.
 //!
 //! # Create pipeline (`create`, and `fork` after loading the source)
-//! 1. Build the session ([`SessionFactory`] rules).
+//! 1. Build the session ([`SessionFactory`] rules; for `fork`,
+//!    [`ForkSession::fork_owned`]: the loaded source is consumed and the
+//!    kept path's entries move into the fork).
 //! 2. BeforeCreate hooks. 3. BeforeSave hooks.
 //! 4. `store.create` (version 0 → 1). On failure: `SessionSaveFailed`,
 //!    the store error is returned.
@@ -124,10 +126,14 @@ impl SessionRuntime {
     }
 
     fn saved(&self, s: &AgentSession) {
+        self.saved_as(s.id(), s.version(), s.status());
+    }
+
+    fn saved_as(&self, id: &SessionId, version: u64, status: SessionStatus) {
         self.emit(RuntimeEvent::SessionSaved {
-            session_id: s.id().clone(),
-            version: s.version(),
-            status: s.status(),
+            session_id: id.clone(),
+            version,
+            status,
         });
     }
 
@@ -138,14 +144,16 @@ impl SessionRuntime {
         mut session: AgentSession,
         stages: &[HookStage],
     ) -> Result<AgentSession, RuntimeError> {
-        let committed = session.clone();
+        // What was committed, for the report (hooks may change the
+        // session; its id and version are the store's).
+        let (id, version, status) = (session.id().clone(), session.version(), session.status());
         for &stage in stages {
-            if let Err(e) = self.run_hooks(stage, &mut session, Some(committed.version())) {
-                self.saved(&committed);
+            if let Err(e) = self.run_hooks(stage, &mut session, Some(version)) {
+                self.saved_as(&id, version, status);
                 return Err(e);
             }
         }
-        self.saved(&committed);
+        self.saved_as(&id, version, status);
         if session.pending_events().is_empty() {
             return Ok(session);
         }
@@ -283,7 +291,9 @@ impl SessionRuntime {
         let source = self.load(id)?;
         self.loaded(&source);
         let action = ForkSession { at };
-        let forked = match action.fork(&source) {
+        // The source was loaded for this fork only: its kept entries move
+        // into the fork instead of being copied.
+        let forked = match action.fork_owned(source) {
             Ok(f) => f,
             Err(e) => return Err(self.action_failed(id, "fork_session", e)),
         };

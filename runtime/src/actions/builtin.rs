@@ -259,4 +259,10 @@ impl ForkSession {
     pub fn fork(&self, source: &AgentSession) -> Result<AgentSession, ActionError> {
         Ok(source.fork(self.at.as_ref())?)
     }
+
+    /// [`ForkSession::fork`] consuming the source: the kept transcript
+    /// entries are moved into the fork, not copied.
+    pub fn fork_owned(&self, source: AgentSession) -> Result<AgentSession, ActionError> {
+        Ok(source.into_fork(self.at.as_ref())?)
+    }
 }

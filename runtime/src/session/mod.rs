@@ -21,8 +21,6 @@ pub mod id;
 pub mod info;
 pub mod state;
 
-use std::collections::HashMap;
-
 use serde::{Deserialize, Serialize};
 
 pub use codec::{
@@ -40,7 +38,7 @@ pub use state::{
 };
 
 use crate::transcript::{
-    now_ms, Entry, EntryId, EntryKind, Navigation, RewritePlan, TranscriptError, Usage,
+    now_ms, Entry, EntryId, EntryKind, Navigation, RewritePlan, Transcript, TranscriptError, Usage,
 };
 
 /// A session mutation was refused. Nothing was recorded.
@@ -148,18 +146,59 @@ impl AgentSession {
     /// session, the same definition, and this state with the transcript cut
     /// to the root→`at` path (or the whole transcript when `at` is `None`).
     /// Its pending list holds `Created` and `Forked`; version 0, status
-    /// Active. Deleted sessions cannot be forked.
+    /// Active. Deleted sessions cannot be forked. Copies only what the fork
+    /// keeps (the path's entries, not the whole transcript); see
+    /// [`AgentSession::into_fork`] to move them instead.
     pub fn fork(&self, at: Option<&EntryId>) -> Result<AgentSession, SessionError> {
         self.guard()?;
-        let mut state = self.state.clone();
-        if let Some(at) = at {
-            let path = self.path_to(at)?;
-            state.transcript.replace_all(path, Some(at.clone()));
-        }
-        state.execution = ExecutionStatus::Pending;
-        state.last_error = None;
-        state.usage = Usage::default();
-        let mut s = Self::from_created_event(SessionEvent::Created {
+        let transcript = match at {
+            None => self.state.transcript.clone(),
+            Some(at) => {
+                let mut t = Transcript::new();
+                t.replace_all(self.path_to(at)?, Some(at.clone()));
+                t
+            }
+        };
+        self.fork_with(transcript, at)
+    }
+
+    /// [`AgentSession::fork`] consuming this session: the fork's transcript
+    /// entries are moved out of it instead of copied (what a caller that
+    /// loaded the source only to fork it wants).
+    pub fn into_fork(mut self, at: Option<&EntryId>) -> Result<AgentSession, SessionError> {
+        self.guard()?;
+        let transcript = std::mem::take(&mut self.state.transcript);
+        let transcript = match at {
+            None => transcript,
+            Some(at) => transcript
+                .into_complete_path(at)
+                .map_err(|e| self.path_error(at, e))?,
+        };
+        self.fork_with(transcript, at)
+    }
+
+    /// The fork of this session with `transcript` (already cut).
+    fn fork_with(
+        &self,
+        transcript: Transcript,
+        at: Option<&EntryId>,
+    ) -> Result<AgentSession, SessionError> {
+        let s = &self.state;
+        // Every field named: a new state field must decide how it forks.
+        let state = AgentState {
+            transcript,
+            generation: s.generation,
+            metadata: s.metadata.clone(),
+            system_prompt: s.system_prompt.clone(),
+            model: s.model.clone(),
+            execution_count: s.execution_count,
+            execution: ExecutionStatus::Pending,
+            last_error: None,
+            usage: Usage::default(),
+            total_usage: s.total_usage,
+            tasks: s.tasks.clone(),
+        };
+        let mut f = Self::from_created_event(SessionEvent::Created {
             id: SessionId::generate(),
             parent_id: Some(self.info.id.clone()),
             agent_name: self.info.agent_name.clone(),
@@ -168,50 +207,33 @@ impl AgentSession {
             definition: Box::new(self.definition.clone()),
             state: Box::new(state),
         });
-        s.record(SessionEvent::Forked {
+        f.record(SessionEvent::Forked {
             from: self.info.id.clone(),
             at_entry: at.cloned(),
         })?;
-        Ok(s)
+        Ok(f)
     }
 
-    /// The entries on the path root → `at`, root first.
-    pub fn path_to(&self, at: &EntryId) -> Result<Vec<Entry>, SessionError> {
-        let entries = self.state.transcript.entries();
-        let by_id: HashMap<&EntryId, &Entry> = entries.iter().map(|e| (&e.id, e)).collect();
-        let mut path = Vec::new();
-        let mut cur = by_id
-            .get(at)
-            .copied()
-            .ok_or_else(|| SessionError::UnknownEntry {
-                id: self.info.id.clone(),
-                entry: at.clone(),
-            })?;
-        loop {
-            path.push(cur.clone());
-            // A cycle can only come from a corrupt document; stop instead of
-            // looping forever.
-            if path.len() > entries.len() {
-                return Err(SessionError::UnknownEntry {
-                    id: self.info.id.clone(),
-                    entry: at.clone(),
-                });
-            }
-            match &cur.parent_id {
-                None => break,
-                Some(p) => {
-                    cur = by_id
-                        .get(p)
-                        .copied()
-                        .ok_or_else(|| SessionError::UnknownEntry {
-                            id: self.info.id.clone(),
-                            entry: p.clone(),
-                        })?
-                }
-            }
+    /// A path error of the transcript as this session reports it.
+    fn path_error(&self, at: &EntryId, e: TranscriptError) -> SessionError {
+        SessionError::UnknownEntry {
+            id: self.info.id.clone(),
+            entry: match e {
+                TranscriptError::UnknownEntry(missing) => missing,
+                // A cycle can only come from a corrupt document.
+                _ => at.clone(),
+            },
         }
-        path.reverse();
-        Ok(path)
+    }
+
+    /// The entries on the path root → `at`, root first. Errors with
+    /// `UnknownEntry` naming `at` when it is absent (or its parents form a
+    /// cycle), or naming the first missing parent.
+    pub fn path_to(&self, at: &EntryId) -> Result<Vec<Entry>, SessionError> {
+        self.state
+            .transcript
+            .complete_path(at)
+            .map_err(|e| self.path_error(at, e))
     }
 
     // ---- accessors -------------------------------------------------------

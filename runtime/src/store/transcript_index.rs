@@ -27,6 +27,9 @@
 //! is proportional to what it names plus the subtrees whose path facts
 //! change (re-parented entries, entries whose [`PathMarker`] changed); a
 //! whole rewrite, a state clear and a purge are O(entries of the session).
+//! A `created` event's seed transcript (a fork's path) is indexed in one
+//! in-memory pass (`index_seed`): the same keys as appending its entries
+//! one by one, without reading the index back.
 //!
 //! **Active path.** The `p` keys hold the root→leaf path of the current
 //! leaf by depth (exactly the depths `0..path_len` of [`TranscriptMeta`]
@@ -504,6 +507,174 @@ fn index_entry(
     Ok(Some(depth))
 }
 
+/// The seed's entries indexed so far, as an [`EntrySource`] of facts (for
+/// [`first_kept_depth`]): entry id → position of its record.
+struct SeedSource<'a> {
+    at: &'a HashMap<&'a EntryId, usize>,
+    records: &'a [EntryRecord],
+}
+
+impl SeedSource<'_> {
+    fn record(&self, id: &EntryId) -> Option<&EntryRecord> {
+        self.at.get(id).and_then(|&i| self.records.get(i))
+    }
+}
+
+impl EntrySource for SeedSource<'_> {
+    type Error = std::convert::Infallible;
+
+    fn entry(&self, _id: &EntryId) -> Result<Option<Cow<'_, Entry>>, Self::Error> {
+        // Only facts are read while indexing.
+        Ok(None)
+    }
+
+    fn children(&self, _id: &EntryId, _limit: usize) -> Result<ChildLinks, Self::Error> {
+        Ok(ChildLinks::default())
+    }
+
+    fn facts(&self, id: &EntryId) -> Result<Option<EntryFacts>, Self::Error> {
+        Ok(self.record(id).map(|r| EntryFacts {
+            parent_id: r.parent.clone(),
+            kind: r.kind.clone(),
+            marker: r.marker.clone(),
+        }))
+    }
+
+    fn entry_size(&self, id: &EntryId) -> Result<Option<u64>, Self::Error> {
+        Ok(self.record(id).map(|r| r.size))
+    }
+
+    fn path_facts(&self, id: &EntryId) -> Result<Option<PathFacts>, Self::Error> {
+        Ok(self.record(id).map(|r| r.facts.clone()))
+    }
+}
+
+/// Indexes a whole seed transcript (a `created` event's) into a session
+/// whose per-entry keys were just cleared: the same keys and values as
+/// [`index_entry`] for each entry in order followed by [`sync_path`], but
+/// computed in memory. Every lookup of an earlier entry (duplicates,
+/// parents' facts, child counts, custom ordinals, the path walk) is
+/// answered from the records this seed built — after the clear the
+/// session has nothing else — so no index read is made and no record is
+/// decoded again; child counts and custom ordinals are written once with
+/// their final values.
+fn index_seed(
+    batch: &mut IndexBatch<'_>,
+    sid: &str,
+    meta: &mut TranscriptMeta,
+    entries: &[Entry],
+    leaf: Option<&EntryId>,
+    loc: &Locator,
+) -> Result<(), IndexError> {
+    debug_assert_eq!(meta.entries, 0, "a seed is indexed into a cleared session");
+    let mut at: HashMap<&EntryId, usize> = HashMap::with_capacity(entries.len());
+    let mut records: Vec<EntryRecord> = Vec::with_capacity(entries.len());
+    let mut child_counts: HashMap<&EntryId, u64> = HashMap::new();
+    let mut custom_next: HashMap<&str, u64> = HashMap::new();
+    for (k, entry) in entries.iter().enumerate() {
+        if at.contains_key(&entry.id) {
+            // A duplicate id: the first occurrence stays authoritative.
+            continue;
+        }
+        let parent = entry
+            .parent_id
+            .as_ref()
+            .and_then(|p| at.get(p))
+            .and_then(|&i| records.get(i));
+        let facts = match parent {
+            None => PathFacts::root(entry),
+            Some(pr) => {
+                let view = SeedSource {
+                    at: &at,
+                    records: &records,
+                };
+                // A damaged parent chain: the compaction keeps nothing.
+                let kept = first_kept_depth(&view, entry, pr.facts.depth)
+                    .ok()
+                    .flatten();
+                PathFacts::child(&pr.facts, entry, kept)
+            }
+        };
+        let seq = meta.next_seq;
+        meta.next_seq = meta.next_seq.saturating_add(1);
+        let custom = match custom_type(entry) {
+            Some(t) => {
+                let next = custom_next.entry(t).or_insert(0);
+                let ordinal = *next;
+                *next = next.saturating_add(1);
+                let all = meta.custom_next;
+                meta.custom_next = meta.custom_next.saturating_add(1);
+                batch.insert(&custom_key(sid, t, ordinal), entry.id.as_str().as_bytes());
+                batch.insert(&custom_all_key(sid, all), entry.id.as_str().as_bytes());
+                Some((t.to_string(), ordinal, all))
+            }
+            None => None,
+        };
+        let label_target = match label_value(entry) {
+            Some((target, label)) => {
+                batch.insert(&label_key(sid, &target, seq), &encode("label", &label)?);
+                Some(target)
+            }
+            None => None,
+        };
+        if let Some(p) = &entry.parent_id {
+            batch.insert(&child_key(sid, p, seq), entry.id.as_str().as_bytes());
+            let n = child_counts.entry(p).or_insert(0);
+            *n = n.saturating_add(1);
+        }
+        let record = EntryRecord {
+            segment: loc.position.segment,
+            offset: loc.position.offset,
+            event: loc.event,
+            sub: u32::try_from(k).unwrap_or(u32::MAX),
+            size: entry_size(entry),
+            kind: entry.kind_name().to_string(),
+            parent: entry.parent_id.clone(),
+            marker: PathMarker::of(entry),
+            facts,
+            seq,
+            custom,
+            label_target,
+            summary: entry_summary(entry, TREE_SUMMARY_CHARS_MAX).0,
+        };
+        put_record(batch, sid, &entry.id, &record)?;
+        meta.entries = meta.entries.saturating_add(1);
+        at.insert(&entry.id, records.len());
+        records.push(record);
+    }
+    for (parent, n) in child_counts {
+        batch.insert(&count_key(sid, parent), &n.to_be_bytes());
+    }
+    for (t, next) in custom_next {
+        batch.insert(&custom_next_key(sid, t), &next.to_be_bytes());
+    }
+    // The active path, as `sync_path` writes it into a session without
+    // path keys: from the leaf up while the entries are known and their
+    // depths fall by one.
+    meta.leaf = leaf.cloned();
+    meta.path_len = 0;
+    let mut cur = leaf;
+    let mut expect_depth: Option<u64> = None;
+    while let Some(id) = cur {
+        let Some(r) = at.get(id).and_then(|&i| records.get(i)) else {
+            break;
+        };
+        let d = r.facts.depth;
+        match expect_depth {
+            None => meta.path_len = d.saturating_add(1),
+            Some(e) if e != d => break,
+            Some(_) => {}
+        }
+        batch.insert(&path_key(sid, d), id.as_str().as_bytes());
+        if d == 0 {
+            break;
+        }
+        expect_depth = Some(d - 1);
+        cur = r.parent.as_ref();
+    }
+    Ok(())
+}
+
 /// Brings the active-path keys (`p`) in line with `meta.leaf`: walks up
 /// from the leaf writing each entry at its depth, and stops at the first
 /// entry shallower than `stable_below` that is already at its depth (its
@@ -816,11 +987,14 @@ impl TranscriptIndexer {
                         raw_seq: m.raw_seq,
                         ..TranscriptMeta::default()
                     };
-                    for (k, e) in state.transcript.entries().iter().enumerate() {
-                        index_entry(batch, sid, m, e, &loc, u32::try_from(k).unwrap_or(u32::MAX))?;
-                    }
-                    m.leaf = state.transcript.leaf().cloned();
-                    sync_path(batch, sid, m, u64::MAX)?;
+                    index_seed(
+                        batch,
+                        sid,
+                        m,
+                        state.transcript.entries(),
+                        state.transcript.leaf(),
+                        &loc,
+                    )?;
                 }
                 SessionEvent::EntryAppended { entry } => {
                     let under_leaf = entry.parent_id == m.leaf;

@@ -506,6 +506,73 @@ impl Transcript {
         }
     }
 
+    /// Positions (in `entries`) of the root→`id` path, root first. Unlike
+    /// [`path_to_root`](Self::path_to_root), a missing parent is an error
+    /// (`UnknownEntry` of that parent): the path must be complete.
+    fn complete_path_positions(&self, id: &EntryId) -> Result<Vec<usize>, TranscriptError> {
+        let mut pos = *self
+            .by_id
+            .get(id)
+            .ok_or_else(|| TranscriptError::UnknownEntry(id.clone()))?;
+        let mut out = Vec::new();
+        loop {
+            out.push(pos);
+            // A path longer than the transcript must revisit an entry.
+            if out.len() > self.entries.len() {
+                return Err(TranscriptError::ParentCycle(id.clone()));
+            }
+            let Some(parent) = self.entries.get(pos).and_then(|e| e.parent_id.as_ref()) else {
+                break;
+            };
+            pos = *self
+                .by_id
+                .get(parent)
+                .ok_or_else(|| TranscriptError::UnknownEntry(parent.clone()))?;
+        }
+        out.reverse();
+        Ok(out)
+    }
+
+    /// Copies of the entries on the root→`id` path, root first. Errors:
+    /// `id` or an ancestor's parent unknown (`UnknownEntry` of the missing
+    /// id), or a parent cycle.
+    pub fn complete_path(&self, id: &EntryId) -> Result<Vec<Entry>, TranscriptError> {
+        Ok(self
+            .complete_path_positions(id)?
+            .into_iter()
+            .filter_map(|p| self.entries.get(p).cloned())
+            .collect())
+    }
+
+    /// Consumes the transcript and returns its root→`id` path as a new
+    /// transcript whose leaf is `id`: the path entries are moved, not
+    /// copied. Errors as [`complete_path`](Self::complete_path); on error
+    /// nothing is returned (the transcript is consumed either way).
+    pub fn into_complete_path(self, id: &EntryId) -> Result<Transcript, TranscriptError> {
+        let positions = self.complete_path_positions(id)?;
+        // Where each kept position goes in the path (root first).
+        let mut slot_of: Vec<Option<usize>> = vec![None; self.entries.len()];
+        for (slot, &p) in positions.iter().enumerate() {
+            if let Some(s) = slot_of.get_mut(p) {
+                *s = Some(slot);
+            }
+        }
+        let mut path: Vec<Option<Entry>> = Vec::with_capacity(positions.len());
+        path.resize_with(positions.len(), || None);
+        for (p, e) in self.entries.into_iter().enumerate() {
+            if let Some(Some(slot)) = slot_of.get(p) {
+                if let Some(dst) = path.get_mut(*slot) {
+                    *dst = Some(e);
+                }
+            }
+        }
+        let entries: Vec<Entry> = path.into_iter().flatten().collect();
+        debug_assert_eq!(entries.len(), positions.len());
+        let mut t = Transcript::new();
+        t.replace_all(entries, Some(id.clone()));
+        Ok(t)
+    }
+
     /// A new transcript holding the root→`id` path (same ids, parents and
     /// timestamps), without its label entries; the labels resolved for
     /// entries of that path are re-created as fresh label entries chained
@@ -575,24 +642,31 @@ fn fresh_id_avoiding(taken: impl Fn(&EntryId) -> bool) -> EntryId {
 
 /// A one-line display text for an entry (at most `max_chars` chars) and,
 /// for messages, the role name.
+///
+/// The text is the entry's display text with whitespace runs collapsed to
+/// single spaces, cut to `max_chars` characters with a trailing `…`. It is
+/// built word by word and stops once the cut is known, so its cost is
+/// bounded by `max_chars` plus the whitespace skipped, not by the size of
+/// the entry.
 pub fn entry_summary(entry: &Entry, max_chars: usize) -> (String, Option<&'static str>) {
-    let (text, role) = match &entry.kind {
+    let mut line = LineShortener::new(max_chars);
+    let role = match &entry.kind {
         EntryKind::Message { message } => match message {
-            Message::User { content } => (blocks_text(content), Some("user")),
+            Message::User { content } => {
+                line.blocks(content);
+                Some("user")
+            }
             Message::Assistant {
                 content,
                 stop_reason,
                 error_message,
                 ..
             } => {
-                let mut t = blocks_text(content);
+                line.blocks(content);
                 if let Some(err) = error_message {
-                    if !t.is_empty() {
-                        t.push(' ');
-                    }
-                    t.push_str(&format!("[{stop_reason:?}: {err}]"));
+                    line.push(&format!("[{stop_reason:?}: {err}]"));
                 }
-                (t, Some("assistant"))
+                Some("assistant")
             }
             Message::ToolResult {
                 tool_name,
@@ -601,61 +675,198 @@ pub fn entry_summary(entry: &Entry, max_chars: usize) -> (String, Option<&'stati
                 ..
             } => {
                 let tag = if *is_error { "error" } else { "ok" };
-                (
-                    format!("{tool_name} ({tag}): {}", blocks_text(content)),
-                    Some("tool_result"),
-                )
+                line.push(&format!("{tool_name} ({tag}): "));
+                line.blocks(content);
+                Some("tool_result")
             }
         },
-        EntryKind::Custom { custom_type, .. } => (custom_type.clone(), None),
+        EntryKind::Custom { custom_type, .. } => {
+            line.push(custom_type);
+            None
+        }
         EntryKind::CustomMessage {
             custom_type,
             content,
             ..
-        } => (format!("{custom_type}: {}", blocks_text(content)), None),
-        EntryKind::BranchSummary { summary, .. } => (summary.clone(), None),
-        EntryKind::Compaction { summary, .. } => (summary.clone(), None),
-        EntryKind::Reset => (String::new(), None),
-        EntryKind::ModelChange { provider, model_id } => (format!("{provider}/{model_id}"), None),
-        EntryKind::ThinkingLevelChange { thinking_level } => (thinking_level.clone(), None),
-        EntryKind::Label { target_id, label } => (
+        } => {
+            line.push(&format!("{custom_type}: "));
+            line.blocks(content);
+            None
+        }
+        EntryKind::BranchSummary { summary, .. } => {
+            line.push(summary);
+            None
+        }
+        EntryKind::Compaction { summary, .. } => {
+            line.push(summary);
+            None
+        }
+        EntryKind::Reset => None,
+        EntryKind::ModelChange { provider, model_id } => {
+            line.push(&format!("{provider}/{model_id}"));
+            None
+        }
+        EntryKind::ThinkingLevelChange { thinking_level } => {
+            line.push(thinking_level);
+            None
+        }
+        EntryKind::Label { target_id, label } => {
             match label {
-                Some(l) => format!("{target_id} = {l}"),
-                None => format!("{target_id} cleared"),
-            },
-            None,
-        ),
-        EntryKind::SessionInfo { name } => (name.clone().unwrap_or_default(), None),
+                Some(l) => line.push(&format!("{target_id} = {l}")),
+                None => line.push(&format!("{target_id} cleared")),
+            }
+            None
+        }
+        EntryKind::SessionInfo { name } => {
+            if let Some(n) = name {
+                line.push(n);
+            }
+            None
+        }
     };
-    (shorten_line(&text, max_chars), role)
+    (line.finish(), role)
 }
 
-/// Text of content blocks on one line: text blocks, then `[tool name]` for
-/// tool calls, `[image]` for images; thinking is left out.
-fn blocks_text(blocks: &[ContentBlock]) -> String {
-    let mut parts: Vec<String> = Vec::new();
-    for b in blocks {
-        match b {
-            ContentBlock::Text { text } => parts.push(text.clone()),
-            ContentBlock::ToolCall { name, .. } => parts.push(format!("[{name}]")),
-            ContentBlock::Image { .. } => parts.push("[image]".to_string()),
-            ContentBlock::Thinking { .. } => {}
+/// Builds a one-line text from pieces: the words of every piece (split on
+/// whitespace) joined by single spaces, shortened to `max` characters
+/// (on a char boundary) with a trailing `…` when cut. Pieces are separate
+/// words (as if joined with a space), so a word never spans two pieces.
+/// Once more than `max` characters are held the rest is ignored: the cut
+/// is decided.
+struct LineShortener {
+    out: String,
+    chars: usize,
+    max: usize,
+}
+
+impl LineShortener {
+    fn new(max: usize) -> Self {
+        LineShortener {
+            out: String::new(),
+            chars: 0,
+            max,
         }
     }
-    parts.join(" ")
+
+    fn full(&self) -> bool {
+        self.chars > self.max
+    }
+
+    fn push(&mut self, piece: &str) {
+        for word in piece.split_whitespace() {
+            if self.full() {
+                return;
+            }
+            if self.chars > 0 {
+                self.out.push(' ');
+                self.chars += 1;
+            }
+            // Only up to one character past `max` is needed to know the
+            // line is cut.
+            let room = (self.max + 1).saturating_sub(self.chars);
+            match word.char_indices().nth(room) {
+                Some((end, _)) => {
+                    self.out.push_str(&word[..end]);
+                    self.chars += room;
+                }
+                None => {
+                    self.out.push_str(word);
+                    self.chars += word.chars().count();
+                }
+            }
+        }
+    }
+
+    /// Text blocks, then `[tool name]` for tool calls, `[image]` for
+    /// images; thinking is left out.
+    fn blocks(&mut self, blocks: &[ContentBlock]) {
+        for b in blocks {
+            if self.full() {
+                return;
+            }
+            match b {
+                ContentBlock::Text { text } => self.push(text),
+                ContentBlock::ToolCall { name, .. } => self.push(&format!("[{name}]")),
+                ContentBlock::Image { .. } => self.push("[image]"),
+                ContentBlock::Thinking { .. } => {}
+            }
+        }
+    }
+
+    fn finish(self) -> String {
+        if self.chars <= self.max {
+            return self.out;
+        }
+        let mut out: String = self.out.chars().take(self.max.saturating_sub(1)).collect();
+        out.push('…');
+        out
+    }
 }
 
-/// Collapses whitespace runs to single spaces and shortens to `max_chars`
-/// characters (on a char boundary), marking a cut with `…`.
-fn shorten_line(s: &str, max_chars: usize) -> String {
-    let collapsed = s.split_whitespace().collect::<Vec<_>>().join(" ");
-    if collapsed.chars().count() <= max_chars {
-        return collapsed;
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    /// The summary's definition, written plainly: collapse every
+    /// whitespace run of the whole text, then cut.
+    fn reference_line(pieces: &[&str], max_chars: usize) -> String {
+        let collapsed = pieces
+            .join(" ")
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" ");
+        if collapsed.chars().count() <= max_chars {
+            return collapsed;
+        }
+        let mut out: String = collapsed
+            .chars()
+            .take(max_chars.saturating_sub(1))
+            .collect();
+        out.push('…');
+        out
     }
-    let mut out: String = collapsed
-        .chars()
-        .take(max_chars.saturating_sub(1))
-        .collect();
-    out.push('…');
-    out
+
+    fn shortened(pieces: &[&str], max_chars: usize) -> String {
+        let mut line = LineShortener::new(max_chars);
+        for p in pieces {
+            line.push(p);
+        }
+        line.finish()
+    }
+
+    proptest! {
+        /// Word-by-word shortening with an early stop equals collapsing the
+        /// whole text and cutting it, for any pieces (multi-byte chars and
+        /// every kind of whitespace included) and any limit.
+        #[test]
+        fn the_line_shortener_matches_collapse_then_cut(
+            pieces in proptest::collection::vec("[a-zé€ \\t\\n\u{a0}]{0,40}", 0..6),
+            max_chars in 0usize..100,
+        ) {
+            let refs: Vec<&str> = pieces.iter().map(String::as_str).collect();
+            prop_assert_eq!(shortened(&refs, max_chars), reference_line(&refs, max_chars));
+        }
+    }
+
+    #[test]
+    fn summaries_of_messages_cut_at_the_limit_and_collapse_whitespace() {
+        let long = "word ".repeat(100);
+        let e = Entry {
+            id: EntryId::parse("a").unwrap(),
+            parent_id: None,
+            timestamp_ms: 0,
+            kind: EntryKind::CustomMessage {
+                custom_type: "tool_output".into(),
+                content: vec![ContentBlock::text("  x\n\ny "), ContentBlock::text(long)],
+                display: true,
+                details: None,
+            },
+        };
+        let (s, role) = entry_summary(&e, 20);
+        assert_eq!(role, None);
+        assert_eq!(s, "tool_output: x y wo…");
+        assert_eq!(s.chars().count(), 20);
+    }
 }

@@ -1,0 +1,219 @@
+//! The log store's transcript index of a seed transcript (the transcript
+//! inside a `created` event, as a fork writes it) is indexed in one pass
+//! in memory; it must leave exactly the keys and values that indexing the
+//! same entries one by one leaves (what a whole-transcript rewrite does).
+//!
+//! Each case writes two streams with raw engine commits: one whose
+//! `created` event holds the transcript, one created empty and then given
+//! the same entries and leaf by a `history_rewritten` event. Raw commits
+//! (not the session fold) let the entry lists hold what only damaged or
+//! imported data holds: duplicate ids, parents that come later or are
+//! missing, parent cycles. The two indexes must agree key for key, except
+//! for the log position inside each entry record.
+
+use std::collections::BTreeMap;
+
+use proptest::prelude::*;
+use spool_engine::{EventData, ExpectedVersion, NewCommit};
+use spool_runtime::session::{encode_event, AgentDefinition, AgentState, SessionEvent, SessionId};
+use spool_runtime::store::log::SESSION_EVENT_PREFIX;
+use spool_runtime::store::transcript_index::{EntryRecord, TRANSCRIPT_INDEXER};
+use spool_runtime::store::{LogStore, LogStoreOptions};
+use spool_runtime::transcript::{ContentBlock, Entry, EntryId, EntryKind, Message, Transcript};
+
+/// Per-entry key tags of the transcript index (everything but the meta).
+const TAGS: &[u8] = b"ecntTalp";
+
+fn eid(n: usize) -> EntryId {
+    EntryId::parse(&format!("e{n}")).unwrap()
+}
+
+fn event(ev: &SessionEvent) -> EventData {
+    EventData::new(
+        format!("{SESSION_EVENT_PREFIX}{}", ev.kind()),
+        encode_event(ev).unwrap(),
+    )
+}
+
+fn created(id: &SessionId, state: AgentState) -> SessionEvent {
+    SessionEvent::Created {
+        id: id.clone(),
+        parent_id: None,
+        agent_name: "a".into(),
+        label: "a".into(),
+        created_at_ms: 1,
+        definition: Box::new(AgentDefinition::new("a", "seed test", "")),
+        state: Box::new(state),
+    }
+}
+
+fn commit(store: &LogStore, id: &SessionId, expected: ExpectedVersion, events: Vec<EventData>) {
+    store
+        .engine()
+        .unwrap()
+        .append(NewCommit {
+            stream: id.as_str().to_string(),
+            expected,
+            commit_id: spool_engine::Uuid::new_v4(),
+            events,
+        })
+        .unwrap();
+}
+
+/// Every per-entry key of a session (without the tag's session prefix)
+/// and its value; entry records with their log position cleared.
+fn dump(store: &LogStore, id: &SessionId) -> BTreeMap<(u8, Vec<u8>), Vec<u8>> {
+    let engine = store.engine().unwrap();
+    let mut out = BTreeMap::new();
+    for &tag in TAGS {
+        let mut prefix = vec![tag, id.as_str().len() as u8];
+        prefix.extend_from_slice(id.as_str().as_bytes());
+        for kv in engine.index().scan_prefix(TRANSCRIPT_INDEXER, &prefix) {
+            let (k, v) = kv.unwrap();
+            let rest = k[prefix.len()..].to_vec();
+            let v = if tag == b'e' {
+                let mut r: EntryRecord = rmp_serde::from_slice(&v).unwrap();
+                (r.segment, r.offset, r.event, r.sub) = (0, 0, 0, 0);
+                format!("{r:?}").into_bytes()
+            } else {
+                v
+            };
+            out.insert((tag, rest), v);
+        }
+    }
+    out
+}
+
+/// Indexes `entries` (and `leaf`) both ways and compares.
+fn check(entries: Vec<Entry>, leaf: Option<EntryId>) {
+    let dir = tempfile::tempdir().unwrap();
+    let store = LogStore::open(dir.path(), LogStoreOptions::default()).unwrap();
+    let seeded = SessionId::parse("seeded").unwrap();
+    let rewritten = SessionId::parse("rewritten").unwrap();
+
+    let mut transcript = Transcript::new();
+    transcript.replace_all(entries.clone(), leaf.clone());
+    let state = AgentState {
+        transcript,
+        ..AgentState::default()
+    };
+    commit(
+        &store,
+        &seeded,
+        ExpectedVersion::NoStream,
+        vec![event(&created(&seeded, state))],
+    );
+
+    commit(
+        &store,
+        &rewritten,
+        ExpectedVersion::NoStream,
+        vec![event(&created(&rewritten, AgentState::default()))],
+    );
+    commit(
+        &store,
+        &rewritten,
+        ExpectedVersion::Exact(1),
+        vec![event(&SessionEvent::HistoryRewritten {
+            generation: 1,
+            entries,
+            leaf,
+        })],
+    );
+
+    let (a, b) = (dump(&store, &seeded), dump(&store, &rewritten));
+    assert_eq!(a, b);
+}
+
+fn text(s: &str) -> EntryKind {
+    EntryKind::Message {
+        message: Message::User {
+            content: vec![ContentBlock::text(s)],
+        },
+    }
+}
+
+/// The kind of entry `i` from a selector and a target among the ids.
+fn kind(sel: u8, target: usize) -> EntryKind {
+    match sel % 9 {
+        0 | 1 => text(&format!("message {target}\n  with   spaces")),
+        2 => EntryKind::Custom {
+            custom_type: ["plan", "todo"][target % 2].into(),
+            data: serde_json::json!({ "n": target }),
+        },
+        3 => EntryKind::CustomMessage {
+            custom_type: "tool_output".into(),
+            content: vec![ContentBlock::text("x".repeat(target % 200))],
+            display: true,
+            details: None,
+        },
+        4 => EntryKind::Label {
+            target_id: eid(target),
+            label: (!target.is_multiple_of(3)).then(|| format!("label {target}")),
+        },
+        5 => EntryKind::Compaction {
+            summary: "compacted".into(),
+            first_kept_entry_id: eid(target),
+            tokens_before: 10,
+        },
+        6 => EntryKind::Reset,
+        7 => EntryKind::ModelChange {
+            provider: "p".into(),
+            model_id: format!("m{target}"),
+        },
+        _ => EntryKind::ThinkingLevelChange {
+            thinking_level: "high".into(),
+        },
+    }
+}
+
+#[test]
+fn a_linear_fork_seed_is_indexed_like_its_entries_one_by_one() {
+    let entries: Vec<Entry> = (0..300)
+        .map(|i| Entry {
+            id: eid(i),
+            parent_id: i.checked_sub(1).map(eid),
+            timestamp_ms: i as i64,
+            kind: kind((i * 7 % 11) as u8, i / 2),
+        })
+        .collect();
+    check(entries, Some(eid(299)));
+}
+
+#[test]
+fn an_empty_seed_indexes_nothing() {
+    check(Vec::new(), None);
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    /// Any entry list: trees with branches, entries whose parent is later
+    /// or absent, duplicate ids, cycles, any leaf.
+    #[test]
+    fn any_seed_is_indexed_like_its_entries_one_by_one(
+        shape in proptest::collection::vec((0usize..40, 0u8..=255, 0usize..40, 0u8..4), 0..40),
+        leaf in proptest::option::of(0usize..45),
+    ) {
+        let n = shape.len();
+        let entries: Vec<Entry> = shape
+            .iter()
+            .enumerate()
+            .map(|(i, &(parent, sel, target, id_rule))| Entry {
+                // Mostly unique ids; sometimes a repeat of an earlier one.
+                id: if id_rule == 0 && i > 0 { eid(parent % i) } else { eid(i) },
+                parent_id: match sel % 5 {
+                    // A root.
+                    0 => None,
+                    // A parent anywhere (later, absent, itself: damaged data).
+                    1 => Some(eid(parent)),
+                    // An earlier entry (a tree).
+                    _ => i.checked_sub(1).map(|m| eid(parent % (m + 1))),
+                },
+                timestamp_ms: i as i64,
+                kind: kind(sel / 5, target % n.max(1)),
+            })
+            .collect();
+        check(entries, leaf.map(eid));
+    }
+}
