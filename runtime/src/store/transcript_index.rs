@@ -569,7 +569,9 @@ fn index_seed(
     debug_assert_eq!(meta.entries, 0, "a seed is indexed into a cleared session");
     let mut at: HashMap<&EntryId, usize> = HashMap::with_capacity(entries.len());
     let mut records: Vec<EntryRecord> = Vec::with_capacity(entries.len());
-    let mut child_counts: HashMap<&EntryId, u64> = HashMap::new();
+    // Per parent: the number of children and the first child (the only
+    // one when the count stays 1, which the `n` value then names).
+    let mut child_counts: HashMap<&EntryId, (u64, &EntryId)> = HashMap::new();
     let mut custom_next: HashMap<&str, u64> = HashMap::new();
     for (k, entry) in entries.iter().enumerate() {
         if at.contains_key(&entry.id) {
@@ -619,8 +621,8 @@ fn index_seed(
         };
         if let Some(p) = &entry.parent_id {
             batch.insert(&child_key(sid, p, seq), entry.id.as_str().as_bytes());
-            let n = child_counts.entry(p).or_insert(0);
-            *n = n.saturating_add(1);
+            let n = child_counts.entry(p).or_insert((0, &entry.id));
+            n.0 = n.0.saturating_add(1);
         }
         let record = EntryRecord {
             segment: loc.position.segment,
@@ -642,8 +644,8 @@ fn index_seed(
         at.insert(&entry.id, records.len());
         records.push(record);
     }
-    for (parent, n) in child_counts {
-        batch.insert(&count_key(sid, parent), &n.to_be_bytes());
+    for (parent, (n, first)) in child_counts {
+        batch.insert(&count_key(sid, parent), &count_value(n, Some(first)));
     }
     for (t, next) in custom_next {
         batch.insert(&custom_next_key(sid, t), &next.to_be_bytes());
