@@ -474,3 +474,139 @@ proptest! {
         prop_assert_eq!(ctx.thinking_level, full.thinking_level);
     }
 }
+
+// ---------------------------------------------------------------------
+// Extending a selection by entries appended under its leaf.
+// ---------------------------------------------------------------------
+
+/// An entry kind for a chain appended under the leaf: `(kind, a, size)`.
+fn chain_kind((k, a, size): (u8, u16, usize)) -> EntryKind {
+    let text = "w".repeat(size);
+    match k % 8 {
+        0 | 1 => EntryKind::Message {
+            message: spool_runtime::transcript::Message::User {
+                content: vec![spool_runtime::transcript::ContentBlock::text(text)],
+            },
+        },
+        2 => EntryKind::Message {
+            message: spool_runtime::transcript::Message::Assistant {
+                content: vec![spool_runtime::transcript::ContentBlock::text(text)],
+                stop_reason: spool_runtime::transcript::StopReason::Stop,
+                usage: spool_runtime::transcript::Usage::default(),
+                model: (a % 2 == 0).then(|| format!("p/m{}", a % 5)),
+                error_message: None,
+            },
+        },
+        3 => EntryKind::ModelChange {
+            provider: "p".into(),
+            model_id: format!("x{}", a % 3),
+        },
+        4 => EntryKind::ThinkingLevelChange {
+            thinking_level: format!("t{}", a % 3),
+        },
+        5 => EntryKind::Custom {
+            custom_type: "c".into(),
+            data: serde_json::json!({ "t": text }),
+        },
+        6 => EntryKind::Label {
+            target_id: id("e1"),
+            label: Some(text),
+        },
+        _ => EntryKind::Reset,
+    }
+}
+
+fn chain_strategy() -> impl Strategy<Value = Vec<(u8, u16, usize)>> {
+    let size = prop_oneof![6 => 0usize..400, 1 => 1500usize..3500];
+    prop::collection::vec((any::<u8>(), any::<u16>(), size), 1..6)
+}
+
+/// Appends `kinds` as a chain under the leaf of `t`.
+fn append_chain(t: &mut Transcript, kinds: Vec<EntryKind>) -> Vec<Entry> {
+    let mut out = Vec::new();
+    for (n, kind) in kinds.into_iter().enumerate() {
+        let e = Entry {
+            id: id(&format!("n{n}")),
+            parent_id: t.leaf().cloned(),
+            timestamp_ms: 9_000 + n as i64,
+            kind,
+        };
+        t.append(e.clone()).unwrap();
+        out.push(e);
+    }
+    out
+}
+
+#[test]
+fn extended_refuses_what_needs_the_source() {
+    let mut b = B::new();
+    let first = b.user("one");
+    b.user("two");
+    let budget = Budget::new(10_000, 10);
+    let s = select_resident(&b.t, b.t.leaf(), budget).unwrap();
+    let sizes: Vec<u64> = s.entries.iter().map(entry_size).collect();
+    let under = |parent: Option<EntryId>, kind: EntryKind| Entry {
+        id: id("z1"),
+        parent_id: parent,
+        timestamp_ms: 1,
+        kind,
+    };
+    let plain = || EntryKind::Custom {
+        custom_type: "c".into(),
+        data: serde_json::json!(1),
+    };
+    // Nothing appended, not under the leaf, a compaction, wrong sizes.
+    assert!(s.extended(&sizes, &[]).is_none());
+    assert!(s
+        .extended(&sizes, &[under(Some(first.clone()), plain())])
+        .is_none());
+    assert!(s.extended(&sizes, &[under(None, plain())]).is_none());
+    let compaction = EntryKind::Compaction {
+        summary: "s".into(),
+        first_kept_entry_id: first,
+        tokens_before: 1,
+    };
+    assert!(s
+        .extended(&sizes, &[under(b.t.leaf().cloned(), compaction)])
+        .is_none());
+    assert!(s
+        .extended(&sizes[1..], &[under(b.t.leaf().cloned(), plain())])
+        .is_none());
+    // An empty leaf has no path facts to extend.
+    let empty = select_resident(&Transcript::new(), None, budget).unwrap();
+    assert!(empty.extended(&[], &[under(None, plain())]).is_none());
+    // Under the leaf: extended.
+    assert!(s
+        .extended(&sizes, &[under(b.t.leaf().cloned(), plain())])
+        .is_some());
+}
+
+proptest! {
+    #![proptest_config(config())]
+
+    /// Extending the selection of a leaf by a chain appended under it
+    /// gives exactly the selection of the new leaf (and the sizes of its
+    /// entries), whatever the tree, the budget and the chain (oversized
+    /// entries, resets, model and thinking changes, labels, custom
+    /// entries), with the pinned compaction and the omitted records of the
+    /// old selection.
+    #[test]
+    fn extended_selection_equals_the_selection_of_the_new_leaf(
+        ops in ops(),
+        leaf_pick in any::<u16>(),
+        bytes_max in 0u64..3000,
+        events_max in 0u64..30,
+        chain in chain_strategy(),
+    ) {
+        let mut t = build(&ops, leaf_pick);
+        prop_assume!(t.leaf().is_some());
+        let budget = Budget::new(bytes_max, events_max);
+        let s = select_resident(&t, t.leaf(), budget).unwrap();
+        let sizes: Vec<u64> = s.entries.iter().map(entry_size).collect();
+        let appended = append_chain(&mut t, chain.into_iter().map(chain_kind).collect());
+        let want = select_resident(&t, t.leaf(), budget).unwrap();
+        let want_sizes: Vec<u64> = want.entries.iter().map(entry_size).collect();
+        let got = s.extended(&sizes, &appended);
+        prop_assert_eq!(got, Some((want, want_sizes)));
+    }
+}
