@@ -174,7 +174,7 @@ fn check(
         step
     );
     prop_assert_eq!(s.resident_sizes(), fresh.resident_sizes());
-    let sizes: Vec<u64> = s.entries().iter().map(entry_size).collect();
+    let sizes: Vec<u64> = s.entries().iter().map(|e| entry_size(e)).collect();
     prop_assert_eq!(s.resident_sizes(), &sizes[..]);
     let t = full_transcript(store, id);
     let reference = select_resident(&t, s.leaf.as_ref(), budget).expect("reference selection");

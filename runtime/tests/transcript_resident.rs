@@ -44,7 +44,7 @@ fn unlimited_budget_holds_the_whole_context() {
     assert_eq!(s.context_start, Some(a1));
     assert_eq!(s.model, Some(("p".into(), "m".into())));
     assert_eq!(s.thinking_level.as_deref(), Some("high"));
-    let expect: u64 = s.entries.iter().map(entry_size).sum();
+    let expect: u64 = s.entries.iter().map(|e| entry_size(e)).sum();
     assert_eq!(s.counts.resident_bytes, expect);
 }
 
@@ -142,7 +142,11 @@ fn oversized_entry_is_omitted_not_truncated_and_older_entries_stay() {
     let got: Vec<&EntryId> = s.entries.iter().map(|e| &e.id).collect();
     assert_eq!(got, [&u1, &a1, &u2]);
     for e in &s.entries {
-        assert_eq!(Some(e), b.t.get(&e.id), "resident entries are byte-exact");
+        assert_eq!(
+            Some(&**e),
+            b.t.get(&e.id),
+            "resident entries are byte-exact"
+        );
     }
     assert!(s.counts.resident_bytes <= 4096);
     assert_eq!(s.counts.omitted_entries, 1);
@@ -390,7 +394,7 @@ proptest! {
         prop_assert_eq!(s.counts.path_entries, path.len() as u64);
         let start = context_start(&path);
         let segment: Vec<&Entry> = path[start..].to_vec();
-        prop_assert_eq!(s.entries.iter().collect::<Vec<_>>(), segment.clone());
+        prop_assert_eq!(s.entries.iter().map(|e| &**e).collect::<Vec<_>>(), segment.clone());
         prop_assert_eq!(s.context_start.as_ref(), segment.first().map(|e| &e.id));
         // The segment alone yields the same messages as the whole path.
         prop_assert_eq!(context_messages(&segment), context_messages(&path));
@@ -413,9 +417,9 @@ proptest! {
             c.resident_entries + c.omitted_entries + c.beyond_budget_entries,
             c.context_entries
         );
-        prop_assert_eq!(c.resident_bytes, s.entries.iter().map(entry_size).sum::<u64>());
+        prop_assert_eq!(c.resident_bytes, s.entries.iter().map(|e| entry_size(e)).sum::<u64>());
         for e in &s.entries {
-            prop_assert_eq!(Some(e), t.get(&e.id));
+            prop_assert_eq!(Some(&**e), t.get(&e.id));
         }
         for o in &s.omitted {
             let e = t.get(&o.id).unwrap();
@@ -544,7 +548,7 @@ fn extended_refuses_what_needs_the_source() {
     b.user("two");
     let budget = Budget::new(10_000, 10);
     let s = select_resident(&b.t, b.t.leaf(), budget).unwrap();
-    let sizes: Vec<u64> = s.entries.iter().map(entry_size).collect();
+    let sizes: Vec<u64> = s.entries.iter().map(|e| entry_size(e)).collect();
     let under = |parent: Option<EntryId>, kind: EntryKind| Entry {
         id: id("z1"),
         parent_id: parent,
@@ -602,11 +606,19 @@ proptest! {
         prop_assume!(t.leaf().is_some());
         let budget = Budget::new(bytes_max, events_max);
         let s = select_resident(&t, t.leaf(), budget).unwrap();
-        let sizes: Vec<u64> = s.entries.iter().map(entry_size).collect();
+        let sizes: Vec<u64> = s.entries.iter().map(|e| entry_size(e)).collect();
         let appended = append_chain(&mut t, chain.into_iter().map(chain_kind).collect());
         let want = select_resident(&t, t.leaf(), budget).unwrap();
-        let want_sizes: Vec<u64> = want.entries.iter().map(entry_size).collect();
+        let want_sizes: Vec<u64> = want.entries.iter().map(|e| entry_size(e)).collect();
         let got = s.extended(&sizes, &appended);
+        // Entries held before and after are shared, not copied.
+        if let Some((g, _)) = &got {
+            for e in &g.entries {
+                if let Some(old) = s.entries.iter().find(|o| o.id == e.id) {
+                    prop_assert!(std::sync::Arc::ptr_eq(old, e));
+                }
+            }
+        }
         prop_assert_eq!(got, Some((want, want_sizes)));
     }
 }

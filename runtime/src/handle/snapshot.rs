@@ -6,6 +6,7 @@
 use std::borrow::Cow;
 use std::cell::RefCell;
 use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 
 use serde::Serialize;
 
@@ -95,8 +96,9 @@ impl ResidentSnapshot {
         self.selection.thinking_level.as_deref()
     }
 
-    /// Resident entries in path order.
-    pub fn entries(&self) -> &[Entry] {
+    /// Resident entries in path order (shared with the snapshots extended
+    /// from this one).
+    pub fn entries(&self) -> &[Arc<Entry>] {
         &self.selection.entries
     }
 
@@ -321,7 +323,7 @@ fn build_at(
                 .chain(std::iter::repeat(None));
             for (e, size) in r.prev.selection.entries.iter().zip(sizes) {
                 if !r.changed.contains(&e.id) {
-                    overlay.entries.insert(&e.id, (e, size));
+                    overlay.entries.insert(&e.id, (&**e, size));
                 }
             }
         }
@@ -337,7 +339,7 @@ fn build_at(
                 .collect();
             for l in &r.prev.selection.links {
                 if !touched.contains(&l.id) && !r.changed.contains(&l.id) {
-                    overlay.links.insert(&l.id, l);
+                    overlay.links.insert(&l.id, &**l);
                 }
             }
         }

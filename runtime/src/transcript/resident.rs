@@ -41,6 +41,7 @@
 
 use std::borrow::Cow;
 use std::convert::Infallible;
+use std::sync::Arc;
 
 use serde::Serialize;
 
@@ -328,12 +329,16 @@ pub struct ResidentSelection {
     pub budget: Budget,
     /// First entry of the context segment (`None` for an empty path).
     pub context_start: Option<EntryId>,
-    /// Resident entries in path order (oldest first), byte-exact.
-    pub entries: Vec<Entry>,
+    /// Resident entries in path order (oldest first), byte-exact. Shared:
+    /// a selection extended from this one holds the same entries.
+    #[serde(serialize_with = "serialize_shared")]
+    pub entries: Vec<Arc<Entry>>,
     /// Oversized context entries, in path order.
     pub omitted: Vec<OmittedEntry>,
-    /// Navigation links of the resident entries, same order as `entries`.
-    pub links: Vec<NavLinks>,
+    /// Navigation links of the resident entries, same order as `entries`
+    /// (shared like the entries).
+    #[serde(serialize_with = "serialize_shared")]
+    pub links: Vec<Arc<NavLinks>>,
     /// Model in force at the leaf (from the whole path).
     pub model: Option<(String, String)>,
     /// Thinking level in force at the leaf (from the whole path).
@@ -367,7 +372,7 @@ impl ResidentSelection {
     /// messages of the omitted and beyond-budget entries (and tool results
     /// whose calls are among those are dropped as orphans).
     pub fn context(&self) -> ModelContext {
-        let refs: Vec<&Entry> = self.entries.iter().collect();
+        let refs: Vec<&Entry> = self.entries.iter().map(|e| &**e).collect();
         ModelContext {
             messages: context_messages_segment(&refs, self.compaction_keeps_prefix),
             model: self.model.clone(),
@@ -377,7 +382,7 @@ impl ResidentSelection {
 
     /// A resident entry by id.
     pub fn get(&self, id: &EntryId) -> Option<&Entry> {
-        self.entries.iter().find(|e| &e.id == id)
+        self.entries.iter().find(|e| &e.id == id).map(|e| &**e)
     }
 }
 
@@ -508,7 +513,7 @@ pub fn select_resident<S: EntrySource + ?Sized>(
                     .into_owned();
                 bytes_left -= size;
                 sel.counts.resident_bytes = sel.counts.resident_bytes.saturating_add(size);
-                sel.entries.push(entry);
+                sel.entries.push(Arc::new(entry));
             }
             events_left -= 1;
         }
@@ -546,12 +551,12 @@ pub fn select_resident<S: EntrySource + ?Sized>(
         let kids = source
             .children(&e.id, CHILD_LINKS_MAX)
             .map_err(ResidentError::Source)?;
-        sel.links.push(NavLinks {
+        sel.links.push(Arc::new(NavLinks {
             id: e.id.clone(),
             parent_id: e.parent_id.clone(),
             children: kids.ids,
             children_total: kids.total,
-        });
+        }));
     }
     Ok(sel)
 }
@@ -568,7 +573,7 @@ impl Pinned {
         match self {
             Pinned::Resident(e, size) => {
                 sel.counts.resident_bytes = sel.counts.resident_bytes.saturating_add(size);
-                sel.entries.push(e);
+                sel.entries.push(Arc::new(e));
             }
             Pinned::Omitted(o) => {
                 sel.omitted.push(o);
@@ -576,6 +581,14 @@ impl Pinned {
             }
         }
     }
+}
+
+/// Serializes shared values as the values themselves.
+fn serialize_shared<T: Serialize, S: serde::Serializer>(
+    v: &[Arc<T>],
+    s: S,
+) -> Result<S::Ok, S::Error> {
+    s.collect_seq(v.iter().map(|a| &**a))
 }
 
 fn len_u64(n: usize) -> u64 {
@@ -765,6 +778,7 @@ impl ResidentSelection {
                     let mut l = self.links.get(i)?.clone();
                     if &e.id == leaf {
                         // The first new entry is the leaf's newest child.
+                        let l = Arc::make_mut(&mut l);
                         if l.children_total < len_u64(CHILD_LINKS_MAX) {
                             l.children.push(appended.first()?.id.clone());
                         }
@@ -792,13 +806,13 @@ impl ResidentSelection {
                 omitted_at.push(len_u64(entries.len()));
             } else {
                 let child = fresh.get(k + 1).map(|c| c.id.clone());
-                links.push(NavLinks {
+                links.push(Arc::new(NavLinks {
                     id: e.id.clone(),
                     parent_id: e.parent_id.clone(),
                     children_total: u64::from(child.is_some()),
                     children: child.into_iter().collect(),
-                });
-                entries.push(e.clone());
+                }));
+                entries.push(Arc::new(e.clone()));
                 out_sizes.push(size);
             }
         }
