@@ -7,7 +7,9 @@
 //! followed by appends) on the log store and on the memory and file stores
 //! (full-load adapter). The publications extended from the previous
 //! snapshot are counted: exactly the appends of a chain under a non-empty
-//! leaf without a compaction take that path.
+//! leaf without a compaction take that path. Existence checks answered
+//! from the snapshot (duplicate ids, parents, targets) still refuse what
+//! they must.
 //!
 //! Deterministic: the seed is fixed (override it with
 //! `SPOOL_PUBLICATION_SEED=<u64>`; the seed in use is printed).
@@ -265,6 +267,72 @@ fn run(store: Arc<dyn SessionStore>, ops: &[Op], budget: Budget) -> Result<(), T
     }
     prop_assert_eq!(h.extended_publications(), expect_extended);
     Ok(())
+}
+
+/// `append_entry` refuses an id already in the transcript (resident or
+/// not) and a parent that is not; leaf moves, labels and branches refuse
+/// unknown targets; refusals write nothing. Resident and non-resident
+/// parents are accepted.
+fn refusals(store: Arc<dyn SessionStore>) {
+    let (rt, _) = runtime(store);
+    let id = new_session(&rt);
+    let h = writer(&rt, &id, 2_000);
+    let ids = h
+        .append_entries((0..30).map(|i| sized(i, 300)).collect())
+        .expect("append");
+    let snap = h.snapshot();
+    let resident = snap.entries()[0].id.clone();
+    let old = ids[0].clone();
+    assert!(snap.get(&old).is_none(), "the oldest entry is not resident");
+    let entry = |id: EntryId, parent: Option<EntryId>| Entry {
+        id,
+        parent_id: parent,
+        timestamp_ms: 1,
+        kind: user("x"),
+    };
+    let ghost = EntryId::parse("ghost").unwrap();
+    for dup in [resident.clone(), old.clone(), ids[29].clone()] {
+        let err = h.append_entry(entry(dup, snap.leaf.clone())).unwrap_err();
+        assert_eq!(err.kind(), "duplicate_entry", "{err}");
+    }
+    let err = h
+        .append_entry(entry(EntryId::generate(), Some(ghost.clone())))
+        .unwrap_err();
+    assert_eq!(err.kind(), "unknown_entry", "{err}");
+    assert_eq!(
+        h.move_leaf(Some(ghost.clone())).unwrap_err().kind(),
+        "unknown_entry"
+    );
+    assert_eq!(
+        h.set_label(&ghost, Some("l".into())).unwrap_err().kind(),
+        "unknown_entry"
+    );
+    assert_eq!(
+        h.branch_with_summary(Some(ghost), "s").unwrap_err().kind(),
+        "unknown_entry"
+    );
+    assert_eq!(h.snapshot().session_version, snap.session_version);
+    // Parents resident or not, and labels and moves to either, are fine.
+    h.append_entry(entry(EntryId::generate(), Some(resident.clone())))
+        .expect("under a resident entry");
+    h.append_entry(entry(EntryId::generate(), Some(old.clone())))
+        .expect("under an entry that is not resident");
+    h.set_label(&old, Some("l".into())).expect("label");
+    h.move_leaf(Some(resident))
+        .expect("move to a resident entry");
+    h.branch_with_summary(Some(old), "s").expect("branch");
+    assert_eq!(h.snapshot().session_version, snap.session_version + 5);
+}
+
+#[test]
+fn refusals_on_the_log_store() {
+    let dir = tempfile::tempdir().unwrap();
+    refusals(open_log(dir.path()));
+}
+
+#[test]
+fn refusals_on_the_memory_store() {
+    refusals(Arc::new(MemoryStore::new()));
 }
 
 fn config() -> ProptestConfig {

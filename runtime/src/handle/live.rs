@@ -528,14 +528,14 @@ impl SessionHandle {
         {
             let backend = self.inner.backend()?;
             let source = backend.source(&self.inner.id)?;
-            if source.facts(&entry.id)?.is_some() {
+            if exists(&snap, &*source, &entry.id)? {
                 return Err(HandleError::DuplicateEntry {
                     id: self.inner.id.clone(),
                     entry: entry.id.clone(),
                 });
             }
             if let Some(p) = &entry.parent_id {
-                if source.facts(p)?.is_none() {
+                if !exists(&snap, &*source, p)? {
                     return Err(self.unknown(p));
                 }
             }
@@ -580,7 +580,7 @@ impl SessionHandle {
         }
         if let Some(t) = &to {
             let backend = self.inner.backend()?;
-            if backend.source(&self.inner.id)?.facts(t)?.is_none() {
+            if !exists(&snap, &*backend.source(&self.inner.id)?, t)? {
                 return Err(self.unknown(t));
             }
         }
@@ -610,7 +610,7 @@ impl SessionHandle {
             let backend = self.inner.backend()?;
             let source = backend.source(&self.inner.id)?;
             if let Some(t) = &target {
-                if source.facts(t)?.is_none() {
+                if !exists(&snap, &*source, t)? {
                     return Err(self.unknown(t));
                 }
             }
@@ -640,7 +640,7 @@ impl SessionHandle {
         let entry = {
             let backend = self.inner.backend()?;
             let source = backend.source(&self.inner.id)?;
-            if source.facts(target)?.is_none() {
+            if !exists(&snap, &*source, target)? {
                 return Err(self.unknown(target));
             }
             Entry {
@@ -657,6 +657,21 @@ impl SessionHandle {
         self.commit_entries(&snap, vec![entry], "set_label")?;
         Ok(id)
     }
+}
+
+/// Whether `id` is in the transcript: the snapshot's leaf and resident
+/// entries are (the snapshot is at the version the caller's write is
+/// fenced on, so a commit based on this answer cannot land if anything
+/// changed since); any other id is looked up.
+fn exists(
+    snap: &ResidentSnapshot,
+    source: &dyn EntrySource<Error = StoreError>,
+    id: &EntryId,
+) -> Result<bool, StoreError> {
+    if snap.leaf.as_ref() == Some(id) || snap.get(id).is_some() {
+        return Ok(true);
+    }
+    Ok(source.facts(id)?.is_some())
 }
 
 /// A generated entry id that is neither stored nor in `taken`.
