@@ -4,8 +4,9 @@
 //! over the fully loaded transcript. Random sequences of entry kinds and
 //! sizes (oversized entries, compactions, resets, model and thinking
 //! changes, custom entries, labels, batches, leaf moves and branches
-//! followed by appends) on the log store and on the memory and file stores
-//! (full-load adapter). The publications extended from the previous
+//! followed by appends) on the log store, on the memory and file stores
+//! (full-load adapter) and on the PostgreSQL store (a throwaway server,
+//! see `postgres_support`; skipped loudly without server binaries). The publications extended from the previous
 //! snapshot are counted: exactly the appends of a chain under a non-empty
 //! leaf without a compaction take that path. Existence checks answered
 //! from the snapshot (duplicate ids, parents, targets) still refuse what
@@ -15,6 +16,8 @@
 //! `SPOOL_PUBLICATION_SEED=<u64>`; the seed in use is printed).
 
 mod handle_support;
+#[cfg(feature = "postgres")]
+mod postgres_support;
 
 use std::sync::Arc;
 
@@ -372,4 +375,31 @@ proptest! {
         let dir = tempfile::tempdir().unwrap();
         run(Arc::new(FileStore::open(dir.path()).unwrap()), &ops, budget)?;
     }
+}
+
+/// The same property on the PostgreSQL store: one throwaway server, a
+/// fresh schema, fewer cases (each write is a round trip).
+#[cfg(feature = "postgres")]
+#[test]
+fn postgres_store_publications_equal_fresh_snapshots() {
+    use proptest::test_runner::TestRunner;
+    use spool_runtime::store::postgres::PostgresStore;
+    let Some(server) = postgres_support::PgServer::start_or_skip(
+        "postgres_store_publications_equal_fresh_snapshots",
+    ) else {
+        return;
+    };
+    let conn = server.fresh_schema();
+    let store: Arc<dyn SessionStore> =
+        Arc::new(PostgresStore::connect(&conn).unwrap_or_else(|e| panic!("connect {conn}: {e}")));
+    let mut runner = TestRunner::new(ProptestConfig {
+        cases: 16,
+        ..config()
+    });
+    runner
+        .run(
+            &(proptest::collection::vec(op(), 1..40), budget()),
+            |(ops, budget)| run(store.clone(), &ops, budget),
+        )
+        .unwrap();
 }
