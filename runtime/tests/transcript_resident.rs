@@ -44,7 +44,7 @@ fn unlimited_budget_holds_the_whole_context() {
     assert_eq!(s.context_start, Some(a1));
     assert_eq!(s.model, Some(("p".into(), "m".into())));
     assert_eq!(s.thinking_level.as_deref(), Some("high"));
-    let expect: u64 = s.entries.iter().map(entry_size).sum();
+    let expect: u64 = s.entries.iter().map(|e| entry_size(e)).sum();
     assert_eq!(s.counts.resident_bytes, expect);
 }
 
@@ -142,7 +142,11 @@ fn oversized_entry_is_omitted_not_truncated_and_older_entries_stay() {
     let got: Vec<&EntryId> = s.entries.iter().map(|e| &e.id).collect();
     assert_eq!(got, [&u1, &a1, &u2]);
     for e in &s.entries {
-        assert_eq!(Some(e), b.t.get(&e.id), "resident entries are byte-exact");
+        assert_eq!(
+            Some(&**e),
+            b.t.get(&e.id),
+            "resident entries are byte-exact"
+        );
     }
     assert!(s.counts.resident_bytes <= 4096);
     assert_eq!(s.counts.omitted_entries, 1);
@@ -390,7 +394,7 @@ proptest! {
         prop_assert_eq!(s.counts.path_entries, path.len() as u64);
         let start = context_start(&path);
         let segment: Vec<&Entry> = path[start..].to_vec();
-        prop_assert_eq!(s.entries.iter().collect::<Vec<_>>(), segment.clone());
+        prop_assert_eq!(s.entries.iter().map(|e| &**e).collect::<Vec<_>>(), segment.clone());
         prop_assert_eq!(s.context_start.as_ref(), segment.first().map(|e| &e.id));
         // The segment alone yields the same messages as the whole path.
         prop_assert_eq!(context_messages(&segment), context_messages(&path));
@@ -413,9 +417,9 @@ proptest! {
             c.resident_entries + c.omitted_entries + c.beyond_budget_entries,
             c.context_entries
         );
-        prop_assert_eq!(c.resident_bytes, s.entries.iter().map(entry_size).sum::<u64>());
+        prop_assert_eq!(c.resident_bytes, s.entries.iter().map(|e| entry_size(e)).sum::<u64>());
         for e in &s.entries {
-            prop_assert_eq!(Some(e), t.get(&e.id));
+            prop_assert_eq!(Some(&**e), t.get(&e.id));
         }
         for o in &s.omitted {
             let e = t.get(&o.id).unwrap();
@@ -472,5 +476,149 @@ proptest! {
         }
         prop_assert_eq!(ctx.model, full.model);
         prop_assert_eq!(ctx.thinking_level, full.thinking_level);
+    }
+}
+
+// ---------------------------------------------------------------------
+// Extending a selection by entries appended under its leaf.
+// ---------------------------------------------------------------------
+
+/// An entry kind for a chain appended under the leaf: `(kind, a, size)`.
+fn chain_kind((k, a, size): (u8, u16, usize)) -> EntryKind {
+    let text = "w".repeat(size);
+    match k % 8 {
+        0 | 1 => EntryKind::Message {
+            message: spool_runtime::transcript::Message::User {
+                content: vec![spool_runtime::transcript::ContentBlock::text(text)],
+            },
+        },
+        2 => EntryKind::Message {
+            message: spool_runtime::transcript::Message::Assistant {
+                content: vec![spool_runtime::transcript::ContentBlock::text(text)],
+                stop_reason: spool_runtime::transcript::StopReason::Stop,
+                usage: spool_runtime::transcript::Usage::default(),
+                model: (a % 2 == 0).then(|| format!("p/m{}", a % 5)),
+                error_message: None,
+            },
+        },
+        3 => EntryKind::ModelChange {
+            provider: "p".into(),
+            model_id: format!("x{}", a % 3),
+        },
+        4 => EntryKind::ThinkingLevelChange {
+            thinking_level: format!("t{}", a % 3),
+        },
+        5 => EntryKind::Custom {
+            custom_type: "c".into(),
+            data: serde_json::json!({ "t": text }),
+        },
+        6 => EntryKind::Label {
+            target_id: id("e1"),
+            label: Some(text),
+        },
+        _ => EntryKind::Reset,
+    }
+}
+
+fn chain_strategy() -> impl Strategy<Value = Vec<(u8, u16, usize)>> {
+    let size = prop_oneof![6 => 0usize..400, 1 => 1500usize..3500];
+    prop::collection::vec((any::<u8>(), any::<u16>(), size), 1..6)
+}
+
+/// Appends `kinds` as a chain under the leaf of `t`.
+fn append_chain(t: &mut Transcript, kinds: Vec<EntryKind>) -> Vec<Entry> {
+    let mut out = Vec::new();
+    for (n, kind) in kinds.into_iter().enumerate() {
+        let e = Entry {
+            id: id(&format!("n{n}")),
+            parent_id: t.leaf().cloned(),
+            timestamp_ms: 9_000 + n as i64,
+            kind,
+        };
+        t.append(e.clone()).unwrap();
+        out.push(e);
+    }
+    out
+}
+
+#[test]
+fn extended_refuses_what_needs_the_source() {
+    let mut b = B::new();
+    let first = b.user("one");
+    b.user("two");
+    let budget = Budget::new(10_000, 10);
+    let s = select_resident(&b.t, b.t.leaf(), budget).unwrap();
+    let sizes: Vec<u64> = s.entries.iter().map(|e| entry_size(e)).collect();
+    let under = |parent: Option<EntryId>, kind: EntryKind| Entry {
+        id: id("z1"),
+        parent_id: parent,
+        timestamp_ms: 1,
+        kind,
+    };
+    let plain = || EntryKind::Custom {
+        custom_type: "c".into(),
+        data: serde_json::json!(1),
+    };
+    // Nothing appended, not under the leaf, a compaction, wrong sizes.
+    assert!(s.extended(&sizes, &[]).is_none());
+    assert!(s
+        .extended(&sizes, &[under(Some(first.clone()), plain())])
+        .is_none());
+    assert!(s.extended(&sizes, &[under(None, plain())]).is_none());
+    let compaction = EntryKind::Compaction {
+        summary: "s".into(),
+        first_kept_entry_id: first,
+        tokens_before: 1,
+    };
+    assert!(s
+        .extended(&sizes, &[under(b.t.leaf().cloned(), compaction)])
+        .is_none());
+    assert!(s
+        .extended(&sizes[1..], &[under(b.t.leaf().cloned(), plain())])
+        .is_none());
+    // An empty leaf has no path facts to extend.
+    let empty = select_resident(&Transcript::new(), None, budget).unwrap();
+    assert!(empty.extended(&[], &[under(None, plain())]).is_none());
+    // Under the leaf: extended.
+    assert!(s
+        .extended(&sizes, &[under(b.t.leaf().cloned(), plain())])
+        .is_some());
+}
+
+proptest! {
+    #![proptest_config(config())]
+
+    /// Extending the selection of a leaf by a chain appended under it
+    /// gives exactly the selection of the new leaf (and the sizes of its
+    /// entries), whatever the tree, the budget and the chain (oversized
+    /// entries, resets, model and thinking changes, labels, custom
+    /// entries), with the pinned compaction and the omitted records of the
+    /// old selection.
+    #[test]
+    fn extended_selection_equals_the_selection_of_the_new_leaf(
+        ops in ops(),
+        leaf_pick in any::<u16>(),
+        bytes_max in 0u64..3000,
+        events_max in 0u64..30,
+        chain in chain_strategy(),
+    ) {
+        let mut t = build(&ops, leaf_pick);
+        prop_assume!(t.leaf().is_some());
+        let budget = Budget::new(bytes_max, events_max);
+        let s = select_resident(&t, t.leaf(), budget).unwrap();
+        let sizes: Vec<u64> = s.entries.iter().map(|e| entry_size(e)).collect();
+        let appended = append_chain(&mut t, chain.into_iter().map(chain_kind).collect());
+        let want = select_resident(&t, t.leaf(), budget).unwrap();
+        let want_sizes: Vec<u64> = want.entries.iter().map(|e| entry_size(e)).collect();
+        let got = s.extended(&sizes, &appended);
+        // Entries held before and after are shared, not copied.
+        if let Some((g, _)) = &got {
+            for e in &g.entries {
+                if let Some(old) = s.entries.iter().find(|o| o.id == e.id) {
+                    prop_assert!(std::sync::Arc::ptr_eq(old, e));
+                }
+            }
+        }
+        prop_assert_eq!(got, Some((want, want_sizes)));
     }
 }

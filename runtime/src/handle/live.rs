@@ -54,6 +54,9 @@ pub(crate) struct Inner {
     revision: AtomicU64,
     pub(crate) rewrite_slot: AtomicBool,
     fail_next_publication: AtomicBool,
+    /// Publications built by extending the previous snapshot (the rest
+    /// were built through the backend).
+    extended: AtomicU64,
     subscribers: RwLock<Vec<Subscriber>>,
 }
 
@@ -135,6 +138,21 @@ impl Inner {
         reuse: ReusePlan,
         cause: &'static str,
     ) -> Result<Arc<ResidentSnapshot>, HandleError> {
+        self.commit_events(expected, events, reuse, false, cause)
+    }
+
+    /// [`Inner::commit`]; `appended`: the events are exactly one
+    /// `EntryAppended` per entry of `reuse.fresh`, in order, so the
+    /// replacement snapshot may be extended from the previous one (see
+    /// [`snapshot::extend`]).
+    fn commit_events(
+        &self,
+        expected: u64,
+        events: Vec<SessionEvent>,
+        reuse: ReusePlan,
+        appended: bool,
+        cause: &'static str,
+    ) -> Result<Arc<ResidentSnapshot>, HandleError> {
         let backend = self.backend()?;
         let receipt = backend
             .append_events(&self.id, expected, events)
@@ -157,24 +175,50 @@ impl Inner {
         let published = if self.fail_next_publication.swap(false, Ordering::AcqRel) {
             Err("publication failure injected by a test hook".to_string())
         } else {
-            let changed = reuse.changed;
-            let r = Reuse {
-                prev: &prev,
-                fresh: &reuse.fresh,
-                changed,
-                generation: reuse.generation,
-                links: reuse.links,
-            };
             let revision = self.revision.fetch_add(1, Ordering::AcqRel) + 1;
-            snapshot::build(
-                backend,
-                &self.id,
-                self.budget,
-                self.owner,
-                revision,
-                Some(&r),
-            )
-            .map_err(|e| e.to_string())
+            // The common case: plain appends under the fence of `prev`
+            // (the write lock is held, so `prev` is the snapshot whose
+            // version was the fence). The receipt's version being the next
+            // one means nothing else committed in between, so the new
+            // state is `prev` plus these entries; one head read confirms
+            // it and gives the transcript version.
+            let extended = if appended
+                && prev.session_version == expected
+                && Some(receipt.session_version) == expected.checked_add(1)
+            {
+                match backend.head(&self.id) {
+                    Ok(Some(head)) => {
+                        snapshot::extend(&prev, &head, &reuse.fresh, self.owner, revision)
+                    }
+                    _ => None,
+                }
+            } else {
+                None
+            };
+            match extended {
+                Some(snap) => {
+                    self.extended.fetch_add(1, Ordering::Relaxed);
+                    Ok(snap)
+                }
+                None => {
+                    let r = Reuse {
+                        prev: &prev,
+                        fresh: &reuse.fresh,
+                        changed: reuse.changed,
+                        generation: reuse.generation,
+                        links: reuse.links,
+                    };
+                    snapshot::build(
+                        backend,
+                        &self.id,
+                        self.budget,
+                        self.owner,
+                        revision,
+                        Some(&r),
+                    )
+                    .map_err(|e| e.to_string())
+                }
+            }
         };
         match published {
             Ok(snap) => {
@@ -308,6 +352,7 @@ impl SessionHandle {
             revision: AtomicU64::new(1),
             rewrite_slot: AtomicBool::new(false),
             fail_next_publication: AtomicBool::new(false),
+            extended: AtomicU64::new(0),
             subscribers: RwLock::new(Vec::new()),
         };
         // The handle's Drop releases the slot from now on.
@@ -368,6 +413,13 @@ impl SessionHandle {
         self.inner
             .fail_next_publication
             .store(true, Ordering::Release);
+    }
+
+    /// Test hook: how many publications of this handle were extended from
+    /// the previous snapshot without reading entries from the backend.
+    #[doc(hidden)]
+    pub fn extended_publications(&self) -> u64 {
+        self.inner.extended.load(Ordering::Relaxed)
     }
 
     /// One entry, byte-exact: from the snapshot when resident, else read
@@ -476,14 +528,14 @@ impl SessionHandle {
         {
             let backend = self.inner.backend()?;
             let source = backend.source(&self.inner.id)?;
-            if source.facts(&entry.id)?.is_some() {
+            if exists(&snap, &*source, &entry.id)? {
                 return Err(HandleError::DuplicateEntry {
                     id: self.inner.id.clone(),
                     entry: entry.id.clone(),
                 });
             }
             if let Some(p) = &entry.parent_id {
-                if source.facts(p)?.is_none() {
+                if !exists(&snap, &*source, p)? {
                     return Err(self.unknown(p));
                 }
             }
@@ -504,7 +556,7 @@ impl SessionHandle {
             .iter()
             .map(|e| SessionEvent::EntryAppended { entry: e.clone() })
             .collect();
-        self.inner.commit(
+        self.inner.commit_events(
             snap.session_version,
             events,
             ReusePlan {
@@ -513,6 +565,7 @@ impl SessionHandle {
                 generation: snap.version.generation,
                 links: true,
             },
+            true,
             cause,
         )?;
         Ok(ids)
@@ -527,7 +580,7 @@ impl SessionHandle {
         }
         if let Some(t) = &to {
             let backend = self.inner.backend()?;
-            if backend.source(&self.inner.id)?.facts(t)?.is_none() {
+            if !exists(&snap, &*backend.source(&self.inner.id)?, t)? {
                 return Err(self.unknown(t));
             }
         }
@@ -557,7 +610,7 @@ impl SessionHandle {
             let backend = self.inner.backend()?;
             let source = backend.source(&self.inner.id)?;
             if let Some(t) = &target {
-                if source.facts(t)?.is_none() {
+                if !exists(&snap, &*source, t)? {
                     return Err(self.unknown(t));
                 }
             }
@@ -587,7 +640,7 @@ impl SessionHandle {
         let entry = {
             let backend = self.inner.backend()?;
             let source = backend.source(&self.inner.id)?;
-            if source.facts(target)?.is_none() {
+            if !exists(&snap, &*source, target)? {
                 return Err(self.unknown(target));
             }
             Entry {
@@ -604,6 +657,21 @@ impl SessionHandle {
         self.commit_entries(&snap, vec![entry], "set_label")?;
         Ok(id)
     }
+}
+
+/// Whether `id` is in the transcript: the snapshot's leaf and resident
+/// entries are (the snapshot is at the version the caller's write is
+/// fenced on, so a commit based on this answer cannot land if anything
+/// changed since); any other id is looked up.
+fn exists(
+    snap: &ResidentSnapshot,
+    source: &dyn EntrySource<Error = StoreError>,
+    id: &EntryId,
+) -> Result<bool, StoreError> {
+    if snap.leaf.as_ref() == Some(id) || snap.get(id).is_some() {
+        return Ok(true);
+    }
+    Ok(source.facts(id)?.is_some())
 }
 
 /// A generated entry id that is neither stored nor in `taken`.

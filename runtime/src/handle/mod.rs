@@ -22,9 +22,18 @@
 //! indexes (the parent exists, the id is new, the session is not deleted)
 //! and commits them under the session version fence of its snapshot
 //! through [`TranscriptBackend::append_events`] — without loading the
-//! session. After the commit it publishes a replacement snapshot built
-//! from the previous resident entries plus the new ones, trimmed to the
-//! budget (cost proportional to the budget), and only then notifies the
+//! session. After the commit it publishes a replacement snapshot. For
+//! plain appends of a chain under the leaf that committed as the very next
+//! session version (the fence guarantees nothing came in between), the
+//! snapshot is extended from the previous one in memory
+//! ([`ResidentSelection::extended`](crate::transcript::ResidentSelection::extended):
+//! the new entries join, the oldest held ones leave until the budget
+//! holds) after one head read that confirms the commit and gives the
+//! transcript version; no entry is read back. Otherwise (a compaction,
+//! an append elsewhere in the tree, a leaf move, a rewrite, or a head that
+//! shows another commit) it is rebuilt through the backend from the
+//! previous resident entries plus the new ones, trimmed to the budget
+//! (cost proportional to the budget). Only then the handle notifies the
 //! handle's subscribers and emits `SessionSaved` on the runtime's event
 //! sink (so observers see every commit). Session hooks do not run for
 //! handle writes: hooks belong to the session-level pipeline

@@ -1,9 +1,12 @@
 //! The resident snapshot a handle publishes, and how a replacement is
-//! built incrementally.
+//! built incrementally: extended in memory after plain appends under the
+//! leaf ([`extend`]), else rebuilt through the backend reusing what the
+//! previous snapshot holds ([`build`]).
 
 use std::borrow::Cow;
 use std::cell::RefCell;
 use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 
 use serde::Serialize;
 
@@ -67,6 +70,13 @@ impl ResidentSnapshot {
             .saturating_add(self.selection.counts.omitted_entries)
     }
 
+    /// The [`entry_size`] kept for each resident entry (aligned with
+    /// [`ResidentSnapshot::entries`]); for tests.
+    #[doc(hidden)]
+    pub fn resident_sizes(&self) -> &[u64] {
+        &self.sizes
+    }
+
     /// Every context entry is resident.
     pub fn is_complete(&self) -> bool {
         self.selection.complete
@@ -86,8 +96,9 @@ impl ResidentSnapshot {
         self.selection.thinking_level.as_deref()
     }
 
-    /// Resident entries in path order.
-    pub fn entries(&self) -> &[Entry] {
+    /// Resident entries in path order (shared with the snapshots extended
+    /// from this one).
+    pub fn entries(&self) -> &[Arc<Entry>] {
         &self.selection.entries
     }
 
@@ -209,6 +220,47 @@ impl EntrySource for Overlay<'_> {
     }
 }
 
+/// The snapshot after `appended` was committed through the handle that
+/// published `prev`, as the one commit right after it, built from `prev`
+/// alone (see [`ResidentSelection::extended`]): no entry, size, facts or
+/// children lookups. `head` is the backend's head read after the commit;
+/// it must show exactly that commit (the next session version, the same
+/// generation, the last appended entry as the leaf, `appended.len()` more
+/// entries), else `None`. `appended` must be a chain of new entries under
+/// `prev`'s leaf committed as plain appends; `None` too when the selection
+/// cannot be extended without the source. Callers then [`build`].
+pub(crate) fn extend(
+    prev: &ResidentSnapshot,
+    head: &TranscriptHead,
+    appended: &[Entry],
+    owner: u64,
+    revision: u64,
+) -> Option<ResidentSnapshot> {
+    let last = appended.last()?;
+    let added = u64::try_from(appended.len()).ok()?;
+    if head.header.id != prev.session_id
+        || head.header.version != prev.session_version.checked_add(1)?
+        || head.version.generation != prev.version.generation
+        || head.leaf.as_ref() != Some(&last.id)
+        || head.entries != prev.transcript_entries.checked_add(added)?
+    {
+        return None;
+    }
+    let (selection, sizes) = prev.selection.extended(&prev.sizes, appended)?;
+    Some(ResidentSnapshot {
+        session_id: prev.session_id.clone(),
+        header: head.header.clone(),
+        session_version: head.header.version,
+        version: head.version,
+        leaf: head.leaf.clone(),
+        transcript_entries: head.entries,
+        selection,
+        owner,
+        revision,
+        sizes,
+    })
+}
+
 /// Builds a snapshot of `id` at the backend's live head, reusing `reuse`
 /// where allowed. Retries (a bounded number of times) when the head moved
 /// during the build, so the result is one consistent version.
@@ -271,7 +323,7 @@ fn build_at(
                 .chain(std::iter::repeat(None));
             for (e, size) in r.prev.selection.entries.iter().zip(sizes) {
                 if !r.changed.contains(&e.id) {
-                    overlay.entries.insert(&e.id, (e, size));
+                    overlay.entries.insert(&e.id, (&**e, size));
                 }
             }
         }
@@ -287,7 +339,7 @@ fn build_at(
                 .collect();
             for l in &r.prev.selection.links {
                 if !touched.contains(&l.id) && !r.changed.contains(&l.id) {
-                    overlay.links.insert(&l.id, l);
+                    overlay.links.insert(&l.id, &**l);
                 }
             }
         }

@@ -41,6 +41,7 @@
 
 use std::borrow::Cow;
 use std::convert::Infallible;
+use std::sync::Arc;
 
 use serde::Serialize;
 
@@ -328,12 +329,16 @@ pub struct ResidentSelection {
     pub budget: Budget,
     /// First entry of the context segment (`None` for an empty path).
     pub context_start: Option<EntryId>,
-    /// Resident entries in path order (oldest first), byte-exact.
-    pub entries: Vec<Entry>,
+    /// Resident entries in path order (oldest first), byte-exact. Shared:
+    /// a selection extended from this one holds the same entries.
+    #[serde(serialize_with = "serialize_shared")]
+    pub entries: Vec<Arc<Entry>>,
     /// Oversized context entries, in path order.
     pub omitted: Vec<OmittedEntry>,
-    /// Navigation links of the resident entries, same order as `entries`.
-    pub links: Vec<NavLinks>,
+    /// Navigation links of the resident entries, same order as `entries`
+    /// (shared like the entries).
+    #[serde(serialize_with = "serialize_shared")]
+    pub links: Vec<Arc<NavLinks>>,
     /// Model in force at the leaf (from the whole path).
     pub model: Option<(String, String)>,
     /// Thinking level in force at the leaf (from the whole path).
@@ -352,6 +357,13 @@ pub struct ResidentSelection {
     /// Whether the latest compaction in the context keeps the entries of
     /// the segment before it (its first kept entry was found on the path).
     compaction_keeps_prefix: bool,
+    /// Where each omitted record sits among the resident entries: the
+    /// number of resident entries before it in path order (aligned with
+    /// `omitted`). With it the selection knows the path order of all the
+    /// entries it holds, which [`ResidentSelection::extended`] needs to
+    /// drop the oldest ones.
+    #[serde(skip)]
+    omitted_at: Vec<u64>,
 }
 
 impl ResidentSelection {
@@ -360,7 +372,7 @@ impl ResidentSelection {
     /// messages of the omitted and beyond-budget entries (and tool results
     /// whose calls are among those are dropped as orphans).
     pub fn context(&self) -> ModelContext {
-        let refs: Vec<&Entry> = self.entries.iter().collect();
+        let refs: Vec<&Entry> = self.entries.iter().map(|e| &**e).collect();
         ModelContext {
             messages: context_messages_segment(&refs, self.compaction_keeps_prefix),
             model: self.model.clone(),
@@ -370,7 +382,7 @@ impl ResidentSelection {
 
     /// A resident entry by id.
     pub fn get(&self, id: &EntryId) -> Option<&Entry> {
-        self.entries.iter().find(|e| &e.id == id)
+        self.entries.iter().find(|e| &e.id == id).map(|e| &**e)
     }
 }
 
@@ -412,6 +424,7 @@ pub fn select_resident<S: EntrySource + ?Sized>(
         pinned: None,
         path_facts: None,
         compaction_keeps_prefix: false,
+        omitted_at: Vec::new(),
     };
     let Some(leaf) = leaf else {
         return Ok(sel);
@@ -489,6 +502,7 @@ pub fn select_resident<S: EntrySource + ?Sized>(
                     kind: facts.kind.clone(),
                     size,
                 });
+                sel.omitted_at.push(len_u64(sel.entries.len()));
             } else if size > bytes_left {
                 break;
             } else {
@@ -499,7 +513,7 @@ pub fn select_resident<S: EntrySource + ?Sized>(
                     .into_owned();
                 bytes_left -= size;
                 sel.counts.resident_bytes = sel.counts.resident_bytes.saturating_add(size);
-                sel.entries.push(entry);
+                sel.entries.push(Arc::new(entry));
             }
             events_left -= 1;
         }
@@ -518,6 +532,13 @@ pub fn select_resident<S: EntrySource + ?Sized>(
     }
     sel.entries.reverse();
     sel.omitted.reverse();
+    // Pushed newest first as "resident entries newer than it": turned into
+    // "resident entries before it" in path order.
+    let resident = len_u64(sel.entries.len());
+    sel.omitted_at.reverse();
+    for at in &mut sel.omitted_at {
+        *at = resident.saturating_sub(*at);
+    }
     sel.counts.resident_entries = u64::try_from(sel.entries.len()).unwrap_or(u64::MAX);
     sel.counts.omitted_entries = u64::try_from(sel.omitted.len()).unwrap_or(u64::MAX);
     sel.counts.beyond_budget_entries = context_entries
@@ -530,12 +551,12 @@ pub fn select_resident<S: EntrySource + ?Sized>(
         let kids = source
             .children(&e.id, CHILD_LINKS_MAX)
             .map_err(ResidentError::Source)?;
-        sel.links.push(NavLinks {
+        sel.links.push(Arc::new(NavLinks {
             id: e.id.clone(),
             parent_id: e.parent_id.clone(),
             children: kids.ids,
             children_total: kids.total,
-        });
+        }));
     }
     Ok(sel)
 }
@@ -552,10 +573,282 @@ impl Pinned {
         match self {
             Pinned::Resident(e, size) => {
                 sel.counts.resident_bytes = sel.counts.resident_bytes.saturating_add(size);
-                sel.entries.push(e);
+                sel.entries.push(Arc::new(e));
             }
-            Pinned::Omitted(o) => sel.omitted.push(o),
+            Pinned::Omitted(o) => {
+                sel.omitted.push(o);
+                sel.omitted_at.push(len_u64(sel.entries.len()));
+            }
         }
+    }
+}
+
+/// Serializes shared values as the values themselves.
+fn serialize_shared<T: Serialize, S: serde::Serializer>(
+    v: &[Arc<T>],
+    s: S,
+) -> Result<S::Ok, S::Error> {
+    s.collect_seq(v.iter().map(|a| &**a))
+}
+
+fn len_u64(n: usize) -> u64 {
+    u64::try_from(n).unwrap_or(u64::MAX)
+}
+
+/// An entry a selection holds (see [`ResidentSelection::held`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Held {
+    /// Index in `entries`.
+    Resident(usize),
+    /// Index in `omitted`.
+    Omitted(usize),
+}
+
+/// One step of the newest-first walk of [`select_resident`]: whether an
+/// entry of `size` is held (resident or omitted) with what is left of the
+/// budget, charging it. `false` ends the walk.
+fn charge(size: u64, budget: Budget, events_left: &mut u64, bytes_left: &mut u64) -> bool {
+    if *events_left == 0 {
+        return false;
+    }
+    if size <= budget.bytes_max {
+        if size > *bytes_left {
+            return false;
+        }
+        *bytes_left -= size;
+    }
+    *events_left -= 1;
+    true
+}
+
+impl ResidentSelection {
+    /// The resident entries and omitted records in path order, `None` if
+    /// the positions of the omitted records are inconsistent.
+    fn held(&self) -> Option<Vec<Held>> {
+        if self.omitted_at.len() != self.omitted.len() {
+            return None;
+        }
+        let mut out = Vec::with_capacity(self.entries.len() + self.omitted.len());
+        let mut r = 0usize;
+        for (i, &at) in self.omitted_at.iter().enumerate() {
+            let at = usize::try_from(at).ok()?;
+            if at < r || at > self.entries.len() {
+                return None;
+            }
+            out.extend((r..at).map(Held::Resident));
+            r = at;
+            out.push(Held::Omitted(i));
+        }
+        out.extend((r..self.entries.len()).map(Held::Resident));
+        Some(out)
+    }
+
+    fn held_id(&self, h: Held) -> Option<&EntryId> {
+        match h {
+            Held::Resident(i) => self.entries.get(i).map(|e| &e.id),
+            Held::Omitted(i) => self.omitted.get(i).map(|o| &o.id),
+        }
+    }
+
+    /// The selection [`select_resident`] gives for the last entry of
+    /// `appended`, computed from this selection alone (no source reads),
+    /// when `appended` is a chain of entries just appended under this
+    /// selection's leaf: the first one's parent is the leaf, each next
+    /// one's parent the one before, and none of their ids was in the
+    /// transcript before. `sizes` are the [`entry_size`] of this
+    /// selection's resident entries (aligned with `entries`); the new
+    /// selection comes with those of its own.
+    ///
+    /// The new entries join the newest end of the context, then the
+    /// oldest held entries are dropped until the budget holds, exactly as
+    /// the newest-first walk would stop: the held entries of this
+    /// selection are the newest context entries that fitted, so with the
+    /// new ones in front the walk keeps a newest part of them and stops
+    /// where it stopped before at the latest. The pinned compaction stays
+    /// pinned, the path facts follow with [`PathFacts::child`], the
+    /// leaf's navigation links gain the first new entry. A reset among the
+    /// new entries restarts the context at it.
+    ///
+    /// `None` when the outcome needs the source: an empty `appended` or an
+    /// empty leaf, a chain not under the leaf, a compaction among the new
+    /// entries (its first kept entry must be looked up), or a selection
+    /// whose parts disagree. Callers then run [`select_resident`].
+    pub fn extended(
+        &self,
+        sizes: &[u64],
+        appended: &[Entry],
+    ) -> Option<(ResidentSelection, Vec<u64>)> {
+        let budget = self.budget;
+        let leaf = self.leaf.as_ref()?;
+        let facts = self.path_facts.as_ref()?;
+        let last = appended.last()?;
+        if sizes.len() != self.entries.len() || self.links.len() != self.entries.len() {
+            return None;
+        }
+        let mut parent = leaf;
+        for e in appended {
+            if e.parent_id.as_ref() != Some(parent)
+                || matches!(e.kind, EntryKind::Compaction { .. })
+            {
+                return None;
+            }
+            parent = &e.id;
+        }
+        let mut new_facts = facts.clone();
+        for e in appended {
+            new_facts = PathFacts::child(&new_facts, e, None);
+        }
+        // The context's entries newest first are `fresh` (reversed), then
+        // what this selection held (when the context did not restart),
+        // then entries beyond the budget.
+        let restart = appended
+            .iter()
+            .rposition(|e| matches!(e.kind, EntryKind::Reset));
+        let (fresh, held) = match restart {
+            Some(r) => (appended.get(r..)?, Vec::new()),
+            None => (appended, self.held()?),
+        };
+        let pinned = new_facts
+            .compaction
+            .as_ref()
+            .filter(|_| budget.events_max > 0)
+            .map(|a| a.id.clone());
+        let mut events_left = budget.events_max;
+        let mut bytes_left = budget.bytes_max;
+        let mut pin_slot = None;
+        match (&pinned, restart) {
+            (None, Some(_)) => {}
+            (None, None) if self.pinned.is_none() => {}
+            (Some(p), None) if self.pinned.as_ref() == Some(p) => {
+                let slot = held.iter().position(|h| self.held_id(*h) == Some(p))?;
+                events_left -= 1;
+                if let Some(Held::Resident(i)) = held.get(slot) {
+                    bytes_left = bytes_left.checked_sub(*sizes.get(*i)?)?;
+                }
+                pin_slot = Some(slot);
+            }
+            _ => return None,
+        }
+        let fresh_sizes: Vec<u64> = fresh.iter().map(entry_size).collect();
+        let mut take_fresh = 0usize;
+        for &size in fresh_sizes.iter().rev() {
+            if !charge(size, budget, &mut events_left, &mut bytes_left) {
+                break;
+            }
+            take_fresh += 1;
+        }
+        let mut take_held = 0usize;
+        let held_nonpin = held.len() - usize::from(pin_slot.is_some());
+        if take_fresh == fresh.len() {
+            for (k, h) in held.iter().enumerate().rev() {
+                if Some(k) == pin_slot {
+                    continue;
+                }
+                let size = match *h {
+                    Held::Resident(i) => *sizes.get(i)?,
+                    Held::Omitted(i) => self.omitted.get(i)?.size,
+                };
+                // What was held keeps its kind: resident entries fit the
+                // byte budget, omitted ones exceed it.
+                if matches!(h, Held::Resident(_)) != (size <= budget.bytes_max) {
+                    return None;
+                }
+                if !charge(size, budget, &mut events_left, &mut bytes_left) {
+                    break;
+                }
+                take_held += 1;
+            }
+        }
+
+        let mut entries = Vec::with_capacity(held.len() + fresh.len());
+        let mut out_sizes = Vec::with_capacity(held.len() + fresh.len());
+        let mut links = Vec::with_capacity(held.len() + fresh.len());
+        let mut omitted = Vec::new();
+        let mut omitted_at = Vec::new();
+        // The oldest held entries that no longer fit; never the pin.
+        let mut drop = held_nonpin - take_held;
+        for (k, h) in held.iter().enumerate() {
+            if Some(k) != pin_slot && drop > 0 {
+                drop -= 1;
+                continue;
+            }
+            match *h {
+                Held::Resident(i) => {
+                    let e = self.entries.get(i)?;
+                    let mut l = self.links.get(i)?.clone();
+                    if &e.id == leaf {
+                        // The first new entry is the leaf's newest child.
+                        let l = Arc::make_mut(&mut l);
+                        if l.children_total < len_u64(CHILD_LINKS_MAX) {
+                            l.children.push(appended.first()?.id.clone());
+                        }
+                        l.children_total = l.children_total.saturating_add(1);
+                    }
+                    entries.push(e.clone());
+                    out_sizes.push(*sizes.get(i)?);
+                    links.push(l);
+                }
+                Held::Omitted(i) => {
+                    omitted.push(self.omitted.get(i)?.clone());
+                    omitted_at.push(len_u64(entries.len()));
+                }
+            }
+        }
+        let first = fresh.len() - take_fresh;
+        for (k, e) in fresh.iter().enumerate().skip(first) {
+            let size = *fresh_sizes.get(k)?;
+            if size > budget.bytes_max {
+                omitted.push(OmittedEntry {
+                    id: e.id.clone(),
+                    kind: e.kind_name().to_string(),
+                    size,
+                });
+                omitted_at.push(len_u64(entries.len()));
+            } else {
+                let child = fresh.get(k + 1).map(|c| c.id.clone());
+                links.push(Arc::new(NavLinks {
+                    id: e.id.clone(),
+                    parent_id: e.parent_id.clone(),
+                    children_total: u64::from(child.is_some()),
+                    children: child.into_iter().collect(),
+                }));
+                entries.push(Arc::new(e.clone()));
+                out_sizes.push(size);
+            }
+        }
+
+        let context_entries = new_facts.context_entries();
+        let resident_entries = len_u64(entries.len());
+        let omitted_entries = len_u64(omitted.len());
+        let counts = BoundaryCounts {
+            path_entries: new_facts.path_entries(),
+            context_entries,
+            resident_entries,
+            resident_bytes: out_sizes.iter().fold(0u64, |a, s| a.saturating_add(*s)),
+            omitted_entries,
+            beyond_budget_entries: context_entries
+                .saturating_sub(resident_entries)
+                .saturating_sub(omitted_entries),
+        };
+        Some((
+            ResidentSelection {
+                leaf: Some(last.id.clone()),
+                budget,
+                context_start: Some(new_facts.context_start.id.clone()),
+                entries,
+                omitted,
+                links,
+                model: new_facts.model.clone(),
+                thinking_level: new_facts.thinking_level.clone(),
+                counts,
+                complete: resident_entries == context_entries,
+                pinned,
+                compaction_keeps_prefix: new_facts.compaction_keeps_prefix,
+                path_facts: Some(new_facts),
+                omitted_at,
+            },
+            out_sizes,
+        ))
     }
 }
 
