@@ -1085,11 +1085,14 @@ impl MergeIter {
                 return None;
             }
             if self.sled_peek.is_none() && !self.sled_done {
+                // sled's range ends where the prefix does (see `prefix_end`), so every
+                // key it yields starts with the prefix.
                 match self.sled.next() {
-                    Some(Ok((k, v))) if k.starts_with(&self.prefix) => {
+                    Some(Ok((k, v))) => {
+                        debug_assert!(k.starts_with(&self.prefix));
                         self.sled_peek = Some((k, v))
                     }
-                    Some(Ok(_)) | None => self.sled_done = true,
+                    None => self.sled_done = true,
                     Some(Err(e)) => {
                         self.done = true;
                         return Some(Err(IndexError::Sled(e)));
