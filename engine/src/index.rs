@@ -890,6 +890,16 @@ impl Index {
         let p = user_key(ns, prefix);
         let strip = user_prefix_len(ns);
         let mut it = self.merged(&p);
+        if it.mem.peek().is_none() {
+            // Nothing pending in the memtables for this prefix: sled's entries alone.
+            for kv in &mut it.sled {
+                let (k, v) = kv.map_err(sled_err)?;
+                if !f(k.get(strip..).unwrap_or(&[]), &v) {
+                    break;
+                }
+            }
+            return Ok(());
+        }
         while let Some(kv) = it.next_kv() {
             let kv = kv?;
             if !f(kv.key().get(strip..).unwrap_or(&[]), kv.value()) {

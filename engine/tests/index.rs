@@ -300,6 +300,9 @@ fn many_commits_through_memtable_and_sled_equal_a_rebuild() {
     drop(ro);
     let s = Store::open(dir.path(), opts()).unwrap();
     assert_eq!(s.index().dump().unwrap(), dump);
+    // Everything in sled, nothing in the memtables.
+    assert_visit_equals_scan(&s);
+    assert_eq!(s.index().scan_prefix("lastkinds", b"s").count(), 10);
 }
 
 #[test]
