@@ -49,13 +49,13 @@ pub type KeyValue = (Vec<u8>, Vec<u8>);
 pub struct IndexBatch<'a> {
     index: &'a Index,
     writes: &'a mut BTreeMap<Vec<u8>, Option<Vec<u8>>>,
-    prefix: Vec<u8>,
+    prefix: &'a [u8],
 }
 
 impl IndexBatch<'_> {
     fn full(&self, key: &[u8]) -> Vec<u8> {
         let mut k = Vec::with_capacity(self.prefix.len() + key.len());
-        k.extend_from_slice(&self.prefix);
+        k.extend_from_slice(self.prefix);
         k.extend_from_slice(key);
         k
     }
@@ -83,7 +83,7 @@ impl IndexBatch<'_> {
     pub fn scan_prefix(&self, prefix: &[u8]) -> Result<Vec<KeyValue>, IndexError> {
         let p = self.full(prefix);
         let mut out: BTreeMap<Vec<u8>, Vec<u8>> = BTreeMap::new();
-        for kv in self.index.merged(&p, None) {
+        for kv in self.index.merged(&p) {
             let (k, v) = kv?;
             out.insert(k, v);
         }
@@ -107,6 +107,21 @@ fn user_prefix(ns: &str) -> Vec<u8> {
     p.push(ns.len().min(255) as u8);
     p.extend_from_slice(ns.as_bytes());
     p
+}
+
+/// Length of [`user_prefix`]`(ns)`.
+fn user_prefix_len(ns: &str) -> usize {
+    2 + ns.len()
+}
+
+/// `key` in indexer `ns`'s namespace.
+fn user_key(ns: &str, key: &[u8]) -> Vec<u8> {
+    let mut k = Vec::with_capacity(user_prefix_len(ns) + key.len());
+    k.push(USER);
+    k.push(ns.len().min(255) as u8);
+    k.extend_from_slice(ns.as_bytes());
+    k.extend_from_slice(key);
+    k
 }
 
 fn cache_prefix(ns: &str) -> Vec<u8> {
@@ -471,12 +486,17 @@ impl Index {
         };
         // The indexers' writes, in a batch that sees its own pending writes.
         let mut writes: Writes = BTreeMap::new();
+        let prefixes: Vec<Vec<u8>> = self
+            .indexers
+            .iter()
+            .map(|ix| user_prefix(ix.name()))
+            .collect();
         for c in commits {
-            for ix in &self.indexers {
+            for (ix, prefix) in self.indexers.iter().zip(&prefixes) {
                 let mut batch = IndexBatch {
                     index: self,
                     writes: &mut writes,
-                    prefix: user_prefix(ix.name()),
+                    prefix,
                 };
                 ix.apply(c, &mut batch)?;
             }
@@ -647,41 +667,50 @@ impl Index {
         Ok(self.tree.get(k)?.map(|v| v.to_vec()))
     }
 
-    /// Entries with keys starting with `prefix` (and `<= last` if given), memtables
+    /// Entries with keys starting with `prefix`, memtables
     /// merged over sled, in key order.
-    fn merged(&self, prefix: &[u8], last: Option<&[u8]>) -> MergeIter {
-        self.merged_from(prefix, prefix, last)
+    fn merged(&self, prefix: &[u8]) -> MergeIter {
+        self.merged_from(prefix, prefix)
     }
 
     /// Like [`Index::merged`], starting at key `from` (which starts with `prefix`).
-    fn merged_from(&self, prefix: &[u8], from: &[u8], last: Option<&[u8]>) -> MergeIter {
-        let hi = match last {
-            Some(l) => Bound::Included(l.to_vec()),
+    fn merged_from(&self, prefix: &[u8], from: &[u8]) -> MergeIter {
+        let hi = match prefix_end(prefix) {
+            Some(end) => Bound::Excluded(end),
             None => Bound::Unbounded,
         };
+        let lo = Bound::Included(from.to_vec());
         // Snapshot the memtable over the frozen one (lock order: mem, then frozen).
-        let mut snap: Writes = BTreeMap::new();
-        {
+        let mem: Vec<PendingWrite> = {
             let mem = self.mem.read().unwrap_or_else(|e| e.into_inner());
             let frozen = self.frozen.read().unwrap_or_else(|e| e.into_inner());
-            for src in frozen
-                .iter()
-                .map(|f| &**f)
-                .chain(std::iter::once(&mem.writes))
-            {
-                for (k, v) in src
-                    .range((Bound::Included(from.to_vec()), hi.clone()))
+            let in_range = |w: &Writes| -> Vec<PendingWrite> {
+                w.range((lo.clone(), hi.clone()))
                     .take_while(|(k, _)| k.starts_with(prefix))
-                {
-                    snap.insert(k.clone(), v.clone());
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect()
+            };
+            match frozen.as_ref() {
+                None => in_range(&mem.writes),
+                Some(f) => {
+                    let mut snap: Writes = BTreeMap::new();
+                    for src in [&**f, &mem.writes] {
+                        for (k, v) in src
+                            .range((lo.clone(), hi.clone()))
+                            .take_while(|(k, _)| k.starts_with(prefix))
+                        {
+                            snap.insert(k.clone(), v.clone());
+                        }
+                    }
+                    snap.into_iter().collect()
                 }
             }
-        }
-        let mem: Vec<PendingWrite> = snap.into_iter().collect();
+        };
         MergeIter {
             mem: mem.into_iter().peekable(),
-            sled: self.tree.range((Bound::Included(from.to_vec()), hi)),
+            sled: self.tree.range((lo, hi)),
             sled_peek: None,
+            sled_done: false,
             prefix: prefix.to_vec(),
             done: false,
         }
@@ -761,7 +790,7 @@ impl Index {
         &self,
         id: Uuid,
     ) -> Result<Option<(String, u64, LogPosition)>, Error> {
-        for kv in self.merged(VERSION, None) {
+        for kv in self.merged(VERSION) {
             let (k, block) = kv?;
             let bad = || Error::Index(IndexError::Malformed("stream version block key".into()));
             let len = *k.get(VERSION.len()).ok_or_else(bad)? as usize;
@@ -793,7 +822,7 @@ impl Index {
         let start = version_block_key(stream, from);
         let prefix = &start[..start.len() - 8];
         let mut out = Vec::new();
-        for kv in self.merged_from(prefix, &start, None) {
+        for kv in self.merged_from(prefix, &start) {
             let (k, block) = kv?;
             let bad = || Error::Index(IndexError::Malformed("stream version block".into()));
             let block_no = be_u64(&k[k.len().saturating_sub(8)..]).ok_or_else(bad)?;
@@ -825,7 +854,7 @@ impl Index {
     /// Every stream with its head version, sorted by name.
     pub fn streams(&self) -> Result<Vec<(String, u64)>, Error> {
         let mut out = Vec::new();
-        for kv in self.merged(HEAD, None) {
+        for kv in self.merged(HEAD) {
             let (k, v) = kv?;
             let name = String::from_utf8(k[HEAD.len()..].to_vec())
                 .map_err(|_| IndexError::Malformed("stream name".into()))?;
@@ -836,20 +865,48 @@ impl Index {
 
     /// An indexer's entry.
     pub fn get(&self, ns: &str, key: &[u8]) -> Result<Option<Vec<u8>>, Error> {
-        let mut k = user_prefix(ns);
-        k.extend_from_slice(key);
-        Ok(self.read_key(&k)?)
+        Ok(self.read_key(&user_key(ns, key))?)
     }
 
     /// An indexer's entries whose keys start with `prefix` (keys without the namespace).
     pub fn scan_prefix(&self, ns: &str, prefix: &[u8]) -> IndexScan {
-        let mut p = user_prefix(ns);
-        let strip = p.len();
-        p.extend_from_slice(prefix);
+        let p = user_key(ns, prefix);
         IndexScan {
-            iter: ScanSource::Merged(self.merged(&p, None)),
-            strip,
+            iter: ScanSource::Merged(self.merged(&p)),
+            strip: user_prefix_len(ns),
         }
+    }
+
+    /// Calls `f` with each of an indexer's entries whose key starts with `prefix` (the
+    /// key without the namespace, and the value), in key order, as
+    /// [`Index::scan_prefix`] yields them but without copying them out of sled; stops
+    /// early when `f` returns `false`.
+    pub fn visit_prefix(
+        &self,
+        ns: &str,
+        prefix: &[u8],
+        mut f: impl FnMut(&[u8], &[u8]) -> bool,
+    ) -> Result<(), Error> {
+        let p = user_key(ns, prefix);
+        let strip = user_prefix_len(ns);
+        let mut it = self.merged(&p);
+        if it.mem.peek().is_none() {
+            // Nothing pending in the memtables for this prefix: sled's entries alone.
+            for kv in &mut it.sled {
+                let (k, v) = kv.map_err(sled_err)?;
+                if !f(k.get(strip..).unwrap_or(&[]), &v) {
+                    break;
+                }
+            }
+            return Ok(());
+        }
+        while let Some(kv) = it.next_kv() {
+            let kv = kv?;
+            if !f(kv.key().get(strip..).unwrap_or(&[]), kv.value()) {
+                break;
+            }
+        }
+        Ok(())
     }
 
     /// Write a cache entry (outside commits; dropped when the index is rebuilt).
@@ -894,7 +951,7 @@ impl Index {
     /// Every engine and indexer entry (not the cache), for comparing two indexes.
     pub fn dump(&self) -> Result<Vec<KeyValue>, Error> {
         let mut out = Vec::new();
-        for kv in self.merged(&[], None) {
+        for kv in self.merged(&[]) {
             out.push(kv?);
         }
         Ok(out)
@@ -971,14 +1028,51 @@ enum ScanSource {
 impl Iterator for IndexScan {
     type Item = Result<KeyValue, Error>;
     fn next(&mut self) -> Option<Self::Item> {
-        let kv = match &mut self.iter {
-            ScanSource::Merged(m) => m.next()?.map_err(Error::Index),
+        let strip = self.strip;
+        let own_key = |k: &[u8]| k.get(strip..).unwrap_or(&[]).to_vec();
+        Some(match &mut self.iter {
+            ScanSource::Merged(m) => match m.next_kv()? {
+                Ok(Kv::Mem(mut k, v)) => {
+                    k.drain(..strip.min(k.len()));
+                    Ok((k, v))
+                }
+                Ok(Kv::Sled(k, v)) => Ok((own_key(&k), v.to_vec())),
+                Err(e) => Err(Error::Index(e)),
+            },
             ScanSource::Sled(i) => match i.next()? {
-                Ok((k, v)) => Ok((k.to_vec(), v.to_vec())),
+                Ok((k, v)) => Ok((own_key(&k), v.to_vec())),
                 Err(e) => Err(sled_err(e)),
             },
-        };
-        Some(kv.map(|(k, v)| (k.get(self.strip..).unwrap_or(&[]).to_vec(), v)))
+        })
+    }
+}
+
+/// An entry of a merged scan: from a memtable, or borrowed from sled without a copy.
+enum Kv {
+    Mem(Vec<u8>, Vec<u8>),
+    Sled(sled::IVec, sled::IVec),
+}
+
+impl Kv {
+    fn key(&self) -> &[u8] {
+        match self {
+            Kv::Mem(k, _) => k,
+            Kv::Sled(k, _) => k,
+        }
+    }
+
+    fn value(&self) -> &[u8] {
+        match self {
+            Kv::Mem(_, v) => v,
+            Kv::Sled(_, v) => v,
+        }
+    }
+
+    fn into_owned(self) -> KeyValue {
+        match self {
+            Kv::Mem(k, v) => (k, v),
+            Kv::Sled(k, v) => (k.to_vec(), v.to_vec()),
+        }
     }
 }
 
@@ -987,24 +1081,28 @@ impl Iterator for IndexScan {
 struct MergeIter {
     mem: std::iter::Peekable<std::vec::IntoIter<PendingWrite>>,
     sled: sled::Iter,
-    sled_peek: Option<KeyValue>,
+    sled_peek: Option<(sled::IVec, sled::IVec)>,
+    /// sled has no more entries in range.
+    sled_done: bool,
     prefix: Vec<u8>,
     done: bool,
 }
 
-impl Iterator for MergeIter {
-    type Item = Result<KeyValue, IndexError>;
-    fn next(&mut self) -> Option<Self::Item> {
+impl MergeIter {
+    fn next_kv(&mut self) -> Option<Result<Kv, IndexError>> {
         loop {
             if self.done {
                 return None;
             }
-            if self.sled_peek.is_none() {
+            if self.sled_peek.is_none() && !self.sled_done {
+                // sled's range ends where the prefix does (see `prefix_end`), so every
+                // key it yields starts with the prefix.
                 match self.sled.next() {
-                    Some(Ok((k, v))) if k.starts_with(&self.prefix) => {
-                        self.sled_peek = Some((k.to_vec(), v.to_vec()))
+                    Some(Ok((k, v))) => {
+                        debug_assert!(k.starts_with(&self.prefix));
+                        self.sled_peek = Some((k, v))
                     }
-                    Some(Ok(_)) | None => {}
+                    None => self.sled_done = true,
                     Some(Err(e)) => {
                         self.done = true;
                         return Some(Err(IndexError::Sled(e)));
@@ -1015,7 +1113,7 @@ impl Iterator for MergeIter {
                 (None, None) => return None,
                 (Some(_), None) => std::cmp::Ordering::Less,
                 (None, Some(_)) => std::cmp::Ordering::Greater,
-                (Some((mk, _)), Some((sk, _))) => mk.cmp(sk),
+                (Some((mk, _)), Some((sk, _))) => mk.as_slice().cmp(sk),
             };
             if order == std::cmp::Ordering::Equal {
                 // The memtable's entry replaces sled's.
@@ -1024,11 +1122,44 @@ impl Iterator for MergeIter {
             if order != std::cmp::Ordering::Greater {
                 let (k, v) = self.mem.next()?;
                 match v {
-                    Some(v) => return Some(Ok((k, v))),
+                    Some(v) => return Some(Ok(Kv::Mem(k, v))),
                     None => continue,
                 }
             }
-            return self.sled_peek.take().map(Ok);
+            return self.sled_peek.take().map(|(k, v)| Ok(Kv::Sled(k, v)));
         }
+    }
+}
+
+impl Iterator for MergeIter {
+    type Item = Result<KeyValue, IndexError>;
+    fn next(&mut self) -> Option<Self::Item> {
+        Some(self.next_kv()?.map(Kv::into_owned))
+    }
+}
+
+/// The least key greater than every key that starts with `prefix` (`None`: no bound).
+fn prefix_end(prefix: &[u8]) -> Option<Vec<u8>> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < u8::MAX {
+            end.push(last + 1);
+            return Some(end);
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::prefix_end;
+
+    #[test]
+    fn prefix_end_is_the_least_key_after_the_prefix() {
+        assert_eq!(prefix_end(b"ab"), Some(b"ac".to_vec()));
+        assert_eq!(prefix_end(b"a\xff"), Some(b"b".to_vec()));
+        assert_eq!(prefix_end(b"\x01\xff\xff"), Some(b"\x02".to_vec()));
+        assert_eq!(prefix_end(b"\xff\xff"), None);
+        assert_eq!(prefix_end(b""), None);
     }
 }

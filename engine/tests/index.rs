@@ -229,6 +229,34 @@ impl Indexer for LastKinds {
     }
 }
 
+/// `visit_prefix` sees what `scan_prefix` yields (memtables merged over sled), and stops
+/// when asked to.
+fn assert_visit_equals_scan(s: &Store) {
+    for prefix in [&b""[..], b"s", b"s0\0", b"s3\0", b"s9"] {
+        let scanned: Vec<_> = s
+            .index()
+            .scan_prefix("lastkinds", prefix)
+            .map(|r| r.unwrap())
+            .collect();
+        let mut visited = Vec::new();
+        s.index()
+            .visit_prefix("lastkinds", prefix, |k, v| {
+                visited.push((k.to_vec(), v.to_vec()));
+                true
+            })
+            .unwrap();
+        assert_eq!(visited, scanned, "prefix {prefix:?}");
+        let mut first = Vec::new();
+        s.index()
+            .visit_prefix("lastkinds", prefix, |k, _| {
+                first.push(k.to_vec());
+                false
+            })
+            .unwrap();
+        assert_eq!(first.len(), scanned.len().min(1), "prefix {prefix:?}");
+    }
+}
+
 #[test]
 fn many_commits_through_memtable_and_sled_equal_a_rebuild() {
     let dir = tempfile::tempdir().unwrap();
@@ -251,6 +279,7 @@ fn many_commits_through_memtable_and_sled_equal_a_rebuild() {
         if i % 1000 == 999 {
             // Mid-way reads see every acknowledged commit.
             assert_eq!(s.index().scan_prefix("lastkinds", b"s0\0").count(), 2);
+            assert_visit_equals_scan(&s);
             assert_eq!(
                 s.read_stream("s0", 1, usize::MAX).unwrap().len() as u64,
                 (i + 5) / 5
@@ -263,6 +292,7 @@ fn many_commits_through_memtable_and_sled_equal_a_rebuild() {
         .map(|r| r.unwrap().1)
         .collect();
     assert_eq!(last, vec![b"k8994".to_vec(), b"k8999".to_vec()]);
+    assert_visit_equals_scan(&s);
     let dump = s.index().dump().unwrap();
     s.close().unwrap();
     let ro = Store::open_read_only(dir.path(), opts()).unwrap();
@@ -270,6 +300,9 @@ fn many_commits_through_memtable_and_sled_equal_a_rebuild() {
     drop(ro);
     let s = Store::open(dir.path(), opts()).unwrap();
     assert_eq!(s.index().dump().unwrap(), dump);
+    // Everything in sled, nothing in the memtables.
+    assert_visit_equals_scan(&s);
+    assert_eq!(s.index().scan_prefix("lastkinds", b"s").count(), 10);
 }
 
 #[test]

@@ -15,14 +15,25 @@
 //!
 //! | key | value | use |
 //! | --- | --- | --- |
-//! | `h` ++ id | MessagePack `AgentSessionInfo` | `header`, listing |
-//! | `s` ++ status byte ++ id | empty | listing by status |
-//! | `p` ++ u8 len ++ parent id ++ id | empty | listing children |
+//! | `h` ++ id | header record | `header`, the append pre-check, listing all |
+//! | `s` ++ status byte ++ id | header record | listing by status |
+//! | `p` ++ u8 len ++ parent id ++ id | header record | listing children |
 //! | `x` ++ id | u64 BE stream version of the purge | purged sessions |
+//! | `k` ++ id | reason | sessions whose events do not decode |
 //!
-//! Only `created`, `status_changed`, `forked` and `deleted` events are
-//! decoded by the indexer; every session commit updates the header's
-//! version and `updated_at_ms` (the commit's timestamp).
+//! A header record (see `encode_record`) is a fixed binary encoding of
+//! the header without its id (the key has it) plus the stream version base
+//! of the incarnation, so `header` and the store's version fences cost one
+//! index read, and every listing is one prefix scan with no lookup per
+//! session. A session with a header is never broken: the indexer removes
+//! the header when it records `k`.
+//!
+//! Only `created`, `status_changed`, `forked` and `deleted` events (and the
+//! purge marker) are decoded by the indexer. Every session commit updates
+//! the header's version and `updated_at_ms` (the commit's timestamp); a
+//! commit without those events (an appended entry, a touch) patches these
+//! two fields of the stored record in place and rewrites it under the same
+//! keys. A purge inside a commit sets the base for the rest of it.
 //!
 //! A second indexer, [`TranscriptIndexer`] (`transcript`), keeps per-entry
 //! records, children, custom-entry lists, labels and the transcript
@@ -80,7 +91,7 @@ use crate::transcript::EntryId;
 /// Name of the engine indexer that keeps session headers.
 pub const SESSION_INDEXER: &str = "sessions";
 /// Version of the session index layout; bumping it rebuilds the index.
-pub const SESSION_INDEX_VERSION: u32 = 1;
+pub const SESSION_INDEX_VERSION: u32 = 2;
 /// Prefix of the engine event kinds of session events.
 pub const SESSION_EVENT_PREFIX: &str = "session.";
 /// Engine event kind of the store-level purge marker.
@@ -136,12 +147,220 @@ fn parent_key(parent: &str, id: &str) -> Vec<u8> {
     k
 }
 
-fn encode_header(h: &AgentSessionInfo) -> Result<Vec<u8>, String> {
-    rmp_serde::to_vec_named(h).map_err(|e| e.to_string())
+/// Format byte that starts every header record.
+const RECORD_FORMAT: u8 = 1;
+/// Offsets in a header record (see [`encode_record`]).
+const REC_STATUS: usize = 1;
+const REC_FLAGS: usize = 2;
+const REC_VERSION: usize = 3;
+const REC_BASE: usize = 11;
+const REC_CREATED: usize = 19;
+const REC_UPDATED: usize = 27;
+/// Length of the fixed part, before the parent id.
+const REC_FIXED: usize = 35;
+/// Flag bit: the record holds a parent id.
+const FLAG_PARENT: u8 = 1;
+
+fn status_from_byte(b: u8) -> Option<SessionStatus> {
+    SessionStatus::ALL
+        .into_iter()
+        .find(|s| status_byte(*s) == b)
 }
 
-fn decode_header(bytes: &[u8]) -> Result<AgentSessionInfo, String> {
-    rmp_serde::from_slice(bytes).map_err(|e| e.to_string())
+/// The fields of a session header the indexer carries from commit to
+/// commit (the version and update time come from each commit).
+#[derive(Clone, Debug)]
+struct Fields {
+    status: SessionStatus,
+    parent: Option<String>,
+    agent_name: String,
+    label: String,
+    created_at_ms: i64,
+}
+
+/// Encodes a session header record: the header without its id (which is
+/// in every key that holds a record) plus the stream version base of its
+/// incarnation.
+///
+/// | bytes | field |
+/// | --- | --- |
+/// | 1 | format ([`RECORD_FORMAT`]) |
+/// | 1 | status byte |
+/// | 1 | flags (bit 0: has a parent) |
+/// | 8 | u64 BE session version |
+/// | 8 | u64 BE stream version base (the purge that ended the previous incarnation, or 0) |
+/// | 8 | i64 BE created at (ms) |
+/// | 8 | i64 BE updated at (ms) |
+/// | 1 + n | u8 length, parent id (only with the parent flag) |
+/// | 4 + n | u32 BE length, agent name |
+/// | 4 + n | u32 BE length, label |
+fn encode_record(
+    f: &Fields,
+    version: u64,
+    updated_at_ms: i64,
+    base: u64,
+) -> Result<Vec<u8>, String> {
+    let agent = f.agent_name.as_bytes();
+    let label = f.label.as_bytes();
+    let parent = f.parent.as_deref().map(str::as_bytes);
+    let len32 = |b: &[u8], what: &str| {
+        u32::try_from(b.len()).map_err(|_| format!("{what} of {} bytes is too long", b.len()))
+    };
+    let (agent_len, label_len) = (len32(agent, "agent name")?, len32(label, "label")?);
+    let mut r = Vec::with_capacity(
+        REC_FIXED + 1 + parent.map_or(0, <[u8]>::len) + 8 + agent.len() + label.len(),
+    );
+    r.push(RECORD_FORMAT);
+    r.push(status_byte(f.status));
+    r.push(if parent.is_some() { FLAG_PARENT } else { 0 });
+    r.extend_from_slice(&version.to_be_bytes());
+    r.extend_from_slice(&base.to_be_bytes());
+    r.extend_from_slice(&f.created_at_ms.to_be_bytes());
+    r.extend_from_slice(&updated_at_ms.to_be_bytes());
+    if let Some(p) = parent {
+        // Session ids are at most SESSION_ID_LEN_MAX (128) bytes.
+        let n = u8::try_from(p.len()).map_err(|_| format!("parent id of {} bytes", p.len()))?;
+        r.push(n);
+        r.extend_from_slice(p);
+    }
+    r.extend_from_slice(&agent_len.to_be_bytes());
+    r.extend_from_slice(agent);
+    r.extend_from_slice(&label_len.to_be_bytes());
+    r.extend_from_slice(label);
+    Ok(r)
+}
+
+/// A header record's fields, borrowed from its bytes.
+struct RecordView<'a> {
+    status: SessionStatus,
+    version: u64,
+    base: u64,
+    created_at_ms: i64,
+    updated_at_ms: i64,
+    parent: Option<&'a str>,
+    agent: &'a str,
+    label: &'a str,
+}
+
+fn be_i64_at(b: &[u8], at: usize) -> Option<i64> {
+    Some(i64::from_be_bytes(b.get(at..at + 8)?.try_into().ok()?))
+}
+
+/// Reads a header record's variable part front to back.
+struct Cursor<'a>(&'a [u8]);
+
+impl<'a> Cursor<'a> {
+    fn take(&mut self, n: usize) -> Option<&'a [u8]> {
+        if self.0.len() < n {
+            return None;
+        }
+        let (head, tail) = self.0.split_at(n);
+        self.0 = tail;
+        Some(head)
+    }
+
+    fn len32(&mut self) -> Option<usize> {
+        let a: [u8; 4] = self.take(4)?.try_into().ok()?;
+        usize::try_from(u32::from_be_bytes(a)).ok()
+    }
+}
+
+fn utf8<'a>(s: &'a [u8], what: &str) -> Result<&'a str, String> {
+    std::str::from_utf8(s).map_err(|e| format!("header record {what}: {e}"))
+}
+
+fn decode_view(b: &[u8]) -> Result<RecordView<'_>, String> {
+    let short = || format!("header record of {} bytes is truncated", b.len());
+    if b.len() < REC_FIXED {
+        return Err(short());
+    }
+    if b[0] != RECORD_FORMAT {
+        return Err(format!(
+            "header record format {} (expected {RECORD_FORMAT})",
+            b[0]
+        ));
+    }
+    let status = status_from_byte(b[REC_STATUS])
+        .ok_or_else(|| format!("header record status byte {}", b[REC_STATUS]))?;
+    let flags = b[REC_FLAGS];
+    let version = be_u64(&b[REC_VERSION..]).ok_or_else(short)?;
+    let base = be_u64(&b[REC_BASE..]).ok_or_else(short)?;
+    let created_at_ms = be_i64_at(b, REC_CREATED).ok_or_else(short)?;
+    let updated_at_ms = be_i64_at(b, REC_UPDATED).ok_or_else(short)?;
+    let mut r = Cursor(&b[REC_FIXED..]);
+    let parent = if flags & FLAG_PARENT != 0 {
+        let n = r.take(1).ok_or_else(short)?[0] as usize;
+        Some(utf8(r.take(n).ok_or_else(short)?, "parent id")?)
+    } else {
+        None
+    };
+    let n = r.len32().ok_or_else(short)?;
+    let agent = utf8(r.take(n).ok_or_else(short)?, "agent name")?;
+    let n = r.len32().ok_or_else(short)?;
+    let label = utf8(r.take(n).ok_or_else(short)?, "label")?;
+    if !r.0.is_empty() {
+        return Err(format!(
+            "header record of {} bytes has {} trailing bytes",
+            b.len(),
+            r.0.len()
+        ));
+    }
+    Ok(RecordView {
+        status,
+        version,
+        base,
+        created_at_ms,
+        updated_at_ms,
+        parent,
+        agent,
+        label,
+    })
+}
+
+impl RecordView<'_> {
+    fn to_fields(&self) -> Fields {
+        Fields {
+            status: self.status,
+            parent: self.parent.map(str::to_owned),
+            agent_name: self.agent.to_owned(),
+            label: self.label.to_owned(),
+            created_at_ms: self.created_at_ms,
+        }
+    }
+
+    /// The header of session `id` (and its stream version base).
+    fn to_header(&self, id: SessionId) -> Result<(AgentSessionInfo, u64), String> {
+        let parent_id = match self.parent {
+            Some(p) => Some(SessionId::parse(p).map_err(|e| format!("header record: {e}"))?),
+            None => None,
+        };
+        Ok((
+            AgentSessionInfo {
+                id,
+                parent_id,
+                status: self.status,
+                version: self.version,
+                agent_name: self.agent.to_owned(),
+                label: self.label.to_owned(),
+                created_at_ms: self.created_at_ms,
+                updated_at_ms: self.updated_at_ms,
+            },
+            self.base,
+        ))
+    }
+}
+
+/// Decodes the header record of session `id`.
+fn decode_record(id: SessionId, b: &[u8]) -> Result<(AgentSessionInfo, u64), String> {
+    decode_view(b)?.to_header(id)
+}
+
+/// Decodes a header record found under a key whose id part is `id_bytes`.
+fn decode_keyed_record(id_bytes: &[u8], b: &[u8]) -> Result<AgentSessionInfo, String> {
+    let id = std::str::from_utf8(id_bytes)
+        .map_err(|e| format!("session id in the key: {e}"))
+        .and_then(|s| SessionId::parse(s).map_err(|e| e.to_string()))?;
+    Ok(decode_record(id, b)?.0)
 }
 
 fn be_u64(b: &[u8]) -> Option<u64> {
@@ -152,6 +371,16 @@ fn be_u64(b: &[u8]) -> Option<u64> {
 #[derive(Debug, Default)]
 pub struct SessionIndexer;
 
+/// Whether an event of kind `kind` can change a session header beyond its
+/// version and update time (the indexer decodes only these).
+fn changes_header(kind: &str) -> bool {
+    kind == PURGE_EVENT_KIND
+        || matches!(
+            kind.strip_prefix(SESSION_EVENT_PREFIX),
+            Some("created" | "status_changed" | "forked" | "deleted")
+        )
+}
+
 impl SessionIndexer {
     fn apply_session_commit(
         &self,
@@ -159,35 +388,71 @@ impl SessionIndexer {
         batch: &mut IndexBatch<'_>,
     ) -> Result<(), IndexError> {
         let id = commit.info.stream.as_str();
+        let bad = |e: String| IndexError::indexer(SESSION_INDEXER, format!("header of {id}: {e}"));
         let hkey = key(KEY_HEADER, id);
-        let mut header = match batch.get(&hkey)? {
-            Some(b) => Some(decode_header(&b).map_err(|e| {
-                IndexError::indexer(SESSION_INDEXER, format!("header of {id}: {e}"))
-            })?),
-            None => None,
-        };
-        let old = header.clone();
+        let stored = batch.get(&hkey)?;
+        if let Some(mut rec) = stored {
+            if !commit.events.iter().any(|e| changes_header(&e.kind)) {
+                // Most commits (appended entries, touches) change only the
+                // version and the update time: patch the stored record and
+                // write it under the same keys (status and parent unchanged).
+                let (skey, pkey, base) = {
+                    let view = decode_view(&rec).map_err(bad)?;
+                    (
+                        status_key(view.status, id),
+                        view.parent.map(|p| parent_key(p, id)),
+                        view.base,
+                    )
+                };
+                let version = commit.info.version.saturating_sub(base);
+                rec[REC_VERSION..REC_VERSION + 8].copy_from_slice(&version.to_be_bytes());
+                rec[REC_UPDATED..REC_UPDATED + 8]
+                    .copy_from_slice(&commit.info.timestamp_ms.to_be_bytes());
+                batch.insert(&skey, &rec);
+                if let Some(pk) = pkey {
+                    batch.insert(&pk, &rec);
+                }
+                batch.insert(&hkey, &rec);
+                return Ok(());
+            }
+            let view = decode_view(&rec).map_err(bad)?;
+            let fields = view.to_fields();
+            // A session with a header is not broken (breaking removes it),
+            // and its record holds the version base.
+            return self.apply_events(commit, batch, Some(fields), view.base, false);
+        }
         let base = match batch.get(&key(KEY_PURGED, id))? {
             Some(b) => be_u64(&b).unwrap_or(0),
             None => 0,
         };
+        let broken = batch.get(&key(KEY_BROKEN, id))?.is_some();
+        self.apply_events(commit, batch, None, base, broken)
+    }
+
+    /// The general path: folds the header-changing events of `commit` onto
+    /// the stored header `old` and replaces its records and secondary keys.
+    fn apply_events(
+        &self,
+        commit: &RecordedCommit,
+        batch: &mut IndexBatch<'_>,
+        old: Option<Fields>,
+        mut base: u64,
+        mut broken: bool,
+    ) -> Result<(), IndexError> {
+        let id = commit.info.stream.as_str();
         let bkey = key(KEY_BROKEN, id);
-        let mut broken = batch.get(&bkey)?.is_some();
+        let mut header = old.clone();
         for ev in &commit.events {
             if ev.kind == PURGE_EVENT_KIND {
                 header = None;
                 broken = false;
                 batch.remove(&bkey);
                 batch.insert(&key(KEY_PURGED, id), &commit.info.version.to_be_bytes());
+                // A later incarnation counts its versions from here.
+                base = commit.info.version;
                 continue;
             }
-            if broken {
-                continue;
-            }
-            let Some(kind) = ev.kind.strip_prefix(SESSION_EVENT_PREFIX) else {
-                continue;
-            };
-            if !matches!(kind, "created" | "status_changed" | "forked" | "deleted") {
+            if broken || !changes_header(&ev.kind) {
                 continue;
             }
             let decoded = match decode_event(&ev.payload) {
@@ -209,22 +474,18 @@ impl SessionIndexer {
             };
             match decoded {
                 SessionEvent::Created {
-                    id: sid,
                     parent_id,
                     agent_name,
                     label,
                     created_at_ms,
                     ..
                 } => {
-                    header = Some(AgentSessionInfo {
-                        id: sid,
-                        parent_id,
+                    header = Some(Fields {
                         status: SessionStatus::Active,
-                        version: 0,
+                        parent: parent_id.map(String::from),
                         agent_name,
                         label,
                         created_at_ms,
-                        updated_at_ms: created_at_ms,
                     });
                 }
                 SessionEvent::StatusChanged { to, .. } => {
@@ -234,7 +495,7 @@ impl SessionIndexer {
                 }
                 SessionEvent::Forked { from, .. } => {
                     if let Some(h) = header.as_mut() {
-                        h.parent_id = Some(from);
+                        h.parent = Some(from.into());
                     }
                 }
                 SessionEvent::Deleted => {
@@ -245,26 +506,37 @@ impl SessionIndexer {
                 _ => {}
             }
         }
-        if let Some(h) = header.as_mut() {
-            h.version = commit.info.version.saturating_sub(base);
-            h.updated_at_ms = commit.info.timestamp_ms;
-        }
-        // Replace the secondary keys of the old header by those of the new.
+        let new_skey = header.as_ref().map(|h| status_key(h.status, id));
+        let new_pkey = header
+            .as_ref()
+            .and_then(|h| h.parent.as_deref().map(|p| parent_key(p, id)));
+        // Remove the secondary keys of the old header the new one does not keep.
         if let Some(o) = &old {
-            batch.remove(&status_key(o.status, id));
-            if let Some(p) = &o.parent_id {
-                batch.remove(&parent_key(p.as_str(), id));
+            let skey = status_key(o.status, id);
+            if new_skey.as_ref() != Some(&skey) {
+                batch.remove(&skey);
+            }
+            if let Some(p) = &o.parent {
+                let pkey = parent_key(p, id);
+                if new_pkey.as_ref() != Some(&pkey) {
+                    batch.remove(&pkey);
+                }
             }
         }
+        let hkey = key(KEY_HEADER, id);
         match &header {
             Some(h) => {
-                let bytes = encode_header(h).map_err(|e| {
-                    IndexError::indexer(SESSION_INDEXER, format!("header of {id}: {e}"))
-                })?;
-                batch.insert(&hkey, &bytes);
-                batch.insert(&status_key(h.status, id), &[]);
-                if let Some(p) = &h.parent_id {
-                    batch.insert(&parent_key(p.as_str(), id), &[]);
+                let version = commit.info.version.saturating_sub(base);
+                let rec =
+                    encode_record(h, version, commit.info.timestamp_ms, base).map_err(|e| {
+                        IndexError::indexer(SESSION_INDEXER, format!("header of {id}: {e}"))
+                    })?;
+                batch.insert(&hkey, &rec);
+                if let Some(k) = &new_skey {
+                    batch.insert(k, &rec);
+                }
+                if let Some(k) = &new_pkey {
+                    batch.insert(k, &rec);
                 }
             }
             None => batch.remove(&hkey),
@@ -483,6 +755,37 @@ impl LogStore {
         }
     }
 
+    /// The header of `id` and the stream version base of its incarnation
+    /// (see [`LogStore::base`]): one index read for a session that has a
+    /// header; a session whose events do not decode is `Corrupt`.
+    fn record(&self, id: &SessionId) -> Result<Option<(AgentSessionInfo, u64)>, StoreError> {
+        let engine = self.engine()?;
+        let index = engine.index();
+        if let Some(b) = index
+            .get(SESSION_INDEXER, &key(KEY_HEADER, id.as_str()))
+            .map_err(engine_err)?
+        {
+            // The indexer removes the header of a session it marks broken,
+            // so a session with a header is readable.
+            return decode_record(id.clone(), &b)
+                .map(Some)
+                .map_err(|reason| StoreError::Corrupt {
+                    id: id.clone(),
+                    reason: format!("header index entry: {reason}"),
+                });
+        }
+        match index
+            .get(SESSION_INDEXER, &key(KEY_BROKEN, id.as_str()))
+            .map_err(engine_err)?
+        {
+            Some(reason) => Err(StoreError::Corrupt {
+                id: id.clone(),
+                reason: String::from_utf8_lossy(&reason).into_owned(),
+            }),
+            None => Ok(None),
+        }
+    }
+
     /// Stream version of the purge that ended the previous incarnation of
     /// `id`, or 0.
     fn base(&self, id: &SessionId) -> Result<u64, StoreError> {
@@ -628,8 +931,10 @@ impl LogStore {
         else {
             return Ok(None);
         };
-        let base = self.base(id)?;
-        if head <= base || self.header(id)?.is_none() {
+        let Some((_, base)) = self.record(id)? else {
+            return Ok(None);
+        };
+        if head <= base {
             return Ok(None);
         }
         let target = match upto {
@@ -745,7 +1050,9 @@ impl TranscriptBackend for LogStore {
         if self.engine()?.is_poisoned() {
             self.recover()?;
         }
-        let Some(h) = self.header(id)? else {
+        // One index read: the header and the version base. Races with other
+        // writers are settled by the version fence of the commit.
+        let Some((h, base)) = self.record(id)? else {
             return Err(StoreError::NotFound { id: id.clone() });
         };
         if h.status == SessionStatus::Deleted {
@@ -760,7 +1067,6 @@ impl TranscriptBackend for LogStore {
                 reason: "an append needs at least one event".into(),
             });
         }
-        let base = self.base(id)?;
         let data = Self::encode_event_list(id, &events)?;
         match self.append(id, ExpectedVersion::Exact(base + expected_version), data)? {
             AppendOutcome::Committed(info) | AppendOutcome::AlreadyCommitted(info) => {
@@ -844,7 +1150,7 @@ impl SessionStore for LogStore {
     fn save(&self, session: AgentSession) -> Result<AgentSession, StoreError> {
         let id = session.id().clone();
         let version = session.version();
-        let Some(current) = self.header(&id)? else {
+        let Some((current, base)) = self.record(&id)? else {
             return Err(StoreError::NotFound { id });
         };
         if version == 0 {
@@ -854,7 +1160,6 @@ impl SessionStore for LogStore {
                 actual: current.version,
             });
         }
-        let base = self.base(&id)?;
         let mut events = Self::encode_events(&session)?;
         if events.is_empty() {
             let touched =
@@ -897,10 +1202,9 @@ impl SessionStore for LogStore {
 
     fn delete(&self, id: &SessionId) -> Result<bool, StoreError> {
         loop {
-            let Some(h) = self.header(id)? else {
+            let Some((h, base)) = self.record(id)? else {
                 return Ok(false);
             };
-            let base = self.base(id)?;
             let events = vec![EventData::new(PURGE_EVENT_KIND, Vec::new())];
             match self.append(id, ExpectedVersion::Exact(base + h.version), events)? {
                 AppendOutcome::Committed(_) | AppendOutcome::AlreadyCommitted(_) => {
@@ -918,55 +1222,42 @@ impl SessionStore for LogStore {
         }
     }
 
+    /// One prefix scan: the status, parent and header keys all hold the
+    /// header record, so no header is looked up by id.
     fn list_headers(&self, query: &ListQuery) -> Result<SessionInfoList, StoreError> {
         let engine = self.engine()?;
         let index = engine.index();
         let mut skipped = Vec::new();
         let mut headers = Vec::new();
-        let mut push_header = |id_bytes: &[u8], value: Option<Vec<u8>>| {
-            let id = String::from_utf8_lossy(id_bytes).into_owned();
-            if let Some(v) = value {
-                match decode_header(&v) {
+        // Pick the narrowest index for the query's filters.
+        let prefix: Vec<u8> = if let Some(p) = &query.parent {
+            parent_prefix(p.as_str())
+        } else if let Some(s) = query.status {
+            vec![KEY_STATUS, status_byte(s)]
+        } else {
+            vec![KEY_HEADER]
+        };
+        index
+            .visit_prefix(SESSION_INDEXER, &prefix, |k, v| {
+                let id = k.get(prefix.len()..).unwrap_or_default();
+                match decode_keyed_record(id, v) {
                     Ok(h) => headers.push(h),
                     Err(reason) => skipped.push(SkippedSession {
-                        location: format!("index:{id}"),
+                        location: format!("index:{}", String::from_utf8_lossy(id)),
                         reason,
                     }),
                 }
-            }
-        };
-        // Pick the narrowest index for the query's filters.
-        let secondary: Option<Vec<u8>> = if let Some(p) = &query.parent {
-            Some(parent_prefix(p.as_str()))
-        } else {
-            query.status.map(|s| vec![KEY_STATUS, status_byte(s)])
-        };
-        match secondary {
-            Some(prefix) => {
-                for kv in index.scan_prefix(SESSION_INDEXER, &prefix) {
-                    let (k, _) = kv.map_err(engine_err)?;
-                    let id = &k[prefix.len()..];
-                    let h = index
-                        .get(
-                            SESSION_INDEXER,
-                            &key(KEY_HEADER, &String::from_utf8_lossy(id)),
-                        )
-                        .map_err(engine_err)?;
-                    push_header(id, h);
-                }
-            }
-            None => {
-                for kv in index.scan_prefix(SESSION_INDEXER, &[KEY_HEADER]) {
-                    let (k, v) = kv.map_err(engine_err)?;
-                    push_header(&k[1..], Some(v));
-                }
-            }
-        }
+                true
+            })
+            .map_err(engine_err)?;
         // Sessions whose stored events do not decode are reported, not listed.
         for kv in index.scan_prefix(SESSION_INDEXER, &[KEY_BROKEN]) {
             let (k, v) = kv.map_err(engine_err)?;
             skipped.push(SkippedSession {
-                location: format!("log:{}", String::from_utf8_lossy(&k[1..])),
+                location: format!(
+                    "log:{}",
+                    String::from_utf8_lossy(k.get(1..).unwrap_or_default())
+                ),
                 reason: String::from_utf8_lossy(&v).into_owned(),
             });
         }
@@ -976,33 +1267,259 @@ impl SessionStore for LogStore {
     }
 
     fn header(&self, id: &SessionId) -> Result<Option<AgentSessionInfo>, StoreError> {
-        let engine = self.engine()?;
-        if let Some(reason) = engine
-            .index()
-            .get(SESSION_INDEXER, &key(KEY_BROKEN, id.as_str()))
-            .map_err(engine_err)?
-        {
-            return Err(StoreError::Corrupt {
-                id: id.clone(),
-                reason: String::from_utf8_lossy(&reason).into_owned(),
-            });
-        }
-        match engine
-            .index()
-            .get(SESSION_INDEXER, &key(KEY_HEADER, id.as_str()))
-            .map_err(engine_err)?
-        {
-            Some(b) => decode_header(&b)
-                .map(Some)
-                .map_err(|reason| StoreError::Corrupt {
-                    id: id.clone(),
-                    reason: format!("header index entry: {reason}"),
-                }),
-            None => Ok(None),
-        }
+        Ok(self.record(id)?.map(|(h, _)| h))
     }
 
     fn stats(&self) -> StoreStats {
         self.loads.stats()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fields(parent: Option<&str>) -> Fields {
+        Fields {
+            status: SessionStatus::Suspended,
+            parent: parent.map(str::to_owned),
+            agent_name: "planner".into(),
+            label: "Plan the trip ✈".into(),
+            created_at_ms: -5,
+        }
+    }
+
+    #[test]
+    fn header_records_round_trip() {
+        for parent in [None, Some("p-1"), Some(&"x".repeat(128)[..])] {
+            let f = fields(parent);
+            let rec = encode_record(&f, 7, i64::MAX, 3).unwrap();
+            let id = SessionId::parse("s-1").unwrap();
+            let (h, base) = decode_record(id.clone(), &rec).unwrap();
+            assert_eq!(base, 3);
+            assert_eq!(
+                h,
+                AgentSessionInfo {
+                    id,
+                    parent_id: parent.map(|p| SessionId::parse(p).unwrap()),
+                    status: SessionStatus::Suspended,
+                    version: 7,
+                    agent_name: "planner".into(),
+                    label: "Plan the trip ✈".into(),
+                    created_at_ms: -5,
+                    updated_at_ms: i64::MAX,
+                }
+            );
+            let v = decode_view(&rec).unwrap();
+            assert_eq!(v.parent, parent);
+            assert_eq!(v.to_fields().label, f.label);
+        }
+    }
+
+    /// The layout is fixed (big-endian, explicit lengths): a change of it
+    /// must come with a new SESSION_INDEX_VERSION.
+    #[test]
+    fn header_record_layout_is_stable() {
+        let rec = encode_record(&fields(Some("p")), 0x0102, 0x0304, 0x0506).unwrap();
+        let mut want = vec![RECORD_FORMAT, 2, FLAG_PARENT];
+        want.extend_from_slice(&0x0102u64.to_be_bytes());
+        want.extend_from_slice(&0x0506u64.to_be_bytes());
+        want.extend_from_slice(&(-5i64).to_be_bytes());
+        want.extend_from_slice(&0x0304i64.to_be_bytes());
+        want.extend_from_slice(&[1, b'p']);
+        want.extend_from_slice(&7u32.to_be_bytes());
+        want.extend_from_slice(b"planner");
+        want.extend_from_slice(&("Plan the trip ✈".len() as u32).to_be_bytes());
+        want.extend_from_slice("Plan the trip ✈".as_bytes());
+        assert_eq!(rec, want);
+    }
+
+    #[test]
+    fn damaged_header_records_are_errors_not_panics() {
+        let rec = encode_record(&fields(Some("parent")), 1, 2, 0).unwrap();
+        let id = || SessionId::parse("s").unwrap();
+        // Every truncation, and one trailing byte.
+        for n in 0..rec.len() {
+            assert!(decode_record(id(), &rec[..n]).is_err(), "truncated to {n}");
+        }
+        let mut long = rec.clone();
+        long.push(0);
+        assert!(decode_record(id(), &long).is_err());
+        // Another format, an unknown status, an oversized length, bad UTF-8,
+        // a parent that is not a session id.
+        let mut bad = rec.clone();
+        bad[0] = RECORD_FORMAT + 1;
+        assert!(decode_record(id(), &bad).is_err());
+        let mut bad = rec.clone();
+        bad[REC_STATUS] = 0;
+        assert!(decode_record(id(), &bad).is_err());
+        let agent_len = REC_FIXED + 1 + "parent".len();
+        let mut bad = rec.clone();
+        bad[agent_len..agent_len + 4].copy_from_slice(&u32::MAX.to_be_bytes());
+        assert!(decode_record(id(), &bad).is_err());
+        let mut bad = rec.clone();
+        bad[agent_len + 4] = 0xff;
+        assert!(decode_record(id(), &bad).is_err());
+        let mut bad = rec.clone();
+        bad[REC_FIXED + 1] = b' ';
+        assert!(decode_record(id(), &bad).is_err());
+        // Flipping any single byte never panics.
+        for i in 0..rec.len() {
+            let mut b = rec.clone();
+            b[i] ^= 0xa5;
+            let _ = decode_record(id(), &b);
+        }
+        // A key whose id part is not a session id.
+        assert!(decode_keyed_record(b"not an id", &rec).is_err());
+        assert!(decode_keyed_record(&[0xff], &rec).is_err());
+    }
+
+    #[test]
+    fn only_header_events_take_the_general_path() {
+        for k in ["created", "status_changed", "forked", "deleted"] {
+            assert!(changes_header(&format!("{SESSION_EVENT_PREFIX}{k}")));
+        }
+        assert!(changes_header(PURGE_EVENT_KIND));
+        for k in ["entry_appended", "touched", "leaf_moved", "model_changed"] {
+            assert!(!changes_header(&format!("{SESSION_EVENT_PREFIX}{k}")));
+        }
+        assert!(!changes_header("created"));
+    }
+
+    fn user(text: &str) -> crate::transcript::EntryKind {
+        use crate::transcript::{ContentBlock, EntryKind, Message};
+        EntryKind::Message {
+            message: Message::User {
+                content: vec![ContentBlock::text(text)],
+            },
+        }
+    }
+
+    /// Every listing path (all headers, by status, by parent) answers
+    /// with exactly what `header` answers, through appends (the patched
+    /// record), saves, status changes, tombstones, purges and re-creates.
+    fn assert_listings_match_headers(store: &LogStore, ids: &[&SessionId]) {
+        let all = store
+            .list_headers(&ListQuery::all().including_deleted())
+            .unwrap();
+        assert!(all.skipped.is_empty(), "{:?}", all.skipped);
+        let mut listed = 0;
+        for id in ids {
+            let Some(h) = store.header(id).unwrap() else {
+                assert!(all.headers.iter().all(|l| &l.id != *id));
+                continue;
+            };
+            listed += 1;
+            assert_eq!(all.headers.iter().find(|l| &l.id == *id), Some(&h));
+            for st in SessionStatus::ALL {
+                let by_status = store
+                    .list_headers(&ListQuery::all().with_status(st))
+                    .unwrap();
+                let found = by_status.headers.iter().find(|l| &l.id == *id);
+                assert_eq!(found, (h.status == st).then_some(&h), "status {st}");
+            }
+            if let Some(p) = &h.parent_id {
+                let kids = store
+                    .list_headers(&ListQuery::all().children_of(p.clone()).including_deleted())
+                    .unwrap();
+                assert_eq!(kids.headers.iter().find(|l| &l.id == *id), Some(&h));
+            }
+        }
+        assert_eq!(all.headers.len(), listed);
+    }
+
+    #[test]
+    fn secondary_keys_follow_every_header_change() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = LogStore::open(dir.path(), LogStoreOptions::default()).unwrap();
+        let def = crate::session::AgentDefinition::new("a", "d", "p");
+        let mut parent = AgentSession::new(def, None);
+        parent.append(user("one")).unwrap();
+        let parent = store.create(parent).unwrap();
+        let child = store.create(parent.fork(None).unwrap()).unwrap();
+        let (pid, cid) = (parent.id().clone(), child.id().clone());
+        assert_listings_match_headers(&store, &[&pid, &cid]);
+        // Appends: only the version and update time change.
+        let mut v = child.version();
+        for i in 0..5 {
+            v = store
+                .append_events(&cid, v, vec![SessionEvent::Touched, SessionEvent::Touched])
+                .unwrap()
+                .session_version;
+            assert_eq!(v, 2 + i);
+            assert_listings_match_headers(&store, &[&pid, &cid]);
+        }
+        // A status change moves the status key.
+        let mut c = store.load(&cid).unwrap().unwrap();
+        c.set_status(SessionStatus::Completed).unwrap();
+        let c = store.save(c).unwrap();
+        assert_listings_match_headers(&store, &[&pid, &cid]);
+        assert!(store
+            .list_headers(&ListQuery::all().with_status(SessionStatus::Active))
+            .unwrap()
+            .ids()
+            .iter()
+            .all(|id| id != &cid));
+        // A tombstone, then appends are refused.
+        let mut c = c;
+        c.set_status(SessionStatus::Deleted).unwrap();
+        let c = store.save(c).unwrap();
+        assert_listings_match_headers(&store, &[&pid, &cid]);
+        assert!(matches!(
+            store.append_events(&cid, c.version(), vec![SessionEvent::Touched]),
+            Err(StoreError::InvalidSession { .. })
+        ));
+        assert!(matches!(
+            store.append_events(&cid, c.version() - 1, vec![SessionEvent::Touched]),
+            Err(StoreError::InvalidSession { .. })
+        ));
+        // A purge removes every key; a re-create counts versions from 1
+        // again, with fences on the new incarnation.
+        assert!(store.delete(&cid).unwrap());
+        assert_eq!(store.header(&cid).unwrap(), None);
+        assert!(matches!(
+            store.append_events(&cid, 1, vec![SessionEvent::Touched]),
+            Err(StoreError::NotFound { .. })
+        ));
+        assert_listings_match_headers(&store, &[&pid, &cid]);
+        let again = store.create(parent.fork(None).unwrap()).unwrap();
+        let def = crate::session::AgentDefinition::new("b", "d", "p");
+        let reborn = store
+            .create(AgentSession::new_with_id(cid.clone(), def, None))
+            .unwrap();
+        assert_eq!(reborn.version(), 1);
+        let r = store
+            .append_events(&cid, 1, vec![SessionEvent::Touched])
+            .unwrap();
+        assert_eq!(r.session_version, 2);
+        assert!(matches!(
+            store.append_events(&cid, 1, vec![SessionEvent::Touched]),
+            Err(StoreError::Conflict {
+                expected: 1,
+                actual: 2,
+                ..
+            })
+        ));
+        let h = store.header(&cid).unwrap().unwrap();
+        assert_eq!(
+            (h.version, h.parent_id.as_ref(), h.agent_name.as_str()),
+            (2, None, "b")
+        );
+        assert_eq!(store.load(&cid).unwrap().unwrap().version(), 2);
+        assert_listings_match_headers(&store, &[&pid, &cid, again.id()]);
+        // The rebuilt index answers the same.
+        let before = store
+            .list_headers(&ListQuery::all().including_deleted())
+            .unwrap();
+        store.close().unwrap();
+        std::fs::remove_dir_all(dir.path().join(spool_engine::INDEX_DIR)).unwrap();
+        let store = LogStore::open(dir.path(), LogStoreOptions::default()).unwrap();
+        assert_eq!(
+            store
+                .list_headers(&ListQuery::all().including_deleted())
+                .unwrap(),
+            before
+        );
+        assert_listings_match_headers(&store, &[&pid, &cid, again.id()]);
     }
 }

@@ -276,13 +276,13 @@ impl ListQuery {
         true
     }
 
-    fn key(&self, h: &AgentSessionInfo) -> (i64, String) {
-        let primary = match self.order {
+    /// The primary sort key of a header (ties are broken by id).
+    fn primary(&self, h: &AgentSessionInfo) -> i64 {
+        match self.order {
             ListOrder::UpdatedAt => h.updated_at_ms,
             ListOrder::CreatedAt => h.created_at_ms,
             ListOrder::Id => 0,
-        };
-        (primary, h.id.as_str().to_string())
+        }
     }
 
     fn order_tag(&self) -> char {
@@ -294,8 +294,7 @@ impl ListQuery {
     }
 
     fn encode_cursor(&self, h: &AgentSessionInfo) -> String {
-        let (p, id) = self.key(h);
-        format!("{}{}:{}", self.order_tag(), p, id)
+        format!("{}{}:{}", self.order_tag(), self.primary(h), h.id.as_str())
     }
 
     fn decode_cursor(&self, c: &str) -> Result<(i64, String), StoreError> {
@@ -330,44 +329,62 @@ impl ListQuery {
             Some(c) => Some(self.decode_cursor(c)?),
             None => None,
         };
-        let mut keyed: Vec<((i64, String), AgentSessionInfo)> = headers
+        // Sort positions by key rather than the headers themselves (fewer
+        // bytes moved, no key copies). Ties of the key (the same id twice)
+        // keep their input order ascending and the reverse descending, as
+        // a stable ascending sort then a reversal would.
+        let mut slots: Vec<Option<AgentSessionInfo>> = headers
             .into_iter()
             .filter(|h| self.matches(h))
-            .map(|h| (self.key(&h), h))
+            .map(Some)
             .collect();
-        let total = keyed.len() as u64;
-        keyed.sort_by(|a, b| a.0.cmp(&b.0));
-        if self.direction == SortDirection::Descending {
-            keyed.reverse();
+        let total = slots.len() as u64;
+        let mut order: Vec<(i64, usize)> = slots
+            .iter()
+            .enumerate()
+            .filter_map(|(i, h)| h.as_ref().map(|h| (self.primary(h), i)))
+            .collect();
+        let id_at = |i: usize| slots[i].as_ref().map_or("", |h| h.id.as_str());
+        let ascending = |a: &(i64, usize), b: &(i64, usize)| {
+            a.0.cmp(&b.0)
+                .then_with(|| id_at(a.1).cmp(id_at(b.1)))
+                .then(a.1.cmp(&b.1))
+        };
+        match self.direction {
+            SortDirection::Ascending => order.sort_unstable_by(ascending),
+            SortDirection::Descending => order.sort_unstable_by(|a, b| ascending(b, a)),
         }
         let start = match &after {
             None => 0,
-            Some(k) => keyed
+            Some((p, id)) => order
                 .iter()
-                .position(|(kk, _)| match self.direction {
-                    SortDirection::Ascending => kk > k,
-                    SortDirection::Descending => kk < k,
+                .position(|&(kp, i)| {
+                    let kk = (kp, id_at(i));
+                    match self.direction {
+                        SortDirection::Ascending => kk > (*p, id.as_str()),
+                        SortDirection::Descending => kk < (*p, id.as_str()),
+                    }
                 })
-                .unwrap_or(keyed.len()),
+                .unwrap_or(order.len()),
         };
         let start = start.saturating_add(usize::try_from(self.offset).unwrap_or(usize::MAX));
-        let start = start.min(keyed.len());
+        let start = start.min(order.len());
         let end = match self.limit {
             Some(l) => start
                 .saturating_add(usize::try_from(l).unwrap_or(usize::MAX))
-                .min(keyed.len()),
-            None => keyed.len(),
+                .min(order.len()),
+            None => order.len(),
         };
-        let next_cursor = if end < keyed.len() && end > start {
-            Some(self.encode_cursor(&keyed[end - 1].1))
+        let next_cursor = if end < order.len() && end > start {
+            slots[order[end - 1].1]
+                .as_ref()
+                .map(|h| self.encode_cursor(h))
         } else {
             None
         };
-        let headers = keyed
-            .into_iter()
-            .skip(start)
-            .take(end - start)
-            .map(|(_, h)| h)
+        let headers: Vec<AgentSessionInfo> = order[start..end]
+            .iter()
+            .filter_map(|&(_, i)| slots[i].take())
             .collect();
         Ok(SessionInfoList {
             headers,
