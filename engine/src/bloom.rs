@@ -113,6 +113,118 @@ impl CommitIdFilter {
     }
 }
 
+/// A growable Bloom filter over index keys (byte strings), so that a read of a key
+/// that was never written (a fresh entry id, a first child) needs no sled lookup. A
+/// positive answer is only a hint: sled decides. Keys are never removed from it (a
+/// removed key only costs a lookup until the next open).
+// Blocked like [`CommitIdFilter`]'s filters, but with 12 bits per key and 8 hashes
+// (about 0.5% false positives per filter): a false positive costs one sled lookup.
+pub(crate) struct KeyFilter {
+    filters: Vec<KeyBlocks>,
+}
+
+const KEY_BITS_PER_ITEM: u64 = 12;
+const KEY_HASHES: u32 = 8;
+const KEY_FIRST_CAPACITY: u64 = 1 << 16;
+
+struct KeyBlocks {
+    blocks: Vec<[u64; 8]>,
+    items: u64,
+    capacity: u64,
+}
+
+impl KeyBlocks {
+    fn new(capacity: u64) -> KeyBlocks {
+        let nblocks = (capacity * KEY_BITS_PER_ITEM)
+            .div_ceil(BLOCK_BITS)
+            .next_power_of_two();
+        KeyBlocks {
+            blocks: vec![[0u64; 8]; nblocks as usize],
+            items: 0,
+            capacity,
+        }
+    }
+
+    fn locate(&self, h: KeyHash) -> (usize, impl Iterator<Item = u64>) {
+        let block = (h.0 & (self.blocks.len() as u64 - 1)) as usize;
+        let words = [h.1, mix(h.1 ^ h.0.rotate_left(29))];
+        let bits = (0..KEY_HASHES).map(move |i| {
+            let w = words[(i / 7) as usize];
+            (w >> ((i % 7) * 9)) & (BLOCK_BITS - 1)
+        });
+        (block, bits)
+    }
+
+    fn insert(&mut self, h: KeyHash) {
+        let (b, bits) = self.locate(h);
+        let block = &mut self.blocks[b];
+        for p in bits {
+            block[(p / 64) as usize] |= 1 << (p % 64);
+        }
+        self.items += 1;
+    }
+
+    fn may_contain(&self, h: KeyHash) -> bool {
+        let (b, mut bits) = self.locate(h);
+        let block = &self.blocks[b];
+        bits.all(|p| block[(p / 64) as usize] & (1 << (p % 64)) != 0)
+    }
+}
+
+/// Two hashes of a key (process-local: never stored).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct KeyHash(u64, u64);
+
+impl KeyHash {
+    pub fn of(key: &[u8]) -> KeyHash {
+        let mut h1 = 0x243F_6A88_85A3_08D3 ^ key.len() as u64;
+        let mut h2 = 0x1319_8A2E_0370_7344u64;
+        let mut chunks = key.chunks_exact(8);
+        for c in &mut chunks {
+            let mut w = [0u8; 8];
+            w.copy_from_slice(c);
+            let x = u64::from_le_bytes(w);
+            h1 = mix(h1 ^ x);
+            h2 = (h2 ^ x).rotate_left(23).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        }
+        let rest = chunks.remainder();
+        let mut w = [0u8; 8];
+        w[..rest.len()].copy_from_slice(rest);
+        let x = u64::from_le_bytes(w);
+        h1 = mix(h1 ^ x);
+        h2 = (h2 ^ x).rotate_left(23).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        KeyHash(h1, mix(h2 ^ h1))
+    }
+}
+
+impl Default for KeyFilter {
+    fn default() -> Self {
+        KeyFilter {
+            filters: vec![KeyBlocks::new(KEY_FIRST_CAPACITY)],
+        }
+    }
+}
+
+impl KeyFilter {
+    pub fn insert(&mut self, h: KeyHash) {
+        let need_new = self.filters.last().is_none_or(|f| f.items >= f.capacity);
+        if need_new {
+            let cap = self
+                .filters
+                .last()
+                .map_or(KEY_FIRST_CAPACITY, |f| f.capacity * 2);
+            self.filters.push(KeyBlocks::new(cap));
+        }
+        if let Some(f) = self.filters.last_mut() {
+            f.insert(h);
+        }
+    }
+
+    pub fn may_contain(&self, h: KeyHash) -> bool {
+        self.filters.iter().any(|f| f.may_contain(h))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -130,5 +242,22 @@ mod tests {
             .filter(|i| f.may_contain(Uuid::from_u128(*i)))
             .count();
         assert!(fp < 50, "{fp} false positives in 100000");
+    }
+
+    #[test]
+    fn key_filter_has_no_false_negatives_and_few_false_positives() {
+        let mut f = KeyFilter::default();
+        let key = |i: u64| format!("\x02\x0atranscript/session-{i:08x}/e").into_bytes();
+        for i in 0..300_000u64 {
+            f.insert(KeyHash::of(&key(i)));
+        }
+        assert!(f.filters.len() > 1);
+        assert!((0..300_000u64).all(|i| f.may_contain(KeyHash::of(&key(i)))));
+        let fp = (1_000_000u64..1_100_000)
+            .filter(|i| f.may_contain(KeyHash::of(&key(*i))))
+            .count();
+        // About 0.5% per filter, a few filters.
+        assert!(fp < 3_000, "{fp} false positives in 100000");
+        assert_ne!(KeyHash::of(b"a"), KeyHash::of(b"a\0"));
     }
 }

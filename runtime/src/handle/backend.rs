@@ -38,6 +38,12 @@ pub struct AppendReceipt {
     /// The session version the commit produced.
     pub session_version: u64,
     pub updated_at_ms: i64,
+    /// The transcript version the commit produced, when the store knows it
+    /// without another read: the value a [`TranscriptBackend::head`] read
+    /// right after the commit (and before any other) would report. `None`
+    /// when it does not (e.g. a retried write found already landed, or the
+    /// log store called without the transcript version at the fence).
+    pub transcript: Option<TranscriptVersion>,
 }
 
 /// An entry source bound to one session, reading through a backend.
@@ -69,6 +75,24 @@ pub trait TranscriptBackend: Send + Sync {
         expected_version: u64,
         events: Vec<SessionEvent>,
     ) -> Result<AppendReceipt, StoreError>;
+
+    /// [`TranscriptBackend::append_events`], told the transcript version
+    /// `at` of the session at `expected_version` (as a head read at that
+    /// session version reported it). A store whose transcript version
+    /// after a commit follows from the one before and the events (the log
+    /// store) fills [`AppendReceipt::transcript`] from it without a read:
+    /// the version fence makes `at` the state the commit applied to. A
+    /// wrong `at` only makes the receipt's transcript version wrong.
+    fn append_events_at(
+        &self,
+        id: &SessionId,
+        expected_version: u64,
+        at: TranscriptVersion,
+        events: Vec<SessionEvent>,
+    ) -> Result<AppendReceipt, StoreError> {
+        let _ = at;
+        self.append_events(id, expected_version, events)
+    }
 }
 
 /// [`TranscriptBackend`] for stores without transcript indexes: loads the
@@ -185,6 +209,12 @@ impl TranscriptBackend for FullLoadBackend {
         let receipt = AppendReceipt {
             session_version: saved.version(),
             updated_at_ms: saved.info().updated_at_ms,
+            // As `head` reports it for this session.
+            transcript: Some(TranscriptVersion {
+                generation: saved.state().generation,
+                raw_seq: saved.version(),
+                updated_at_ms: saved.info().updated_at_ms,
+            }),
         };
         *self.cache.lock().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(saved));
         Ok(receipt)

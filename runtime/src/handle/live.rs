@@ -154,21 +154,28 @@ impl Inner {
         cause: &'static str,
     ) -> Result<Arc<ResidentSnapshot>, HandleError> {
         let backend = self.backend()?;
-        let receipt = backend
-            .append_events(&self.id, expected, events)
-            .map_err(|e| match e {
-                StoreError::Conflict {
-                    expected, actual, ..
-                } => HandleError::Conflict {
-                    id: self.id.clone(),
-                    expected,
-                    actual,
-                },
-                StoreError::NotFound { .. } => HandleError::NotFound {
-                    id: self.id.clone(),
-                },
-                other => HandleError::Store(other),
-            })?;
+        // The write lock is held: the published snapshot is the one whose
+        // session version is the fence (checked below before it is used).
+        let at = self.snapshot();
+        let receipt = if at.session_version == expected {
+            backend.append_events_at(&self.id, expected, at.version, events)
+        } else {
+            backend.append_events(&self.id, expected, events)
+        };
+        drop(at);
+        let receipt = receipt.map_err(|e| match e {
+            StoreError::Conflict {
+                expected, actual, ..
+            } => HandleError::Conflict {
+                id: self.id.clone(),
+                expected,
+                actual,
+            },
+            StoreError::NotFound { .. } => HandleError::NotFound {
+                id: self.id.clone(),
+            },
+            other => HandleError::Store(other),
+        })?;
         // Committed: from here on a failure invalidates the handle and the
         // write is never replayed.
         let prev = self.snapshot();
@@ -180,18 +187,13 @@ impl Inner {
             // (the write lock is held, so `prev` is the snapshot whose
             // version was the fence). The receipt's version being the next
             // one means nothing else committed in between, so the new
-            // state is `prev` plus these entries; one head read confirms
-            // it and gives the transcript version.
+            // state is `prev` plus these entries, and the receipt gives the
+            // transcript version: no read.
             let extended = if appended
                 && prev.session_version == expected
                 && Some(receipt.session_version) == expected.checked_add(1)
             {
-                match backend.head(&self.id) {
-                    Ok(Some(head)) => {
-                        snapshot::extend(&prev, &head, &reuse.fresh, self.owner, revision)
-                    }
-                    _ => None,
-                }
+                snapshot::extend(&prev, &receipt, &reuse.fresh, self.owner, revision)
             } else {
                 None
             };

@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use serde::Serialize;
 
-use super::backend::{TranscriptBackend, TranscriptHead};
+use super::backend::{AppendReceipt, TranscriptBackend, TranscriptHead};
 use super::HandleError;
 use crate::session::{AgentSessionInfo, SessionId};
 use crate::store::StoreError;
@@ -222,38 +222,42 @@ impl EntrySource for Overlay<'_> {
 
 /// The snapshot after `appended` was committed through the handle that
 /// published `prev`, as the one commit right after it, built from `prev`
-/// alone (see [`ResidentSelection::extended`]): no entry, size, facts or
-/// children lookups. `head` is the backend's head read after the commit;
-/// it must show exactly that commit (the next session version, the same
-/// generation, the last appended entry as the leaf, `appended.len()` more
-/// entries), else `None`. `appended` must be a chain of new entries under
-/// `prev`'s leaf committed as plain appends; `None` too when the selection
-/// cannot be extended without the source. Callers then [`build`].
+/// and the commit's `receipt` alone (see [`ResidentSelection::extended`]):
+/// no head read and no entry, size, facts or children lookups. The receipt
+/// must show the next session version and carry the transcript version in
+/// `prev`'s generation, else `None`. `appended` must be a chain of new
+/// entries under `prev`'s leaf committed as plain appends (transcript
+/// events only: the header changes only its version and update time, the
+/// last entry is the leaf, the generation grows by `appended.len()`
+/// entries); `None` too when the selection cannot be extended without the
+/// source. Callers then [`build`].
 pub(crate) fn extend(
     prev: &ResidentSnapshot,
-    head: &TranscriptHead,
+    receipt: &AppendReceipt,
     appended: &[Entry],
     owner: u64,
     revision: u64,
 ) -> Option<ResidentSnapshot> {
     let last = appended.last()?;
     let added = u64::try_from(appended.len()).ok()?;
-    if head.header.id != prev.session_id
-        || head.header.version != prev.session_version.checked_add(1)?
-        || head.version.generation != prev.version.generation
-        || head.leaf.as_ref() != Some(&last.id)
-        || head.entries != prev.transcript_entries.checked_add(added)?
+    let version = receipt.transcript?;
+    if receipt.session_version != prev.session_version.checked_add(1)?
+        || version.generation != prev.version.generation
     {
         return None;
     }
+    let transcript_entries = prev.transcript_entries.checked_add(added)?;
     let (selection, sizes) = prev.selection.extended(&prev.sizes, appended)?;
+    let mut header = prev.header.clone();
+    header.version = receipt.session_version;
+    header.updated_at_ms = receipt.updated_at_ms;
     Some(ResidentSnapshot {
         session_id: prev.session_id.clone(),
-        header: head.header.clone(),
-        session_version: head.header.version,
-        version: head.version,
-        leaf: head.leaf.clone(),
-        transcript_entries: head.entries,
+        header,
+        session_version: receipt.session_version,
+        version,
+        leaf: Some(last.id.clone()),
+        transcript_entries,
         selection,
         owner,
         revision,

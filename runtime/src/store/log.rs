@@ -86,7 +86,7 @@ use crate::session::{
     decode_event, decode_snapshot, encode_event, encode_snapshot, AgentSession, AgentSessionInfo,
     SessionEvent, SessionId, SessionInfoList, SessionStatus, SkippedSession,
 };
-use crate::transcript::EntryId;
+use crate::transcript::{EntryId, TranscriptVersion};
 
 /// Name of the engine indexer that keeps session headers.
 pub const SESSION_INDEXER: &str = "sessions";
@@ -1047,6 +1047,59 @@ impl TranscriptBackend for LogStore {
         expected_version: u64,
         events: Vec<SessionEvent>,
     ) -> Result<AppendReceipt, StoreError> {
+        self.append_transcript_events(id, expected_version, None, events)
+    }
+
+    /// The receipt's transcript version follows from `at` and the events
+    /// (see [`transcript_after`]): no index read.
+    fn append_events_at(
+        &self,
+        id: &SessionId,
+        expected_version: u64,
+        at: TranscriptVersion,
+        events: Vec<SessionEvent>,
+    ) -> Result<AppendReceipt, StoreError> {
+        self.append_transcript_events(id, expected_version, Some(at), events)
+    }
+}
+
+/// The transcript version the transcript indexer records after `events`
+/// commit at `timestamp_ms` onto a session whose transcript version was
+/// `at`: every appended entry, leaf move and rewrite counts one raw event
+/// and stamps the commit time; a rewrite sets its generation. `None` for
+/// commits with other transcript events (their effect is left to a head
+/// read).
+fn transcript_after(
+    at: TranscriptVersion,
+    events: &[SessionEvent],
+    timestamp_ms: i64,
+) -> Option<TranscriptVersion> {
+    let mut v = at;
+    for ev in events {
+        match ev {
+            SessionEvent::EntryAppended { .. } | SessionEvent::LeafMoved { .. } => {}
+            SessionEvent::TranscriptRewritten { generation, .. } => v.generation = *generation,
+            SessionEvent::Created { .. }
+            | SessionEvent::HistoryRewritten { .. }
+            | SessionEvent::StateCleared => return None,
+            _ => continue,
+        }
+        v.raw_seq = v.raw_seq.saturating_add(1);
+        v.updated_at_ms = timestamp_ms;
+    }
+    Some(v)
+}
+
+impl LogStore {
+    /// [`TranscriptBackend::append_events`]; `at`: the transcript version
+    /// at `expected_version`, when the caller knows it.
+    fn append_transcript_events(
+        &self,
+        id: &SessionId,
+        expected_version: u64,
+        at: Option<TranscriptVersion>,
+        events: Vec<SessionEvent>,
+    ) -> Result<AppendReceipt, StoreError> {
         if self.engine()?.is_poisoned() {
             self.recover()?;
         }
@@ -1069,12 +1122,18 @@ impl TranscriptBackend for LogStore {
         }
         let data = Self::encode_event_list(id, &events)?;
         match self.append(id, ExpectedVersion::Exact(base + expected_version), data)? {
-            AppendOutcome::Committed(info) | AppendOutcome::AlreadyCommitted(info) => {
-                Ok(AppendReceipt {
-                    session_version: info.version - base,
-                    updated_at_ms: info.timestamp_ms,
-                })
-            }
+            AppendOutcome::Committed(info) => Ok(AppendReceipt {
+                session_version: info.version - base,
+                updated_at_ms: info.timestamp_ms,
+                // The fence held: the commit applied to the state at
+                // `expected_version`, whose transcript version was `at`.
+                transcript: at.and_then(|at| transcript_after(at, &events, info.timestamp_ms)),
+            }),
+            AppendOutcome::AlreadyCommitted(info) => Ok(AppendReceipt {
+                session_version: info.version - base,
+                updated_at_ms: info.timestamp_ms,
+                transcript: None,
+            }),
             AppendOutcome::Conflict { actual, .. } => match actual {
                 Some(a) if a > base => Err(StoreError::Conflict {
                     id: id.clone(),

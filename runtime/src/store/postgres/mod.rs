@@ -209,6 +209,9 @@ impl From<postgres::Error> for Fail {
 struct Landed {
     version: u64,
     updated_at_ms: i64,
+    /// The transcript version the commit wrote; `None` when unknown (a
+    /// commit found landed after a broken connection) or unchanged.
+    transcript: Option<crate::transcript::TranscriptVersion>,
 }
 
 fn is_unique_violation(e: &postgres::Error) -> bool {
@@ -446,6 +449,7 @@ impl PostgresStore {
             return Ok(Ok(Landed {
                 version,
                 updated_at_ms: row.try_get(2)?,
+                transcript: None,
             }));
         }
         let stored = client.query_opt(
@@ -539,13 +543,14 @@ impl PostgresStore {
                     Err(e) => return Err(e.into()),
                 }
                 // The transcript index, in the commit's transaction.
-                TxIndex::new(&mut tx, id.as_str())
+                let transcript = TxIndex::new(&mut tx, id.as_str())
                     .apply(session.pending_events(), Some(&payloads), stamp)
                     .map_err(|e| e.into_fail(&id))?;
                 tx.commit()?;
                 return Ok(Landed {
                     version: 1,
                     updated_at_ms: stamp,
+                    transcript,
                 });
             }
             Err(Fail::Store(StoreError::Conflict {
@@ -658,13 +663,14 @@ impl PostgresStore {
             }
             // The transcript index, in the commit's transaction: never
             // ahead of or behind the commits.
-            TxIndex::new(&mut tx, id.as_str())
+            let transcript = TxIndex::new(&mut tx, id.as_str())
                 .apply(events, Some(payloads), stamp)
                 .map_err(|e| e.into_fail(id))?;
             tx.commit()?;
             Ok(Landed {
                 version: expected + 1,
                 updated_at_ms: stamp,
+                transcript,
             })
         })
     }
@@ -1079,6 +1085,7 @@ impl TranscriptBackend for PostgresStore {
         Ok(AppendReceipt {
             session_version: landed.version,
             updated_at_ms: landed.updated_at_ms,
+            transcript: landed.transcript,
         })
     }
 }

@@ -46,7 +46,8 @@ use crate::store::transcript_index::TranscriptMeta;
 use crate::store::StoreError;
 use crate::transcript::{
     entry_size, entry_summary, first_kept_depth, ChildLinks, CustomRef, Entry, EntryFacts, EntryId,
-    EntryKind, EntrySource, PathFacts, PathMarker, ResidentError, TREE_SUMMARY_CHARS_MAX,
+    EntryKind, EntrySource, PathFacts, PathMarker, ResidentError, TranscriptVersion,
+    TREE_SUMMARY_CHARS_MAX,
 };
 
 /// Entry records cached by one indexing transaction before the cache is
@@ -616,13 +617,15 @@ impl<'a, 't> TxIndex<'a, 't> {
 
     /// Applies the transcript events of one commit stamped `stamp`.
     /// `payloads`, when given, are the events' [`encode_event`] bytes
-    /// (same order), reused as entry payloads for appends.
+    /// (same order), reused as entry payloads for appends. Returns the
+    /// transcript version written, or `None` when the commit had no
+    /// transcript events (the version is then unchanged and unread).
     pub(super) fn apply(
         &self,
         events: &[SessionEvent],
         payloads: Option<&[Vec<u8>]>,
         stamp: i64,
-    ) -> Result<(), IndexFault> {
+    ) -> Result<Option<TranscriptVersion>, IndexFault> {
         let relevant = |ev: &SessionEvent| {
             matches!(
                 ev,
@@ -635,7 +638,7 @@ impl<'a, 't> TxIndex<'a, 't> {
             )
         };
         if !events.iter().any(relevant) {
-            return Ok(());
+            return Ok(None);
         }
         let mut m = self.read_meta()?;
         for (i, ev) in events.iter().enumerate() {
@@ -693,7 +696,8 @@ impl<'a, 't> TxIndex<'a, 't> {
             m.raw_seq = m.raw_seq.saturating_add(1);
             m.updated_at_ms = stamp;
         }
-        self.write_meta(&m)
+        self.write_meta(&m)?;
+        Ok(Some(m.version()))
     }
 }
 
