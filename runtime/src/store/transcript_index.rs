@@ -9,7 +9,7 @@
 //! | tag | rest of the key | value |
 //! | --- | --- | --- |
 //! | `m` | — | [`TranscriptMeta`]: generation, raw seq, updated at, leaf, counters |
-//! | `e` | entry id | [`EntryRecord`]: where the entry is in the log, size, kind, parent, [`PathMarker`], [`PathFacts`], append seq, summary |
+//! | `e` | entry id | [`EntryRecord`] in its binary encoding ([`EntryRecord::encode`]): where the entry is in the log, size, kind, parent, [`PathMarker`], [`PathFacts`], append seq, summary |
 //! | `c` | u8 len ++ parent id ++ u64 BE seq | child id (children in append order) |
 //! | `n` | parent id | u64 BE number of children, then the only child's id when there is exactly one |
 //! | `t` | u32 BE len ++ custom type ++ u64 BE ordinal | custom entry id (empty = removed) |
@@ -68,15 +68,15 @@ use super::log::{PURGE_EVENT_KIND, SESSION_EVENT_PREFIX};
 use super::StoreError;
 use crate::session::{decode_appended_entry, decode_event, SessionEvent, SessionId};
 use crate::transcript::{
-    entry_size, entry_summary, first_kept_depth, ChildLinks, CustomRef, Entry, EntryFacts, EntryId,
-    EntryKind, EntrySource, PathFacts, PathMarker, ResidentError, TranscriptVersion,
+    entry_size, entry_summary, first_kept_depth, Anchor, ChildLinks, CustomRef, Entry, EntryFacts,
+    EntryId, EntryKind, EntrySource, PathFacts, PathMarker, ResidentError, TranscriptVersion,
     TREE_SUMMARY_CHARS_MAX,
 };
 
 /// Name of the engine indexer that keeps transcripts.
 pub const TRANSCRIPT_INDEXER: &str = "transcript";
 /// Version of the transcript index layout; bumping it rebuilds the index.
-pub const TRANSCRIPT_INDEX_VERSION: u32 = 3;
+pub const TRANSCRIPT_INDEX_VERSION: u32 = 4;
 
 const TAG_META: u8 = b'm';
 const TAG_ENTRY: u8 = b'e';
@@ -164,6 +164,293 @@ impl EntryRecord {
             segment: self.segment,
             offset: self.offset,
         }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Binary record encoding
+// ---------------------------------------------------------------------------
+
+/// Format byte that starts every encoded [`EntryRecord`] (a record of
+/// another format is malformed: the index layout version rebuilds old
+/// indexes before they are read).
+const RECORD_FORMAT: u8 = 1;
+
+/// Appends the big-endian, length-prefixed fields of an index value.
+struct Writer(Vec<u8>);
+
+impl Writer {
+    fn u8(&mut self, v: u8) {
+        self.0.push(v);
+    }
+    fn u32(&mut self, v: u32) {
+        self.0.extend_from_slice(&v.to_be_bytes());
+    }
+    fn u64(&mut self, v: u64) {
+        self.0.extend_from_slice(&v.to_be_bytes());
+    }
+    /// A string: u32 BE byte length, then its UTF-8 bytes (strings longer
+    /// than `u32::MAX` bytes never reach the index: entries are bounded
+    /// far below that by the log's commit limit).
+    fn str(&mut self, s: &str) {
+        self.u32(u32::try_from(s.len()).unwrap_or(u32::MAX));
+        self.0.extend_from_slice(s.as_bytes());
+    }
+    fn opt_id(&mut self, id: Option<&EntryId>) {
+        match id {
+            None => self.u8(0),
+            Some(id) => {
+                self.u8(1);
+                self.str(id.as_str());
+            }
+        }
+    }
+    fn anchor(&mut self, a: &Anchor) {
+        self.str(a.id.as_str());
+        self.u64(a.depth);
+    }
+    fn opt_anchor(&mut self, a: Option<&Anchor>) {
+        match a {
+            None => self.u8(0),
+            Some(a) => {
+                self.u8(1);
+                self.anchor(a);
+            }
+        }
+    }
+}
+
+/// Reads what [`Writer`] wrote; every read is bounds-checked (hostile
+/// bytes give an error, never a panic).
+struct Reader<'a> {
+    b: &'a [u8],
+    at: usize,
+}
+
+type ReadRes<T> = Result<T, String>;
+
+impl<'a> Reader<'a> {
+    fn new(b: &'a [u8]) -> Self {
+        Reader { b, at: 0 }
+    }
+    fn take(&mut self, n: usize) -> ReadRes<&'a [u8]> {
+        let end = self
+            .at
+            .checked_add(n)
+            .filter(|&e| e <= self.b.len())
+            .ok_or_else(|| format!("truncated at byte {} (wanted {n} more)", self.at))?;
+        let s = self.b.get(self.at..end).ok_or("truncated")?;
+        self.at = end;
+        Ok(s)
+    }
+    fn u8(&mut self) -> ReadRes<u8> {
+        Ok(self.take(1)?.first().copied().unwrap_or(0))
+    }
+    fn u32(&mut self) -> ReadRes<u32> {
+        let b: [u8; 4] = self.take(4)?.try_into().map_err(|_| "truncated u32")?;
+        Ok(u32::from_be_bytes(b))
+    }
+    fn u64(&mut self) -> ReadRes<u64> {
+        let b: [u8; 8] = self.take(8)?.try_into().map_err(|_| "truncated u64")?;
+        Ok(u64::from_be_bytes(b))
+    }
+    fn bool(&mut self) -> ReadRes<bool> {
+        match self.u8()? {
+            0 => Ok(false),
+            1 => Ok(true),
+            t => Err(format!("bad flag {t} at byte {}", self.at - 1)),
+        }
+    }
+    fn str(&mut self) -> ReadRes<&'a str> {
+        let n = usize::try_from(self.u32()?).map_err(|_| "string length")?;
+        let at = self.at;
+        std::str::from_utf8(self.take(n)?).map_err(|_| format!("invalid UTF-8 at byte {at}"))
+    }
+    fn string(&mut self) -> ReadRes<String> {
+        Ok(self.str()?.to_string())
+    }
+    fn id(&mut self) -> ReadRes<EntryId> {
+        let at = self.at;
+        let s = self.str()?;
+        EntryId::parse(s).map_err(|_| format!("invalid entry id at byte {at}"))
+    }
+    fn opt_id(&mut self) -> ReadRes<Option<EntryId>> {
+        Ok(if self.bool()? { Some(self.id()?) } else { None })
+    }
+    fn anchor(&mut self) -> ReadRes<Anchor> {
+        Ok(Anchor {
+            id: self.id()?,
+            depth: self.u64()?,
+        })
+    }
+    fn opt_anchor(&mut self) -> ReadRes<Option<Anchor>> {
+        Ok(if self.bool()? {
+            Some(self.anchor()?)
+        } else {
+            None
+        })
+    }
+    fn end(&self) -> ReadRes<()> {
+        if self.at == self.b.len() {
+            Ok(())
+        } else {
+            Err(format!("{} trailing bytes", self.b.len() - self.at))
+        }
+    }
+}
+
+const MARKER_PLAIN: u8 = 0;
+const MARKER_RESET: u8 = 1;
+const MARKER_COMPACTION: u8 = 2;
+const MARKER_MODEL: u8 = 3;
+const MARKER_THINKING: u8 = 4;
+
+impl EntryRecord {
+    /// The record's index value: [`RECORD_FORMAT`], then its fields in
+    /// declaration order (integers u64/u32 BE, strings u32 BE length +
+    /// UTF-8, options a 0/1 byte then the value, the marker a tag byte then
+    /// its fields).
+    pub fn encode(&self) -> Vec<u8> {
+        let mut w = Writer(Vec::with_capacity(
+            96 + self.kind.len() + self.summary.len() + 3 * 40,
+        ));
+        w.u8(RECORD_FORMAT);
+        w.u64(self.segment);
+        w.u64(self.offset);
+        w.u32(self.event);
+        w.u32(self.sub);
+        w.u64(self.size);
+        w.str(&self.kind);
+        w.opt_id(self.parent.as_ref());
+        match &self.marker {
+            PathMarker::Plain => w.u8(MARKER_PLAIN),
+            PathMarker::Reset => w.u8(MARKER_RESET),
+            PathMarker::Compaction {
+                first_kept_entry_id,
+            } => {
+                w.u8(MARKER_COMPACTION);
+                w.str(first_kept_entry_id.as_str());
+            }
+            PathMarker::Model { provider, model_id } => {
+                w.u8(MARKER_MODEL);
+                w.str(provider);
+                w.str(model_id);
+            }
+            PathMarker::ThinkingLevel { thinking_level } => {
+                w.u8(MARKER_THINKING);
+                w.str(thinking_level);
+            }
+        }
+        let f = &self.facts;
+        w.u64(f.depth);
+        w.anchor(&f.context_start);
+        w.opt_anchor(f.reset.as_ref());
+        w.opt_anchor(f.compaction.as_ref());
+        w.u8(u8::from(f.compaction_keeps_prefix));
+        match &f.model {
+            None => w.u8(0),
+            Some((p, m)) => {
+                w.u8(1);
+                w.str(p);
+                w.str(m);
+            }
+        }
+        match &f.thinking_level {
+            None => w.u8(0),
+            Some(t) => {
+                w.u8(1);
+                w.str(t);
+            }
+        }
+        w.u64(self.seq);
+        match &self.custom {
+            None => w.u8(0),
+            Some((t, ordinal, all)) => {
+                w.u8(1);
+                w.str(t);
+                w.u64(*ordinal);
+                w.u64(*all);
+            }
+        }
+        w.opt_id(self.label_target.as_ref());
+        w.str(&self.summary);
+        w.0
+    }
+
+    /// Decodes [`EntryRecord::encode`]'s bytes; anything else (truncated,
+    /// flipped, trailing bytes, another format) is an error describing
+    /// where it failed.
+    pub fn decode(b: &[u8]) -> Result<EntryRecord, String> {
+        let mut r = Reader::new(b);
+        let format = r.u8()?;
+        if format != RECORD_FORMAT {
+            return Err(format!("unknown entry record format {format}"));
+        }
+        let segment = r.u64()?;
+        let offset = r.u64()?;
+        let event = r.u32()?;
+        let sub = r.u32()?;
+        let size = r.u64()?;
+        let kind = r.string()?;
+        let parent = r.opt_id()?;
+        let marker = match r.u8()? {
+            MARKER_PLAIN => PathMarker::Plain,
+            MARKER_RESET => PathMarker::Reset,
+            MARKER_COMPACTION => PathMarker::Compaction {
+                first_kept_entry_id: r.id()?,
+            },
+            MARKER_MODEL => PathMarker::Model {
+                provider: r.string()?,
+                model_id: r.string()?,
+            },
+            MARKER_THINKING => PathMarker::ThinkingLevel {
+                thinking_level: r.string()?,
+            },
+            t => return Err(format!("unknown path marker {t}")),
+        };
+        let depth = r.u64()?;
+        let context_start = r.anchor()?;
+        let reset = r.opt_anchor()?;
+        let compaction = r.opt_anchor()?;
+        let compaction_keeps_prefix = r.bool()?;
+        let model = if r.bool()? {
+            Some((r.string()?, r.string()?))
+        } else {
+            None
+        };
+        let thinking_level = if r.bool()? { Some(r.string()?) } else { None };
+        let seq = r.u64()?;
+        let custom = if r.bool()? {
+            Some((r.string()?, r.u64()?, r.u64()?))
+        } else {
+            None
+        };
+        let label_target = r.opt_id()?;
+        let summary = r.string()?;
+        r.end()?;
+        Ok(EntryRecord {
+            segment,
+            offset,
+            event,
+            sub,
+            size,
+            kind,
+            parent,
+            marker,
+            facts: PathFacts {
+                depth,
+                context_start,
+                reset,
+                compaction,
+                compaction_keeps_prefix,
+                model,
+                thinking_level,
+            },
+            seq,
+            custom,
+            label_target,
+            summary,
+        })
     }
 }
 
@@ -340,7 +627,9 @@ fn get_record(
     id: &EntryId,
 ) -> Result<Option<EntryRecord>, IndexError> {
     match batch.get(&entry_key(sid, id))? {
-        Some(b) => Ok(Some(decode("entry record", &b)?)),
+        Some(b) => Ok(Some(EntryRecord::decode(&b).map_err(|e| {
+            IndexError::Malformed(format!("entry record of {id}: {e}"))
+        })?)),
         None => Ok(None),
     }
 }
@@ -351,8 +640,7 @@ fn put_record(
     id: &EntryId,
     r: &EntryRecord,
 ) -> Result<(), IndexError> {
-    let bytes = encode("entry record", r)?;
-    batch.insert(&entry_key(sid, id), &bytes);
+    batch.insert(&entry_key(sid, id), &r.encode());
     Ok(())
 }
 
@@ -1352,7 +1640,7 @@ impl LogTranscriptSource {
             return Ok(None);
         };
         let r: Arc<EntryRecord> = Arc::new(
-            rmp_serde::from_slice(&b)
+            EntryRecord::decode(&b)
                 .map_err(|e| self.corrupt(format!("index record of entry {id}: {e}")))?,
         );
         let mut cache = self.records.borrow_mut();
@@ -1889,6 +2177,116 @@ mod tests {
             c.seen_before(key(10_000 + i));
             assert!(c.ghosts_young.len() + c.ghosts_old.len() <= ENTRY_CACHE_GHOSTS_MAX);
         }
+    }
+
+    fn sample_records() -> Vec<EntryRecord> {
+        let id = |s: &str| EntryId::parse(s).unwrap();
+        let facts = PathFacts {
+            depth: 7,
+            context_start: Anchor {
+                id: id("r"),
+                depth: 0,
+            },
+            reset: Some(Anchor {
+                id: id("z"),
+                depth: 3,
+            }),
+            compaction: Some(Anchor {
+                id: id("c"),
+                depth: 5,
+            }),
+            compaction_keeps_prefix: true,
+            model: Some(("prov".into(), "m-1".into())),
+            thinking_level: Some("high".into()),
+        };
+        let plain = EntryRecord {
+            segment: 3,
+            offset: u64::MAX - 1,
+            event: 2,
+            sub: 9,
+            size: 1234,
+            kind: "message".into(),
+            parent: None,
+            marker: PathMarker::Plain,
+            facts: PathFacts {
+                depth: 0,
+                context_start: Anchor {
+                    id: id("a"),
+                    depth: 0,
+                },
+                reset: None,
+                compaction: None,
+                compaction_keeps_prefix: false,
+                model: None,
+                thinking_level: None,
+            },
+            seq: 0,
+            custom: None,
+            label_target: None,
+            summary: String::new(),
+        };
+        let markers = [
+            PathMarker::Reset,
+            PathMarker::Compaction {
+                first_kept_entry_id: id("k"),
+            },
+            PathMarker::Model {
+                provider: "p".into(),
+                model_id: "é".into(),
+            },
+            PathMarker::ThinkingLevel {
+                thinking_level: "low".into(),
+            },
+        ];
+        let mut out = vec![plain.clone()];
+        for m in markers {
+            out.push(EntryRecord {
+                parent: Some(id("parent-x")),
+                marker: m,
+                facts: facts.clone(),
+                seq: 42,
+                custom: Some(("tool_output".into(), 5, 6)),
+                label_target: Some(id("t")),
+                summary: "a summary — with ünïcode".into(),
+                ..plain.clone()
+            });
+        }
+        out
+    }
+
+    /// Records round-trip; every truncation, a flip of every bit of every
+    /// byte and trailing bytes give an error or another valid record, never
+    /// a panic (the decode is total on hostile bytes).
+    #[test]
+    fn entry_records_round_trip_and_hostile_bytes_fail_cleanly() {
+        for r in sample_records() {
+            let b = r.encode();
+            assert_eq!(EntryRecord::decode(&b).unwrap(), r);
+            for n in 0..b.len() {
+                assert!(EntryRecord::decode(&b[..n]).is_err(), "truncated to {n}");
+            }
+            let mut long = b.clone();
+            long.push(0);
+            assert!(EntryRecord::decode(&long).is_err(), "trailing byte");
+            for i in 0..b.len() {
+                for bit in 0..8 {
+                    let mut f = b.clone();
+                    f[i] ^= 1 << bit;
+                    // Either an error or a record that encodes back to the
+                    // flipped bytes (a flip inside an integer or a string).
+                    if let Ok(d) = EntryRecord::decode(&f) {
+                        assert_eq!(d.encode(), f, "byte {i} bit {bit}");
+                    }
+                }
+            }
+        }
+        assert!(EntryRecord::decode(&[]).is_err());
+        assert!(EntryRecord::decode(&[RECORD_FORMAT + 1]).is_err());
+        // A huge string length is refused without allocating.
+        let mut huge = vec![RECORD_FORMAT];
+        huge.extend_from_slice(&[0; 32]);
+        huge.extend_from_slice(&u32::MAX.to_be_bytes());
+        assert!(EntryRecord::decode(&huge).is_err());
     }
 
     #[test]
