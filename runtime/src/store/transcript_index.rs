@@ -16,7 +16,7 @@
 //! | `T` | custom type | u64 BE next ordinal of that type |
 //! | `a` | u64 BE ordinal | custom entry id of any type (empty = removed) |
 //! | `l` | u8 len ++ target id ++ u64 BE seq | MessagePack `Option<String>` of a label entry |
-//! | `p` | u64 BE depth | entry id at that depth on the current leaf's path (the active path) |
+//! | `p` | u64 BE depth >> 6 ++ u8 depth & 63 | the entry at that depth on the current leaf's path (the active path): its log position and size, id (see `path_value`) |
 //!
 //! Events read: `created` (the seed transcript of a fork), `entry_appended`,
 //! `leaf_moved`, `history_rewritten` (whole form), `transcript_rewritten`
@@ -34,7 +34,14 @@
 //! **Active path.** The `p` keys hold the root→leaf path of the current
 //! leaf by depth (exactly the depths `0..path_len` of [`TranscriptMeta`]
 //! exist), so [`EntrySource::ancestor_at_depth`] answers in O(1) and a
-//! root-first branch page costs what it returns. An append under the leaf
+//! root-first branch page costs what it returns: its depth range is one
+//! prefix scan per block of 64 depths it touches
+//! ([`EntrySource::path_range`]), and since each `p` value carries the
+//! entry's log position and size (the parent is the entry one depth up),
+//! the page's entries are read from the log without index record
+//! lookups. The values are kept in step with the records: every path
+//! write compares the whole value, and a delta rewrite refreshes the
+//! values of the path entries it moved in the log. An append under the leaf
 //! writes one key; a leaf move (or an append elsewhere) rewrites the keys
 //! below the common ancestor of the old and the new leaf and removes the
 //! old leaf's surplus depths: O(distance to the common ancestor). A delta
