@@ -2056,7 +2056,7 @@ impl EntrySource for LogTranscriptSource {
         let sid = self.sid.as_str();
         // From the parent of the first entry.
         let from = start.saturating_sub(1);
-        let want = end - from + 1;
+        let want = (end - from).saturating_add(1);
         let cap = usize::try_from(want).unwrap_or(0).min(1 << 16);
         let mut links: Vec<(u64, PathLink)> = Vec::with_capacity(cap);
         let mut malformed = None;
@@ -2092,6 +2092,16 @@ impl EntrySource for LogTranscriptSource {
                 .map_err(engine_err)?;
             if let Some(b) = malformed {
                 return Err(self.corrupt(format!("malformed active-path link in block {b}")));
+            }
+            // A block that misses depths: stop here (the check below
+            // answers `None`) rather than scan further blocks.
+            let block_last = block
+                .saturating_mul(1 << PATH_BLOCK_BITS)
+                .saturating_add((1 << PATH_BLOCK_BITS) - 1)
+                .min(end);
+            let seen = u64::try_from(links.len()).unwrap_or(u64::MAX);
+            if seen != (block_last - from).saturating_add(1) {
+                break;
             }
         }
         // Exactly the depths `from..=end`, in order; anything else (a
@@ -2193,7 +2203,7 @@ mod tests {
     use crate::observer::NullSink;
     use crate::session::AgentDefinition;
     use crate::store::{LogStore, LogStoreOptions, SessionStore};
-    use crate::transcript::{CancelToken, ContentBlock, Message};
+    use crate::transcript::{CancelToken, ContentBlock, Message, ReadResult};
     use crate::SessionRuntime;
 
     fn open(dir: &std::path::Path) -> (Arc<LogStore>, SessionRuntime) {
@@ -2688,6 +2698,67 @@ mod tests {
         assert_eq!(check_path(&store, &id).len(), 153);
         h.redact(&|s| s.replace("long7", "[r]"), &CancelToken::new())
             .unwrap();
-        assert_eq!(check_path(&store, &id).len(), 153);
+        let path = check_path(&store, &id);
+        assert_eq!(path.len(), 153);
+        // A side branch: its leaf is off the active path (pages walk).
+        h.move_leaf(Some(path[100].clone())).unwrap();
+        let side = append_n(&h, 3, "side");
+        h.move_leaf(path.last().cloned()).unwrap();
+        assert_eq!(check_path(&store, &id), path);
+        // Root-first pages from the log store (the active path's range
+        // reads, or the walk off it) equal the in-memory transcript's.
+        let t = store.load(&id).unwrap().unwrap().state().transcript.clone();
+        let cancel = CancelToken::new();
+        let scope = crate::transcript::ReadScope {
+            session: id.as_str(),
+            version: read_meta(store.engine().unwrap().index(), &id)
+                .unwrap()
+                .unwrap()
+                .version(),
+            cancel: &cancel,
+        };
+        for leaf in [path.last().unwrap(), &path[70], &side[2]] {
+            for budget in [
+                crate::transcript::PageBudget::new(1 << 20, 7),
+                crate::transcript::PageBudget::new(1 << 20, 64),
+                crate::transcript::PageBudget::new(600, 64),
+            ] {
+                let (mut a, mut b) = (None, None);
+                let mut pages = 0;
+                loop {
+                    let src = store.source(&id).unwrap();
+                    let order = crate::transcript::PageOrder::RootFirst;
+                    let ra = crate::transcript::read_branch_page(
+                        &*src,
+                        &scope,
+                        leaf,
+                        order,
+                        a.as_ref(),
+                        budget,
+                    )
+                    .unwrap();
+                    let rb = crate::transcript::read_branch_page(
+                        &t,
+                        &scope,
+                        leaf,
+                        order,
+                        b.as_ref(),
+                        budget,
+                    )
+                    .unwrap();
+                    assert_eq!(ra, rb, "page {pages} of {leaf} ({budget:?})");
+                    pages += 1;
+                    match ra {
+                        ReadResult::Page { continuation, .. } => {
+                            a = Some(continuation.clone());
+                            b = Some(continuation);
+                        }
+                        ReadResult::Complete { .. } => break,
+                        other => panic!("{other:?}"),
+                    }
+                }
+                assert!(pages > 1);
+            }
+        }
     }
 }

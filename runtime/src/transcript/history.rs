@@ -722,7 +722,7 @@ pub fn read_branch_page<S: EntrySource + ?Sized>(
                 .map_err(src)?
             {
                 // One range read of an indexed path: ids and sizes.
-                let want = usize::try_from(end - start + 1).unwrap_or(usize::MAX);
+                let want = usize::try_from((end - start).saturating_add(1)).unwrap_or(usize::MAX);
                 if range.len() != want {
                     return Err(ReadError::Inconsistent(leaf.clone()));
                 }
