@@ -9,7 +9,7 @@
 //! (not the session fold) let the entry lists hold what only damaged or
 //! imported data holds: duplicate ids, parents that come later or are
 //! missing, parent cycles. The two indexes must agree key for key, except
-//! for the log position inside each entry record.
+//! for the log position inside each entry record and active-path value.
 
 use std::collections::BTreeMap;
 
@@ -61,7 +61,8 @@ fn commit(store: &LogStore, id: &SessionId, expected: ExpectedVersion, events: V
 }
 
 /// Every per-entry key of a session (without the tag's session prefix)
-/// and its value; entry records with their log position cleared.
+/// and its value; entry records and active-path values with their log
+/// position cleared.
 fn dump(store: &LogStore, id: &SessionId) -> BTreeMap<(u8, Vec<u8>), Vec<u8>> {
     let engine = store.engine().unwrap();
     let mut out = BTreeMap::new();
@@ -72,9 +73,15 @@ fn dump(store: &LogStore, id: &SessionId) -> BTreeMap<(u8, Vec<u8>), Vec<u8>> {
             let (k, v) = kv.unwrap();
             let rest = k[prefix.len()..].to_vec();
             let v = if tag == b'e' {
-                let mut r: EntryRecord = rmp_serde::from_slice(&v).unwrap();
+                let mut r = EntryRecord::decode(&v).unwrap();
                 (r.segment, r.offset, r.event, r.sub) = (0, 0, 0, 0);
                 format!("{r:?}").into_bytes()
+            } else if tag == b'p' {
+                // An active-path value starts with the entry's log
+                // position (u64 segment, u64 offset, u32 event, u32 index).
+                let mut v = v;
+                v[..24].fill(0);
+                v
             } else {
                 v
             };

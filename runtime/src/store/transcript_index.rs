@@ -9,14 +9,14 @@
 //! | tag | rest of the key | value |
 //! | --- | --- | --- |
 //! | `m` | — | [`TranscriptMeta`]: generation, raw seq, updated at, leaf, counters |
-//! | `e` | entry id | [`EntryRecord`]: where the entry is in the log, size, kind, parent, [`PathMarker`], [`PathFacts`], append seq, summary |
+//! | `e` | entry id | [`EntryRecord`] in its binary encoding ([`EntryRecord::encode`]): where the entry is in the log, size, kind, parent, [`PathMarker`], [`PathFacts`], append seq, summary |
 //! | `c` | u8 len ++ parent id ++ u64 BE seq | child id (children in append order) |
 //! | `n` | parent id | u64 BE number of children, then the only child's id when there is exactly one |
 //! | `t` | u32 BE len ++ custom type ++ u64 BE ordinal | custom entry id (empty = removed) |
 //! | `T` | custom type | u64 BE next ordinal of that type |
 //! | `a` | u64 BE ordinal | custom entry id of any type (empty = removed) |
 //! | `l` | u8 len ++ target id ++ u64 BE seq | MessagePack `Option<String>` of a label entry |
-//! | `p` | u64 BE depth | entry id at that depth on the current leaf's path (the active path) |
+//! | `p` | u64 BE depth >> 6 ++ u8 depth & 63 | the entry at that depth on the current leaf's path (the active path): its log position and size, id (see `path_value`) |
 //!
 //! Events read: `created` (the seed transcript of a fork), `entry_appended`,
 //! `leaf_moved`, `history_rewritten` (whole form), `transcript_rewritten`
@@ -34,7 +34,14 @@
 //! **Active path.** The `p` keys hold the root→leaf path of the current
 //! leaf by depth (exactly the depths `0..path_len` of [`TranscriptMeta`]
 //! exist), so [`EntrySource::ancestor_at_depth`] answers in O(1) and a
-//! root-first branch page costs what it returns. An append under the leaf
+//! root-first branch page costs what it returns: its depth range is one
+//! prefix scan per block of 64 depths it touches
+//! ([`EntrySource::path_range`]), and since each `p` value carries the
+//! entry's log position and size (the parent is the entry one depth up),
+//! the page's entries are read from the log without index record
+//! lookups. The values are kept in step with the records: every path
+//! write compares the whole value, and a delta rewrite refreshes the
+//! values of the path entries it moved in the log. An append under the leaf
 //! writes one key; a leaf move (or an append elsewhere) rewrites the keys
 //! below the common ancestor of the old and the new leaf and removes the
 //! old leaf's surplus depths: O(distance to the common ancestor). A delta
@@ -68,15 +75,15 @@ use super::log::{PURGE_EVENT_KIND, SESSION_EVENT_PREFIX};
 use super::StoreError;
 use crate::session::{decode_appended_entry, decode_event, SessionEvent, SessionId};
 use crate::transcript::{
-    entry_size, entry_summary, first_kept_depth, ChildLinks, CustomRef, Entry, EntryFacts, EntryId,
-    EntryKind, EntrySource, PathFacts, PathMarker, ResidentError, TranscriptVersion,
+    entry_size, entry_summary, first_kept_depth, Anchor, ChildLinks, CustomRef, Entry, EntryFacts,
+    EntryId, EntryKind, EntrySource, PathFacts, PathMarker, ResidentError, TranscriptVersion,
     TREE_SUMMARY_CHARS_MAX,
 };
 
 /// Name of the engine indexer that keeps transcripts.
 pub const TRANSCRIPT_INDEXER: &str = "transcript";
 /// Version of the transcript index layout; bumping it rebuilds the index.
-pub const TRANSCRIPT_INDEX_VERSION: u32 = 3;
+pub const TRANSCRIPT_INDEX_VERSION: u32 = 4;
 
 const TAG_META: u8 = b'm';
 const TAG_ENTRY: u8 = b'e';
@@ -167,6 +174,293 @@ impl EntryRecord {
     }
 }
 
+// ---------------------------------------------------------------------------
+// Binary record encoding
+// ---------------------------------------------------------------------------
+
+/// Format byte that starts every encoded [`EntryRecord`] (a record of
+/// another format is malformed: the index layout version rebuilds old
+/// indexes before they are read).
+const RECORD_FORMAT: u8 = 1;
+
+/// Appends the big-endian, length-prefixed fields of an index value.
+struct Writer(Vec<u8>);
+
+impl Writer {
+    fn u8(&mut self, v: u8) {
+        self.0.push(v);
+    }
+    fn u32(&mut self, v: u32) {
+        self.0.extend_from_slice(&v.to_be_bytes());
+    }
+    fn u64(&mut self, v: u64) {
+        self.0.extend_from_slice(&v.to_be_bytes());
+    }
+    /// A string: u32 BE byte length, then its UTF-8 bytes (strings longer
+    /// than `u32::MAX` bytes never reach the index: entries are bounded
+    /// far below that by the log's commit limit).
+    fn str(&mut self, s: &str) {
+        self.u32(u32::try_from(s.len()).unwrap_or(u32::MAX));
+        self.0.extend_from_slice(s.as_bytes());
+    }
+    fn opt_id(&mut self, id: Option<&EntryId>) {
+        match id {
+            None => self.u8(0),
+            Some(id) => {
+                self.u8(1);
+                self.str(id.as_str());
+            }
+        }
+    }
+    fn anchor(&mut self, a: &Anchor) {
+        self.str(a.id.as_str());
+        self.u64(a.depth);
+    }
+    fn opt_anchor(&mut self, a: Option<&Anchor>) {
+        match a {
+            None => self.u8(0),
+            Some(a) => {
+                self.u8(1);
+                self.anchor(a);
+            }
+        }
+    }
+}
+
+/// Reads what [`Writer`] wrote; every read is bounds-checked (hostile
+/// bytes give an error, never a panic).
+struct Reader<'a> {
+    b: &'a [u8],
+    at: usize,
+}
+
+type ReadRes<T> = Result<T, String>;
+
+impl<'a> Reader<'a> {
+    fn new(b: &'a [u8]) -> Self {
+        Reader { b, at: 0 }
+    }
+    fn take(&mut self, n: usize) -> ReadRes<&'a [u8]> {
+        let end = self
+            .at
+            .checked_add(n)
+            .filter(|&e| e <= self.b.len())
+            .ok_or_else(|| format!("truncated at byte {} (wanted {n} more)", self.at))?;
+        let s = self.b.get(self.at..end).ok_or("truncated")?;
+        self.at = end;
+        Ok(s)
+    }
+    fn u8(&mut self) -> ReadRes<u8> {
+        Ok(self.take(1)?.first().copied().unwrap_or(0))
+    }
+    fn u32(&mut self) -> ReadRes<u32> {
+        let b: [u8; 4] = self.take(4)?.try_into().map_err(|_| "truncated u32")?;
+        Ok(u32::from_be_bytes(b))
+    }
+    fn u64(&mut self) -> ReadRes<u64> {
+        let b: [u8; 8] = self.take(8)?.try_into().map_err(|_| "truncated u64")?;
+        Ok(u64::from_be_bytes(b))
+    }
+    fn bool(&mut self) -> ReadRes<bool> {
+        match self.u8()? {
+            0 => Ok(false),
+            1 => Ok(true),
+            t => Err(format!("bad flag {t} at byte {}", self.at - 1)),
+        }
+    }
+    fn str(&mut self) -> ReadRes<&'a str> {
+        let n = usize::try_from(self.u32()?).map_err(|_| "string length")?;
+        let at = self.at;
+        std::str::from_utf8(self.take(n)?).map_err(|_| format!("invalid UTF-8 at byte {at}"))
+    }
+    fn string(&mut self) -> ReadRes<String> {
+        Ok(self.str()?.to_string())
+    }
+    fn id(&mut self) -> ReadRes<EntryId> {
+        let at = self.at;
+        let s = self.str()?;
+        EntryId::parse(s).map_err(|_| format!("invalid entry id at byte {at}"))
+    }
+    fn opt_id(&mut self) -> ReadRes<Option<EntryId>> {
+        Ok(if self.bool()? { Some(self.id()?) } else { None })
+    }
+    fn anchor(&mut self) -> ReadRes<Anchor> {
+        Ok(Anchor {
+            id: self.id()?,
+            depth: self.u64()?,
+        })
+    }
+    fn opt_anchor(&mut self) -> ReadRes<Option<Anchor>> {
+        Ok(if self.bool()? {
+            Some(self.anchor()?)
+        } else {
+            None
+        })
+    }
+    fn end(&self) -> ReadRes<()> {
+        if self.at == self.b.len() {
+            Ok(())
+        } else {
+            Err(format!("{} trailing bytes", self.b.len() - self.at))
+        }
+    }
+}
+
+const MARKER_PLAIN: u8 = 0;
+const MARKER_RESET: u8 = 1;
+const MARKER_COMPACTION: u8 = 2;
+const MARKER_MODEL: u8 = 3;
+const MARKER_THINKING: u8 = 4;
+
+impl EntryRecord {
+    /// The record's index value: [`RECORD_FORMAT`], then its fields in
+    /// declaration order (integers u64/u32 BE, strings u32 BE length +
+    /// UTF-8, options a 0/1 byte then the value, the marker a tag byte then
+    /// its fields).
+    pub fn encode(&self) -> Vec<u8> {
+        let mut w = Writer(Vec::with_capacity(
+            96 + self.kind.len() + self.summary.len() + 3 * 40,
+        ));
+        w.u8(RECORD_FORMAT);
+        w.u64(self.segment);
+        w.u64(self.offset);
+        w.u32(self.event);
+        w.u32(self.sub);
+        w.u64(self.size);
+        w.str(&self.kind);
+        w.opt_id(self.parent.as_ref());
+        match &self.marker {
+            PathMarker::Plain => w.u8(MARKER_PLAIN),
+            PathMarker::Reset => w.u8(MARKER_RESET),
+            PathMarker::Compaction {
+                first_kept_entry_id,
+            } => {
+                w.u8(MARKER_COMPACTION);
+                w.str(first_kept_entry_id.as_str());
+            }
+            PathMarker::Model { provider, model_id } => {
+                w.u8(MARKER_MODEL);
+                w.str(provider);
+                w.str(model_id);
+            }
+            PathMarker::ThinkingLevel { thinking_level } => {
+                w.u8(MARKER_THINKING);
+                w.str(thinking_level);
+            }
+        }
+        let f = &self.facts;
+        w.u64(f.depth);
+        w.anchor(&f.context_start);
+        w.opt_anchor(f.reset.as_ref());
+        w.opt_anchor(f.compaction.as_ref());
+        w.u8(u8::from(f.compaction_keeps_prefix));
+        match &f.model {
+            None => w.u8(0),
+            Some((p, m)) => {
+                w.u8(1);
+                w.str(p);
+                w.str(m);
+            }
+        }
+        match &f.thinking_level {
+            None => w.u8(0),
+            Some(t) => {
+                w.u8(1);
+                w.str(t);
+            }
+        }
+        w.u64(self.seq);
+        match &self.custom {
+            None => w.u8(0),
+            Some((t, ordinal, all)) => {
+                w.u8(1);
+                w.str(t);
+                w.u64(*ordinal);
+                w.u64(*all);
+            }
+        }
+        w.opt_id(self.label_target.as_ref());
+        w.str(&self.summary);
+        w.0
+    }
+
+    /// Decodes [`EntryRecord::encode`]'s bytes; anything else (truncated,
+    /// flipped, trailing bytes, another format) is an error describing
+    /// where it failed.
+    pub fn decode(b: &[u8]) -> Result<EntryRecord, String> {
+        let mut r = Reader::new(b);
+        let format = r.u8()?;
+        if format != RECORD_FORMAT {
+            return Err(format!("unknown entry record format {format}"));
+        }
+        let segment = r.u64()?;
+        let offset = r.u64()?;
+        let event = r.u32()?;
+        let sub = r.u32()?;
+        let size = r.u64()?;
+        let kind = r.string()?;
+        let parent = r.opt_id()?;
+        let marker = match r.u8()? {
+            MARKER_PLAIN => PathMarker::Plain,
+            MARKER_RESET => PathMarker::Reset,
+            MARKER_COMPACTION => PathMarker::Compaction {
+                first_kept_entry_id: r.id()?,
+            },
+            MARKER_MODEL => PathMarker::Model {
+                provider: r.string()?,
+                model_id: r.string()?,
+            },
+            MARKER_THINKING => PathMarker::ThinkingLevel {
+                thinking_level: r.string()?,
+            },
+            t => return Err(format!("unknown path marker {t}")),
+        };
+        let depth = r.u64()?;
+        let context_start = r.anchor()?;
+        let reset = r.opt_anchor()?;
+        let compaction = r.opt_anchor()?;
+        let compaction_keeps_prefix = r.bool()?;
+        let model = if r.bool()? {
+            Some((r.string()?, r.string()?))
+        } else {
+            None
+        };
+        let thinking_level = if r.bool()? { Some(r.string()?) } else { None };
+        let seq = r.u64()?;
+        let custom = if r.bool()? {
+            Some((r.string()?, r.u64()?, r.u64()?))
+        } else {
+            None
+        };
+        let label_target = r.opt_id()?;
+        let summary = r.string()?;
+        r.end()?;
+        Ok(EntryRecord {
+            segment,
+            offset,
+            event,
+            sub,
+            size,
+            kind,
+            parent,
+            marker,
+            facts: PathFacts {
+                depth,
+                context_start,
+                reset,
+                compaction,
+                compaction_keeps_prefix,
+                model,
+                thinking_level,
+            },
+            seq,
+            custom,
+            label_target,
+            summary,
+        })
+    }
+}
+
 fn sk(tag: u8, sid: &str) -> Vec<u8> {
     // Session ids are at most 128 bytes (SESSION_ID_LEN_MAX).
     let mut k = Vec::with_capacity(2 + sid.len() + 16);
@@ -245,10 +539,87 @@ fn label_key(sid: &str, target: &EntryId, seq: u64) -> Vec<u8> {
     k
 }
 
-fn path_key(sid: &str, depth: u64) -> Vec<u8> {
+/// Depths of the active path are grouped in blocks of
+/// `1 << PATH_BLOCK_BITS` under a common key prefix, so that a root-first
+/// page (a depth range) is read with a prefix scan per block it touches.
+const PATH_BLOCK_BITS: u32 = 6;
+
+/// The prefix of the `p` keys of one block of depths.
+fn path_block_prefix(sid: &str, block: u64) -> Vec<u8> {
     let mut k = sk(TAG_PATH, sid);
-    k.extend_from_slice(&depth.to_be_bytes());
+    k.extend_from_slice(&block.to_be_bytes());
     k
+}
+
+/// `p` key: u64 BE block (`depth >> PATH_BLOCK_BITS`), then the depth in
+/// the block (u8): keys sort by depth.
+fn path_key(sid: &str, depth: u64) -> Vec<u8> {
+    let mut k = path_block_prefix(sid, depth >> PATH_BLOCK_BITS);
+    k.push((depth & ((1 << PATH_BLOCK_BITS) - 1)) as u8);
+    k
+}
+
+/// Bytes of a `p` value before the entry id.
+const PATH_LINK_HEADER: usize = 8 + 8 + 4 + 4 + 8 + 1;
+
+/// The `p` value of an entry on the active path: where its bytes are in
+/// the log (u64 BE segment, u64 BE offset, u32 BE event, u32 BE entry
+/// index), its size (u64 BE), its id (u8 length + bytes) and, only for an
+/// orphan at depth 0 (a parent the index does not know), that parent's
+/// id; a root-first page is answered from these values alone (the parent
+/// of the entry at depth `d > 0` is the entry at `d - 1`).
+fn path_value(id: &EntryId, r: &EntryRecord) -> Vec<u8> {
+    let mut v = Vec::with_capacity(PATH_LINK_HEADER + 2 * id.as_str().len());
+    v.extend_from_slice(&r.segment.to_be_bytes());
+    v.extend_from_slice(&r.offset.to_be_bytes());
+    v.extend_from_slice(&r.event.to_be_bytes());
+    v.extend_from_slice(&r.sub.to_be_bytes());
+    v.extend_from_slice(&r.size.to_be_bytes());
+    // Entry ids are at most 128 bytes (ENTRY_ID_LEN_MAX).
+    v.push(id.as_str().len().min(255) as u8);
+    v.extend_from_slice(id.as_str().as_bytes());
+    if let (0, Some(p)) = (r.facts.depth, &r.parent) {
+        v.extend_from_slice(p.as_str().as_bytes());
+    }
+    v
+}
+
+/// A decoded `p` value (see [`path_value`]).
+#[derive(Debug)]
+struct PathLink {
+    id: EntryId,
+    key: EntryKey,
+    size: u64,
+    orphan_parent: Option<EntryId>,
+}
+
+fn decode_path_link(v: &[u8]) -> Option<PathLink> {
+    let segment = be_u64(v)?;
+    let offset = be_u64(v.get(8..)?)?;
+    let event = u32::from_be_bytes(v.get(16..20)?.try_into().ok()?);
+    let sub = u32::from_be_bytes(v.get(20..24)?.try_into().ok()?);
+    let size = be_u64(v.get(24..)?)?;
+    let n = usize::from(*v.get(32)?);
+    let id = v.get(PATH_LINK_HEADER..PATH_LINK_HEADER.checked_add(n)?)?;
+    let id = EntryId::parse(std::str::from_utf8(id).ok()?).ok()?;
+    let rest = v.get(PATH_LINK_HEADER + n..)?;
+    let orphan_parent = if rest.is_empty() {
+        None
+    } else {
+        Some(EntryId::parse(std::str::from_utf8(rest).ok()?).ok()?)
+    };
+    Some(PathLink {
+        id,
+        key: (LogPosition { segment, offset }, event, sub),
+        size,
+        orphan_parent,
+    })
+}
+
+/// The entry id a `p` value names.
+fn path_link_id(v: &[u8]) -> Option<&[u8]> {
+    let n = usize::from(*v.get(PATH_LINK_HEADER - 1)?);
+    v.get(PATH_LINK_HEADER..PATH_LINK_HEADER.checked_add(n)?)
 }
 
 fn be_u64(b: &[u8]) -> Option<u64> {
@@ -340,7 +711,9 @@ fn get_record(
     id: &EntryId,
 ) -> Result<Option<EntryRecord>, IndexError> {
     match batch.get(&entry_key(sid, id))? {
-        Some(b) => Ok(Some(decode("entry record", &b)?)),
+        Some(b) => Ok(Some(EntryRecord::decode(&b).map_err(|e| {
+            IndexError::Malformed(format!("entry record of {id}: {e}"))
+        })?)),
         None => Ok(None),
     }
 }
@@ -351,8 +724,7 @@ fn put_record(
     id: &EntryId,
     r: &EntryRecord,
 ) -> Result<(), IndexError> {
-    let bytes = encode("entry record", r)?;
-    batch.insert(&entry_key(sid, id), &bytes);
+    batch.insert(&entry_key(sid, id), &r.encode());
     Ok(())
 }
 
@@ -452,7 +824,7 @@ fn index_entry(
     entry: &Entry,
     loc: &Locator,
     sub: u32,
-) -> Result<Option<u64>, IndexError> {
+) -> Result<Option<(u64, Vec<u8>)>, IndexError> {
     let ekey = entry_key(sid, &entry.id);
     if batch.get(&ekey)?.is_some() {
         // A duplicate id (only in whole-transcript events): the first
@@ -504,7 +876,7 @@ fn index_entry(
     };
     put_record(batch, sid, &entry.id, &record)?;
     meta.entries = meta.entries.saturating_add(1);
-    Ok(Some(depth))
+    Ok(Some((depth, path_value(&entry.id, &record))))
 }
 
 /// The seed's entries indexed so far, as an [`EntrySource`] of facts (for
@@ -667,7 +1039,7 @@ fn index_seed(
             Some(e) if e != d => break,
             Some(_) => {}
         }
-        batch.insert(&path_key(sid, d), id.as_str().as_bytes());
+        batch.insert(&path_key(sid, d), &path_value(id, r));
         if d == 0 {
             break;
         }
@@ -711,12 +1083,13 @@ fn sync_path(
         }
         let key = path_key(sid, d);
         let at = batch.get(&key)?;
-        let placed = at.as_deref() == Some(id.as_str().as_bytes());
+        let value = path_value(&id, &r);
+        let placed = at.as_deref() == Some(value.as_slice());
         if placed && d < stable_below {
             break;
         }
         if !placed {
-            batch.insert(&key, id.as_str().as_bytes());
+            batch.insert(&key, &value);
         }
         if d == 0 {
             break;
@@ -728,6 +1101,36 @@ fn sync_path(
         batch.remove(&path_key(sid, d));
     }
     meta.path_len = new_len;
+    Ok(())
+}
+
+/// Rewrites the `p` values of those of `ids` that are on the active path
+/// (at their depth) to their current records: what a delta rewrite
+/// changes for an entry whose ancestry it kept (log position, size).
+fn refresh_path_links<'i>(
+    batch: &mut IndexBatch<'_>,
+    sid: &str,
+    meta: &TranscriptMeta,
+    ids: impl Iterator<Item = &'i EntryId>,
+) -> Result<(), IndexError> {
+    for id in ids {
+        let Some(r) = get_record(batch, sid, id)? else {
+            continue;
+        };
+        if r.facts.depth >= meta.path_len {
+            continue;
+        }
+        let key = path_key(sid, r.facts.depth);
+        let Some(cur) = batch.get(&key)? else {
+            continue;
+        };
+        if path_link_id(&cur) == Some(id.as_str().as_bytes()) {
+            let value = path_value(id, &r);
+            if cur != value {
+                batch.insert(&key, &value);
+            }
+        }
+    }
     Ok(())
 }
 
@@ -1000,13 +1403,13 @@ impl TranscriptIndexer {
                 }
                 SessionEvent::EntryAppended { entry } => {
                     let under_leaf = entry.parent_id == m.leaf;
-                    let depth = index_entry(batch, sid, m, entry, &loc, 0)?;
+                    let indexed = index_entry(batch, sid, m, entry, &loc, 0)?;
                     m.leaf = Some(entry.id.clone());
-                    match depth {
+                    match indexed {
                         // The common case, O(1): the new leaf extends the
                         // active path by one.
-                        Some(d) if under_leaf && d == m.path_len => {
-                            batch.insert(&path_key(sid, d), entry.id.as_str().as_bytes());
+                        Some((d, value)) if under_leaf && d == m.path_len => {
+                            batch.insert(&path_key(sid, d), &value);
                             m.path_len = d.saturating_add(1);
                         }
                         _ => sync_path(batch, sid, m, u64::MAX)?,
@@ -1043,6 +1446,15 @@ impl TranscriptIndexer {
                     m.generation = *generation;
                     m.leaf = leaf.clone();
                     sync_path(batch, sid, m, stable_below)?;
+                    // Written entries above the rewritten part of the path
+                    // moved in the log: their `p` values follow.
+                    let changed = written.iter().map(|w| &w.id);
+                    refresh_path_links(
+                        batch,
+                        sid,
+                        m,
+                        changed.chain(reparented.iter().map(|r| &r.0)),
+                    )?;
                 }
                 SessionEvent::StateCleared => {
                     clear_entries(batch, sid)?;
@@ -1303,7 +1715,19 @@ pub struct LogTranscriptSource {
     commit: RefCell<CommitCache>,
     event: RefCell<EventCache>,
     records: RefCell<HashMap<EntryId, Arc<EntryRecord>>>,
+    /// The entries of the last [`EntrySource::path_range`] answer: where
+    /// each is in the log, its size and parent (read from the `p` values,
+    /// so loading them needs no index record).
+    path_hints: RefCell<HashMap<EntryId, PathHint>>,
     entries: Arc<EntryCache>,
+}
+
+/// Where an entry of a path range is, from its `p` value.
+#[derive(Clone)]
+struct PathHint {
+    key: EntryKey,
+    size: u64,
+    parent: Option<EntryId>,
 }
 
 impl std::fmt::Debug for LogTranscriptSource {
@@ -1323,6 +1747,7 @@ impl LogTranscriptSource {
             commit: RefCell::new(None),
             event: RefCell::new(None),
             records: RefCell::new(HashMap::new()),
+            path_hints: RefCell::new(HashMap::new()),
         }
     }
 
@@ -1352,7 +1777,7 @@ impl LogTranscriptSource {
             return Ok(None);
         };
         let r: Arc<EntryRecord> = Arc::new(
-            rmp_serde::from_slice(&b)
+            EntryRecord::decode(&b)
                 .map_err(|e| self.corrupt(format!("index record of entry {id}: {e}")))?,
         );
         let mut cache = self.records.borrow_mut();
@@ -1373,8 +1798,8 @@ impl LogTranscriptSource {
         else {
             return Ok(None);
         };
-        std::str::from_utf8(&v)
-            .ok()
+        path_link_id(&v)
+            .and_then(|b| std::str::from_utf8(b).ok())
             .and_then(|s| EntryId::parse(s).ok())
             .map(Some)
             .ok_or_else(|| self.corrupt(format!("malformed active-path link at depth {depth}")))
@@ -1430,21 +1855,20 @@ impl LogTranscriptSource {
     /// decoded alone ([`decode_appended_entry`]); an entry of a
     /// whole-transcript event decodes that event (kept for the next entry
     /// of the same event).
-    fn read_entry(&self, id: &EntryId, r: &EntryRecord) -> Result<Entry, StoreError> {
-        let pos = r.position();
+    fn read_entry(&self, id: &EntryId, at: EntryKey) -> Result<Entry, StoreError> {
+        let (pos, event, sub) = at;
         let misplaced = || {
             self.corrupt(format!(
-                "entry {id} is not where the index says ({pos}, event {}, #{})",
-                r.event, r.sub
+                "entry {id} is not where the index says ({pos}, event {event}, #{sub})"
             ))
         };
-        if r.sub == 0 {
+        if sub == 0 {
             let commit = self.commit_at(pos)?;
-            let raw = usize::try_from(r.event)
+            let raw = usize::try_from(event)
                 .ok()
                 .and_then(|i| commit.events.get(i))
                 .ok_or_else(|| {
-                    self.corrupt(format!("no event {} in the commit at {pos}", r.event))
+                    self.corrupt(format!("no event {} in the commit at {pos}", event))
                 })?;
             if raw
                 .kind
@@ -1452,13 +1876,13 @@ impl LogTranscriptSource {
                 .is_some_and(|k| k == "entry_appended")
             {
                 let e = decode_appended_entry(&raw.payload).map_err(|e| {
-                    self.corrupt(format!("event {} of the commit at {pos}: {e}", r.event))
+                    self.corrupt(format!("event {} of the commit at {pos}: {e}", event))
                 })?;
                 return if &e.id == id { Ok(e) } else { Err(misplaced()) };
             }
         }
-        let ev = self.event_at(pos, r.event)?;
-        let sub = usize::try_from(r.sub).unwrap_or(usize::MAX);
+        let ev = self.event_at(pos, event)?;
+        let sub = usize::try_from(sub).unwrap_or(usize::MAX);
         let found = match &*ev {
             SessionEvent::EntryAppended { entry } if sub == 0 => Some(entry),
             SessionEvent::Created { state, .. } => state.transcript.entries().get(sub),
@@ -1472,7 +1896,18 @@ impl LogTranscriptSource {
     /// The entry with its current parent (from the index), through the
     /// engine's [`EntryCache`].
     fn load(&self, id: &EntryId, r: &EntryRecord) -> Result<Entry, StoreError> {
-        let key = (r.position(), r.event, r.sub);
+        self.load_at(id, (r.position(), r.event, r.sub), r.size, &r.parent)
+    }
+
+    /// The entry at `key` with `parent`, through the engine's
+    /// [`EntryCache`] (`size` is its [`entry_size`], the cache's cost).
+    fn load_at(
+        &self,
+        id: &EntryId,
+        key: EntryKey,
+        size: u64,
+        parent: &Option<EntryId>,
+    ) -> Result<Entry, StoreError> {
         let hit = self
             .entries
             .get(&key)
@@ -1480,21 +1915,21 @@ impl LogTranscriptSource {
         let mut e = match hit {
             Some(c) => c.entry.clone(),
             None => {
-                let e = self.read_entry(id, r)?;
+                let e = self.read_entry(id, key)?;
                 if self.entries.admit(key) {
                     self.entries.insert(
                         key,
                         Arc::new(CachedEntry {
                             sid: self.sid.clone(),
                             entry: e.clone(),
-                            cost: r.size.saturating_add(ENTRY_CACHE_OVERHEAD_BYTES),
+                            cost: size.saturating_add(ENTRY_CACHE_OVERHEAD_BYTES),
                         }),
                     );
                 }
                 e
             }
         };
-        e.parent_id = r.parent.clone();
+        e.parent_id = parent.clone();
         Ok(e)
     }
 }
@@ -1503,6 +1938,12 @@ impl EntrySource for LogTranscriptSource {
     type Error = StoreError;
 
     fn entry(&self, id: &EntryId) -> Result<Option<Cow<'_, Entry>>, StoreError> {
+        let hint = self.path_hints.borrow().get(id).cloned();
+        if let Some(h) = hint {
+            return Ok(Some(Cow::Owned(
+                self.load_at(id, h.key, h.size, &h.parent)?,
+            )));
+        }
         match self.cached_record(id)? {
             Some(r) => Ok(Some(Cow::Owned(self.load(id, &r)?))),
             None => Ok(None),
@@ -1593,6 +2034,108 @@ impl EntrySource for LogTranscriptSource {
         self.path_at(depth)
     }
 
+    /// From the active-path index when `leaf` is on the current leaf's
+    /// path: one prefix scan per block of depths the range touches (the
+    /// `p` values carry each entry's log position and size, and the parent
+    /// is the entry one depth up), no per-entry record lookups. Loading
+    /// the returned entries then reads the log directly.
+    fn path_range(
+        &self,
+        leaf: &EntryId,
+        leaf_depth: u64,
+        start: u64,
+        end: u64,
+    ) -> Result<Option<Vec<(EntryId, u64)>>, StoreError> {
+        self.path_hints.borrow_mut().clear();
+        if start > end || end > leaf_depth {
+            return Ok(None);
+        }
+        if self.path_at(leaf_depth)?.as_ref() != Some(leaf) {
+            return Ok(None);
+        }
+        let sid = self.sid.as_str();
+        // From the parent of the first entry.
+        let from = start.saturating_sub(1);
+        let want = (end - from).saturating_add(1);
+        let cap = usize::try_from(want).unwrap_or(0).min(1 << 16);
+        let mut links: Vec<(u64, PathLink)> = Vec::with_capacity(cap);
+        let mut malformed = None;
+        for block in (from >> PATH_BLOCK_BITS)..=(end >> PATH_BLOCK_BITS) {
+            let prefix = path_block_prefix(sid, block);
+            self.engine
+                .index()
+                .visit_prefix(TRANSCRIPT_INDEXER, &prefix, |k, v| {
+                    let depth = match k.get(prefix.len()..) {
+                        Some(&[d]) => (block << PATH_BLOCK_BITS) | u64::from(d),
+                        _ => {
+                            malformed = Some(block);
+                            return false;
+                        }
+                    };
+                    if depth < from {
+                        return true;
+                    }
+                    if depth > end {
+                        return false;
+                    }
+                    match decode_path_link(v) {
+                        Some(l) => {
+                            links.push((depth, l));
+                            true
+                        }
+                        None => {
+                            malformed = Some(block);
+                            false
+                        }
+                    }
+                })
+                .map_err(engine_err)?;
+            if let Some(b) = malformed {
+                return Err(self.corrupt(format!("malformed active-path link in block {b}")));
+            }
+            // A block that misses depths: stop here (the check below
+            // answers `None`) rather than scan further blocks.
+            let block_last = block
+                .saturating_mul(1 << PATH_BLOCK_BITS)
+                .saturating_add((1 << PATH_BLOCK_BITS) - 1)
+                .min(end);
+            let seen = u64::try_from(links.len()).unwrap_or(u64::MAX);
+            if seen != (block_last - from).saturating_add(1) {
+                break;
+            }
+        }
+        // Exactly the depths `from..=end`, in order; anything else (a
+        // write raced the read; the caller's version check reports it)
+        // is left to the walk.
+        let consecutive = links.iter().zip(from..).all(|((d, _), want)| *d == want);
+        if !consecutive || u64::try_from(links.len()).ok() != Some(want) {
+            return Ok(None);
+        }
+        let mut hints = self.path_hints.borrow_mut();
+        let mut out = Vec::with_capacity(links.len());
+        let mut parent: Option<EntryId> = None;
+        for (depth, link) in links {
+            if depth >= start {
+                let p = if depth == 0 {
+                    link.orphan_parent.clone()
+                } else {
+                    parent.clone()
+                };
+                hints.insert(
+                    link.id.clone(),
+                    PathHint {
+                        key: link.key,
+                        size: link.size,
+                        parent: p,
+                    },
+                );
+                out.push((link.id.clone(), link.size));
+            }
+            parent = Some(link.id);
+        }
+        Ok(Some(out))
+    }
+
     /// Ordinals are dense per list (removed entries leave tombstones), so
     /// a page is a run of point lookups from `after_seq + 1`: O(page plus
     /// removed entries in it), never a scan from the start.
@@ -1660,7 +2203,7 @@ mod tests {
     use crate::observer::NullSink;
     use crate::session::AgentDefinition;
     use crate::store::{LogStore, LogStoreOptions, SessionStore};
-    use crate::transcript::{CancelToken, ContentBlock, Message};
+    use crate::transcript::{CancelToken, ContentBlock, Message, ReadResult};
     use crate::SessionRuntime;
 
     fn open(dir: &std::path::Path) -> (Arc<LogStore>, SessionRuntime) {
@@ -1706,6 +2249,51 @@ mod tests {
             .scan_prefix(TRANSCRIPT_INDEXER, &sk(TAG_PATH, id.as_str()))
             .count();
         assert_eq!(keys, path.len(), "active-path keys of {id}");
+        // Every `p` value names the entry at its depth with the log
+        // position and size of its current index record.
+        for (d, e) in path.iter().enumerate() {
+            let v = engine
+                .index()
+                .get(TRANSCRIPT_INDEXER, &path_key(id.as_str(), d as u64))
+                .unwrap()
+                .unwrap();
+            let link = decode_path_link(&v).unwrap();
+            let r = EntryRecord::decode(
+                &engine
+                    .index()
+                    .get(TRANSCRIPT_INDEXER, &entry_key(id.as_str(), e))
+                    .unwrap()
+                    .unwrap(),
+            )
+            .unwrap();
+            assert_eq!(&link.id, e, "depth {d}");
+            assert_eq!(link.key, (r.position(), r.event, r.sub), "{e} at {d}");
+            assert_eq!(link.size, r.size, "size of {e}");
+            assert_eq!(v, path_value(e, &r));
+        }
+        // Ranges of the path, read from the `p` values, give the entries
+        // (payload and parent) the loaded transcript has.
+        for (start, end) in [(0, 0), (0, 63), (1, 64), (30, 70), (63, 64), (5, 140)] {
+            let Some(leaf) = path.last() else { break };
+            let leaf_depth = path.len() as u64 - 1;
+            let end = end.min(leaf_depth);
+            if start > end {
+                continue;
+            }
+            let src = store.source(id).unwrap();
+            let got = src
+                .path_range(leaf, leaf_depth, start, end)
+                .unwrap()
+                .unwrap();
+            let want: Vec<(EntryId, u64)> = path[start as usize..=end as usize]
+                .iter()
+                .map(|i| (i.clone(), entry_size(t.get(i).unwrap())))
+                .collect();
+            assert_eq!(got, want, "range {start}..={end}");
+            for (i, _) in &got {
+                assert_eq!(src.entry(i).unwrap().as_deref(), t.get(i), "{i}");
+            }
+        }
         let src = store.source(id).unwrap();
         if let Some(leaf) = path.last() {
             for (d, want) in path.iter().enumerate() {
@@ -1891,6 +2479,116 @@ mod tests {
         }
     }
 
+    fn sample_records() -> Vec<EntryRecord> {
+        let id = |s: &str| EntryId::parse(s).unwrap();
+        let facts = PathFacts {
+            depth: 7,
+            context_start: Anchor {
+                id: id("r"),
+                depth: 0,
+            },
+            reset: Some(Anchor {
+                id: id("z"),
+                depth: 3,
+            }),
+            compaction: Some(Anchor {
+                id: id("c"),
+                depth: 5,
+            }),
+            compaction_keeps_prefix: true,
+            model: Some(("prov".into(), "m-1".into())),
+            thinking_level: Some("high".into()),
+        };
+        let plain = EntryRecord {
+            segment: 3,
+            offset: u64::MAX - 1,
+            event: 2,
+            sub: 9,
+            size: 1234,
+            kind: "message".into(),
+            parent: None,
+            marker: PathMarker::Plain,
+            facts: PathFacts {
+                depth: 0,
+                context_start: Anchor {
+                    id: id("a"),
+                    depth: 0,
+                },
+                reset: None,
+                compaction: None,
+                compaction_keeps_prefix: false,
+                model: None,
+                thinking_level: None,
+            },
+            seq: 0,
+            custom: None,
+            label_target: None,
+            summary: String::new(),
+        };
+        let markers = [
+            PathMarker::Reset,
+            PathMarker::Compaction {
+                first_kept_entry_id: id("k"),
+            },
+            PathMarker::Model {
+                provider: "p".into(),
+                model_id: "é".into(),
+            },
+            PathMarker::ThinkingLevel {
+                thinking_level: "low".into(),
+            },
+        ];
+        let mut out = vec![plain.clone()];
+        for m in markers {
+            out.push(EntryRecord {
+                parent: Some(id("parent-x")),
+                marker: m,
+                facts: facts.clone(),
+                seq: 42,
+                custom: Some(("tool_output".into(), 5, 6)),
+                label_target: Some(id("t")),
+                summary: "a summary — with ünïcode".into(),
+                ..plain.clone()
+            });
+        }
+        out
+    }
+
+    /// Records round-trip; every truncation, a flip of every bit of every
+    /// byte and trailing bytes give an error or another valid record, never
+    /// a panic (the decode is total on hostile bytes).
+    #[test]
+    fn entry_records_round_trip_and_hostile_bytes_fail_cleanly() {
+        for r in sample_records() {
+            let b = r.encode();
+            assert_eq!(EntryRecord::decode(&b).unwrap(), r);
+            for n in 0..b.len() {
+                assert!(EntryRecord::decode(&b[..n]).is_err(), "truncated to {n}");
+            }
+            let mut long = b.clone();
+            long.push(0);
+            assert!(EntryRecord::decode(&long).is_err(), "trailing byte");
+            for i in 0..b.len() {
+                for bit in 0..8 {
+                    let mut f = b.clone();
+                    f[i] ^= 1 << bit;
+                    // Either an error or a record that encodes back to the
+                    // flipped bytes (a flip inside an integer or a string).
+                    if let Ok(d) = EntryRecord::decode(&f) {
+                        assert_eq!(d.encode(), f, "byte {i} bit {bit}");
+                    }
+                }
+            }
+        }
+        assert!(EntryRecord::decode(&[]).is_err());
+        assert!(EntryRecord::decode(&[RECORD_FORMAT + 1]).is_err());
+        // A huge string length is refused without allocating.
+        let mut huge = vec![RECORD_FORMAT];
+        huge.extend_from_slice(&[0; 32]);
+        huge.extend_from_slice(&u32::MAX.to_be_bytes());
+        assert!(EntryRecord::decode(&huge).is_err());
+    }
+
     #[test]
     fn the_active_path_index_follows_appends_moves_rewrites_and_rebuilds() {
         let dir = tempfile::tempdir().unwrap();
@@ -1994,5 +2692,73 @@ mod tests {
         let h = rt.open_handle(&id, HandleOptions::writer()).unwrap();
         append_n(&h, 3, "c");
         assert_eq!(check_path(&store, &id).len(), 3);
+        // A path over several blocks of `p` keys; a rewrite of entries
+        // deep in it (new log positions) keeps their `p` values in step.
+        append_n(&h, 150, "long");
+        assert_eq!(check_path(&store, &id).len(), 153);
+        h.redact(&|s| s.replace("long7", "[r]"), &CancelToken::new())
+            .unwrap();
+        let path = check_path(&store, &id);
+        assert_eq!(path.len(), 153);
+        // A side branch: its leaf is off the active path (pages walk).
+        h.move_leaf(Some(path[100].clone())).unwrap();
+        let side = append_n(&h, 3, "side");
+        h.move_leaf(path.last().cloned()).unwrap();
+        assert_eq!(check_path(&store, &id), path);
+        // Root-first pages from the log store (the active path's range
+        // reads, or the walk off it) equal the in-memory transcript's.
+        let t = store.load(&id).unwrap().unwrap().state().transcript.clone();
+        let cancel = CancelToken::new();
+        let scope = crate::transcript::ReadScope {
+            session: id.as_str(),
+            version: read_meta(store.engine().unwrap().index(), &id)
+                .unwrap()
+                .unwrap()
+                .version(),
+            cancel: &cancel,
+        };
+        for leaf in [path.last().unwrap(), &path[70], &side[2]] {
+            for budget in [
+                crate::transcript::PageBudget::new(1 << 20, 7),
+                crate::transcript::PageBudget::new(1 << 20, 64),
+                crate::transcript::PageBudget::new(600, 64),
+            ] {
+                let (mut a, mut b) = (None, None);
+                let mut pages = 0;
+                loop {
+                    let src = store.source(&id).unwrap();
+                    let order = crate::transcript::PageOrder::RootFirst;
+                    let ra = crate::transcript::read_branch_page(
+                        &*src,
+                        &scope,
+                        leaf,
+                        order,
+                        a.as_ref(),
+                        budget,
+                    )
+                    .unwrap();
+                    let rb = crate::transcript::read_branch_page(
+                        &t,
+                        &scope,
+                        leaf,
+                        order,
+                        b.as_ref(),
+                        budget,
+                    )
+                    .unwrap();
+                    assert_eq!(ra, rb, "page {pages} of {leaf} ({budget:?})");
+                    pages += 1;
+                    match ra {
+                        ReadResult::Page { continuation, .. } => {
+                            a = Some(continuation.clone());
+                            b = Some(continuation);
+                        }
+                        ReadResult::Complete { .. } => break,
+                        other => panic!("{other:?}"),
+                    }
+                }
+                assert!(pages > 1);
+            }
+        }
     }
 }

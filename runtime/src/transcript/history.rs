@@ -609,6 +609,58 @@ fn candidate<S: EntrySource + ?Sized>(
     ))
 }
 
+/// The candidates of a root-first page of depths `start..=end` (root
+/// first) found by walking: the page's last entry from
+/// [`EntrySource::ancestor_at_depth`] or by walking parents from the
+/// leaf, then parents up to `start`. Returns early (candidates partial)
+/// when cancelled; the caller checks.
+fn read_root_first_by_walk<S: EntrySource + ?Sized>(
+    source: &S,
+    scope: &ReadScope<'_>,
+    leaf: &EntryId,
+    leaf_depth: u64,
+    start: u64,
+    end: u64,
+    candidates: &mut Vec<Candidate>,
+) -> Result<(), ReadError<S::Error>> {
+    let mut cur = match source.ancestor_at_depth(leaf, end).map_err(src)? {
+        Some(id) => {
+            // Verify an indexed answer where facts allow it.
+            if let Some(pf) = source.path_facts(&id).map_err(src)? {
+                if pf.depth != end {
+                    return Err(ReadError::Inconsistent(id));
+                }
+            }
+            id
+        }
+        None => {
+            let mut cur = leaf.clone();
+            for _ in end..leaf_depth {
+                if scope.cancel.is_cancelled() {
+                    return Ok(());
+                }
+                let (_, parent) = candidate(source, &cur)?;
+                cur = parent.ok_or_else(|| ReadError::Inconsistent(cur.clone()))?;
+            }
+            cur
+        }
+    };
+    for _ in start..=end {
+        let (c, parent) = candidate(source, &cur)?;
+        candidates.push(c);
+        match parent {
+            Some(p) => cur = p,
+            None => break,
+        }
+    }
+    let want = usize::try_from(end - start + 1).unwrap_or(usize::MAX);
+    if candidates.len() != want {
+        return Err(ReadError::Inconsistent(cur));
+    }
+    candidates.reverse();
+    Ok(())
+}
+
 /// The branch-page selection: the entries of the root→`leaf` path, one
 /// page per call, in `order` (see [`PageOrder`]). `cursor` is the
 /// continuation of the previous page (`None` for the first page); it must
@@ -665,41 +717,30 @@ pub fn read_branch_page<S: EntrySource + ?Sized>(
             let end = start
                 .saturating_add(budget.events().saturating_sub(1))
                 .min(leaf_depth);
-            let mut cur = match source.ancestor_at_depth(leaf, end).map_err(src)? {
-                Some(id) => {
-                    // Verify an indexed answer where facts allow it.
-                    if let Some(pf) = source.path_facts(&id).map_err(src)? {
-                        if pf.depth != end {
-                            return Err(ReadError::Inconsistent(id));
-                        }
-                    }
-                    id
+            if let Some(range) = source
+                .path_range(leaf, leaf_depth, start, end)
+                .map_err(src)?
+            {
+                // One range read of an indexed path: ids and sizes.
+                let want = usize::try_from((end - start).saturating_add(1)).unwrap_or(usize::MAX);
+                if range.len() != want {
+                    return Err(ReadError::Inconsistent(leaf.clone()));
                 }
-                None => {
-                    let mut cur = leaf.clone();
-                    for _ in end..leaf_depth {
-                        if scope.cancel.is_cancelled() {
-                            return Ok(ReadResult::Cancelled);
-                        }
-                        let (_, parent) = candidate(source, &cur)?;
-                        cur = parent.ok_or_else(|| ReadError::Inconsistent(cur.clone()))?;
-                    }
-                    cur
-                }
-            };
-            for _ in start..=end {
-                let (c, parent) = candidate(source, &cur)?;
-                candidates.push(c);
-                match parent {
-                    Some(p) => cur = p,
-                    None => break,
+                candidates.extend(range.into_iter().map(|(id, size)| Candidate { id, size }));
+            } else {
+                read_root_first_by_walk(
+                    source,
+                    scope,
+                    leaf,
+                    leaf_depth,
+                    start,
+                    end,
+                    &mut candidates,
+                )?;
+                if scope.cancel.is_cancelled() {
+                    return Ok(ReadResult::Cancelled);
                 }
             }
-            let want = usize::try_from(end - start + 1).unwrap_or(usize::MAX);
-            if candidates.len() != want {
-                return Err(ReadError::Inconsistent(cur));
-            }
-            candidates.reverse();
             first_depth = start;
             next_parent = None;
         }

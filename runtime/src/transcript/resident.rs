@@ -161,6 +161,23 @@ pub trait EntrySource {
         Ok(None)
     }
 
+    /// The ids and [`entry_size`]s of the entries at depths
+    /// `start..=end` of the root path of `leaf` (at depth `leaf_depth`),
+    /// root first, when the source can answer them in one range read (an
+    /// index of the active path holding `leaf`); loading those entries
+    /// next is then expected to be cheap. `None` (the default): callers
+    /// walk parents ([`EntrySource::ancestor_at_depth`], facts, sizes).
+    fn path_range(
+        &self,
+        leaf: &EntryId,
+        leaf_depth: u64,
+        start: u64,
+        end: u64,
+    ) -> Result<Option<Vec<(EntryId, u64)>>, Self::Error> {
+        let _ = (leaf, leaf_depth, start, end);
+        Ok(None)
+    }
+
     /// Up to `limit` custom entries (kind `custom`) with `custom_type`
     /// (any type when `None`) whose append sequence number is greater than
     /// `after_seq` (all when `None`), in append order, duplicates included.
