@@ -16,6 +16,15 @@ use uuid::Uuid;
 
 /// Name of the owner lock file in the store directory.
 pub const LOCK_FILE: &str = "LOCK";
+/// How long an open waits for the owner lock before [`Error::Locked`]. The lock is a
+/// `flock` on `LOCK`, which belongs to the open file description: a child process
+/// forked by any thread of the process (a `Command::spawn` elsewhere) holds a copy of
+/// the descriptor until its `exec` closes it, so a store closed and reopened right
+/// then finds its own released lock still held for that instant. A live owner keeps
+/// the lock for longer than this and still gets `Locked`.
+pub const LOCK_WAIT_MAX_MS: u64 = 1_000;
+/// Pause between attempts while waiting for the owner lock.
+const LOCK_RETRY_MS: u64 = 5;
 /// Name of the sled index directory in the store directory.
 pub const INDEX_DIR: &str = "index";
 
@@ -243,10 +252,20 @@ impl Store {
             let existed = vfs
                 .exists(&lock_path)
                 .map_err(|e| Error::io(&lock_path, "exists", e))?;
-            match vfs.lock(&lock_path, true) {
-                Ok(Some(g)) => guard = Some(g),
-                Ok(None) => return Err(Error::Locked { path: lock_path }),
-                Err(e) => return Err(Error::io(&lock_path, "lock", e)),
+            let deadline =
+                std::time::Instant::now() + std::time::Duration::from_millis(LOCK_WAIT_MAX_MS);
+            loop {
+                match vfs.lock(&lock_path, true) {
+                    Ok(Some(g)) => {
+                        guard = Some(g);
+                        break;
+                    }
+                    Ok(None) if std::time::Instant::now() < deadline => {
+                        std::thread::sleep(std::time::Duration::from_millis(LOCK_RETRY_MS));
+                    }
+                    Ok(None) => return Err(Error::Locked { path: lock_path }),
+                    Err(e) => return Err(Error::io(&lock_path, "lock", e)),
+                }
             }
             if !existed {
                 vfs.sync_dir(dir)

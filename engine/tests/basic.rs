@@ -157,6 +157,29 @@ fn idempotent_retry_also_after_reopen() {
     assert_eq!(s.last_seq(), 1);
 }
 
+/// Regression (a flaky `compact_cli` test): a store closed and reopened while
+/// another thread spawned a child process found its own released lock still held
+/// by the child's inherited descriptor until its `exec`. An open now waits up to
+/// `LOCK_WAIT_MAX_MS` for a lock that is being released.
+#[test]
+fn an_open_waits_for_a_lock_that_is_being_released() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Store::open(dir.path(), test_opts()).unwrap();
+    s.append(commit("a", ExpectedVersion::NoStream, b"1"))
+        .unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let holder = std::thread::spawn(move || {
+        tx.send(()).unwrap();
+        // Well within the wait: the owner is on its way out.
+        std::thread::sleep(std::time::Duration::from_millis(LOCK_WAIT_MAX_MS / 10));
+        s.close().unwrap();
+    });
+    rx.recv().unwrap();
+    let reopened = Store::open(dir.path(), test_opts()).expect("the released lock is taken");
+    assert_eq!(reopened.stream_version("a").unwrap(), Some(1));
+    holder.join().unwrap();
+}
+
 #[test]
 fn locked_and_read_only() {
     let dir = tempfile::tempdir().unwrap();
