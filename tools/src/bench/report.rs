@@ -456,9 +456,10 @@ pub fn to_markdown(report: &Report) -> String {
          per record: one commit, then the publication of the handle's bounded snapshot. \
          Open = `open_handle` read-only with the 64 KiB budget, then the snapshot's model \
          context. Page = a read-only handle, `read(BranchPage {{ order: RootFirst }})` in \
-         pages of at most {pb} bytes and {pe} entries until complete (the active-path index \
-         finds each page's last entry). Fork = `SessionRuntime::fork` at the middle entry, \
-         then the open. List = the log store's header index with a status filter. Tool \
+         pages of at most {pb} bytes and {pe} entries until complete (each page's depth range \
+         is read from the active-path index, which gives every entry's log position). Fork = \
+         `SessionRuntime::fork` at the middle entry, then the open. List = the log store's \
+         header index with a status filter (one prefix scan of header records). Tool \
          results are custom messages (`tool_output`): the data has no tool calls, and the \
          context builder drops a tool result that answers no call.",
         pb = PAGE_BUDGET,
