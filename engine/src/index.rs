@@ -294,16 +294,6 @@ fn scan_keys(tree: &sled::Tree, keys: &RwLock<Keys>, stop: &AtomicBool) {
         }
         if pending.len() >= KEY_SCAN_CHUNK {
             add(&mut pending);
-            if keys
-                .read()
-                .unwrap_or_else(|e| e.into_inner())
-                .filter
-                .is_saturated()
-            {
-                // Past its memory bound the filter answers "maybe" for every key:
-                // scanning on would only cost I/O.
-                break;
-            }
         }
     }
     add(&mut pending);
