@@ -20,6 +20,12 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::thread::JoinHandle;
 use uuid::Uuid;
 
+/// sled's page cache, in bytes (sled's own default is 1 GiB). sled keeps the nodes it
+/// has read or written in memory up to about this much, so it bounds the index's share
+/// of the process's memory however large the index grows; a smaller cache only means
+/// more of sled's reads go to its files (and the OS page cache).
+pub const INDEX_CACHE_BYTES_MAX: u64 = 64 << 20;
+
 /// Version of the index layout; a different one in an existing index means rebuild.
 pub const INDEX_FORMAT_VERSION: u32 = 2;
 
@@ -308,6 +314,7 @@ impl Index {
             // catch-up the next open does; it is kept infrequent so it competes little
             // with the log's fdatasyncs.
             .flush_every_ms(Some(1000))
+            .cache_capacity(INDEX_CACHE_BYTES_MAX)
             .mode(sled::Mode::HighThroughput);
         match path {
             Some(p) => cfg.path(p).open(),
