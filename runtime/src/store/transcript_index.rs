@@ -817,29 +817,27 @@ struct Locator {
     event: u32,
 }
 
-fn index_entry(
+/// Writes the keys of a new entry (its `e` record, its custom-list and
+/// label keys, its parent's `c` link) and counts it in `meta`; the child
+/// count of its parent is the caller's. `next_ordinal` hands out the next
+/// ordinal of a custom type (read from the index for an append, from
+/// memory for a seed).
+#[allow(clippy::too_many_arguments)]
+fn put_new_entry(
     batch: &mut IndexBatch<'_>,
     sid: &str,
     meta: &mut TranscriptMeta,
     entry: &Entry,
     loc: &Locator,
     sub: u32,
-) -> Result<Option<(u64, Vec<u8>)>, IndexError> {
-    let ekey = entry_key(sid, &entry.id);
-    if batch.get(&ekey)?.is_some() {
-        // A duplicate id (only in whole-transcript events): the first
-        // occurrence stays authoritative, as in `Transcript`.
-        return Ok(None);
-    }
-    let facts = facts_for(batch, sid, entry.parent_id.as_ref(), entry)?;
-    let depth = facts.depth;
+    facts: PathFacts,
+    next_ordinal: &mut dyn FnMut(&mut IndexBatch<'_>, &str) -> Result<u64, IndexError>,
+) -> Result<EntryRecord, IndexError> {
     let seq = meta.next_seq;
     meta.next_seq = meta.next_seq.saturating_add(1);
     let custom = match custom_type(entry) {
         Some(t) => {
-            let nk = custom_next_key(sid, t);
-            let ordinal = batch.get(&nk)?.and_then(|b| be_u64(&b)).unwrap_or(0);
-            batch.insert(&nk, &ordinal.saturating_add(1).to_be_bytes());
+            let ordinal = next_ordinal(batch, t)?;
             let all = meta.custom_next;
             meta.custom_next = meta.custom_next.saturating_add(1);
             batch.insert(&custom_key(sid, t, ordinal), entry.id.as_str().as_bytes());
@@ -857,7 +855,6 @@ fn index_entry(
     };
     if let Some(p) = &entry.parent_id {
         batch.insert(&child_key(sid, p, seq), entry.id.as_str().as_bytes());
-        add_child(batch, sid, p, &entry.id)?;
     }
     let record = EntryRecord {
         segment: loc.position.segment,
@@ -876,6 +873,34 @@ fn index_entry(
     };
     put_record(batch, sid, &entry.id, &record)?;
     meta.entries = meta.entries.saturating_add(1);
+    Ok(record)
+}
+
+fn index_entry(
+    batch: &mut IndexBatch<'_>,
+    sid: &str,
+    meta: &mut TranscriptMeta,
+    entry: &Entry,
+    loc: &Locator,
+    sub: u32,
+) -> Result<Option<(u64, Vec<u8>)>, IndexError> {
+    let ekey = entry_key(sid, &entry.id);
+    if batch.get(&ekey)?.is_some() {
+        // A duplicate id (only in whole-transcript events): the first
+        // occurrence stays authoritative, as in `Transcript`.
+        return Ok(None);
+    }
+    let facts = facts_for(batch, sid, entry.parent_id.as_ref(), entry)?;
+    let depth = facts.depth;
+    let record = put_new_entry(batch, sid, meta, entry, loc, sub, facts, &mut |batch, t| {
+        let nk = custom_next_key(sid, t);
+        let ordinal = batch.get(&nk)?.and_then(|b| be_u64(&b)).unwrap_or(0);
+        batch.insert(&nk, &ordinal.saturating_add(1).to_be_bytes());
+        Ok(ordinal)
+    })?;
+    if let Some(p) = &entry.parent_id {
+        add_child(batch, sid, p, &entry.id)?;
+    }
     Ok(Some((depth, path_value(&entry.id, &record))))
 }
 
@@ -944,7 +969,7 @@ fn index_seed(
     // Per parent: the number of children and the first child (the only
     // one when the count stays 1, which the `n` value then names).
     let mut child_counts: HashMap<&EntryId, (u64, &EntryId)> = HashMap::new();
-    let mut custom_next: HashMap<&str, u64> = HashMap::new();
+    let mut custom_next: HashMap<String, u64> = HashMap::new();
     for (k, entry) in entries.iter().enumerate() {
         if at.contains_key(&entry.id) {
             // A duplicate id: the first occurrence stays authoritative.
@@ -969,50 +994,17 @@ fn index_seed(
                 PathFacts::child(&pr.facts, entry, kept)
             }
         };
-        let seq = meta.next_seq;
-        meta.next_seq = meta.next_seq.saturating_add(1);
-        let custom = match custom_type(entry) {
-            Some(t) => {
-                let next = custom_next.entry(t).or_insert(0);
-                let ordinal = *next;
-                *next = next.saturating_add(1);
-                let all = meta.custom_next;
-                meta.custom_next = meta.custom_next.saturating_add(1);
-                batch.insert(&custom_key(sid, t, ordinal), entry.id.as_str().as_bytes());
-                batch.insert(&custom_all_key(sid, all), entry.id.as_str().as_bytes());
-                Some((t.to_string(), ordinal, all))
-            }
-            None => None,
-        };
-        let label_target = match label_value(entry) {
-            Some((target, label)) => {
-                batch.insert(&label_key(sid, &target, seq), &encode("label", &label)?);
-                Some(target)
-            }
-            None => None,
-        };
+        let sub = u32::try_from(k).unwrap_or(u32::MAX);
+        let record = put_new_entry(batch, sid, meta, entry, loc, sub, facts, &mut |_, t| {
+            let next = custom_next.entry(t.to_string()).or_insert(0);
+            let ordinal = *next;
+            *next = next.saturating_add(1);
+            Ok(ordinal)
+        })?;
         if let Some(p) = &entry.parent_id {
-            batch.insert(&child_key(sid, p, seq), entry.id.as_str().as_bytes());
             let n = child_counts.entry(p).or_insert((0, &entry.id));
             n.0 = n.0.saturating_add(1);
         }
-        let record = EntryRecord {
-            segment: loc.position.segment,
-            offset: loc.position.offset,
-            event: loc.event,
-            sub: u32::try_from(k).unwrap_or(u32::MAX),
-            size: entry_size(entry),
-            kind: entry.kind_name().to_string(),
-            parent: entry.parent_id.clone(),
-            marker: PathMarker::of(entry),
-            facts,
-            seq,
-            custom,
-            label_target,
-            summary: entry_summary(entry, TREE_SUMMARY_CHARS_MAX).0,
-        };
-        put_record(batch, sid, &entry.id, &record)?;
-        meta.entries = meta.entries.saturating_add(1);
         at.insert(&entry.id, records.len());
         records.push(record);
     }
@@ -1020,7 +1012,7 @@ fn index_seed(
         batch.insert(&count_key(sid, parent), &count_value(n, Some(first)));
     }
     for (t, next) in custom_next {
-        batch.insert(&custom_next_key(sid, t), &next.to_be_bytes());
+        batch.insert(&custom_next_key(sid, &t), &next.to_be_bytes());
     }
     // The active path, as `sync_path` writes it into a session without
     // path keys: from the leaf up while the entries are known and their
