@@ -1105,21 +1105,9 @@ impl LogStore {
         }
         // One index read: the header and the version base. Races with other
         // writers are settled by the version fence of the commit.
-        let Some((h, base)) = self.record(id)? else {
-            return Err(StoreError::NotFound { id: id.clone() });
-        };
-        if h.status == SessionStatus::Deleted {
-            return Err(StoreError::InvalidSession {
-                id: id.clone(),
-                reason: "the session is deleted".into(),
-            });
-        }
-        if events.is_empty() {
-            return Err(StoreError::InvalidSession {
-                id: id.clone(),
-                reason: "an append needs at least one event".into(),
-            });
-        }
+        let record = self.record(id)?;
+        super::check_append(id, record.as_ref().map(|(h, _)| h), events.is_empty())?;
+        let base = record.map_or(0, |(_, base)| base);
         let data = Self::encode_event_list(id, &events)?;
         match self.append(id, ExpectedVersion::Exact(base + expected_version), data)? {
             AppendOutcome::Committed(info) => Ok(AppendReceipt {

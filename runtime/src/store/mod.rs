@@ -394,3 +394,30 @@ impl ListQuery {
         })
     }
 }
+
+/// The checks a transcript-level append makes before its commit, shared by
+/// the stores with transcript indexes: the session exists (`header`), is
+/// not deleted, and the append carries events. Races are the version
+/// fence's to settle.
+pub(crate) fn check_append(
+    id: &SessionId,
+    header: Option<&AgentSessionInfo>,
+    events_empty: bool,
+) -> Result<(), StoreError> {
+    let Some(h) = header else {
+        return Err(StoreError::NotFound { id: id.clone() });
+    };
+    if h.status == SessionStatus::Deleted {
+        return Err(StoreError::InvalidSession {
+            id: id.clone(),
+            reason: "the session is deleted".into(),
+        });
+    }
+    if events_empty {
+        return Err(StoreError::InvalidSession {
+            id: id.clone(),
+            reason: "an append needs at least one event".into(),
+        });
+    }
+    Ok(())
+}

@@ -1048,21 +1048,8 @@ impl TranscriptBackend for PostgresStore {
         expected_version: u64,
         events: Vec<SessionEvent>,
     ) -> Result<AppendReceipt, StoreError> {
-        let Some(h) = self.header(id)? else {
-            return Err(StoreError::NotFound { id: id.clone() });
-        };
-        if h.status == SessionStatus::Deleted {
-            return Err(StoreError::InvalidSession {
-                id: id.clone(),
-                reason: "the session is deleted".into(),
-            });
-        }
-        if events.is_empty() {
-            return Err(StoreError::InvalidSession {
-                id: id.clone(),
-                reason: "an append needs at least one event".into(),
-            });
-        }
+        let h = self.header(id)?;
+        crate::store::check_append(id, h.as_ref(), events.is_empty())?;
         let mut kinds = Vec::with_capacity(events.len());
         let mut payloads = Vec::with_capacity(events.len());
         for ev in &events {
