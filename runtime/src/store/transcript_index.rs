@@ -1564,7 +1564,9 @@ type EntryKey = (LogPosition, u32, u32);
 /// parent from the index).
 struct CachedEntry {
     sid: SessionId,
-    entry: Entry,
+    /// Shared with the resident snapshots that hold the entry (when its
+    /// parent in the index is the one written).
+    entry: Arc<Entry>,
     cost: u64,
 }
 
@@ -1900,28 +1902,58 @@ impl LogTranscriptSource {
         size: u64,
         parent: &Option<EntryId>,
     ) -> Result<Entry, StoreError> {
+        let shared = self.load_logged(id, key, size)?;
+        let mut e = Arc::try_unwrap(shared).unwrap_or_else(|a| (*a).clone());
+        e.parent_id = parent.clone();
+        Ok(e)
+    }
+
+    /// [`LogTranscriptSource::load_at`] as a shared value: the cached
+    /// entry itself when its parent as written is its current parent
+    /// (always, unless a rewrite relinked it), so nothing is copied.
+    fn load_shared_at(
+        &self,
+        id: &EntryId,
+        key: EntryKey,
+        size: u64,
+        parent: Option<&EntryId>,
+    ) -> Result<Arc<Entry>, StoreError> {
+        let shared = self.load_logged(id, key, size)?;
+        if shared.parent_id.as_ref() == parent {
+            return Ok(shared);
+        }
+        let mut e = Arc::try_unwrap(shared).unwrap_or_else(|a| (*a).clone());
+        e.parent_id = parent.cloned();
+        Ok(Arc::new(e))
+    }
+
+    /// The entry at `key` as the log holds it (its parent as written),
+    /// from the engine's [`EntryCache`] or read from the log (and cached
+    /// when admitted).
+    fn load_logged(
+        &self,
+        id: &EntryId,
+        key: EntryKey,
+        size: u64,
+    ) -> Result<Arc<Entry>, StoreError> {
         let hit = self
             .entries
             .get(&key)
             .filter(|c| c.sid == self.sid && &c.entry.id == id);
-        let mut e = match hit {
-            Some(c) => c.entry.clone(),
-            None => {
-                let e = self.read_entry(id, key)?;
-                if self.entries.admit(key) {
-                    self.entries.insert(
-                        key,
-                        Arc::new(CachedEntry {
-                            sid: self.sid.clone(),
-                            entry: e.clone(),
-                            cost: size.saturating_add(ENTRY_CACHE_OVERHEAD_BYTES),
-                        }),
-                    );
-                }
-                e
-            }
-        };
-        e.parent_id = parent.clone();
+        if let Some(c) = hit {
+            return Ok(c.entry.clone());
+        }
+        let e = Arc::new(self.read_entry(id, key)?);
+        if self.entries.admit(key) {
+            self.entries.insert(
+                key,
+                Arc::new(CachedEntry {
+                    sid: self.sid.clone(),
+                    entry: e.clone(),
+                    cost: size.saturating_add(ENTRY_CACHE_OVERHEAD_BYTES),
+                }),
+            );
+        }
         Ok(e)
     }
 }
@@ -1940,6 +1972,44 @@ impl EntrySource for LogTranscriptSource {
             Some(r) => Ok(Some(Cow::Owned(self.load(id, &r)?))),
             None => Ok(None),
         }
+    }
+
+    fn shared_entry(&self, id: &EntryId) -> Result<Option<Arc<Entry>>, StoreError> {
+        {
+            let hints = self.path_hints.borrow();
+            if let Some(h) = hints.get(id) {
+                return Ok(Some(self.load_shared_at(
+                    id,
+                    h.key,
+                    h.size,
+                    h.parent.as_ref(),
+                )?));
+            }
+        }
+        match self.cached_record(id)? {
+            Some(r) => Ok(Some(self.load_shared_at(
+                id,
+                (r.position(), r.event, r.sub),
+                r.size,
+                r.parent.as_ref(),
+            )?)),
+            None => Ok(None),
+        }
+    }
+
+    /// From the transcript meta (one lookup): the session's entries are
+    /// its active path when their count is the path's length and `leaf`
+    /// is the current leaf (every entry counted has an index record, and
+    /// the path holds distinct entries, so none is off the path).
+    fn single_chain(&self, leaf: &EntryId, path_entries: u64) -> Result<Option<bool>, StoreError> {
+        let Some(meta) = read_meta(self.engine.index(), &self.sid)? else {
+            return Ok(Some(false));
+        };
+        Ok(Some(
+            meta.leaf.as_ref() == Some(leaf)
+                && meta.path_len == path_entries
+                && meta.entries == path_entries,
+        ))
     }
 
     /// One lookup of the count (which names the only child of an entry
