@@ -2425,6 +2425,14 @@ mod tests {
                 let src = store.source(&id).unwrap();
                 for e in t.entries() {
                     assert_eq!(src.entry(&e.id).unwrap().as_deref(), Some(e), "{}", e.id);
+                    // Shared from the cache, or a copy with the index's
+                    // parent when a rewrite relinked the entry.
+                    assert_eq!(
+                        src.shared_entry(&e.id).unwrap().as_deref(),
+                        Some(e),
+                        "{}",
+                        e.id
+                    );
                 }
             }
         };
@@ -2482,6 +2490,78 @@ mod tests {
         check(&store);
     }
 
+    /// `single_chain` says yes exactly while every entry is on the path
+    /// of the current leaf: not after a branch, nor after a leaf move up,
+    /// and again once the entries off the path are removed. A handle's
+    /// snapshot equals the selection over the loaded transcript (which
+    /// asks for every child count) in each state.
+    #[test]
+    fn single_chain_follows_branches_leaf_moves_and_removals() {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, rt) = open(dir.path());
+        let id = rt
+            .create(AgentDefinition::default(), None)
+            .unwrap()
+            .id()
+            .clone();
+        let h = rt.open_handle(&id, HandleOptions::writer()).unwrap();
+        let chain = |want: bool| {
+            let t = store.load(&id).unwrap().unwrap().state().transcript.clone();
+            let leaf = t.leaf().cloned();
+            let src = store.source(&id).unwrap();
+            let path = t.current_path().unwrap().len() as u64;
+            if let Some(leaf) = &leaf {
+                assert_eq!(src.single_chain(leaf, path).unwrap(), Some(want));
+                // Another entry than the leaf, or another length: no.
+                assert_eq!(src.single_chain(leaf, path + 1).unwrap(), Some(false));
+                let root = t.current_path().unwrap()[0].id.clone();
+                if &root != leaf {
+                    assert_eq!(src.single_chain(&root, 1).unwrap(), Some(false));
+                }
+            }
+            let budget = crate::transcript::Budget::new(600, 64);
+            let fresh = rt
+                .open_handle(&id, HandleOptions::reader().with_budget(budget))
+                .unwrap()
+                .snapshot();
+            let reference = crate::transcript::select_resident(&t, leaf.as_ref(), budget).unwrap();
+            assert_eq!(fresh.selection, reference);
+        };
+        let ids = append_n(&h, 40, "m");
+        chain(true);
+        // A branch under an older entry: the new leaf's path is shorter
+        // than the entry count.
+        let branch = h
+            .append_entry(Entry {
+                id: EntryId::generate(),
+                parent_id: Some(ids[20].clone()),
+                timestamp_ms: 1,
+                kind: user("b"),
+            })
+            .unwrap();
+        chain(false);
+        h.move_leaf(Some(ids[39].clone())).unwrap();
+        chain(false);
+        h.move_leaf(Some(ids[30].clone())).unwrap();
+        chain(false);
+        // The branch removed (the leaf goes back to its parent, the rest
+        // of the chain is off the path), then the leaf moved to the end:
+        // a chain again.
+        h.move_leaf(Some(branch.clone())).unwrap();
+        let none = |_: &crate::transcript::EntryFacts| false;
+        h.remove_trailing_entries(&|e| e.id == branch, &none, &CancelToken::new())
+            .unwrap();
+        chain(false);
+        h.move_leaf(Some(ids[39].clone())).unwrap();
+        chain(true);
+        // Trailing entries removed: still a chain, a shorter one.
+        let tail = &ids[35..];
+        h.remove_trailing_entries(&|e| tail.contains(&e.id), &none, &CancelToken::new())
+            .unwrap();
+        assert_eq!(h.snapshot().leaf.as_ref(), Some(&ids[34]));
+        chain(true);
+    }
+
     /// The cache stays within its bound whatever is read, and a one-pass
     /// read fills nothing (admission needs a second read).
     #[test]
@@ -2513,7 +2593,7 @@ mod tests {
                 key(i),
                 Arc::new(CachedEntry {
                     sid: SessionId::parse("s").unwrap(),
-                    entry: entry.clone(),
+                    entry: Arc::new(entry.clone()),
                     cost,
                 }),
             );
@@ -2529,7 +2609,7 @@ mod tests {
             key(5000),
             Arc::new(CachedEntry {
                 sid: SessionId::parse("s").unwrap(),
-                entry,
+                entry: Arc::new(entry),
                 cost: ENTRY_CACHE_BYTES_MAX,
             }),
         );
