@@ -2174,14 +2174,16 @@ impl EntrySource for LogTranscriptSource {
             return Ok(None);
         }
         let mut hints = self.path_hints.borrow_mut();
+        hints.reserve(links.len());
         let mut out = Vec::with_capacity(links.len());
         let mut parent: Option<EntryId> = None;
         for (depth, link) in links {
             if depth >= start {
+                // The parent moves into the hint: it is replaced below.
                 let p = if depth == 0 {
-                    link.orphan_parent.clone()
+                    link.orphan_parent
                 } else {
-                    parent.clone()
+                    parent.take()
                 };
                 hints.insert(
                     link.id.clone(),
