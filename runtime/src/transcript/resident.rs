@@ -32,12 +32,21 @@
 //! implemented here for [`Transcript`] and by the store for its indexes.
 //! The leaf's [`PathFacts`] (path length, context start, pinned
 //! compaction, settings) come from [`EntrySource::path_facts`] when the
-//! source stores them (then the cost is proportional to the budget: one
-//! facts/size lookup per held entry plus the one that did not fit), else
+//! source stores them (then the cost is proportional to the budget), else
 //! from a walk to the root ([`path_facts_by_walk`]: O(path) small lookups,
-//! O(1) memory, parent cycles detected with Brent's algorithm). Only
-//! resident payloads are loaded; what a live handle holds does not grow
-//! with history length.
+//! O(1) memory, parent cycles detected with Brent's algorithm). The
+//! newest-first walk reads ids and sizes in ranges of depths
+//! ([`EntrySource::path_range`]: the first up to the leaf's 64-depth block
+//! boundary, each later one as long as the mean size kept so far says the
+//! budget still needs, plus two) when the source answers them, else one
+//! facts/size lookup per held entry plus the one that did not fit; a
+//! refused range turns the rest of the walk into the lookups. Navigation
+//! links take one [`EntrySource::children`] lookup per resident entry,
+//! none when the source says the transcript is a single chain
+//! ([`EntrySource::single_chain`]: each entry's only child is the next one
+//! on the path, the walk saw it). Only resident payloads are loaded
+//! ([`EntrySource::shared_entry`]: a source may share them with its cache);
+//! what a live handle holds does not grow with history length.
 
 use std::borrow::Cow;
 use std::convert::Infallible;
