@@ -9,8 +9,9 @@ use std::collections::HashMap;
 use proptest::prelude::*;
 use proptest::test_runner::{Config as ProptestConfig, RngSeed};
 use spool_runtime::transcript::{
-    context_messages, context_start, entry_size, select_resident, Budget, ChildLinks, Entry,
-    EntryFacts, EntryId, EntryKind, EntrySource, ResidentError, Transcript, CHILD_LINKS_MAX,
+    context_messages, context_start, entry_size, path_facts_by_walk, select_resident, Budget,
+    ChildLinks, Entry, EntryFacts, EntryId, EntryKind, EntrySource, PathFacts, ResidentError,
+    Transcript, CHILD_LINKS_MAX,
 };
 use transcript_support::{build, id, ops, render, B};
 
@@ -620,5 +621,195 @@ proptest! {
             }
         }
         prop_assert_eq!(got, Some((want, want_sizes)));
+    }
+}
+
+// ---------------------------------------------------------------------
+// The walk through path ranges and single-chain links (what the log
+// store's active-path index answers) equals the plain walk.
+// ---------------------------------------------------------------------
+
+/// A [`Transcript`] answering [`EntrySource::path_range`] for its current
+/// path and [`EntrySource::single_chain`] truthfully, refusing the range
+/// call number `refuse_at` (a racing write, as a store sees it) and
+/// counting the calls the walk makes.
+struct RangedSource<'a> {
+    t: &'a Transcript,
+    refuse_at: Option<usize>,
+    ranges: RefCell<Vec<(u64, u64)>>,
+    facts: RefCell<usize>,
+    children: RefCell<usize>,
+}
+
+impl<'a> RangedSource<'a> {
+    fn new(t: &'a Transcript, refuse_at: Option<usize>) -> Self {
+        RangedSource {
+            t,
+            refuse_at,
+            ranges: RefCell::new(Vec::new()),
+            facts: RefCell::new(0),
+            children: RefCell::new(0),
+        }
+    }
+}
+
+impl EntrySource for RangedSource<'_> {
+    type Error = std::convert::Infallible;
+    fn entry(&self, id: &EntryId) -> Result<Option<Cow<'_, Entry>>, Self::Error> {
+        self.t.entry(id)
+    }
+    fn children(&self, id: &EntryId, limit: usize) -> Result<ChildLinks, Self::Error> {
+        *self.children.borrow_mut() += 1;
+        EntrySource::children(self.t, id, limit)
+    }
+    fn facts(&self, id: &EntryId) -> Result<Option<EntryFacts>, Self::Error> {
+        *self.facts.borrow_mut() += 1;
+        self.t.facts(id)
+    }
+    fn path_range(
+        &self,
+        leaf: &EntryId,
+        leaf_depth: u64,
+        start: u64,
+        end: u64,
+    ) -> Result<Option<Vec<(EntryId, u64)>>, Self::Error> {
+        let mut calls = self.ranges.borrow_mut();
+        calls.push((start, end));
+        if self.refuse_at == Some(calls.len() - 1) {
+            return Ok(None);
+        }
+        let path = self.t.current_path().unwrap();
+        if self.t.leaf() != Some(leaf) || path.len() as u64 != leaf_depth + 1 || end > leaf_depth {
+            return Ok(None);
+        }
+        Ok(Some(
+            path[start as usize..=end as usize]
+                .iter()
+                .map(|e| (e.id.clone(), entry_size(e)))
+                .collect(),
+        ))
+    }
+    /// Stored facts, as a store keeps them (not walked through `facts`).
+    fn path_facts(&self, id: &EntryId) -> Result<Option<PathFacts>, Self::Error> {
+        Ok(Some(path_facts_by_walk(self.t, id).unwrap()))
+    }
+    fn single_chain(&self, leaf: &EntryId, path_entries: u64) -> Result<Option<bool>, Self::Error> {
+        let indexed = self
+            .t
+            .entries()
+            .iter()
+            .filter(|e| self.t.get(&e.id) == Some(*e))
+            .count();
+        let path = self.t.current_path().unwrap();
+        Ok(Some(
+            self.t.leaf() == Some(leaf)
+                && path.len() as u64 == path_entries
+                && indexed == path.len(),
+        ))
+    }
+}
+
+/// A chain of user entries of the given text sizes.
+fn chain_of(sizes: &[usize]) -> Transcript {
+    let mut b = B::new();
+    for (n, s) in sizes.iter().enumerate() {
+        b.user(&format!("{n} {}", "c".repeat(*s)));
+    }
+    b.t
+}
+
+#[test]
+fn a_chain_is_walked_by_ranges_and_its_links_come_from_the_walk() {
+    // 300 entries of ~1 KiB: a 64 KiB budget holds about 60, across two
+    // ranges (the first ends at the leaf's 64-depth block boundary).
+    let t = chain_of(&[1000; 300]);
+    let budget = Budget::new(64 * 1024, 1024);
+    let src = RangedSource::new(&t, None);
+    let got = select_resident(&src, t.leaf(), budget).unwrap();
+    assert_eq!(got, select_resident(&t, t.leaf(), budget).unwrap());
+    assert!(!got.complete && got.counts.resident_entries > 50);
+    // No facts and no children lookups: sizes and ids from the ranges,
+    // links from the walk.
+    assert_eq!(*src.facts.borrow(), 0);
+    assert_eq!(*src.children.borrow(), 0);
+    let ranges = src.ranges.borrow();
+    assert_eq!(
+        ranges[0],
+        (257, 299),
+        "first range up to the block boundary"
+    );
+    assert!(ranges.len() >= 2);
+    for w in ranges.windows(2) {
+        assert_eq!(w[1].1 + 1, w[0].0, "ranges follow each other upwards");
+    }
+    // The leaf has no children; every other resident entry the next one.
+    let last = got.links.last().unwrap();
+    assert_eq!((last.children.len(), last.children_total), (0, 0));
+    for (l, next) in got.links.iter().zip(got.entries.iter().skip(1)) {
+        assert_eq!(
+            (&l.children[..], l.children_total),
+            (&[next.id.clone()][..], 1)
+        );
+    }
+}
+
+#[test]
+fn a_refused_range_turns_the_rest_of_the_walk_into_the_parent_walk() {
+    let t = chain_of(&[1000; 300]);
+    let budget = Budget::new(64 * 1024, 1024);
+    let want = select_resident(&t, t.leaf(), budget).unwrap();
+    let plain = RangedSource::new(&t, None);
+    select_resident(&plain, t.leaf(), budget).unwrap();
+    let asked = plain.ranges.borrow().len();
+    assert!(asked >= 2);
+    for refuse_at in 0..asked {
+        let src = RangedSource::new(&t, Some(refuse_at));
+        assert_eq!(
+            select_resident(&src, t.leaf(), budget).unwrap(),
+            want,
+            "range {refuse_at} refused"
+        );
+        assert!(*src.facts.borrow() > 0, "the walk went on parent by parent");
+    }
+}
+
+proptest! {
+    #![proptest_config(config())]
+
+    /// Any tree (branched or not, any leaf), any budget, any refused
+    /// range: the ranged walk equals the plain one.
+    #[test]
+    fn the_ranged_walk_equals_the_plain_walk(
+        ops in ops(),
+        leaf_pick in any::<u16>(),
+        bytes_max in 0u64..3000,
+        events_max in 0u64..40,
+        refuse_at in proptest::option::of(0usize..4),
+    ) {
+        let t = build(&ops, leaf_pick);
+        let budget = Budget::new(bytes_max, events_max);
+        let src = RangedSource::new(&t, refuse_at);
+        prop_assert_eq!(
+            select_resident(&src, t.leaf(), budget).unwrap(),
+            select_resident(&t, t.leaf(), budget).unwrap()
+        );
+    }
+
+    /// Long chains with oversized entries (omitted, the walk goes on):
+    /// ranges across block boundaries, chain links.
+    #[test]
+    fn ranged_chains_equal_the_plain_walk(
+        sizes in prop::collection::vec(prop_oneof![8 => 0usize..600, 1 => 3000usize..5000], 1..200),
+        bytes_max in 0u64..8000,
+        events_max in 0u64..200,
+        refuse_at in proptest::option::of(0usize..4),
+    ) {
+        let t = chain_of(&sizes);
+        let budget = Budget::new(bytes_max, events_max);
+        let src = RangedSource::new(&t, refuse_at);
+        prop_assert_eq!(
+            select_resident(&src, t.leaf(), budget).unwrap(),
+            select_resident(&t, t.leaf(), budget).unwrap()
+        );
     }
 }

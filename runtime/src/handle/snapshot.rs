@@ -4,7 +4,6 @@
 //! previous snapshot holds ([`build`]).
 
 use std::borrow::Cow;
-use std::cell::RefCell;
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
@@ -15,9 +14,9 @@ use super::HandleError;
 use crate::session::{AgentSessionInfo, SessionId};
 use crate::store::StoreError;
 use crate::transcript::{
-    entry_size, select_resident, BoundaryCounts, Budget, ChildLinks, CustomRef, Entry, EntryFacts,
-    EntryId, EntrySource, ModelContext, NavLinks, PathFacts, ResidentSelection, TranscriptVersion,
-    CHILD_LINKS_MAX,
+    entry_size, select_resident_sized, BoundaryCounts, Budget, ChildLinks, CustomRef, Entry,
+    EntryFacts, EntryId, EntrySource, ModelContext, NavLinks, PathFacts, ResidentSelection,
+    TranscriptVersion, CHILD_LINKS_MAX,
 };
 
 /// An immutable, shared, bounded view of a session: what a live handle
@@ -138,27 +137,24 @@ pub(crate) struct Reuse<'a> {
 struct Overlay<'a> {
     base: &'a dyn EntrySource<Error = StoreError>,
     /// Entries held already, with their size when known.
-    entries: HashMap<&'a EntryId, (&'a Entry, Option<u64>)>,
+    entries: HashMap<&'a EntryId, (Held<'a>, Option<u64>)>,
     links: HashMap<&'a EntryId, &'a NavLinks>,
-    /// Every size answered during this build (the new snapshot keeps
-    /// those of its resident entries).
-    sizes: RefCell<HashMap<EntryId, u64>>,
 }
 
-impl Overlay<'_> {
-    fn size_of(&self, id: &EntryId) -> Result<Option<u64>, StoreError> {
-        if let Some(&s) = self.sizes.borrow().get(id) {
-            return Ok(Some(s));
+/// An entry the overlay holds: shared by the previous snapshot, or just
+/// committed.
+#[derive(Clone, Copy)]
+enum Held<'a> {
+    Shared(&'a Arc<Entry>),
+    Fresh(&'a Entry),
+}
+
+impl<'a> Held<'a> {
+    fn entry(self) -> &'a Entry {
+        match self {
+            Held::Shared(e) => e,
+            Held::Fresh(e) => e,
         }
-        let size = match self.entries.get(id) {
-            Some((_, Some(s))) => Some(*s),
-            Some((e, None)) => Some(entry_size(e)),
-            None => self.base.entry_size(id)?,
-        };
-        if let Some(s) = size {
-            self.sizes.borrow_mut().insert(id.clone(), s);
-        }
-        Ok(size)
     }
 }
 
@@ -167,8 +163,17 @@ impl EntrySource for Overlay<'_> {
 
     fn entry(&self, id: &EntryId) -> Result<Option<Cow<'_, Entry>>, StoreError> {
         match self.entries.get(id) {
-            Some((e, _)) => Ok(Some(Cow::Borrowed(*e))),
+            Some((e, _)) => Ok(Some(Cow::Borrowed(e.entry()))),
             None => self.base.entry(id),
+        }
+    }
+
+    /// A held entry of the previous snapshot is shared, not copied.
+    fn shared_entry(&self, id: &EntryId) -> Result<Option<Arc<Entry>>, StoreError> {
+        match self.entries.get(id) {
+            Some((Held::Shared(e), _)) => Ok(Some(Arc::clone(e))),
+            Some((Held::Fresh(e), _)) => Ok(Some(Arc::new((*e).clone()))),
+            None => self.base.shared_entry(id),
         }
     }
 
@@ -184,13 +189,17 @@ impl EntrySource for Overlay<'_> {
 
     fn facts(&self, id: &EntryId) -> Result<Option<EntryFacts>, StoreError> {
         match self.entries.get(id) {
-            Some((e, _)) => Ok(Some(EntryFacts::of(e))),
+            Some((e, _)) => Ok(Some(EntryFacts::of(e.entry()))),
             None => self.base.facts(id),
         }
     }
 
     fn entry_size(&self, id: &EntryId) -> Result<Option<u64>, StoreError> {
-        self.size_of(id)
+        match self.entries.get(id) {
+            Some((_, Some(s))) => Ok(Some(*s)),
+            Some((e, None)) => Ok(Some(entry_size(e.entry()))),
+            None => self.base.entry_size(id),
+        }
     }
 
     fn path_facts(&self, id: &EntryId) -> Result<Option<PathFacts>, StoreError> {
@@ -199,6 +208,22 @@ impl EntrySource for Overlay<'_> {
 
     fn ancestor_at_depth(&self, from: &EntryId, depth: u64) -> Result<Option<EntryId>, StoreError> {
         self.base.ancestor_at_depth(from, depth)
+    }
+
+    /// The backend's ranges (its index is at the head the selection is
+    /// built for; the sizes it gives are those of the held entries).
+    fn path_range(
+        &self,
+        leaf: &EntryId,
+        leaf_depth: u64,
+        start: u64,
+        end: u64,
+    ) -> Result<Option<Vec<(EntryId, u64)>>, StoreError> {
+        self.base.path_range(leaf, leaf_depth, start, end)
+    }
+
+    fn single_chain(&self, leaf: &EntryId, path_entries: u64) -> Result<Option<bool>, StoreError> {
+        self.base.single_chain(leaf, path_entries)
     }
 
     fn custom_entries_after(
@@ -313,7 +338,6 @@ fn build_at(
         base: &*base,
         entries: HashMap::new(),
         links: HashMap::new(),
-        sizes: RefCell::new(HashMap::new()),
     };
     if let Some(r) = reuse {
         // Entries are immutable within a generation; the caller's own
@@ -327,12 +351,12 @@ fn build_at(
                 .chain(std::iter::repeat(None));
             for (e, size) in r.prev.selection.entries.iter().zip(sizes) {
                 if !r.changed.contains(&e.id) {
-                    overlay.entries.insert(&e.id, (&**e, size));
+                    overlay.entries.insert(&e.id, (Held::Shared(e), size));
                 }
             }
         }
         for e in r.fresh {
-            overlay.entries.insert(&e.id, (e, None));
+            overlay.entries.insert(&e.id, (Held::Fresh(e), None));
         }
         let follows = head.header.version == r.prev.session_version.saturating_add(1);
         if r.links && follows {
@@ -348,18 +372,13 @@ fn build_at(
             }
         }
     }
-    let selection = select_resident(&overlay, head.leaf.as_ref(), budget).map_err(|source| {
-        HandleError::Selection {
-            id: id.clone(),
-            source,
-        }
-    })?;
-    let known = overlay.sizes.into_inner();
-    let sizes = selection
-        .entries
-        .iter()
-        .map(|e| known.get(&e.id).copied().unwrap_or_else(|| entry_size(e)))
-        .collect();
+    let (selection, sizes) =
+        select_resident_sized(&overlay, head.leaf.as_ref(), budget).map_err(|source| {
+            HandleError::Selection {
+                id: id.clone(),
+                source,
+            }
+        })?;
     Ok(ResidentSnapshot {
         session_id: id.clone(),
         header: head.header.clone(),

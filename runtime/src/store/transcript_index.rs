@@ -1564,7 +1564,9 @@ type EntryKey = (LogPosition, u32, u32);
 /// parent from the index).
 struct CachedEntry {
     sid: SessionId,
-    entry: Entry,
+    /// Shared with the resident snapshots that hold the entry (when its
+    /// parent in the index is the one written).
+    entry: Arc<Entry>,
     cost: u64,
 }
 
@@ -1900,28 +1902,58 @@ impl LogTranscriptSource {
         size: u64,
         parent: &Option<EntryId>,
     ) -> Result<Entry, StoreError> {
+        let shared = self.load_logged(id, key, size)?;
+        let mut e = Arc::try_unwrap(shared).unwrap_or_else(|a| (*a).clone());
+        e.parent_id = parent.clone();
+        Ok(e)
+    }
+
+    /// [`LogTranscriptSource::load_at`] as a shared value: the cached
+    /// entry itself when its parent as written is its current parent
+    /// (always, unless a rewrite relinked it), so nothing is copied.
+    fn load_shared_at(
+        &self,
+        id: &EntryId,
+        key: EntryKey,
+        size: u64,
+        parent: Option<&EntryId>,
+    ) -> Result<Arc<Entry>, StoreError> {
+        let shared = self.load_logged(id, key, size)?;
+        if shared.parent_id.as_ref() == parent {
+            return Ok(shared);
+        }
+        let mut e = Arc::try_unwrap(shared).unwrap_or_else(|a| (*a).clone());
+        e.parent_id = parent.cloned();
+        Ok(Arc::new(e))
+    }
+
+    /// The entry at `key` as the log holds it (its parent as written),
+    /// from the engine's [`EntryCache`] or read from the log (and cached
+    /// when admitted).
+    fn load_logged(
+        &self,
+        id: &EntryId,
+        key: EntryKey,
+        size: u64,
+    ) -> Result<Arc<Entry>, StoreError> {
         let hit = self
             .entries
             .get(&key)
             .filter(|c| c.sid == self.sid && &c.entry.id == id);
-        let mut e = match hit {
-            Some(c) => c.entry.clone(),
-            None => {
-                let e = self.read_entry(id, key)?;
-                if self.entries.admit(key) {
-                    self.entries.insert(
-                        key,
-                        Arc::new(CachedEntry {
-                            sid: self.sid.clone(),
-                            entry: e.clone(),
-                            cost: size.saturating_add(ENTRY_CACHE_OVERHEAD_BYTES),
-                        }),
-                    );
-                }
-                e
-            }
-        };
-        e.parent_id = parent.clone();
+        if let Some(c) = hit {
+            return Ok(c.entry.clone());
+        }
+        let e = Arc::new(self.read_entry(id, key)?);
+        if self.entries.admit(key) {
+            self.entries.insert(
+                key,
+                Arc::new(CachedEntry {
+                    sid: self.sid.clone(),
+                    entry: e.clone(),
+                    cost: size.saturating_add(ENTRY_CACHE_OVERHEAD_BYTES),
+                }),
+            );
+        }
         Ok(e)
     }
 }
@@ -1940,6 +1972,44 @@ impl EntrySource for LogTranscriptSource {
             Some(r) => Ok(Some(Cow::Owned(self.load(id, &r)?))),
             None => Ok(None),
         }
+    }
+
+    fn shared_entry(&self, id: &EntryId) -> Result<Option<Arc<Entry>>, StoreError> {
+        {
+            let hints = self.path_hints.borrow();
+            if let Some(h) = hints.get(id) {
+                return Ok(Some(self.load_shared_at(
+                    id,
+                    h.key,
+                    h.size,
+                    h.parent.as_ref(),
+                )?));
+            }
+        }
+        match self.cached_record(id)? {
+            Some(r) => Ok(Some(self.load_shared_at(
+                id,
+                (r.position(), r.event, r.sub),
+                r.size,
+                r.parent.as_ref(),
+            )?)),
+            None => Ok(None),
+        }
+    }
+
+    /// From the transcript meta (one lookup): the session's entries are
+    /// its active path when their count is the path's length and `leaf`
+    /// is the current leaf (every entry counted has an index record, and
+    /// the path holds distinct entries, so none is off the path).
+    fn single_chain(&self, leaf: &EntryId, path_entries: u64) -> Result<Option<bool>, StoreError> {
+        let Some(meta) = read_meta(self.engine.index(), &self.sid)? else {
+            return Ok(Some(false));
+        };
+        Ok(Some(
+            meta.leaf.as_ref() == Some(leaf)
+                && meta.path_len == path_entries
+                && meta.entries == path_entries,
+        ))
     }
 
     /// One lookup of the count (which names the only child of an entry
@@ -2104,14 +2174,16 @@ impl EntrySource for LogTranscriptSource {
             return Ok(None);
         }
         let mut hints = self.path_hints.borrow_mut();
+        hints.reserve(links.len());
         let mut out = Vec::with_capacity(links.len());
         let mut parent: Option<EntryId> = None;
         for (depth, link) in links {
             if depth >= start {
+                // The parent moves into the hint: it is replaced below.
                 let p = if depth == 0 {
-                    link.orphan_parent.clone()
+                    link.orphan_parent
                 } else {
-                    parent.clone()
+                    parent.take()
                 };
                 hints.insert(
                     link.id.clone(),
@@ -2355,6 +2427,14 @@ mod tests {
                 let src = store.source(&id).unwrap();
                 for e in t.entries() {
                     assert_eq!(src.entry(&e.id).unwrap().as_deref(), Some(e), "{}", e.id);
+                    // Shared from the cache, or a copy with the index's
+                    // parent when a rewrite relinked the entry.
+                    assert_eq!(
+                        src.shared_entry(&e.id).unwrap().as_deref(),
+                        Some(e),
+                        "{}",
+                        e.id
+                    );
                 }
             }
         };
@@ -2412,6 +2492,78 @@ mod tests {
         check(&store);
     }
 
+    /// `single_chain` says yes exactly while every entry is on the path
+    /// of the current leaf: not after a branch, nor after a leaf move up,
+    /// and again once the entries off the path are removed. A handle's
+    /// snapshot equals the selection over the loaded transcript (which
+    /// asks for every child count) in each state.
+    #[test]
+    fn single_chain_follows_branches_leaf_moves_and_removals() {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, rt) = open(dir.path());
+        let id = rt
+            .create(AgentDefinition::default(), None)
+            .unwrap()
+            .id()
+            .clone();
+        let h = rt.open_handle(&id, HandleOptions::writer()).unwrap();
+        let chain = |want: bool| {
+            let t = store.load(&id).unwrap().unwrap().state().transcript.clone();
+            let leaf = t.leaf().cloned();
+            let src = store.source(&id).unwrap();
+            let path = t.current_path().unwrap().len() as u64;
+            if let Some(leaf) = &leaf {
+                assert_eq!(src.single_chain(leaf, path).unwrap(), Some(want));
+                // Another entry than the leaf, or another length: no.
+                assert_eq!(src.single_chain(leaf, path + 1).unwrap(), Some(false));
+                let root = t.current_path().unwrap()[0].id.clone();
+                if &root != leaf {
+                    assert_eq!(src.single_chain(&root, 1).unwrap(), Some(false));
+                }
+            }
+            let budget = crate::transcript::Budget::new(600, 64);
+            let fresh = rt
+                .open_handle(&id, HandleOptions::reader().with_budget(budget))
+                .unwrap()
+                .snapshot();
+            let reference = crate::transcript::select_resident(&t, leaf.as_ref(), budget).unwrap();
+            assert_eq!(fresh.selection, reference);
+        };
+        let ids = append_n(&h, 40, "m");
+        chain(true);
+        // A branch under an older entry: the new leaf's path is shorter
+        // than the entry count.
+        let branch = h
+            .append_entry(Entry {
+                id: EntryId::generate(),
+                parent_id: Some(ids[20].clone()),
+                timestamp_ms: 1,
+                kind: user("b"),
+            })
+            .unwrap();
+        chain(false);
+        h.move_leaf(Some(ids[39].clone())).unwrap();
+        chain(false);
+        h.move_leaf(Some(ids[30].clone())).unwrap();
+        chain(false);
+        // The branch removed (the leaf goes back to its parent, the rest
+        // of the chain is off the path), then the leaf moved to the end:
+        // a chain again.
+        h.move_leaf(Some(branch.clone())).unwrap();
+        let none = |_: &crate::transcript::EntryFacts| false;
+        h.remove_trailing_entries(&|e| e.id == branch, &none, &CancelToken::new())
+            .unwrap();
+        chain(false);
+        h.move_leaf(Some(ids[39].clone())).unwrap();
+        chain(true);
+        // Trailing entries removed: still a chain, a shorter one.
+        let tail = &ids[35..];
+        h.remove_trailing_entries(&|e| tail.contains(&e.id), &none, &CancelToken::new())
+            .unwrap();
+        assert_eq!(h.snapshot().leaf.as_ref(), Some(&ids[34]));
+        chain(true);
+    }
+
     /// The cache stays within its bound whatever is read, and a one-pass
     /// read fills nothing (admission needs a second read).
     #[test]
@@ -2443,7 +2595,7 @@ mod tests {
                 key(i),
                 Arc::new(CachedEntry {
                     sid: SessionId::parse("s").unwrap(),
-                    entry: entry.clone(),
+                    entry: Arc::new(entry.clone()),
                     cost,
                 }),
             );
@@ -2459,7 +2611,7 @@ mod tests {
             key(5000),
             Arc::new(CachedEntry {
                 sid: SessionId::parse("s").unwrap(),
-                entry,
+                entry: Arc::new(entry),
                 cost: ENTRY_CACHE_BYTES_MAX,
             }),
         );

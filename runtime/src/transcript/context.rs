@@ -337,7 +337,8 @@ fn messages_with(path: &[&Entry], keep_prefix: Option<bool>) -> Vec<ContextMessa
         };
     }
     let after_reset = bounds.reset.map_or(0, |r| r + 1);
-    let mut raw: Vec<ContextMessage> = Vec::new();
+    // At most one message per entry plus the summary.
+    let mut raw: Vec<ContextMessage> = Vec::with_capacity(path.len().saturating_add(1));
     match bounds.compaction {
         Some((c, kept)) => {
             if let Some(Entry {

@@ -30,6 +30,7 @@ pub use history::{
     VersionConflict, CONTINUATION_ENCODED_LEN_MAX, CONTINUATION_FORMAT, NAV_CHILDREN_MAX,
 };
 pub use path_facts::{first_kept_depth, path_facts_by_walk, Anchor, IndexedTranscript, PathFacts};
+pub(crate) use resident::select_resident_sized;
 pub use resident::{
     entry_size, select_resident, BoundaryCounts, Budget, ChildLinks, CustomRef, EntryFacts,
     EntrySource, NavLinks, OmittedEntry, ResidentError, ResidentSelection, CHILD_LINKS_MAX,

@@ -32,12 +32,21 @@
 //! implemented here for [`Transcript`] and by the store for its indexes.
 //! The leaf's [`PathFacts`] (path length, context start, pinned
 //! compaction, settings) come from [`EntrySource::path_facts`] when the
-//! source stores them (then the cost is proportional to the budget: one
-//! facts/size lookup per held entry plus the one that did not fit), else
+//! source stores them (then the cost is proportional to the budget), else
 //! from a walk to the root ([`path_facts_by_walk`]: O(path) small lookups,
-//! O(1) memory, parent cycles detected with Brent's algorithm). Only
-//! resident payloads are loaded; what a live handle holds does not grow
-//! with history length.
+//! O(1) memory, parent cycles detected with Brent's algorithm). The
+//! newest-first walk reads ids and sizes in ranges of depths
+//! ([`EntrySource::path_range`]: the first up to the leaf's 64-depth block
+//! boundary, each later one as long as the mean size kept so far says the
+//! budget still needs, plus two) when the source answers them, else one
+//! facts/size lookup per held entry plus the one that did not fit; a
+//! refused range turns the rest of the walk into the lookups. Navigation
+//! links take one [`EntrySource::children`] lookup per resident entry,
+//! none when the source says the transcript is a single chain
+//! ([`EntrySource::single_chain`]: each entry's only child is the next one
+//! on the path, the walk saw it). Only resident payloads are loaded
+//! ([`EntrySource::shared_entry`]: a source may share them with its cache);
+//! what a live handle holds does not grow with history length.
 
 use std::borrow::Cow;
 use std::convert::Infallible;
@@ -176,6 +185,26 @@ pub trait EntrySource {
     ) -> Result<Option<Vec<(EntryId, u64)>>, Self::Error> {
         let _ = (leaf, leaf_depth, start, end);
         Ok(None)
+    }
+
+    /// Whether the transcript is one unbranched chain ending at `leaf`:
+    /// its entries are exactly the `path_entries` entries of the root path
+    /// of `leaf`. Then every entry of that path has the next one as its
+    /// only child and the leaf has none, so a resident selection builds
+    /// their navigation links without asking [`EntrySource::children`].
+    /// `None` (the default): unknown, callers ask for the children. A
+    /// store answers from counters it keeps (one lookup), never by walking.
+    fn single_chain(&self, leaf: &EntryId, path_entries: u64) -> Result<Option<bool>, Self::Error> {
+        let _ = (leaf, path_entries);
+        Ok(None)
+    }
+
+    /// [`EntrySource::entry`] as a shared value. The default wraps a copy
+    /// of the entry; a source that keeps decoded entries shared (a cache)
+    /// hands out its own `Arc`, so a resident selection holding the entry
+    /// neither copies nor later frees its payload.
+    fn shared_entry(&self, id: &EntryId) -> Result<Option<Arc<Entry>>, Self::Error> {
+        Ok(self.entry(id)?.map(|e| Arc::new(e.into_owned())))
     }
 
     /// Up to `limit` custom entries (kind `custom`) with `custom_type`
@@ -427,6 +456,16 @@ pub fn select_resident<S: EntrySource + ?Sized>(
     leaf: Option<&EntryId>,
     budget: Budget,
 ) -> Result<ResidentSelection, ResidentError<S::Error>> {
+    select_resident_sized(source, leaf, budget).map(|(sel, _)| sel)
+}
+
+/// [`select_resident`], with the [`entry_size`] of each resident entry
+/// (aligned with `entries`) as the walk learnt them.
+pub(crate) fn select_resident_sized<S: EntrySource + ?Sized>(
+    source: &S,
+    leaf: Option<&EntryId>,
+    budget: Budget,
+) -> Result<(ResidentSelection, Vec<u64>), ResidentError<S::Error>> {
     let mut sel = ResidentSelection {
         leaf: leaf.cloned(),
         budget,
@@ -444,7 +483,7 @@ pub fn select_resident<S: EntrySource + ?Sized>(
         omitted_at: Vec::new(),
     };
     let Some(leaf) = leaf else {
-        return Ok(sel);
+        return Ok((sel, Vec::new()));
     };
 
     // Pass 1: the leaf's path facts, stored by the source or walked.
@@ -481,42 +520,71 @@ pub fn select_resident<S: EntrySource + ?Sized>(
             } else {
                 bytes_left -= size;
                 let entry = source
-                    .entry(&c.id)
+                    .shared_entry(&c.id)
                     .map_err(ResidentError::Source)?
-                    .ok_or_else(|| ResidentError::Vanished(c.id.clone()))?
-                    .into_owned();
+                    .ok_or_else(|| ResidentError::Vanished(c.id.clone()))?;
                 Pinned::Resident(entry, size)
             });
             sel.pinned = Some(c.id.clone());
         }
     }
 
-    // Pass 2: newest first, keep what fits.
-    let mut cur = leaf.clone();
+    // Pass 2: newest first, keep what fits. Built newest first: the
+    // sizes of the resident entries and, for each, its child on the path
+    // when the walk saw it (`Some(None)` for the leaf, which has none on
+    // the path; `None` when unknown: a pinned compaction placed after
+    // the walk stopped below it).
+    let mut sizes: Vec<u64> = Vec::new();
+    let mut path_child: Vec<Option<Option<EntryId>>> = Vec::new();
+    let mut walk = Walk::new(source, leaf, &facts);
+    let mut newer: Option<EntryId> = None;
     let mut seen: u64 = 0;
     let mut pin_placed = false;
     while seen < context_entries {
-        let facts = source
-            .facts(&cur)
-            .map_err(ResidentError::Source)?
-            .ok_or_else(|| ResidentError::Vanished(cur.clone()))?;
+        // How many more entries the walk likely takes (the one that ends
+        // it included), from the mean size of those kept so far: the
+        // next range asked is that long.
+        let kept = len_u64(sizes.len());
+        let likely = match sel.counts.resident_bytes.checked_div(kept) {
+            Some(mean) if mean > 0 => (bytes_left / mean)
+                .saturating_add(2)
+                .min(events_left.saturating_add(1)),
+            _ => PATH_RANGE_DEPTHS,
+        };
+        let Some(step) = walk.step(likely, newer.as_ref())? else {
+            break;
+        };
+        let cur = step.id;
         if sel.pinned.as_ref() == Some(&cur) {
             if let Some(p) = pin.take() {
-                p.place(&mut sel);
+                p.place(&mut sel, &mut sizes, &mut path_child, Some(newer.clone()));
             }
             pin_placed = true;
         } else {
-            let size = source
-                .entry_size(&cur)
-                .map_err(ResidentError::Source)?
-                .ok_or_else(|| ResidentError::Vanished(cur.clone()))?;
+            let size = match step.size {
+                Some(s) => s,
+                None => source
+                    .entry_size(&cur)
+                    .map_err(ResidentError::Source)?
+                    .ok_or_else(|| ResidentError::Vanished(cur.clone()))?,
+            };
             if events_left == 0 {
                 break;
             }
             if size > budget.bytes_max {
+                let kind = match step.facts {
+                    Some(f) => f.kind,
+                    None => {
+                        source
+                            .facts(&cur)
+                            .map_err(ResidentError::Source)?
+                            .ok_or_else(|| ResidentError::Vanished(cur.clone()))?
+                            .kind
+                    }
+                };
                 sel.omitted.push(OmittedEntry {
                     id: cur.clone(),
-                    kind: facts.kind.clone(),
+                    kind,
                     size,
                 });
                 sel.omitted_at.push(len_u64(sel.entries.len()));
@@ -524,30 +592,30 @@ pub fn select_resident<S: EntrySource + ?Sized>(
                 break;
             } else {
                 let entry = source
-                    .entry(&cur)
+                    .shared_entry(&cur)
                     .map_err(ResidentError::Source)?
-                    .ok_or_else(|| ResidentError::Vanished(cur.clone()))?
-                    .into_owned();
+                    .ok_or_else(|| ResidentError::Vanished(cur.clone()))?;
                 bytes_left -= size;
                 sel.counts.resident_bytes = sel.counts.resident_bytes.saturating_add(size);
-                sel.entries.push(Arc::new(entry));
+                sel.entries.push(entry);
+                sizes.push(size);
+                path_child.push(Some(newer.clone()));
             }
             events_left -= 1;
         }
         seen = seen.saturating_add(1);
-        match facts.parent_id {
-            Some(p) => cur = p,
-            None => break,
-        }
+        newer = Some(cur);
     }
     if !pin_placed {
         // The walk stopped before the pinned compaction: it is the oldest
         // held entry.
         if let Some(p) = pin.take() {
-            p.place(&mut sel);
+            p.place(&mut sel, &mut sizes, &mut path_child, None);
         }
     }
     sel.entries.reverse();
+    sizes.reverse();
+    path_child.reverse();
     sel.omitted.reverse();
     // Pushed newest first as "resident entries newer than it": turned into
     // "resident entries before it" in path order.
@@ -562,12 +630,27 @@ pub fn select_resident<S: EntrySource + ?Sized>(
         .saturating_sub(sel.counts.resident_entries)
         .saturating_sub(sel.counts.omitted_entries);
     sel.complete = sel.counts.resident_entries == context_entries;
+    let path_entries = facts.path_entries();
     sel.path_facts = Some(facts);
 
-    for e in &sel.entries {
-        let kids = source
-            .children(&e.id, CHILD_LINKS_MAX)
-            .map_err(ResidentError::Source)?;
+    // Navigation links. In a single chain the walk already knows them.
+    let chain = !sel.entries.is_empty()
+        && source
+            .single_chain(leaf, path_entries)
+            .map_err(ResidentError::Source)?
+            == Some(true);
+    sel.links.reserve_exact(sel.entries.len());
+    for (e, child) in sel.entries.iter().zip(path_child) {
+        let kids = match (chain, child) {
+            (true, Some(None)) => ChildLinks::default(),
+            (true, Some(Some(c))) => ChildLinks {
+                ids: vec![c],
+                total: 1,
+            },
+            _ => source
+                .children(&e.id, CHILD_LINKS_MAX)
+                .map_err(ResidentError::Source)?,
+        };
         sel.links.push(Arc::new(NavLinks {
             id: e.id.clone(),
             parent_id: e.parent_id.clone(),
@@ -575,22 +658,162 @@ pub fn select_resident<S: EntrySource + ?Sized>(
             children_total: kids.total,
         }));
     }
-    Ok(sel)
+    Ok((sel, sizes))
+}
+
+/// Most depths asked per [`EntrySource::path_range`] call by the
+/// newest-first walk. The first range starts just after a multiple of
+/// this, so a source that groups depths in blocks of this many (the log
+/// store's active-path index) reads one block for it.
+const PATH_RANGE_DEPTHS: u64 = 64;
+
+/// One entry of the newest-first walk of the context path.
+struct Step {
+    id: EntryId,
+    /// Its [`entry_size`] when the walk learnt it from a path range.
+    size: Option<u64>,
+    /// Its facts when the walk read them (parent by parent).
+    facts: Option<EntryFacts>,
+}
+
+/// The newest-first walk of a leaf's context path (from the leaf up to
+/// the context start, at most): from [`EntrySource::path_range`] ranges
+/// while the source answers them (no facts or size lookup per entry),
+/// else parent by parent through [`EntrySource::facts`]. A range the
+/// source does not answer (not its active path, or a racing write) turns
+/// the rest of the walk into the parent-by-parent one from where it is.
+struct Walk<'a, S: EntrySource + ?Sized> {
+    source: &'a S,
+    leaf: &'a EntryId,
+    leaf_depth: u64,
+    /// Depth of the context start: ranges never go above it.
+    top: u64,
+    /// The current range, oldest first (taken from the end).
+    range: Vec<(EntryId, u64)>,
+    /// Depth of the newest entry not yet in a range; `None` once the
+    /// ranges reached `top`.
+    unread: Option<u64>,
+    ranged: bool,
+    /// Whether the walk gave an entry yet.
+    started: bool,
+    /// Parent by parent: the next entry (`None`: the walk is over).
+    next: Option<EntryId>,
+}
+
+impl<'a, S: EntrySource + ?Sized> Walk<'a, S> {
+    fn new(source: &'a S, leaf: &'a EntryId, facts: &PathFacts) -> Self {
+        Walk {
+            source,
+            leaf,
+            leaf_depth: facts.depth,
+            top: facts.context_start.depth.min(facts.depth),
+            range: Vec::new(),
+            unread: Some(facts.depth),
+            ranged: true,
+            started: false,
+            next: None,
+        }
+    }
+
+    /// The next entry, newest first; `likely` is how many more entries
+    /// the caller expects to take (the length of a range read now), and
+    /// `last` the entry the walk gave before (`None` at the start).
+    fn step(
+        &mut self,
+        likely: u64,
+        last: Option<&EntryId>,
+    ) -> Result<Option<Step>, ResidentError<S::Error>> {
+        if self.ranged {
+            if self.range.is_empty() {
+                if let Some(end) = self.unread {
+                    // The first range ends at a block boundary (nothing is
+                    // known about sizes yet); later ones are as long as
+                    // the caller expects to need.
+                    let len = if !self.started {
+                        end.saturating_sub(1) % PATH_RANGE_DEPTHS + 1
+                    } else {
+                        likely.clamp(1, PATH_RANGE_DEPTHS)
+                    };
+                    let start = end.saturating_sub(len - 1).max(self.top);
+                    let want = usize::try_from(end - start + 1).unwrap_or(usize::MAX);
+                    match self
+                        .source
+                        .path_range(self.leaf, self.leaf_depth, start, end)
+                        .map_err(ResidentError::Source)?
+                    {
+                        Some(r) if r.len() == want => {
+                            self.range = r;
+                            self.unread = start.checked_sub(1).filter(|d| *d >= self.top);
+                        }
+                        _ => self.ranged = false,
+                    }
+                } else {
+                    // Every depth up to the context start was given.
+                    return Ok(None);
+                }
+            }
+            if self.ranged {
+                if let Some((id, size)) = self.range.pop() {
+                    self.started = true;
+                    return Ok(Some(Step {
+                        id,
+                        size: Some(size),
+                        facts: None,
+                    }));
+                }
+            }
+            // Parent by parent from here: after the last entry given.
+            self.ranged = false;
+            self.next = match last.filter(|_| self.started) {
+                None => Some(self.leaf.clone()),
+                Some(l) => {
+                    self.source
+                        .facts(l)
+                        .map_err(ResidentError::Source)?
+                        .ok_or_else(|| ResidentError::Vanished(l.clone()))?
+                        .parent_id
+                }
+            };
+        }
+        let Some(cur) = self.next.take() else {
+            return Ok(None);
+        };
+        let facts = self
+            .source
+            .facts(&cur)
+            .map_err(ResidentError::Source)?
+            .ok_or_else(|| ResidentError::Vanished(cur.clone()))?;
+        self.next = facts.parent_id.clone();
+        Ok(Some(Step {
+            id: cur,
+            size: None,
+            facts: Some(facts),
+        }))
+    }
 }
 
 /// The pinned compaction of a selection, before it is placed.
 enum Pinned {
-    Resident(Entry, u64),
+    Resident(Arc<Entry>, u64),
     Omitted(OmittedEntry),
 }
 
 impl Pinned {
-    /// Adds it to the newest-first lists of `sel`.
-    fn place(self, sel: &mut ResidentSelection) {
+    /// Adds it to the newest-first lists of `sel` (a resident one with
+    /// its size and its child on the path, when known).
+    fn place(
+        self,
+        sel: &mut ResidentSelection,
+        sizes: &mut Vec<u64>,
+        path_child: &mut Vec<Option<Option<EntryId>>>,
+        child: Option<Option<EntryId>>,
+    ) {
         match self {
             Pinned::Resident(e, size) => {
                 sel.counts.resident_bytes = sel.counts.resident_bytes.saturating_add(size);
-                sel.entries.push(Arc::new(e));
+                sel.entries.push(e);
+                sizes.push(size);
+                path_child.push(child);
             }
             Pinned::Omitted(o) => {
                 sel.omitted.push(o);
