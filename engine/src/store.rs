@@ -2,7 +2,7 @@
 
 use crate::bloom::CommitIdFilter;
 use crate::error::{Error, IndexError};
-use crate::format::{self, CommitHead, FRAME_HEADER_BYTES, SEGMENT_HEADER_BYTES};
+use crate::format::{self, CommitHead, CommitRef, FRAME_HEADER_BYTES, SEGMENT_HEADER_BYTES};
 use crate::index::Index;
 use crate::log::{self, HistoryCheck, Segment, Tail};
 use crate::types::*;
@@ -785,6 +785,27 @@ impl Store {
             .cloned()
             .ok_or_else(|| Error::NotFound(pos.to_string()))?;
         seg.read(pos.offset, self.inner.opts.record_bytes_max)
+    }
+
+    /// The commit recorded at `pos`, decoded in place and handed to `f`, with the checks
+    /// of [`Store::read_at`] (frame checksum, every length): nothing is copied out of a
+    /// sealed (mapped) segment, and a record of the active segment is read with one
+    /// `pread` into a buffer the calling thread reuses. For reading one event of a
+    /// commit without the allocations of a [`RecordedCommit`].
+    pub fn visit_at<R>(
+        &self,
+        pos: LogPosition,
+        f: impl FnOnce(CommitRef<'_>) -> R,
+    ) -> Result<R, Error> {
+        let seg = self
+            .inner
+            .segments
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&pos.segment)
+            .cloned()
+            .ok_or_else(|| Error::NotFound(pos.to_string()))?;
+        seg.visit(pos.offset, self.inner.opts.record_bytes_max, f)
     }
 
     /// Commits with seq `>= from_seq` in log order, up to the last one acknowledged when
