@@ -35,7 +35,7 @@
 //! leaf by depth (exactly the depths `0..path_len` of [`TranscriptMeta`]
 //! exist), so [`EntrySource::ancestor_at_depth`] answers in O(1) and a
 //! root-first branch page costs what it returns: its depth range is one
-//! prefix scan per block of 64 depths it touches
+//! range scan of the `p` keys from its first depth
 //! ([`EntrySource::path_range`]), and since each `p` value carries the
 //! entry's log position and size (the parent is the entry one depth up),
 //! the page's entries are read from the log without index record
@@ -540,8 +540,9 @@ fn label_key(sid: &str, target: &EntryId, seq: u64) -> Vec<u8> {
 }
 
 /// Depths of the active path are grouped in blocks of
-/// `1 << PATH_BLOCK_BITS` under a common key prefix, so that a root-first
-/// page (a depth range) is read with a prefix scan per block it touches.
+/// `1 << PATH_BLOCK_BITS` under a common key prefix; keys sort by depth,
+/// so a root-first page (a depth range) is one range scan from its first
+/// depth.
 const PATH_BLOCK_BITS: u32 = 6;
 
 /// The prefix of the `p` keys of one block of depths.
@@ -1603,11 +1604,39 @@ pub struct EntryCache {
 
 #[derive(Default)]
 struct EntryCacheInner {
-    young: HashMap<EntryKey, Arc<CachedEntry>>,
+    young: HashMap<EntryKey, Arc<CachedEntry>, KeyHash>,
     young_bytes: u64,
-    old: HashMap<EntryKey, Arc<CachedEntry>>,
-    ghosts_young: HashSet<EntryKey>,
-    ghosts_old: HashSet<EntryKey>,
+    old: HashMap<EntryKey, Arc<CachedEntry>, KeyHash>,
+    ghosts_young: HashSet<EntryKey, KeyHash>,
+    ghosts_old: HashSet<EntryKey, KeyHash>,
+}
+
+/// The cache's hasher: keys are log positions chosen by the engine, not by
+/// callers, so a multiply-rotate mix of the integers (no flooding
+/// resistance needed) replaces SipHash, which cost more than the lookup.
+type KeyHash = std::hash::BuildHasherDefault<KeyHasher>;
+
+#[derive(Default)]
+struct KeyHasher(u64);
+
+impl std::hash::Hasher for KeyHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u64(u64::from(b));
+        }
+    }
+
+    fn write_u32(&mut self, n: u32) {
+        self.write_u64(u64::from(n));
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.0 = (self.0.rotate_left(5) ^ n).wrapping_mul(0x517c_c1b7_2722_0a95);
+    }
+
+    fn finish(&self) -> u64 {
+        self.0
+    }
 }
 
 impl EntryCacheInner {
@@ -1641,23 +1670,18 @@ impl EntryCacheInner {
 }
 
 impl EntryCache {
-    fn get(&self, key: &EntryKey) -> Option<Arc<CachedEntry>> {
+    /// The cached entry at `key`, or on a miss whether the entry read
+    /// there should be cached (see the admission rule): one lock.
+    fn lookup(&self, key: EntryKey) -> (Option<Arc<CachedEntry>>, bool) {
         let mut c = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(v) = c.young.get(key) {
-            return Some(v.clone());
+        if let Some(v) = c.young.get(&key) {
+            return (Some(v.clone()), false);
         }
-        let v = c.old.remove(key)?;
-        c.insert(*key, v.clone());
-        Some(v)
-    }
-
-    /// After a miss: whether the entry read at `key` should be cached
-    /// (see the admission rule).
-    fn admit(&self, key: EntryKey) -> bool {
-        self.inner
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .seen_before(key)
+        if let Some(v) = c.old.remove(&key) {
+            c.insert(key, v.clone());
+            return (Some(v), false);
+        }
+        (None, c.seen_before(key))
     }
 
     fn insert(&self, key: EntryKey, v: Arc<CachedEntry>) {
@@ -1855,21 +1879,36 @@ impl LogTranscriptSource {
             ))
         };
         if sub == 0 {
-            let commit = self.commit_at(pos)?;
-            let raw = usize::try_from(event)
-                .ok()
-                .and_then(|i| commit.events.get(i))
-                .ok_or_else(|| {
-                    self.corrupt(format!("no event {} in the commit at {pos}", event))
-                })?;
-            if raw
-                .kind
-                .strip_prefix(SESSION_EVENT_PREFIX)
-                .is_some_and(|k| k == "entry_appended")
-            {
-                let e = decode_appended_entry(&raw.payload).map_err(|e| {
-                    self.corrupt(format!("event {} of the commit at {pos}: {e}", event))
-                })?;
+            // Read in place: the commit is checked (stream, event) and only
+            // the appended entry is decoded, from the segment's bytes.
+            let appended = self
+                .engine
+                .visit_at(pos, |c| -> Result<Option<Entry>, StoreError> {
+                    if c.stream != self.sid.as_str() {
+                        return Err(self.corrupt(format!(
+                            "the index points at {pos}, a commit of stream {:?}",
+                            c.stream
+                        )));
+                    }
+                    let raw = usize::try_from(event)
+                        .ok()
+                        .and_then(|i| c.event(i))
+                        .ok_or_else(|| {
+                            self.corrupt(format!("no event {event} in the commit at {pos}"))
+                        })?;
+                    if raw
+                        .kind
+                        .strip_prefix(SESSION_EVENT_PREFIX)
+                        .is_some_and(|k| k == "entry_appended")
+                    {
+                        return decode_appended_entry(raw.payload).map(Some).map_err(|e| {
+                            self.corrupt(format!("event {event} of the commit at {pos}: {e}"))
+                        });
+                    }
+                    Ok(None)
+                })
+                .map_err(engine_err)??;
+            if let Some(e) = appended {
                 return if &e.id == id { Ok(e) } else { Err(misplaced()) };
             }
         }
@@ -1888,7 +1927,7 @@ impl LogTranscriptSource {
     /// The entry with its current parent (from the index), through the
     /// engine's [`EntryCache`].
     fn load(&self, id: &EntryId, r: &EntryRecord) -> Result<Entry, StoreError> {
-        self.load_at(id, (r.position(), r.event, r.sub), r.size, &r.parent)
+        self.load_at(id, (r.position(), r.event, r.sub), r.size, r.parent.clone())
     }
 
     /// The entry at `key` with `parent`, through the engine's
@@ -1898,17 +1937,15 @@ impl LogTranscriptSource {
         id: &EntryId,
         key: EntryKey,
         size: u64,
-        parent: &Option<EntryId>,
+        parent: Option<EntryId>,
     ) -> Result<Entry, StoreError> {
-        let hit = self
-            .entries
-            .get(&key)
-            .filter(|c| c.sid == self.sid && &c.entry.id == id);
+        let (hit, admit) = self.entries.lookup(key);
+        let hit = hit.filter(|c| c.sid == self.sid && &c.entry.id == id);
         let mut e = match hit {
             Some(c) => c.entry.clone(),
             None => {
                 let e = self.read_entry(id, key)?;
-                if self.entries.admit(key) {
+                if admit {
                     self.entries.insert(
                         key,
                         Arc::new(CachedEntry {
@@ -1921,7 +1958,7 @@ impl LogTranscriptSource {
                 e
             }
         };
-        e.parent_id = parent.clone();
+        e.parent_id = parent;
         Ok(e)
     }
 }
@@ -1930,11 +1967,11 @@ impl EntrySource for LogTranscriptSource {
     type Error = StoreError;
 
     fn entry(&self, id: &EntryId) -> Result<Option<Cow<'_, Entry>>, StoreError> {
-        let hint = self.path_hints.borrow().get(id).cloned();
+        // A hint serves one load (a page reads each entry once; a second
+        // read of the same id goes through its record).
+        let hint = self.path_hints.borrow_mut().remove(id);
         if let Some(h) = hint {
-            return Ok(Some(Cow::Owned(
-                self.load_at(id, h.key, h.size, &h.parent)?,
-            )));
+            return Ok(Some(Cow::Owned(self.load_at(id, h.key, h.size, h.parent)?)));
         }
         match self.cached_record(id)? {
             Some(r) => Ok(Some(Cow::Owned(self.load(id, &r)?))),
@@ -2027,8 +2064,8 @@ impl EntrySource for LogTranscriptSource {
     }
 
     /// From the active-path index when `leaf` is on the current leaf's
-    /// path: one prefix scan per block of depths the range touches (the
-    /// `p` values carry each entry's log position and size, and the parent
+    /// path: one range scan of the `p` keys from the range's first depth
+    /// (its parent's) to its last (the `p` values carry each entry's log position and size, and the parent
     /// is the entry one depth up), no per-entry record lookups. Loading
     /// the returned entries then reads the log directly.
     fn path_range(
@@ -2037,8 +2074,10 @@ impl EntrySource for LogTranscriptSource {
         leaf_depth: u64,
         start: u64,
         end: u64,
+        bytes_max: u64,
     ) -> Result<Option<Vec<(EntryId, u64)>>, StoreError> {
-        self.path_hints.borrow_mut().clear();
+        let mut hints = self.path_hints.borrow_mut();
+        hints.clear();
         if start > end || end > leaf_depth {
             return Ok(None);
         }
@@ -2048,82 +2087,81 @@ impl EntrySource for LogTranscriptSource {
         let sid = self.sid.as_str();
         // From the parent of the first entry.
         let from = start.saturating_sub(1);
-        let want = (end - from).saturating_add(1);
-        let cap = usize::try_from(want).unwrap_or(0).min(1 << 16);
-        let mut links: Vec<(u64, PathLink)> = Vec::with_capacity(cap);
-        let mut malformed = None;
-        for block in (from >> PATH_BLOCK_BITS)..=(end >> PATH_BLOCK_BITS) {
-            let prefix = path_block_prefix(sid, block);
-            self.engine
-                .index()
-                .visit_prefix(TRANSCRIPT_INDEXER, &prefix, |k, v| {
-                    let depth = match k.get(prefix.len()..) {
-                        Some(&[d]) => (block << PATH_BLOCK_BITS) | u64::from(d),
-                        _ => {
-                            malformed = Some(block);
-                            return false;
+        let cap = usize::try_from(end - start)
+            .unwrap_or(0)
+            .saturating_add(1)
+            .min(1 << 12);
+        let mut out: Vec<(EntryId, u64)> = Vec::with_capacity(cap);
+        let mut malformed = false;
+        let mut parent: Option<EntryId> = None;
+        let mut bytes = 0u64;
+        // One range scan of the `p` keys from depth `from` on (keys sort by
+        // depth), stopping after `end`, after the entry that takes the
+        // sizes past `bytes_max`, or at the first missing depth.
+        let prefix = sk(TAG_PATH, sid);
+        let mut next = from;
+        self.engine
+            .index()
+            .visit_range(TRANSCRIPT_INDEXER, &prefix, &path_key(sid, from), |k, v| {
+                let depth = match k.get(prefix.len()..) {
+                    Some(&[b0, b1, b2, b3, b4, b5, b6, b7, d])
+                        if u32::from(d) < (1 << PATH_BLOCK_BITS) =>
+                    {
+                        let block = u64::from_be_bytes([b0, b1, b2, b3, b4, b5, b6, b7]);
+                        match block.checked_mul(1 << PATH_BLOCK_BITS) {
+                            Some(b) => b | u64::from(d),
+                            None => {
+                                malformed = true;
+                                return false;
+                            }
                         }
-                    };
-                    if depth < from {
-                        return true;
                     }
-                    if depth > end {
+                    _ => {
+                        malformed = true;
                         return false;
                     }
-                    match decode_path_link(v) {
-                        Some(l) => {
-                            links.push((depth, l));
-                            true
-                        }
-                        None => {
-                            malformed = Some(block);
-                            false
-                        }
-                    }
-                })
-                .map_err(engine_err)?;
-            if let Some(b) = malformed {
-                return Err(self.corrupt(format!("malformed active-path link in block {b}")));
-            }
-            // A block that misses depths: stop here (the check below
-            // answers `None`) rather than scan further blocks.
-            let block_last = block
-                .saturating_mul(1 << PATH_BLOCK_BITS)
-                .saturating_add((1 << PATH_BLOCK_BITS) - 1)
-                .min(end);
-            let seen = u64::try_from(links.len()).unwrap_or(u64::MAX);
-            if seen != (block_last - from).saturating_add(1) {
-                break;
-            }
-        }
-        // Exactly the depths `from..=end`, in order; anything else (a
-        // write raced the read; the caller's version check reports it)
-        // is left to the walk.
-        let consecutive = links.iter().zip(from..).all(|((d, _), want)| *d == want);
-        if !consecutive || u64::try_from(links.len()).ok() != Some(want) {
-            return Ok(None);
-        }
-        let mut hints = self.path_hints.borrow_mut();
-        let mut out = Vec::with_capacity(links.len());
-        let mut parent: Option<EntryId> = None;
-        for (depth, link) in links {
-            if depth >= start {
-                let p = if depth == 0 {
-                    link.orphan_parent.clone()
-                } else {
-                    parent.clone()
                 };
-                hints.insert(
-                    link.id.clone(),
-                    PathHint {
-                        key: link.key,
-                        size: link.size,
-                        parent: p,
-                    },
-                );
-                out.push((link.id.clone(), link.size));
-            }
-            parent = Some(link.id);
+                if depth > end || depth != next {
+                    return false;
+                }
+                let Some(link) = decode_path_link(v) else {
+                    malformed = true;
+                    return false;
+                };
+                next = depth.saturating_add(1);
+                if depth >= start {
+                    let p = if depth == 0 {
+                        link.orphan_parent
+                    } else {
+                        parent.take()
+                    };
+                    hints.insert(
+                        link.id.clone(),
+                        PathHint {
+                            key: link.key,
+                            size: link.size,
+                            parent: p,
+                        },
+                    );
+                    bytes = bytes.saturating_add(link.size);
+                    out.push((link.id.clone(), link.size));
+                }
+                parent = Some(link.id);
+                bytes <= bytes_max
+            })
+            .map_err(engine_err)?;
+        if malformed {
+            return Err(self.corrupt(format!(
+                "malformed active-path link at depth {next} or after"
+            )));
+        }
+        // Exactly the depths `start..next` were taken, in order; short of
+        // `end` without passing the bytes (a depth is missing: a write
+        // raced the read, which the caller's version check reports) is
+        // left to the walk.
+        if next <= start || (next <= end && bytes <= bytes_max) {
+            hints.clear();
+            return Ok(None);
         }
         Ok(Some(out))
     }
@@ -2274,7 +2312,7 @@ mod tests {
             }
             let src = store.source(id).unwrap();
             let got = src
-                .path_range(leaf, leaf_depth, start, end)
+                .path_range(leaf, leaf_depth, start, end, u64::MAX)
                 .unwrap()
                 .unwrap();
             let want: Vec<(EntryId, u64)> = path[start as usize..=end as usize]
@@ -2282,6 +2320,27 @@ mod tests {
                 .map(|i| (i.clone(), entry_size(t.get(i).unwrap())))
                 .collect();
             assert_eq!(got, want, "range {start}..={end}");
+            // With a byte bound: the prefix up to the first entry that takes
+            // the sum past it.
+            for bytes_max in [0, 1, want[0].1, want.iter().map(|w| w.1).sum::<u64>() / 2] {
+                let bounded = src
+                    .path_range(leaf, leaf_depth, start, end, bytes_max)
+                    .unwrap()
+                    .unwrap();
+                let mut sum = 0u64;
+                let n = want
+                    .iter()
+                    .position(|w| {
+                        sum += w.1;
+                        sum > bytes_max
+                    })
+                    .map_or(want.len(), |i| i + 1);
+                assert_eq!(bounded, want[..n], "range {start}..={end} in {bytes_max}");
+            }
+            let got = src
+                .path_range(leaf, leaf_depth, start, end, u64::MAX)
+                .unwrap()
+                .unwrap();
             for (i, _) in &got {
                 assert_eq!(src.entry(i).unwrap().as_deref(), t.get(i), "{i}");
             }
