@@ -42,8 +42,9 @@ pub use format::{
 };
 pub use gc::{GcPlan, GcReport, GcSegment, GC_MANIFEST_IDS_MAX};
 pub use index::{Index, IndexBatch, IndexScan, Indexer, StreamHead, INDEX_FORMAT_VERSION};
+pub use log::LogSpan;
 pub use salvage::{salvage, DroppedCommit, LostRange, SalvageReport};
-pub use store::{LogScan, Store, INDEX_DIR, LOCK_FILE, LOCK_WAIT_MAX_MS};
+pub use store::{LogScan, Store, INDEX_DIR, LOCK_FILE, LOCK_WAIT_MAX_MS, LOG_SPAN_BYTES_MAX};
 pub use types::{
     AppendOutcome, CommitInfo, Durability, EventData, ExpectedVersion, LogPosition, NewCommit,
     Options, Preallocate, RecordedCommit, StoreStats,

@@ -204,6 +204,114 @@ impl Segment {
     }
 }
 
+/// The bytes of a segment from `start` on, read once for several records (see
+/// [`Segment::span`]).
+#[derive(Debug)]
+pub struct LogSpan {
+    segment: u64,
+    name: String,
+    start: u64,
+    max_len: u32,
+    bytes: SpanBytes,
+}
+
+#[derive(Debug)]
+enum SpanBytes {
+    /// A range of the segment's map.
+    Mapped(Arc<Mapped>, std::ops::Range<usize>),
+    /// Read from the file.
+    Read(Vec<u8>),
+}
+
+impl LogSpan {
+    fn bytes(&self) -> &[u8] {
+        match &self.bytes {
+            SpanBytes::Mapped(m, r) => m.get(r.clone()).unwrap_or(&[]),
+            SpanBytes::Read(v) => v,
+        }
+    }
+
+    /// The record at `pos`, checked and decoded in place as [`Segment::visit`] does,
+    /// handed to `f`; `None` when the record is not wholly inside the span (the caller
+    /// reads it on its own).
+    pub fn visit<R>(
+        &self,
+        pos: LogPosition,
+        f: impl FnOnce(CommitRef<'_>) -> R,
+    ) -> Option<Result<R, Error>> {
+        if pos.segment != self.segment || pos.offset < self.start {
+            return None;
+        }
+        let at = usize::try_from(pos.offset - self.start).ok()?;
+        let bytes = self.bytes().get(at..)?;
+        let mut hb = [0u8; FRAME_HEADER_BYTES as usize];
+        hb.copy_from_slice(bytes.get(..FRAME_HEADER_BYTES as usize)?);
+        let h = format::FrameHeader::parse(&hb);
+        let total = usize::try_from(FRAME_HEADER_BYTES + u64::from(h.len)).ok()?;
+        if h.len <= self.max_len && total > bytes.len() {
+            return None;
+        }
+        // The frame is inside the span (or its length is refused): the checks of a
+        // read, on exactly its bytes.
+        let frame = bytes.get(..total.min(bytes.len()))?;
+        Some(
+            match format::check_frame(frame, self.segment, self.max_len) {
+                FrameCheck::Valid { payload, .. } => format::decode_commit_ref(payload, pos)
+                    .map(f)
+                    .map_err(|p| Error::corrupt(&self.name, pos.offset, p)),
+                FrameCheck::Zero => Err(Error::corrupt(
+                    &self.name,
+                    pos.offset,
+                    "no record here (zero bytes)",
+                )),
+                FrameCheck::Invalid(p) => Err(Error::corrupt(&self.name, pos.offset, p)),
+            },
+        )
+    }
+}
+
+impl Segment {
+    /// The segment's acknowledged bytes from `offset` on, at most `len` of them:
+    /// borrowed from the map when the segment has one, else read with one `pread`.
+    /// For reading several nearby records ([`LogSpan::visit`]) at the cost of one read.
+    pub fn span(&self, offset: u64, len: u64, max_len: u32) -> Result<LogSpan, Error> {
+        let end = self.end.load(Ordering::Acquire);
+        if offset < self.data_start || offset >= end {
+            return Err(Error::NotFound(format!("{}@{offset}", self.name)));
+        }
+        let stop = offset.saturating_add(len).min(end);
+        let bytes = match self.mapped()? {
+            Some(map) => {
+                let r = offset as usize..(stop as usize).min(map.len());
+                if r.start > r.end {
+                    return Err(Error::corrupt(
+                        &self.name,
+                        offset,
+                        "segment shorter than its end",
+                    ));
+                }
+                SpanBytes::Mapped(map, r)
+            }
+            None => {
+                let n = usize::try_from(stop - offset)
+                    .map_err(|_| Error::corrupt(&self.name, offset, "span longer than memory"))?;
+                let mut v = vec![0u8; n];
+                self.file
+                    .read_at(&mut v, offset)
+                    .map_err(|e| Error::io(&self.name, "read_at", e))?;
+                SpanBytes::Read(v)
+            }
+        };
+        Ok(LogSpan {
+            segment: self.id,
+            name: self.name.clone(),
+            start: offset,
+            max_len,
+            bytes,
+        })
+    }
+}
+
 /// Bytes read at once from an unmapped segment: the frame header and the payload of
 /// most records (a longer record takes a second read for the rest).
 pub const READ_AHEAD_BYTES: u64 = 8 << 10;

@@ -329,6 +329,28 @@ fn visit_at_sees_what_read_at_reads() {
                 ))
             );
         }
+        // Spans: every record wholly inside is read from the span as `read_at` reads
+        // it; one that is not (before the start, past the end, another segment) is
+        // left to the caller.
+        for (i, &from) in positions.iter().enumerate() {
+            for len in [0u64, 100, 30_000, u64::MAX] {
+                let span = s.read_span(from, len).unwrap();
+                for &pos in &positions[i.saturating_sub(1)..] {
+                    let got = span.visit(pos, |c| c.to_owned());
+                    let whole = pos.segment == from.segment
+                        && pos.offset >= from.offset
+                        && pos.offset + u64::from(s.read_at(pos).unwrap().record_bytes)
+                            <= from.offset.saturating_add(len);
+                    match got {
+                        Some(r) => {
+                            assert!(whole || len == u64::MAX, "{pos} in {from}+{len}");
+                            assert_eq!(r.unwrap(), s.read_at(pos).unwrap(), "{pos}");
+                        }
+                        None => assert!(!whole, "{pos} in {from}+{len}"),
+                    }
+                }
+            }
+        }
         let last = positions[positions.len() - 1];
         let nowhere = LogPosition {
             segment: last.segment,

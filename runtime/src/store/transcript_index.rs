@@ -69,7 +69,9 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, Weak};
 
 use serde::{Deserialize, Serialize};
-use spool_engine::{Index, IndexBatch, IndexError, Indexer, LogPosition, RecordedCommit, Store};
+use spool_engine::{
+    CommitRef, Index, IndexBatch, IndexError, Indexer, LogPosition, LogSpan, RecordedCommit, Store,
+};
 
 use super::log::{PURGE_EVENT_KIND, SESSION_EVENT_PREFIX};
 use super::StoreError;
@@ -1717,6 +1719,70 @@ impl EntryCache {
     }
 }
 
+/// Bytes read past a page's last commit position, for that commit: its
+/// entry's size (the JSON form, which MessagePack does not exceed by much)
+/// plus this much for the commit's header, event kind and stream id.
+const SPAN_RECORD_SLACK: u64 = 1024;
+
+/// A page's commits are read in one span only when the span is at most
+/// this many times the page's entry bytes plus [`SPAN_BYTES_FREE`]: commits
+/// of other sessions between them are read along, so spread-out commits
+/// are read one by one instead.
+const SPAN_SPREAD_MAX: u64 = 2;
+
+/// See [`SPAN_SPREAD_MAX`].
+const SPAN_BYTES_FREE: u64 = 64 << 10;
+
+/// The log bytes holding the commits `hints` name, read at once (one
+/// `pread` from the active segment, a borrow of a sealed one's map) when
+/// they are in one segment and close together (see [`SPAN_SPREAD_MAX`]);
+/// `None` otherwise (each entry is then read on its own). A record the
+/// span does not wholly hold is read on its own too, so the span is an
+/// optimisation only.
+fn read_page_span<'h>(
+    engine: &Store,
+    hints: impl Iterator<Item = &'h PathHint>,
+    bytes: u64,
+) -> Option<LogSpan> {
+    let mut segment = None;
+    let (mut lo, mut hi, mut last_size) = (u64::MAX, 0u64, 0u64);
+    // Appended entries (entry index 0) only: entries of a whole-transcript
+    // event are read through that event (see `read_entry`).
+    for h in hints.filter(|h| h.key.2 == 0) {
+        let pos = h.key.0;
+        if *segment.get_or_insert(pos.segment) != pos.segment {
+            return None;
+        }
+        lo = lo.min(pos.offset);
+        if pos.offset >= hi {
+            hi = pos.offset;
+            last_size = h.size;
+        }
+    }
+    let segment = segment?;
+    let len = (hi - lo)
+        .saturating_add(last_size)
+        .saturating_add(SPAN_RECORD_SLACK);
+    let allowed = bytes
+        .saturating_mul(SPAN_SPREAD_MAX)
+        .saturating_add(SPAN_BYTES_FREE)
+        .min(spool_engine::LOG_SPAN_BYTES_MAX);
+    if len > allowed {
+        return None;
+    }
+    // Best effort: a failed span read leaves each entry to its own read,
+    // which reports what is wrong with it.
+    engine
+        .read_span(
+            LogPosition {
+                segment,
+                offset: lo,
+            },
+            len,
+        )
+        .ok()
+}
+
 /// An [`EntrySource`] over the log store's transcript index for one
 /// session: facts, sizes, path facts, children, labels, summaries, the
 /// active path and custom lists come from the index; an entry's payload is
@@ -1735,6 +1801,9 @@ pub struct LogTranscriptSource {
     /// each is in the log, its size and parent (read from the `p` values,
     /// so loading them needs no index record).
     path_hints: RefCell<HashMap<EntryId, PathHint>>,
+    /// The log bytes holding the commits of the last `path_range` answer,
+    /// read at once when they are close together (see [`read_page_span`]).
+    span: RefCell<Option<LogSpan>>,
     entries: Arc<EntryCache>,
 }
 
@@ -1764,6 +1833,7 @@ impl LogTranscriptSource {
             event: RefCell::new(None),
             records: RefCell::new(HashMap::new()),
             path_hints: RefCell::new(HashMap::new()),
+            span: RefCell::new(None),
         }
     }
 
@@ -1880,34 +1950,20 @@ impl LogTranscriptSource {
         };
         if sub == 0 {
             // Read in place: the commit is checked (stream, event) and only
-            // the appended entry is decoded, from the segment's bytes.
-            let appended = self
-                .engine
-                .visit_at(pos, |c| -> Result<Option<Entry>, StoreError> {
-                    if c.stream != self.sid.as_str() {
-                        return Err(self.corrupt(format!(
-                            "the index points at {pos}, a commit of stream {:?}",
-                            c.stream
-                        )));
-                    }
-                    let raw = usize::try_from(event)
-                        .ok()
-                        .and_then(|i| c.event(i))
-                        .ok_or_else(|| {
-                            self.corrupt(format!("no event {event} in the commit at {pos}"))
-                        })?;
-                    if raw
-                        .kind
-                        .strip_prefix(SESSION_EVENT_PREFIX)
-                        .is_some_and(|k| k == "entry_appended")
-                    {
-                        return decode_appended_entry(raw.payload).map(Some).map_err(|e| {
-                            self.corrupt(format!("event {event} of the commit at {pos}: {e}"))
-                        });
-                    }
-                    Ok(None)
-                })
-                .map_err(engine_err)??;
+            // the appended entry is decoded, from the segment's bytes (the
+            // page's span when it holds the record).
+            let in_span = self
+                .span
+                .borrow()
+                .as_ref()
+                .and_then(|s| s.visit(pos, |c| self.appended_in(c, event)));
+            let appended = match in_span {
+                Some(r) => r.map_err(engine_err)??,
+                None => self
+                    .engine
+                    .visit_at(pos, |c| self.appended_in(c, event))
+                    .map_err(engine_err)??,
+            };
             if let Some(e) = appended {
                 return if &e.id == id { Ok(e) } else { Err(misplaced()) };
             }
@@ -1922,6 +1978,34 @@ impl LogTranscriptSource {
             _ => None,
         };
         found.filter(|e| &e.id == id).cloned().ok_or_else(misplaced)
+    }
+
+    /// The entry of event `event` of `c` when that event is an
+    /// `entry_appended` one (decoded alone, [`decode_appended_entry`]);
+    /// `None` for another event; an error when the commit is not this
+    /// session's or has no such event.
+    fn appended_in(&self, c: CommitRef<'_>, event: u32) -> Result<Option<Entry>, StoreError> {
+        let pos = c.position;
+        if c.stream != self.sid.as_str() {
+            return Err(self.corrupt(format!(
+                "the index points at {pos}, a commit of stream {:?}",
+                c.stream
+            )));
+        }
+        let raw = usize::try_from(event)
+            .ok()
+            .and_then(|i| c.event(i))
+            .ok_or_else(|| self.corrupt(format!("no event {event} in the commit at {pos}")))?;
+        if !raw
+            .kind
+            .strip_prefix(SESSION_EVENT_PREFIX)
+            .is_some_and(|k| k == "entry_appended")
+        {
+            return Ok(None);
+        }
+        decode_appended_entry(raw.payload)
+            .map(Some)
+            .map_err(|e| self.corrupt(format!("event {event} of the commit at {pos}: {e}")))
     }
 
     /// The entry with its current parent (from the index), through the
@@ -2078,6 +2162,7 @@ impl EntrySource for LogTranscriptSource {
     ) -> Result<Option<Vec<(EntryId, u64)>>, StoreError> {
         let mut hints = self.path_hints.borrow_mut();
         hints.clear();
+        *self.span.borrow_mut() = None;
         if start > end || end > leaf_depth {
             return Ok(None);
         }
@@ -2163,6 +2248,7 @@ impl EntrySource for LogTranscriptSource {
             hints.clear();
             return Ok(None);
         }
+        *self.span.borrow_mut() = read_page_span(&self.engine, hints.values(), bytes);
         Ok(Some(out))
     }
 
