@@ -1800,19 +1800,57 @@ pub struct LogTranscriptSource {
     /// The entries of the last [`EntrySource::path_range`] answer: where
     /// each is in the log, its size and parent (read from the `p` values,
     /// so loading them needs no index record).
-    path_hints: RefCell<HashMap<EntryId, PathHint>>,
+    path_hints: RefCell<PathHints>,
     /// The log bytes holding the commits of the last `path_range` answer,
     /// read at once when they are close together (see [`read_page_span`]).
     span: RefCell<Option<LogSpan>>,
     entries: Arc<EntryCache>,
 }
 
+/// The entries of a path range, in depth order, consumed in that order
+/// (a page loads its entries root first): a hint serves the load of the
+/// entry at the front only, and an entry loaded otherwise goes through its
+/// index record.
+#[derive(Default)]
+struct PathHints {
+    queue: std::collections::VecDeque<PathHint>,
+    /// The id of the hint consumed last: the parent of the next one.
+    prev: Option<EntryId>,
+}
+
 /// Where an entry of a path range is, from its `p` value.
-#[derive(Clone)]
 struct PathHint {
+    id: EntryId,
     key: EntryKey,
     size: u64,
-    parent: Option<EntryId>,
+    /// The parent, or `None`: the entry of the previous hint (one depth
+    /// up), taken from [`PathHints::prev`] so it is not copied.
+    parent: Option<Option<EntryId>>,
+}
+
+impl PathHints {
+    fn clear(&mut self) {
+        self.queue.clear();
+        self.prev = None;
+    }
+
+    /// The hint of `id` with its parent when it is the next one.
+    fn take(&mut self, id: &EntryId) -> Option<(EntryKey, u64, Option<EntryId>)> {
+        if self.queue.front().is_none_or(|h| &h.id != id) {
+            return None;
+        }
+        let parent = match self.queue.front()?.parent {
+            Some(_) => None,
+            None => Some(self.prev.take()?),
+        };
+        let h = self.queue.pop_front()?;
+        let parent = match (h.parent, parent) {
+            (Some(p), _) => p,
+            (None, p) => p,
+        };
+        self.prev = Some(h.id);
+        Some((h.key, h.size, parent))
+    }
 }
 
 impl std::fmt::Debug for LogTranscriptSource {
@@ -1832,7 +1870,7 @@ impl LogTranscriptSource {
             commit: RefCell::new(None),
             event: RefCell::new(None),
             records: RefCell::new(HashMap::new()),
-            path_hints: RefCell::new(HashMap::new()),
+            path_hints: RefCell::new(PathHints::default()),
             span: RefCell::new(None),
         }
     }
@@ -2053,9 +2091,9 @@ impl EntrySource for LogTranscriptSource {
     fn entry(&self, id: &EntryId) -> Result<Option<Cow<'_, Entry>>, StoreError> {
         // A hint serves one load (a page reads each entry once; a second
         // read of the same id goes through its record).
-        let hint = self.path_hints.borrow_mut().remove(id);
-        if let Some(h) = hint {
-            return Ok(Some(Cow::Owned(self.load_at(id, h.key, h.size, h.parent)?)));
+        let hint = self.path_hints.borrow_mut().take(id);
+        if let Some((key, size, parent)) = hint {
+            return Ok(Some(Cow::Owned(self.load_at(id, key, size, parent)?)));
         }
         match self.cached_record(id)? {
             Some(r) => Ok(Some(Cow::Owned(self.load(id, &r)?))),
@@ -2215,23 +2253,26 @@ impl EntrySource for LogTranscriptSource {
                 };
                 next = depth.saturating_add(1);
                 if depth >= start {
+                    // The first entry's parent is given; every later one's
+                    // is the entry before it.
                     let p = if depth == 0 {
-                        link.orphan_parent
+                        Some(link.orphan_parent)
+                    } else if depth == start {
+                        Some(parent.take())
                     } else {
-                        parent.take()
+                        None
                     };
-                    hints.insert(
-                        link.id.clone(),
-                        PathHint {
-                            key: link.key,
-                            size: link.size,
-                            parent: p,
-                        },
-                    );
                     bytes = bytes.saturating_add(link.size);
                     out.push((link.id.clone(), link.size));
+                    hints.queue.push_back(PathHint {
+                        id: link.id,
+                        key: link.key,
+                        size: link.size,
+                        parent: p,
+                    });
+                } else {
+                    parent = Some(link.id);
                 }
-                parent = Some(link.id);
                 bytes <= bytes_max
             })
             .map_err(engine_err)?;
@@ -2248,7 +2289,7 @@ impl EntrySource for LogTranscriptSource {
             hints.clear();
             return Ok(None);
         }
-        *self.span.borrow_mut() = read_page_span(&self.engine, hints.values(), bytes);
+        *self.span.borrow_mut() = read_page_span(&self.engine, hints.queue.iter(), bytes);
         Ok(Some(out))
     }
 
