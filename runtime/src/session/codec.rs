@@ -122,9 +122,20 @@ struct EntryAppendedBody<'a> {
 /// answer and the error. The hand reader accepts only bytes serde decodes
 /// to the same entry (checked by tests and the `event_decode` fuzz target).
 pub fn decode_appended_entry(bytes: &[u8]) -> Result<crate::transcript::Entry, CodecError> {
+    decode_appended_entry_as(bytes, true)
+}
+
+/// [`decode_appended_entry`] for a caller that sets the parent itself
+/// (readers take it from the index): with `keep_parent` false the written
+/// parent is checked like the rest but not copied, and the entry's parent
+/// may be `None`.
+pub(crate) fn decode_appended_entry_as(
+    bytes: &[u8],
+    keep_parent: bool,
+) -> Result<crate::transcript::Entry, CodecError> {
     if bytes.len() <= MAX_CODEC_INPUT {
         if let Some((&EVENT_SCHEMA, body)) = bytes.split_first() {
-            if let Some(entry) = fast::appended_entry(body) {
+            if let Some(entry) = fast::appended_entry(body, keep_parent) {
                 return Ok(entry);
             }
         }
@@ -192,7 +203,8 @@ mod fast {
             self.b.first() == Some(&0xc0)
         }
 
-        fn str(&mut self) -> Option<&'a str> {
+        /// A string's bytes, not yet checked to be UTF-8.
+        fn str_bytes(&mut self) -> Option<&'a [u8]> {
             let n = match self.byte()? {
                 m @ 0xa0..=0xbf => usize::from(m & 0x1f),
                 0xd9 => usize::try_from(self.be(1)?).ok()?,
@@ -200,15 +212,29 @@ mod fast {
                 0xdb => usize::try_from(self.be(4)?).ok()?,
                 _ => return None,
             };
-            std::str::from_utf8(self.take(n)?).ok()
+            self.take(n)
+        }
+
+        fn str(&mut self) -> Option<&'a str> {
+            std::str::from_utf8(self.str_bytes()?).ok()
         }
 
         fn string(&mut self) -> Option<String> {
             self.str().map(str::to_owned)
         }
 
+        /// A map key equal to `want` (equal bytes are UTF-8, as `want` is).
         fn key(&mut self, want: &str) -> Option<()> {
-            (self.str()? == want).then_some(())
+            (self.str_bytes()? == want.as_bytes()).then_some(())
+        }
+
+        /// A nil or a string, checked but not copied.
+        fn skip_opt_str(&mut self) -> Option<()> {
+            if self.peek_nil() {
+                self.byte()?;
+                return Some(());
+            }
+            self.str().map(|_| ())
         }
 
         fn opt_string(&mut self) -> Option<Option<String>> {
@@ -272,8 +298,9 @@ mod fast {
         }
     }
 
-    /// The entry of an `entry_appended` event body (after the schema byte).
-    pub(super) fn appended_entry(body: &[u8]) -> Option<Entry> {
+    /// The entry of an `entry_appended` event body (after the schema byte);
+    /// with `keep_parent` false its parent is checked but left `None`.
+    pub(super) fn appended_entry(body: &[u8], keep_parent: bool) -> Option<Entry> {
         let r = &mut Reader { b: body };
         if r.map_len()? != 2 {
             return None;
@@ -283,17 +310,22 @@ mod fast {
             return None;
         }
         r.key("entry")?;
-        entry(r)
+        entry(r, keep_parent)
     }
 
-    fn entry(r: &mut Reader<'_>) -> Option<Entry> {
+    fn entry(r: &mut Reader<'_>, keep_parent: bool) -> Option<Entry> {
         if r.map_len()? != 4 {
             return None;
         }
         r.key("id")?;
         let id = EntryId::from_decoded(r.string()?);
         r.key("parent_id")?;
-        let parent_id = r.opt_string()?.map(EntryId::from_decoded);
+        let parent_id = if keep_parent {
+            r.opt_string()?.map(EntryId::from_decoded)
+        } else {
+            r.skip_opt_str()?;
+            None
+        };
         r.key("timestamp_ms")?;
         let timestamp_ms = r.i64()?;
         r.key("kind")?;
@@ -702,11 +734,17 @@ mod tests {
             })
             .unwrap();
             // The written layout is read by hand, except JSON values.
-            let fast = fast::appended_entry(&bytes[1..]);
+            let fast = fast::appended_entry(&bytes[1..], true);
             assert_eq!(fast.is_some(), !has_json, "{entry:?}");
             if let Some(e) = fast {
                 assert_eq!(e, entry);
             }
+            let mut orphan = decode_appended_entry_as(&bytes, false).unwrap();
+            if !has_json {
+                assert_eq!(orphan.parent_id, None);
+            }
+            orphan.parent_id = entry.parent_id.clone();
+            assert_eq!(orphan, entry);
             assert_eq!(decode_appended_entry(&bytes).unwrap(), entry);
             assert_eq!(decode_appended_entry_serde(&bytes).unwrap(), entry);
         }
@@ -725,8 +763,13 @@ mod tests {
             let check = |b: &[u8]| {
                 let serde = decode_appended_entry_serde(b).ok();
                 if let Some(body) = b.get(1..) {
-                    if let Some(fast) = fast::appended_entry(body) {
+                    if let Some(fast) = fast::appended_entry(body, true) {
                         assert_eq!(Some(fast), serde, "{b:?}");
+                    }
+                    // Without the parent: accepted exactly when serde accepts.
+                    let orphan = fast::appended_entry(body, false);
+                    if orphan.is_some() {
+                        assert!(serde.is_some(), "{b:?}");
                     }
                 }
                 assert_eq!(decode_appended_entry(b).ok(), serde, "{b:?}");

@@ -75,7 +75,8 @@ use spool_engine::{
 
 use super::log::{PURGE_EVENT_KIND, SESSION_EVENT_PREFIX};
 use super::StoreError;
-use crate::session::{decode_appended_entry, decode_event, SessionEvent, SessionId};
+use crate::session::codec::decode_appended_entry_as;
+use crate::session::{decode_event, SessionEvent, SessionId};
 use crate::transcript::{
     entry_size, entry_summary, first_kept_depth, Anchor, ChildLinks, CustomRef, Entry, EntryFacts,
     EntryId, EntryKind, EntrySource, PathFacts, PathMarker, ResidentError, TranscriptVersion,
@@ -1563,8 +1564,9 @@ pub const ENTRY_CACHE_GHOSTS_MAX: usize = 8192;
 type EntryKey = (LogPosition, u32, u32);
 
 /// A decoded log entry as cached: the stream (session) of its commit and
-/// the entry as the log holds it (its parent as written; readers take the
-/// parent from the index).
+/// the entry as the log holds it, except its parent, which is not kept
+/// (it may be `None` or as written): readers take the parent from the
+/// index.
 struct CachedEntry {
     sid: SessionId,
     entry: Entry,
@@ -1974,9 +1976,12 @@ impl LogTranscriptSource {
         Ok(ev)
     }
 
-    /// The entry as the log holds it (its parent as written), read and
-    /// decoded from the commit the record names. An appended entry is
-    /// decoded alone ([`decode_appended_entry`]); an entry of a
+    /// The entry as the log holds it, read and decoded from the commit the
+    /// record names; its parent is left to the caller (it may be `None`
+    /// or the parent as written: the index's is the current one). An
+    /// appended entry is decoded alone
+    /// ([`decode_appended_entry`](crate::session::decode_appended_entry));
+    /// an entry of a
     /// whole-transcript event decodes that event (kept for the next entry
     /// of the same event).
     fn read_entry(&self, id: &EntryId, at: EntryKey) -> Result<Entry, StoreError> {
@@ -2019,7 +2024,7 @@ impl LogTranscriptSource {
     }
 
     /// The entry of event `event` of `c` when that event is an
-    /// `entry_appended` one (decoded alone, [`decode_appended_entry`]);
+    /// `entry_appended` one (decoded alone, its parent not copied);
     /// `None` for another event; an error when the commit is not this
     /// session's or has no such event.
     fn appended_in(&self, c: CommitRef<'_>, event: u32) -> Result<Option<Entry>, StoreError> {
@@ -2041,7 +2046,8 @@ impl LogTranscriptSource {
         {
             return Ok(None);
         }
-        decode_appended_entry(raw.payload)
+        // The parent is the index's (the caller sets it): not copied.
+        decode_appended_entry_as(raw.payload, false)
             .map(Some)
             .map_err(|e| self.corrupt(format!("event {event} of the commit at {pos}: {e}")))
     }
