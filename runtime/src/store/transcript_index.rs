@@ -2039,11 +2039,7 @@ impl LogTranscriptSource {
             .ok()
             .and_then(|i| c.event(i))
             .ok_or_else(|| self.corrupt(format!("no event {event} in the commit at {pos}")))?;
-        if !raw
-            .kind
-            .strip_prefix(SESSION_EVENT_PREFIX)
-            .is_some_and(|k| k == "entry_appended")
-        {
+        if raw.kind.strip_prefix(SESSION_EVENT_PREFIX) != Some("entry_appended") {
             return Ok(None);
         }
         // The parent is the index's (the caller sets it): not copied.
