@@ -18,8 +18,8 @@ use spool_engine::{
     verify, Durability, EventData, ExpectedVersion, LogPosition, NewCommit, Options, Store,
 };
 use spool_runtime::session::{
-    decode_event, decode_snapshot, encode_event, encode_snapshot, AgentDefinition, AgentSession,
-    SessionEvent, SessionId,
+    decode_appended_entry, decode_appended_entry_serde, decode_event, decode_snapshot,
+    encode_event, encode_snapshot, AgentDefinition, AgentSession, SessionEvent, SessionId,
 };
 use spool_runtime::store::{ListQuery, LogStore, LogStoreOptions, SessionStore};
 
@@ -134,7 +134,8 @@ pub fn frame_decode(data: &[u8]) {
 
 /// `event_decode`: the runtime's event and snapshot decoders on arbitrary
 /// bytes. Whatever decodes must re-encode and decode to the same value, and
-/// folding it (after a fixed `created`) must not panic.
+/// folding it (after a fixed `created`) must not panic; the appended-entry
+/// reader must agree with serde.
 pub fn event_decode(data: &[u8]) {
     let data = &data[..data.len().min(INPUT_BYTES_MAX)];
     if let Ok(ev) = decode_event(data) {
@@ -153,6 +154,13 @@ pub fn event_decode(data: &[u8]) {
             let again = encode_event(&ev).expect("a decoded event re-encodes");
             assert_eq!(decode_event(&again).expect("decodes"), ev);
         }
+        // The appended-entry reader (a hand reader of the written layout,
+        // serde for the rest) answers exactly what serde answers.
+        assert_eq!(
+            decode_appended_entry(&forced).ok(),
+            decode_appended_entry_serde(&forced).ok(),
+            "the hand reader and serde disagree"
+        );
         forced[0] = spool_runtime::session::SNAPSHOT_SCHEMA;
     }
     if let Ok(s) = decode_snapshot(&forced) {

@@ -379,18 +379,12 @@ impl<'a> Reader<'a> {
     fn u64(&mut self, what: &str) -> Result<u64, String> {
         Ok(le_u64(self.take(8, what)?))
     }
-    fn str(&mut self, n: usize, what: &str) -> Result<String, String> {
-        let s = self.take(n, what)?;
-        std::str::from_utf8(s)
-            .map(str::to_string)
-            .map_err(|_| format!("{what}: not UTF-8"))
-    }
 }
 
 /// Decode a commit payload. Every length is checked against the remaining bytes before
 /// anything is allocated.
 pub fn decode_commit(payload: &[u8], position: LogPosition) -> Result<RecordedCommit, String> {
-    decode_commit_impl(payload, position, true)
+    Ok(decode_commit_ref(payload, position)?.to_owned())
 }
 
 /// The seq field of a commit payload, read without decoding the rest (`None` if short).
@@ -405,20 +399,113 @@ pub fn peek_seq(payload: &[u8]) -> Option<u64> {
 /// Like [`decode_commit`] but without copying the events out (`events` is empty): every
 /// field and length is still validated. Recovery uses it for records it only checks.
 pub fn decode_commit_head(payload: &[u8], position: LogPosition) -> Result<RecordedCommit, String> {
-    decode_commit_impl(payload, position, false)
+    let c = decode_commit_ref(payload, position)?;
+    Ok(RecordedCommit {
+        info: c.info(),
+        expected: c.expected,
+        events: Vec::new(),
+        record_bytes: c.record_bytes,
+    })
 }
 
-fn decode_commit_impl(
-    payload: &[u8],
-    position: LogPosition,
-    with_events: bool,
-) -> Result<RecordedCommit, String> {
+/// A commit decoded in place: every field and length checked exactly as
+/// [`decode_commit`] checks them, the stream id and the events borrowed from the
+/// payload. Reading one event of a commit this way allocates nothing.
+#[derive(Debug, Clone, Copy)]
+pub struct CommitRef<'a> {
+    pub stream: &'a str,
+    pub expected: ExpectedVersion,
+    /// The stream's new head version.
+    pub version: u64,
+    pub seq: u64,
+    pub position: LogPosition,
+    pub timestamp_ms: i64,
+    pub commit_id: Uuid,
+    /// Bytes the record occupies in the log (frame header + payload).
+    pub record_bytes: u32,
+    /// The events' bytes (kind length, kind, payload length, payload; repeated),
+    /// already validated.
+    events: &'a [u8],
+    count: usize,
+}
+
+/// One event of a [`CommitRef`], borrowed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EventRef<'a> {
+    pub kind: &'a str,
+    pub payload: &'a [u8],
+}
+
+impl<'a> CommitRef<'a> {
+    /// Number of events (1..=[`EVENTS_PER_COMMIT_MAX`]).
+    pub fn event_count(&self) -> usize {
+        self.count
+    }
+
+    /// The events in order.
+    pub fn events(&self) -> impl Iterator<Item = EventRef<'a>> {
+        let mut r = Reader {
+            b: self.events,
+            pos: 0,
+        };
+        // The bytes were validated by `decode_commit_ref`: every step succeeds.
+        std::iter::from_fn(move || next_event(&mut r).ok())
+    }
+
+    /// Event `i`, `None` past the last one.
+    pub fn event(&self, i: usize) -> Option<EventRef<'a>> {
+        self.events().nth(i)
+    }
+
+    /// What the commit is, owned.
+    pub fn info(&self) -> CommitInfo {
+        CommitInfo {
+            stream: self.stream.to_string(),
+            version: self.version,
+            seq: self.seq,
+            position: self.position,
+            timestamp_ms: self.timestamp_ms,
+            commit_id: self.commit_id,
+        }
+    }
+
+    /// The commit with its events copied out.
+    pub fn to_owned(&self) -> RecordedCommit {
+        let mut events = Vec::with_capacity(self.count);
+        events.extend(self.events().map(|e| EventData {
+            kind: e.kind.to_string(),
+            payload: e.payload.to_vec(),
+        }));
+        debug_assert_eq!(events.len(), self.count);
+        RecordedCommit {
+            info: self.info(),
+            expected: self.expected,
+            events,
+            record_bytes: self.record_bytes,
+        }
+    }
+}
+
+/// The next event at `r`: kind length, kind (UTF-8), payload length, payload.
+fn next_event<'a>(r: &mut Reader<'a>) -> Result<EventRef<'a>, String> {
+    let klen = r.u8("event kind length")? as usize;
+    let kind = r.take(klen, "event kind")?;
+    let kind = std::str::from_utf8(kind).map_err(|_| "event kind: not UTF-8".to_string())?;
+    let plen = r.u32("event payload length")? as usize;
+    let payload = r.take(plen, "event payload")?;
+    Ok(EventRef { kind, payload })
+}
+
+/// Decode a commit payload in place (see [`CommitRef`]): the checks of
+/// [`decode_commit`], no allocation.
+pub fn decode_commit_ref(payload: &[u8], position: LogPosition) -> Result<CommitRef<'_>, String> {
     let mut r = Reader { b: payload, pos: 0 };
     let slen = r.u16("stream length")? as usize;
     if slen == 0 || slen > STREAM_ID_BYTES_MAX {
         return Err(format!("stream length {slen} out of range"));
     }
-    let stream = r.str(slen, "stream id")?;
+    let stream = std::str::from_utf8(r.take(slen, "stream id")?)
+        .map_err(|_| "stream id: not UTF-8".to_string())?;
     let ek = r.u8("expected kind")?;
     let ev = r.u64("expected version")?;
     let expected = match ek {
@@ -436,26 +523,17 @@ fn decode_commit_impl(
     if count == 0 || count > EVENTS_PER_COMMIT_MAX {
         return Err(format!("event count {count} out of range"));
     }
-    // Each event needs at least 5 bytes: never reserve more than the bytes can hold.
+    // Each event needs at least 5 bytes: a count the bytes cannot hold is refused
+    // before walking them.
     let remaining = payload.len() - r.pos;
     if count > remaining / 5 {
         return Err(format!(
             "event count {count} exceeds what {remaining} bytes can hold"
         ));
     }
-    let mut events = Vec::with_capacity(if with_events { count } else { 0 });
+    let events_at = r.pos;
     for _ in 0..count {
-        let klen = r.u8("event kind length")? as usize;
-        let kind = r.take(klen, "event kind")?;
-        let kind = std::str::from_utf8(kind).map_err(|_| "event kind: not UTF-8".to_string())?;
-        let plen = r.u32("event payload length")? as usize;
-        let payload = r.take(plen, "event payload")?;
-        if with_events {
-            events.push(EventData {
-                kind: kind.to_string(),
-                payload: payload.to_vec(),
-            });
-        }
+        next_event(&mut r)?;
     }
     if r.pos != payload.len() {
         return Err(format!(
@@ -463,18 +541,17 @@ fn decode_commit_impl(
             payload.len() - r.pos
         ));
     }
-    Ok(RecordedCommit {
-        info: CommitInfo {
-            stream,
-            version,
-            seq,
-            position,
-            timestamp_ms,
-            commit_id: Uuid::from_bytes(id),
-        },
+    Ok(CommitRef {
+        stream,
         expected,
-        events,
+        version,
+        seq,
+        position,
+        timestamp_ms,
+        commit_id: Uuid::from_bytes(id),
         record_bytes: u32::try_from(payload.len() as u64 + FRAME_HEADER_BYTES).unwrap_or(u32::MAX),
+        events: payload.get(events_at..).unwrap_or(&[]),
+        count,
     })
 }
 
@@ -524,6 +601,18 @@ mod tests {
         let head = decode_commit_head(payload, pos).unwrap();
         assert_eq!(head.info, rec.info);
         assert!(head.events.is_empty());
+        // In place: the same fields, the events borrowed, one by index.
+        let r = decode_commit_ref(payload, pos).unwrap();
+        assert_eq!(r.info(), rec.info);
+        assert_eq!(r.to_owned(), rec);
+        assert_eq!(r.event_count(), events.len());
+        let borrowed: Vec<EventRef<'_>> = r.events().collect();
+        assert_eq!(borrowed.len(), events.len());
+        for (b, e) in borrowed.iter().zip(&events) {
+            assert_eq!((b.kind, b.payload), (e.kind.as_str(), e.payload.as_slice()));
+        }
+        assert_eq!(r.event(1), Some(borrowed[1]));
+        assert_eq!(r.event(3), None);
         // The checksum binds the segment id: the same bytes in another segment fail.
         assert!(matches!(
             check_frame(&frame, 4, 1 << 20),
@@ -539,6 +628,9 @@ mod tests {
             let pos = LogPosition { segment: 1, offset: 32 };
             let _ = decode_commit(&bytes, pos);
             let _ = decode_commit_head(&bytes, pos);
+            if let Ok(r) = decode_commit_ref(&bytes, pos) {
+                prop_assert_eq!(r.events().count(), r.event_count());
+            }
             let _ = peek_seq(&bytes);
             let _ = check_frame(&bytes, 1, RECORD_BYTES_HARD_CAP);
             let _ = check_header(&bytes, 1);
@@ -555,6 +647,11 @@ mod tests {
             if let Ok(r) = decode_commit(&payload, pos) {
                 prop_assert!(r.record_bytes as usize <= frame.len());
             }
+            // In place: accepted exactly when the copying decode accepts.
+            prop_assert_eq!(
+                decode_commit_ref(&payload, pos).ok().map(|r| r.to_owned()),
+                decode_commit(&payload, pos).ok()
+            );
         }
     }
 }

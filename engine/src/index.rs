@@ -892,13 +892,37 @@ impl Index {
         &self,
         ns: &str,
         prefix: &[u8],
+        f: impl FnMut(&[u8], &[u8]) -> bool,
+    ) -> Result<(), Error> {
+        self.visit_range(ns, prefix, prefix, f)
+    }
+
+    /// Like [`Index::visit_prefix`], starting at the first key `>= from` (keys without
+    /// the namespace): a range-from scan, so a reader that wants the entries after some
+    /// key within a prefix does not step over the ones before it. A `from` below the
+    /// prefix starts at the prefix; one past it visits nothing.
+    pub fn visit_range(
+        &self,
+        ns: &str,
+        prefix: &[u8],
+        from: &[u8],
         mut f: impl FnMut(&[u8], &[u8]) -> bool,
     ) -> Result<(), Error> {
         let p = user_key(ns, prefix);
+        let from = if from.starts_with(prefix) {
+            user_key(ns, from)
+        } else if from < prefix {
+            p.clone()
+        } else {
+            // Past every key with the prefix (it differs from the prefix at a byte
+            // where it is greater); an empty range, which must not reach the range
+            // calls below (a start after the end panics in `BTreeMap::range`).
+            return Ok(());
+        };
         let strip = user_prefix_len(ns);
-        let mut it = self.merged(&p);
+        let mut it = self.merged_from(&p, &from);
         if it.mem.peek().is_none() {
-            // Nothing pending in the memtables for this prefix: sled's entries alone.
+            // Nothing pending in the memtables in range: sled's entries alone.
             for kv in &mut it.sled {
                 let (k, v) = kv.map_err(sled_err)?;
                 if !f(k.get(strip..).unwrap_or(&[]), &v) {

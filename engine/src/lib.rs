@@ -37,13 +37,14 @@ pub mod vfs;
 
 pub use error::{Error, IndexError};
 pub use format::{
-    EVENTS_PER_COMMIT_MAX, EVENT_KIND_BYTES_MAX, RECORD_BYTES_HARD_CAP, RECORD_BYTES_MAX_DEFAULT,
-    SEGMENT_BYTES_MAX_DEFAULT, SEGMENT_BYTES_MIN, STREAM_ID_BYTES_MAX,
+    CommitRef, EventRef, EVENTS_PER_COMMIT_MAX, EVENT_KIND_BYTES_MAX, RECORD_BYTES_HARD_CAP,
+    RECORD_BYTES_MAX_DEFAULT, SEGMENT_BYTES_MAX_DEFAULT, SEGMENT_BYTES_MIN, STREAM_ID_BYTES_MAX,
 };
 pub use gc::{GcPlan, GcReport, GcSegment, GC_MANIFEST_IDS_MAX};
 pub use index::{Index, IndexBatch, IndexScan, Indexer, StreamHead, INDEX_FORMAT_VERSION};
+pub use log::LogSpan;
 pub use salvage::{salvage, DroppedCommit, LostRange, SalvageReport};
-pub use store::{LogScan, Store, INDEX_DIR, LOCK_FILE, LOCK_WAIT_MAX_MS};
+pub use store::{LogScan, Store, INDEX_DIR, LOCK_FILE, LOCK_WAIT_MAX_MS, LOG_SPAN_BYTES_MAX};
 pub use types::{
     AppendOutcome, CommitInfo, Durability, EventData, ExpectedVersion, LogPosition, NewCommit,
     Options, Preallocate, RecordedCommit, StoreStats,

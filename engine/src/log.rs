@@ -1,6 +1,7 @@
 //! Segments: scanning (recovery, verification) and reading records.
 
 use crate::error::Error;
+use crate::format::CommitRef;
 use crate::format::{self, FrameCheck, FRAME_HEADER_BYTES, SEGMENT_HEADER_BYTES};
 use crate::types::{LogPosition, RecordedCommit};
 use crate::vfs::{Mapped, VfsFile};
@@ -98,6 +99,19 @@ impl Segment {
     /// Read and decode the record at `offset`. Lengths are checked against the segment's
     /// acknowledged end and `max_len` before anything is allocated.
     pub fn read(&self, offset: u64, max_len: u32) -> Result<RecordedCommit, Error> {
+        self.visit(offset, max_len, |c| c.to_owned())
+    }
+
+    /// Read the record at `offset`, decode it in place and hand it to `f`: borrowed from
+    /// the segment's map when it has one, else from one read into a buffer the calling
+    /// thread reuses (a second read only for a record longer than
+    /// [`READ_AHEAD_BYTES`]). The checks are [`Segment::read`]'s.
+    pub fn visit<R>(
+        &self,
+        offset: u64,
+        max_len: u32,
+        f: impl FnOnce(CommitRef<'_>) -> R,
+    ) -> Result<R, Error> {
         let end = self.end.load(Ordering::Acquire);
         if offset < self.data_start || offset >= end {
             return Err(Error::NotFound(format!("{}@{offset}", self.name)));
@@ -113,7 +127,8 @@ impl Segment {
                     Error::corrupt(&self.name, offset, "segment shorter than its end")
                 })?;
             return match format::check_frame(bytes, self.id, max_len) {
-                FrameCheck::Valid { payload, .. } => format::decode_commit(payload, pos)
+                FrameCheck::Valid { payload, .. } => format::decode_commit_ref(payload, pos)
+                    .map(f)
                     .map_err(|p| Error::corrupt(&self.name, offset, p)),
                 FrameCheck::Zero => Err(Error::corrupt(
                     &self.name,
@@ -123,24 +138,59 @@ impl Segment {
                 FrameCheck::Invalid(p) => Err(Error::corrupt(&self.name, offset, p)),
             };
         }
-        let mut hb = [0u8; FRAME_HEADER_BYTES as usize];
+        let mut buf = READ_BUF.with(|b| std::mem::take(&mut *b.borrow_mut()));
+        let res = self.visit_read(offset, end, max_len, pos, &mut buf, f);
+        if buf.capacity() <= READ_BUF_KEEP_BYTES {
+            READ_BUF.with(|b| *b.borrow_mut() = buf);
+        }
+        res
+    }
+
+    /// [`Segment::visit`] of an unmapped segment, reading into `buf`.
+    fn visit_read<R>(
+        &self,
+        offset: u64,
+        end: u64,
+        max_len: u32,
+        pos: LogPosition,
+        buf: &mut Vec<u8>,
+        f: impl FnOnce(CommitRef<'_>) -> R,
+    ) -> Result<R, Error> {
+        // The frame header and, for most records, the whole payload in one read;
+        // never past the acknowledged end.
+        let first = (end - offset).min(READ_AHEAD_BYTES);
+        buf.clear();
+        buf.resize(first as usize, 0);
         self.file
-            .read_at(&mut hb, offset)
+            .read_at(buf, offset)
             .map_err(|e| Error::io(&self.name, "read_at", e))?;
+        let mut hb = [0u8; FRAME_HEADER_BYTES as usize];
+        let head = buf
+            .get(..FRAME_HEADER_BYTES as usize)
+            .ok_or_else(|| Error::corrupt(&self.name, offset, "truncated frame header"))?;
+        hb.copy_from_slice(head);
         let h = format::FrameHeader::parse(&hb);
-        if h.len > max_len || offset + FRAME_HEADER_BYTES + u64::from(h.len) > end {
+        let total = FRAME_HEADER_BYTES + u64::from(h.len);
+        if h.len > max_len || offset + total > end {
             return Err(Error::corrupt(
                 &self.name,
                 offset,
                 format!("record length {} exceeds the segment or the maximum", h.len),
             ));
         }
-        let mut payload = vec![0u8; h.len as usize];
-        self.file
-            .read_at(&mut payload, offset + FRAME_HEADER_BYTES)
-            .map_err(|e| Error::io(&self.name, "read_at", e))?;
+        if total > first {
+            // Checked above: `total` is at most `max_len` plus the header.
+            buf.resize(total as usize, 0);
+            let rest = buf.get_mut(first as usize..).unwrap_or(&mut []);
+            self.file
+                .read_at(rest, offset + first)
+                .map_err(|e| Error::io(&self.name, "read_at", e))?;
+        }
+        let payload = buf
+            .get(FRAME_HEADER_BYTES as usize..total as usize)
+            .unwrap_or(&[]);
         if h.kind != format::RECORD_KIND_COMMIT
-            || format::record_crc(self.id, h.kind, &payload) != h.crc
+            || format::record_crc(self.id, h.kind, payload) != h.crc
         {
             return Err(Error::corrupt(
                 &self.name,
@@ -148,8 +198,132 @@ impl Segment {
                 "record checksum mismatch",
             ));
         }
-        format::decode_commit(&payload, pos).map_err(|p| Error::corrupt(&self.name, offset, p))
+        format::decode_commit_ref(payload, pos)
+            .map(f)
+            .map_err(|p| Error::corrupt(&self.name, offset, p))
     }
+}
+
+/// The bytes of a segment from `start` on, read once for several records (see
+/// [`Segment::span`]).
+#[derive(Debug)]
+pub struct LogSpan {
+    segment: u64,
+    name: String,
+    start: u64,
+    max_len: u32,
+    bytes: SpanBytes,
+}
+
+#[derive(Debug)]
+enum SpanBytes {
+    /// A range of the segment's map.
+    Mapped(Arc<Mapped>, std::ops::Range<usize>),
+    /// Read from the file.
+    Read(Vec<u8>),
+}
+
+impl LogSpan {
+    fn bytes(&self) -> &[u8] {
+        match &self.bytes {
+            SpanBytes::Mapped(m, r) => m.get(r.clone()).unwrap_or(&[]),
+            SpanBytes::Read(v) => v,
+        }
+    }
+
+    /// The record at `pos`, checked and decoded in place as [`Segment::visit`] does,
+    /// handed to `f`; `None` when the record is not wholly inside the span (the caller
+    /// reads it on its own).
+    pub fn visit<R>(
+        &self,
+        pos: LogPosition,
+        f: impl FnOnce(CommitRef<'_>) -> R,
+    ) -> Option<Result<R, Error>> {
+        if pos.segment != self.segment || pos.offset < self.start {
+            return None;
+        }
+        let at = usize::try_from(pos.offset - self.start).ok()?;
+        let bytes = self.bytes().get(at..)?;
+        let mut hb = [0u8; FRAME_HEADER_BYTES as usize];
+        hb.copy_from_slice(bytes.get(..FRAME_HEADER_BYTES as usize)?);
+        let h = format::FrameHeader::parse(&hb);
+        let total = usize::try_from(FRAME_HEADER_BYTES + u64::from(h.len)).ok()?;
+        if h.len <= self.max_len && total > bytes.len() {
+            return None;
+        }
+        // The frame is inside the span (or its length is refused): the checks of a
+        // read, on exactly its bytes.
+        let frame = bytes.get(..total.min(bytes.len()))?;
+        Some(
+            match format::check_frame(frame, self.segment, self.max_len) {
+                FrameCheck::Valid { payload, .. } => format::decode_commit_ref(payload, pos)
+                    .map(f)
+                    .map_err(|p| Error::corrupt(&self.name, pos.offset, p)),
+                FrameCheck::Zero => Err(Error::corrupt(
+                    &self.name,
+                    pos.offset,
+                    "no record here (zero bytes)",
+                )),
+                FrameCheck::Invalid(p) => Err(Error::corrupt(&self.name, pos.offset, p)),
+            },
+        )
+    }
+}
+
+impl Segment {
+    /// The segment's acknowledged bytes from `offset` on, at most `len` of them:
+    /// borrowed from the map when the segment has one, else read with one `pread`.
+    /// For reading several nearby records ([`LogSpan::visit`]) at the cost of one read.
+    pub fn span(&self, offset: u64, len: u64, max_len: u32) -> Result<LogSpan, Error> {
+        let end = self.end.load(Ordering::Acquire);
+        if offset < self.data_start || offset >= end {
+            return Err(Error::NotFound(format!("{}@{offset}", self.name)));
+        }
+        let stop = offset.saturating_add(len).min(end);
+        let bytes = match self.mapped()? {
+            Some(map) => {
+                let r = offset as usize..(stop as usize).min(map.len());
+                if r.start > r.end {
+                    return Err(Error::corrupt(
+                        &self.name,
+                        offset,
+                        "segment shorter than its end",
+                    ));
+                }
+                SpanBytes::Mapped(map, r)
+            }
+            None => {
+                let n = usize::try_from(stop - offset)
+                    .map_err(|_| Error::corrupt(&self.name, offset, "span longer than memory"))?;
+                let mut v = vec![0u8; n];
+                self.file
+                    .read_at(&mut v, offset)
+                    .map_err(|e| Error::io(&self.name, "read_at", e))?;
+                SpanBytes::Read(v)
+            }
+        };
+        Ok(LogSpan {
+            segment: self.id,
+            name: self.name.clone(),
+            start: offset,
+            max_len,
+            bytes,
+        })
+    }
+}
+
+/// Bytes read at once from an unmapped segment: the frame header and the payload of
+/// most records (a longer record takes a second read for the rest).
+pub const READ_AHEAD_BYTES: u64 = 8 << 10;
+
+/// A thread's read buffer is kept for its next read only up to this capacity, so one
+/// large record does not pin its size in every reading thread.
+const READ_BUF_KEEP_BYTES: usize = 1 << 20;
+
+thread_local! {
+    /// The read buffer of [`Segment::visit`] for unmapped segments. Taken out while in
+    /// use, so a nested read (from inside `f`) gets a fresh one rather than a conflict.
+    static READ_BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// Segments in log order (see [`sort_in_log_order`]).

@@ -2,9 +2,9 @@
 
 use crate::bloom::CommitIdFilter;
 use crate::error::{Error, IndexError};
-use crate::format::{self, CommitHead, FRAME_HEADER_BYTES, SEGMENT_HEADER_BYTES};
+use crate::format::{self, CommitHead, CommitRef, FRAME_HEADER_BYTES, SEGMENT_HEADER_BYTES};
 use crate::index::Index;
-use crate::log::{self, HistoryCheck, Segment, Tail};
+use crate::log::{self, HistoryCheck, LogSpan, Segment, Tail};
 use crate::types::*;
 use crate::vfs::{Mapped, OpenMode, Vfs, VfsFile, VfsLock};
 use std::collections::{BTreeMap, HashMap};
@@ -27,6 +27,8 @@ pub const LOCK_WAIT_MAX_MS: u64 = 1_000;
 const LOCK_RETRY_MS: u64 = 5;
 /// Name of the sled index directory in the store directory.
 pub const INDEX_DIR: &str = "index";
+/// Most bytes one [`Store::read_span`] reads (or borrows): 4 MiB.
+pub const LOG_SPAN_BYTES_MAX: u64 = 4 << 20;
 
 /// Commits applied to the index per sled batch while catching up on open.
 pub(crate) const CATCH_UP_BATCH: usize = 1024;
@@ -785,6 +787,48 @@ impl Store {
             .cloned()
             .ok_or_else(|| Error::NotFound(pos.to_string()))?;
         seg.read(pos.offset, self.inner.opts.record_bytes_max)
+    }
+
+    /// The commit recorded at `pos`, decoded in place and handed to `f`, with the checks
+    /// of [`Store::read_at`] (frame checksum, every length): nothing is copied out of a
+    /// sealed (mapped) segment, and a record of the active segment is read with one
+    /// `pread` into a buffer the calling thread reuses. For reading one event of a
+    /// commit without the allocations of a [`RecordedCommit`].
+    pub fn visit_at<R>(
+        &self,
+        pos: LogPosition,
+        f: impl FnOnce(CommitRef<'_>) -> R,
+    ) -> Result<R, Error> {
+        let seg = self
+            .inner
+            .segments
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&pos.segment)
+            .cloned()
+            .ok_or_else(|| Error::NotFound(pos.to_string()))?;
+        seg.visit(pos.offset, self.inner.opts.record_bytes_max, f)
+    }
+
+    /// The bytes of the log from `from` on in its segment, at most `len` of them (never
+    /// past the acknowledged end), to read several nearby records with
+    /// [`LogSpan::visit`]: borrowed from a sealed segment's map, or read with one `pread`
+    /// from the active one. `len` is the caller's bound on what it copies
+    /// ([`LOG_SPAN_BYTES_MAX`] at most).
+    pub fn read_span(&self, from: LogPosition, len: u64) -> Result<LogSpan, Error> {
+        let seg = self
+            .inner
+            .segments
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&from.segment)
+            .cloned()
+            .ok_or_else(|| Error::NotFound(from.to_string()))?;
+        seg.span(
+            from.offset,
+            len.min(LOG_SPAN_BYTES_MAX),
+            self.inner.opts.record_bytes_max,
+        )
     }
 
     /// Commits with seq `>= from_seq` in log order, up to the last one acknowledged when

@@ -285,3 +285,82 @@ fn retry_of_an_old_commit_in_a_long_stream_is_found() {
     }
     assert_eq!(s.last_seq(), 5000);
 }
+
+/// `visit_at` decodes in place exactly what `read_at` copies out: from sealed (mapped)
+/// segments and the active one (read), records shorter and longer than one read-ahead,
+/// several events, and after a reopen; a position holding no record is an error.
+#[test]
+fn visit_at_sees_what_read_at_reads() {
+    let dir = tempfile::tempdir().unwrap();
+    let opts = || test_opts().durability(Durability::Buffered);
+    let s = Store::open(dir.path(), opts()).unwrap();
+    let mut positions = Vec::new();
+    for i in 0..60u64 {
+        // Sizes around the read-ahead (8 KiB) and the 64 KiB segments.
+        let len = [10usize, 8 * 1024 - 40, 8 * 1024 + 100, 20_000, 300][(i % 5) as usize];
+        let events = (0..=(i % 3))
+            .map(|k| EventData::new(format!("kind{k}"), vec![(i + k) as u8; len]))
+            .collect();
+        let c = committed(
+            s.append(NewCommit::new(
+                format!("s{}", i % 2),
+                ExpectedVersion::Any,
+                events,
+            ))
+            .unwrap(),
+        );
+        positions.push(c.position);
+    }
+    let check = |s: &Store| {
+        for &pos in &positions {
+            let copied = s.read_at(pos).unwrap();
+            let visited = s.visit_at(pos, |c| c.to_owned()).unwrap();
+            assert_eq!(visited, copied, "{pos}");
+            let first = s
+                .visit_at(pos, |c| {
+                    c.event(0).map(|e| (e.kind.to_string(), e.payload.len()))
+                })
+                .unwrap();
+            assert_eq!(
+                first,
+                Some((
+                    copied.events[0].kind.clone(),
+                    copied.events[0].payload.len()
+                ))
+            );
+        }
+        // Spans: every record wholly inside is read from the span as `read_at` reads
+        // it; one that is not (before the start, past the end, another segment) is
+        // left to the caller.
+        for (i, &from) in positions.iter().enumerate() {
+            for len in [0u64, 100, 30_000, u64::MAX] {
+                let span = s.read_span(from, len).unwrap();
+                for &pos in &positions[i.saturating_sub(1)..] {
+                    let got = span.visit(pos, |c| c.to_owned());
+                    let whole = pos.segment == from.segment
+                        && pos.offset >= from.offset
+                        && pos.offset + u64::from(s.read_at(pos).unwrap().record_bytes)
+                            <= from.offset.saturating_add(len);
+                    match got {
+                        Some(r) => {
+                            assert!(whole || len == u64::MAX, "{pos} in {from}+{len}");
+                            assert_eq!(r.unwrap(), s.read_at(pos).unwrap(), "{pos}");
+                        }
+                        None => assert!(!whole, "{pos} in {from}+{len}"),
+                    }
+                }
+            }
+        }
+        let last = positions[positions.len() - 1];
+        let nowhere = LogPosition {
+            segment: last.segment,
+            offset: last.offset + 1,
+        };
+        assert!(s.visit_at(nowhere, |_| ()).is_err());
+    };
+    assert!(s.stats().segments > 3, "{:?}", s.stats());
+    check(&s);
+    s.close().unwrap();
+    let s = Store::open(dir.path(), opts()).unwrap();
+    check(&s);
+}

@@ -254,6 +254,36 @@ fn assert_visit_equals_scan(s: &Store) {
             })
             .unwrap();
         assert_eq!(first.len(), scanned.len().min(1), "prefix {prefix:?}");
+        // `visit_range` sees the scan's entries from `from` on: starts inside the
+        // prefix (at a key, between keys), below it (everything) and past it (nothing).
+        let mut froms: Vec<Vec<u8>> = scanned.iter().map(|(k, _)| k.clone()).collect();
+        froms.extend(scanned.iter().map(|(k, _)| {
+            let mut k = k.clone();
+            k.push(0);
+            k
+        }));
+        froms.push(Vec::new());
+        let mut past = prefix.to_vec();
+        match past.last_mut() {
+            Some(b) if *b < u8::MAX => *b += 1,
+            _ => past.push(u8::MAX),
+        }
+        froms.push(past);
+        for from in froms.iter().step_by(7).chain(froms.iter().rev().take(2)) {
+            let want: Vec<_> = scanned
+                .iter()
+                .filter(|(k, _)| k.as_slice() >= from.as_slice())
+                .cloned()
+                .collect();
+            let mut got = Vec::new();
+            s.index()
+                .visit_range("lastkinds", prefix, from, |k, v| {
+                    got.push((k.to_vec(), v.to_vec()));
+                    true
+                })
+                .unwrap();
+            assert_eq!(got, want, "prefix {prefix:?} from {from:?}");
+        }
     }
 }
 

@@ -16,7 +16,8 @@ use spool_runtime::handle::{
 use spool_runtime::observer::RuntimeEvent;
 use spool_runtime::store::{MemoryStore, SessionStore};
 use spool_runtime::transcript::{
-    select_resident, Budget, CancelToken, EntryId, PageBudget, PageOrder, ReadResult,
+    select_resident, Budget, CancelToken, EntryId, OversizedPolicy, PageBudget, PageOrder,
+    ReadResult,
 };
 
 fn reference(
@@ -580,4 +581,73 @@ fn the_delta_rewrite_event_folds_like_the_plan_and_round_trips() {
     });
     assert!(err.is_err());
     assert_eq!(bad.state(), s.state());
+}
+
+/// Root-first pages of two sessions whose commits interleave in the log
+/// (so a page's commits are spread out), with entries from a few bytes to
+/// well over a read-ahead, give the path of the fully loaded transcript,
+/// page after page, with the active segment read by `pread` and after a
+/// reopen; and the continuation lands exactly after the last entry.
+#[test]
+fn root_first_pages_of_interleaved_sessions_give_the_loaded_path() {
+    let dir = tempfile::tempdir().unwrap();
+    let sizes = [10usize, 300, 4_000, 1_100, 20_000, 60];
+    let ids = {
+        let store = open_log(dir.path());
+        let (rt, _) = runtime(store.clone());
+        let a = new_session(&rt);
+        let b = new_session(&rt);
+        let ha = writer(&rt, &a, 6000);
+        let hb = writer(&rt, &b, 6000);
+        for i in 0..240 {
+            ha.append(sized(i, sizes[i % sizes.len()])).unwrap();
+            if i % 3 != 0 {
+                hb.append(sized(i, sizes[(i + 2) % sizes.len()])).unwrap();
+            }
+        }
+        // A run of b's commits alone: its pages' commits are adjacent.
+        hb.append_entries((0..90).map(|i| sized(i, sizes[i % 4])).collect())
+            .unwrap();
+        vec![a, b]
+    };
+    for reopen in 0..2 {
+        let store = open_log(dir.path());
+        let (rt, _) = runtime(store.clone());
+        for id in &ids {
+            let want = path_entries(&full_transcript(&*store, id));
+            for (bytes, events) in [(1u64, 64u64), (5_000, 64), (65_536, 64), (1 << 20, 7)] {
+                let h = rt
+                    .open_handle(id, HandleOptions::reader().with_budget(Budget::new(0, 0)))
+                    .unwrap();
+                let leaf = h.snapshot().leaf.clone().unwrap();
+                let (mut got, mut cursor) = (Vec::new(), None);
+                loop {
+                    let sel = HistorySelection::BranchPage {
+                        leaf: leaf.clone(),
+                        order: PageOrder::RootFirst,
+                        cursor: cursor.take(),
+                        budget: PageBudget::new(bytes, events)
+                            .with_oversized(OversizedPolicy::Alone),
+                    };
+                    let r = h.read(&sel, &CancelToken::new()).unwrap();
+                    let (page, next) = match r {
+                        ReadResult::Complete { value, .. } => (value, None),
+                        ReadResult::Page {
+                            value,
+                            continuation,
+                        } => (value, Some(continuation)),
+                        other => panic!("{other:?}"),
+                    };
+                    let page = page.as_page().unwrap().clone();
+                    assert!(!page.entries.is_empty());
+                    got.extend(page.entries);
+                    match next {
+                        Some(c) => cursor = Some(c),
+                        None => break,
+                    }
+                }
+                assert_eq!(got, want, "reopen {reopen}, session {id}, {bytes} bytes");
+            }
+        }
+    }
 }

@@ -672,6 +672,7 @@ impl EntrySource for RangedSource<'_> {
         leaf_depth: u64,
         start: u64,
         end: u64,
+        _bytes_max: u64,
     ) -> Result<Option<Vec<(EntryId, u64)>>, Self::Error> {
         let mut calls = self.ranges.borrow_mut();
         calls.push((start, end));

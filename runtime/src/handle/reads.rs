@@ -72,6 +72,14 @@ pub enum HistoryValue {
 }
 
 impl HistoryValue {
+    /// The page, owned (no copy of its entries).
+    pub fn into_page(self) -> Option<EntryPage> {
+        match self {
+            HistoryValue::Page(p) => Some(p),
+            _ => None,
+        }
+    }
+
     pub fn as_page(&self) -> Option<&EntryPage> {
         match self {
             HistoryValue::Page(p) => Some(p),

@@ -218,8 +218,10 @@ impl EntrySource for Overlay<'_> {
         leaf_depth: u64,
         start: u64,
         end: u64,
+        bytes_max: u64,
     ) -> Result<Option<Vec<(EntryId, u64)>>, StoreError> {
-        self.base.path_range(leaf, leaf_depth, start, end)
+        self.base
+            .path_range(leaf, leaf_depth, start, end, bytes_max)
     }
 
     fn single_chain(&self, leaf: &EntryId, path_entries: u64) -> Result<Option<bool>, StoreError> {

@@ -35,7 +35,7 @@
 //! leaf by depth (exactly the depths `0..path_len` of [`TranscriptMeta`]
 //! exist), so [`EntrySource::ancestor_at_depth`] answers in O(1) and a
 //! root-first branch page costs what it returns: its depth range is one
-//! prefix scan per block of 64 depths it touches
+//! range scan of the `p` keys from its first depth
 //! ([`EntrySource::path_range`]), and since each `p` value carries the
 //! entry's log position and size (the parent is the entry one depth up),
 //! the page's entries are read from the log without index record
@@ -69,11 +69,14 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, Weak};
 
 use serde::{Deserialize, Serialize};
-use spool_engine::{Index, IndexBatch, IndexError, Indexer, LogPosition, RecordedCommit, Store};
+use spool_engine::{
+    CommitRef, Index, IndexBatch, IndexError, Indexer, LogPosition, LogSpan, RecordedCommit, Store,
+};
 
 use super::log::{PURGE_EVENT_KIND, SESSION_EVENT_PREFIX};
 use super::StoreError;
-use crate::session::{decode_appended_entry, decode_event, SessionEvent, SessionId};
+use crate::session::codec::decode_appended_entry_as;
+use crate::session::{decode_event, SessionEvent, SessionId};
 use crate::transcript::{
     entry_size, entry_summary, first_kept_depth, Anchor, ChildLinks, CustomRef, Entry, EntryFacts,
     EntryId, EntryKind, EntrySource, PathFacts, PathMarker, ResidentError, TranscriptVersion,
@@ -540,8 +543,9 @@ fn label_key(sid: &str, target: &EntryId, seq: u64) -> Vec<u8> {
 }
 
 /// Depths of the active path are grouped in blocks of
-/// `1 << PATH_BLOCK_BITS` under a common key prefix, so that a root-first
-/// page (a depth range) is read with a prefix scan per block it touches.
+/// `1 << PATH_BLOCK_BITS` under a common key prefix; keys sort by depth,
+/// so a root-first page (a depth range) is one range scan from its first
+/// depth.
 const PATH_BLOCK_BITS: u32 = 6;
 
 /// The prefix of the `p` keys of one block of depths.
@@ -1560,8 +1564,9 @@ pub const ENTRY_CACHE_GHOSTS_MAX: usize = 8192;
 type EntryKey = (LogPosition, u32, u32);
 
 /// A decoded log entry as cached: the stream (session) of its commit and
-/// the entry as the log holds it (its parent as written; readers take the
-/// parent from the index).
+/// the entry as the log holds it, except its parent, which is not kept
+/// (it may be `None` or as written): readers take the parent from the
+/// index.
 struct CachedEntry {
     sid: SessionId,
     /// Shared with the resident snapshots that hold the entry (when its
@@ -1605,11 +1610,39 @@ pub struct EntryCache {
 
 #[derive(Default)]
 struct EntryCacheInner {
-    young: HashMap<EntryKey, Arc<CachedEntry>>,
+    young: HashMap<EntryKey, Arc<CachedEntry>, KeyHash>,
     young_bytes: u64,
-    old: HashMap<EntryKey, Arc<CachedEntry>>,
-    ghosts_young: HashSet<EntryKey>,
-    ghosts_old: HashSet<EntryKey>,
+    old: HashMap<EntryKey, Arc<CachedEntry>, KeyHash>,
+    ghosts_young: HashSet<EntryKey, KeyHash>,
+    ghosts_old: HashSet<EntryKey, KeyHash>,
+}
+
+/// The cache's hasher: keys are log positions chosen by the engine, not by
+/// callers, so a multiply-rotate mix of the integers (no flooding
+/// resistance needed) replaces SipHash, which cost more than the lookup.
+type KeyHash = std::hash::BuildHasherDefault<KeyHasher>;
+
+#[derive(Default)]
+struct KeyHasher(u64);
+
+impl std::hash::Hasher for KeyHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u64(u64::from(b));
+        }
+    }
+
+    fn write_u32(&mut self, n: u32) {
+        self.write_u64(u64::from(n));
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.0 = (self.0.rotate_left(5) ^ n).wrapping_mul(0x517c_c1b7_2722_0a95);
+    }
+
+    fn finish(&self) -> u64 {
+        self.0
+    }
 }
 
 impl EntryCacheInner {
@@ -1643,23 +1676,18 @@ impl EntryCacheInner {
 }
 
 impl EntryCache {
-    fn get(&self, key: &EntryKey) -> Option<Arc<CachedEntry>> {
+    /// The cached entry at `key`, or on a miss whether the entry read
+    /// there should be cached (see the admission rule): one lock.
+    fn lookup(&self, key: EntryKey) -> (Option<Arc<CachedEntry>>, bool) {
         let mut c = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(v) = c.young.get(key) {
-            return Some(v.clone());
+        if let Some(v) = c.young.get(&key) {
+            return (Some(v.clone()), false);
         }
-        let v = c.old.remove(key)?;
-        c.insert(*key, v.clone());
-        Some(v)
-    }
-
-    /// After a miss: whether the entry read at `key` should be cached
-    /// (see the admission rule).
-    fn admit(&self, key: EntryKey) -> bool {
-        self.inner
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .seen_before(key)
+        if let Some(v) = c.old.remove(&key) {
+            c.insert(key, v.clone());
+            return (Some(v), false);
+        }
+        (None, c.seen_before(key))
     }
 
     fn insert(&self, key: EntryKey, v: Arc<CachedEntry>) {
@@ -1695,6 +1723,67 @@ impl EntryCache {
     }
 }
 
+/// Bytes read past a page's last commit position, for that commit: its
+/// entry's size (the JSON form, which MessagePack does not exceed by much)
+/// plus this much for the commit's header, event kind and stream id.
+const SPAN_RECORD_SLACK: u64 = 1024;
+
+/// A page's commits are read in one span only when the span is at most
+/// this many times the page's entry bytes plus [`SPAN_BYTES_FREE`]: commits
+/// of other sessions between them are read along, so spread-out commits
+/// are read one by one instead.
+const SPAN_SPREAD_MAX: u64 = 2;
+
+/// See [`SPAN_SPREAD_MAX`].
+const SPAN_BYTES_FREE: u64 = 64 << 10;
+
+/// Where the log bytes holding the commits `hints` name are, to be read
+/// at once (one `pread` from the active segment, a borrow of a sealed
+/// one's map) when they are in one segment and close together (see
+/// [`SPAN_SPREAD_MAX`]); `None` otherwise (each entry is then read on its
+/// own). A record the span does not wholly hold is read on its own too, so
+/// the span is an optimisation only. Nothing is read here: the span is
+/// read at the first entry the entry cache misses (an open of a session
+/// whose entries are cached reads no log bytes).
+fn page_span_plan<'h>(
+    hints: impl Iterator<Item = &'h PathHint>,
+    bytes: u64,
+) -> Option<(LogPosition, u64)> {
+    let mut segment = None;
+    let (mut lo, mut hi, mut last_size) = (u64::MAX, 0u64, 0u64);
+    // Appended entries (entry index 0) only: entries of a whole-transcript
+    // event are read through that event (see `read_entry`).
+    for h in hints.filter(|h| h.key.2 == 0) {
+        let pos = h.key.0;
+        if *segment.get_or_insert(pos.segment) != pos.segment {
+            return None;
+        }
+        lo = lo.min(pos.offset);
+        if pos.offset >= hi {
+            hi = pos.offset;
+            last_size = h.size;
+        }
+    }
+    let segment = segment?;
+    let len = (hi - lo)
+        .saturating_add(last_size)
+        .saturating_add(SPAN_RECORD_SLACK);
+    let allowed = bytes
+        .saturating_mul(SPAN_SPREAD_MAX)
+        .saturating_add(SPAN_BYTES_FREE)
+        .min(spool_engine::LOG_SPAN_BYTES_MAX);
+    if len > allowed {
+        return None;
+    }
+    Some((
+        LogPosition {
+            segment,
+            offset: lo,
+        },
+        len,
+    ))
+}
+
 /// An [`EntrySource`] over the log store's transcript index for one
 /// session: facts, sizes, path facts, children, labels, summaries, the
 /// active path and custom lists come from the index; an entry's payload is
@@ -1712,16 +1801,77 @@ pub struct LogTranscriptSource {
     /// The entries of the last [`EntrySource::path_range`] answer: where
     /// each is in the log, its size and parent (read from the `p` values,
     /// so loading them needs no index record).
-    path_hints: RefCell<HashMap<EntryId, PathHint>>,
+    path_hints: RefCell<PathHints>,
+    /// Where the log bytes holding the commits of the last `path_range`
+    /// answer are, when they are close together (see [`page_span_plan`]),
+    /// until the first entry-cache miss reads them into `span`.
+    span_plan: RefCell<Option<(LogPosition, u64)>>,
+    /// Those bytes, once read.
+    span: RefCell<Option<LogSpan>>,
     entries: Arc<EntryCache>,
 }
 
+/// The entries of a path range, in depth order, consumed in that order
+/// (a page loads its entries root first): a hint serves the load of the
+/// entry at the front only, and an entry loaded otherwise goes through its
+/// index record.
+#[derive(Default)]
+struct PathHints {
+    queue: std::collections::VecDeque<PathHint>,
+    /// The id of the hint consumed last: the parent of the next one.
+    prev: Option<EntryId>,
+}
+
 /// Where an entry of a path range is, from its `p` value.
-#[derive(Clone)]
 struct PathHint {
+    id: EntryId,
     key: EntryKey,
     size: u64,
-    parent: Option<EntryId>,
+    /// The parent, or `None`: the entry of the previous hint (one depth
+    /// up), taken from [`PathHints::prev`] so it is not copied.
+    parent: Option<Option<EntryId>>,
+}
+
+impl PathHints {
+    fn clear(&mut self) {
+        self.queue.clear();
+        self.prev = None;
+    }
+
+    /// The hint of `id` with its parent when it is the next one.
+    fn take(&mut self, id: &EntryId) -> Option<(EntryKey, u64, Option<EntryId>)> {
+        if self.queue.front().is_none_or(|h| &h.id != id) {
+            return None;
+        }
+        let parent = match self.queue.front()?.parent {
+            Some(_) => None,
+            None => Some(self.prev.take()?),
+        };
+        let h = self.queue.pop_front()?;
+        let parent = match (h.parent, parent) {
+            (Some(p), _) => p,
+            (None, p) => p,
+        };
+        self.prev = Some(h.id);
+        Some((h.key, h.size, parent))
+    }
+
+    /// The hint of `id` wherever it is in the queue, left in place (a
+    /// newest-first walk reads the range from its back), with its parent
+    /// copied: the one given, or the entry of the hint before it. `None`
+    /// when `id` has no hint or its parent is not at hand.
+    fn get(&self, id: &EntryId) -> Option<(EntryKey, u64, Option<EntryId>)> {
+        let i = self.queue.iter().rposition(|h| &h.id == id)?;
+        let h = self.queue.get(i)?;
+        let parent = match &h.parent {
+            Some(p) => p.clone(),
+            None => Some(match i.checked_sub(1) {
+                Some(before) => self.queue.get(before)?.id.clone(),
+                None => self.prev.clone()?,
+            }),
+        };
+        Some((h.key, h.size, parent))
+    }
 }
 
 impl std::fmt::Debug for LogTranscriptSource {
@@ -1741,7 +1891,9 @@ impl LogTranscriptSource {
             commit: RefCell::new(None),
             event: RefCell::new(None),
             records: RefCell::new(HashMap::new()),
-            path_hints: RefCell::new(HashMap::new()),
+            path_hints: RefCell::new(PathHints::default()),
+            span_plan: RefCell::new(None),
+            span: RefCell::new(None),
         }
     }
 
@@ -1844,9 +1996,12 @@ impl LogTranscriptSource {
         Ok(ev)
     }
 
-    /// The entry as the log holds it (its parent as written), read and
-    /// decoded from the commit the record names. An appended entry is
-    /// decoded alone ([`decode_appended_entry`]); an entry of a
+    /// The entry as the log holds it, read and decoded from the commit the
+    /// record names; its parent is left to the caller (it may be `None`
+    /// or the parent as written: the index's is the current one). An
+    /// appended entry is decoded alone
+    /// ([`decode_appended_entry`](crate::session::decode_appended_entry));
+    /// an entry of a
     /// whole-transcript event decodes that event (kept for the next entry
     /// of the same event).
     fn read_entry(&self, id: &EntryId, at: EntryKey) -> Result<Entry, StoreError> {
@@ -1857,21 +2012,29 @@ impl LogTranscriptSource {
             ))
         };
         if sub == 0 {
-            let commit = self.commit_at(pos)?;
-            let raw = usize::try_from(event)
-                .ok()
-                .and_then(|i| commit.events.get(i))
-                .ok_or_else(|| {
-                    self.corrupt(format!("no event {} in the commit at {pos}", event))
-                })?;
-            if raw
-                .kind
-                .strip_prefix(SESSION_EVENT_PREFIX)
-                .is_some_and(|k| k == "entry_appended")
-            {
-                let e = decode_appended_entry(&raw.payload).map_err(|e| {
-                    self.corrupt(format!("event {} of the commit at {pos}: {e}", event))
-                })?;
+            // Read in place: the commit is checked (stream, event) and only
+            // the appended entry is decoded, from the segment's bytes (the
+            // page's span when it holds the record).
+            if self.span.borrow().is_none() {
+                if let Some((from, len)) = self.span_plan.borrow_mut().take() {
+                    // Best effort: a failed span read leaves each entry to
+                    // its own read, which reports what is wrong with it.
+                    *self.span.borrow_mut() = self.engine.read_span(from, len).ok();
+                }
+            }
+            let in_span = self
+                .span
+                .borrow()
+                .as_ref()
+                .and_then(|s| s.visit(pos, |c| self.appended_in(c, event)));
+            let appended = match in_span {
+                Some(r) => r.map_err(engine_err)??,
+                None => self
+                    .engine
+                    .visit_at(pos, |c| self.appended_in(c, event))
+                    .map_err(engine_err)??,
+            };
+            if let Some(e) = appended {
                 return if &e.id == id { Ok(e) } else { Err(misplaced()) };
             }
         }
@@ -1887,10 +2050,35 @@ impl LogTranscriptSource {
         found.filter(|e| &e.id == id).cloned().ok_or_else(misplaced)
     }
 
+    /// The entry of event `event` of `c` when that event is an
+    /// `entry_appended` one (decoded alone, its parent not copied);
+    /// `None` for another event; an error when the commit is not this
+    /// session's or has no such event.
+    fn appended_in(&self, c: CommitRef<'_>, event: u32) -> Result<Option<Entry>, StoreError> {
+        let pos = c.position;
+        if c.stream != self.sid.as_str() {
+            return Err(self.corrupt(format!(
+                "the index points at {pos}, a commit of stream {:?}",
+                c.stream
+            )));
+        }
+        let raw = usize::try_from(event)
+            .ok()
+            .and_then(|i| c.event(i))
+            .ok_or_else(|| self.corrupt(format!("no event {event} in the commit at {pos}")))?;
+        if raw.kind.strip_prefix(SESSION_EVENT_PREFIX) != Some("entry_appended") {
+            return Ok(None);
+        }
+        // The parent is the index's (the caller sets it): not copied.
+        decode_appended_entry_as(raw.payload, false)
+            .map(Some)
+            .map_err(|e| self.corrupt(format!("event {event} of the commit at {pos}: {e}")))
+    }
+
     /// The entry with its current parent (from the index), through the
     /// engine's [`EntryCache`].
     fn load(&self, id: &EntryId, r: &EntryRecord) -> Result<Entry, StoreError> {
-        self.load_at(id, (r.position(), r.event, r.sub), r.size, &r.parent)
+        self.load_at(id, (r.position(), r.event, r.sub), r.size, r.parent.clone())
     }
 
     /// The entry at `key` with `parent`, through the engine's
@@ -1900,17 +2088,17 @@ impl LogTranscriptSource {
         id: &EntryId,
         key: EntryKey,
         size: u64,
-        parent: &Option<EntryId>,
+        parent: Option<EntryId>,
     ) -> Result<Entry, StoreError> {
-        let shared = self.load_logged(id, key, size)?;
+        let shared = self.load_logged(id, key, size, parent.as_ref())?;
         let mut e = Arc::try_unwrap(shared).unwrap_or_else(|a| (*a).clone());
-        e.parent_id = parent.clone();
+        e.parent_id = parent;
         Ok(e)
     }
 
     /// [`LogTranscriptSource::load_at`] as a shared value: the cached
-    /// entry itself when its parent as written is its current parent
-    /// (always, unless a rewrite relinked it), so nothing is copied.
+    /// entry itself when its parent is `parent` (always, unless a rewrite
+    /// relinked it after it was cached), so nothing is copied.
     fn load_shared_at(
         &self,
         id: &EntryId,
@@ -1918,7 +2106,7 @@ impl LogTranscriptSource {
         size: u64,
         parent: Option<&EntryId>,
     ) -> Result<Arc<Entry>, StoreError> {
-        let shared = self.load_logged(id, key, size)?;
+        let shared = self.load_logged(id, key, size, parent)?;
         if shared.parent_id.as_ref() == parent {
             return Ok(shared);
         }
@@ -1927,24 +2115,26 @@ impl LogTranscriptSource {
         Ok(Arc::new(e))
     }
 
-    /// The entry at `key` as the log holds it (its parent as written),
-    /// from the engine's [`EntryCache`] or read from the log (and cached
-    /// when admitted).
+    /// The entry at `key` from the engine's [`EntryCache`] (its parent the
+    /// one the index gave when it was cached), or read from the log with
+    /// `parent` (the written parent is never decoded: the index's replaces
+    /// it) and cached when admitted. One cache lock for the lookup and the
+    /// admission decision.
     fn load_logged(
         &self,
         id: &EntryId,
         key: EntryKey,
         size: u64,
+        parent: Option<&EntryId>,
     ) -> Result<Arc<Entry>, StoreError> {
-        let hit = self
-            .entries
-            .get(&key)
-            .filter(|c| c.sid == self.sid && &c.entry.id == id);
-        if let Some(c) = hit {
+        let (hit, admit) = self.entries.lookup(key);
+        if let Some(c) = hit.filter(|c| c.sid == self.sid && &c.entry.id == id) {
             return Ok(c.entry.clone());
         }
-        let e = Arc::new(self.read_entry(id, key)?);
-        if self.entries.admit(key) {
+        let mut e = self.read_entry(id, key)?;
+        e.parent_id = parent.cloned();
+        let e = Arc::new(e);
+        if admit {
             self.entries.insert(
                 key,
                 Arc::new(CachedEntry {
@@ -1962,11 +2152,11 @@ impl EntrySource for LogTranscriptSource {
     type Error = StoreError;
 
     fn entry(&self, id: &EntryId) -> Result<Option<Cow<'_, Entry>>, StoreError> {
-        let hint = self.path_hints.borrow().get(id).cloned();
-        if let Some(h) = hint {
-            return Ok(Some(Cow::Owned(
-                self.load_at(id, h.key, h.size, &h.parent)?,
-            )));
+        // A hint serves one load (a page reads each entry once; a second
+        // read of the same id goes through its record).
+        let hint = self.path_hints.borrow_mut().take(id);
+        if let Some((key, size, parent)) = hint {
+            return Ok(Some(Cow::Owned(self.load_at(id, key, size, parent)?)));
         }
         match self.cached_record(id)? {
             Some(r) => Ok(Some(Cow::Owned(self.load(id, &r)?))),
@@ -1976,14 +2166,9 @@ impl EntrySource for LogTranscriptSource {
 
     fn shared_entry(&self, id: &EntryId) -> Result<Option<Arc<Entry>>, StoreError> {
         {
-            let hints = self.path_hints.borrow();
-            if let Some(h) = hints.get(id) {
-                return Ok(Some(self.load_shared_at(
-                    id,
-                    h.key,
-                    h.size,
-                    h.parent.as_ref(),
-                )?));
+            let hint = self.path_hints.borrow().get(id);
+            if let Some((key, size, parent)) = hint {
+                return Ok(Some(self.load_shared_at(id, key, size, parent.as_ref())?));
             }
         }
         match self.cached_record(id)? {
@@ -2097,8 +2282,8 @@ impl EntrySource for LogTranscriptSource {
     }
 
     /// From the active-path index when `leaf` is on the current leaf's
-    /// path: one prefix scan per block of depths the range touches (the
-    /// `p` values carry each entry's log position and size, and the parent
+    /// path: one range scan of the `p` keys from the range's first depth
+    /// (its parent's) to its last (the `p` values carry each entry's log position and size, and the parent
     /// is the entry one depth up), no per-entry record lookups. Loading
     /// the returned entries then reads the log directly.
     fn path_range(
@@ -2107,8 +2292,12 @@ impl EntrySource for LogTranscriptSource {
         leaf_depth: u64,
         start: u64,
         end: u64,
+        bytes_max: u64,
     ) -> Result<Option<Vec<(EntryId, u64)>>, StoreError> {
-        self.path_hints.borrow_mut().clear();
+        let mut hints = self.path_hints.borrow_mut();
+        hints.clear();
+        *self.span.borrow_mut() = None;
+        *self.span_plan.borrow_mut() = None;
         if start > end || end > leaf_depth {
             return Ok(None);
         }
@@ -2118,85 +2307,86 @@ impl EntrySource for LogTranscriptSource {
         let sid = self.sid.as_str();
         // From the parent of the first entry.
         let from = start.saturating_sub(1);
-        let want = (end - from).saturating_add(1);
-        let cap = usize::try_from(want).unwrap_or(0).min(1 << 16);
-        let mut links: Vec<(u64, PathLink)> = Vec::with_capacity(cap);
-        let mut malformed = None;
-        for block in (from >> PATH_BLOCK_BITS)..=(end >> PATH_BLOCK_BITS) {
-            let prefix = path_block_prefix(sid, block);
-            self.engine
-                .index()
-                .visit_prefix(TRANSCRIPT_INDEXER, &prefix, |k, v| {
-                    let depth = match k.get(prefix.len()..) {
-                        Some(&[d]) => (block << PATH_BLOCK_BITS) | u64::from(d),
-                        _ => {
-                            malformed = Some(block);
-                            return false;
+        let cap = usize::try_from(end - start)
+            .unwrap_or(0)
+            .saturating_add(1)
+            .min(1 << 12);
+        let mut out: Vec<(EntryId, u64)> = Vec::with_capacity(cap);
+        let mut malformed = false;
+        let mut parent: Option<EntryId> = None;
+        let mut bytes = 0u64;
+        // One range scan of the `p` keys from depth `from` on (keys sort by
+        // depth), stopping after `end`, after the entry that takes the
+        // sizes past `bytes_max`, or at the first missing depth.
+        let prefix = sk(TAG_PATH, sid);
+        let mut next = from;
+        self.engine
+            .index()
+            .visit_range(TRANSCRIPT_INDEXER, &prefix, &path_key(sid, from), |k, v| {
+                let depth = match k.get(prefix.len()..) {
+                    Some(&[b0, b1, b2, b3, b4, b5, b6, b7, d])
+                        if u32::from(d) < (1 << PATH_BLOCK_BITS) =>
+                    {
+                        let block = u64::from_be_bytes([b0, b1, b2, b3, b4, b5, b6, b7]);
+                        match block.checked_mul(1 << PATH_BLOCK_BITS) {
+                            Some(b) => b | u64::from(d),
+                            None => {
+                                malformed = true;
+                                return false;
+                            }
                         }
-                    };
-                    if depth < from {
-                        return true;
                     }
-                    if depth > end {
+                    _ => {
+                        malformed = true;
                         return false;
                     }
-                    match decode_path_link(v) {
-                        Some(l) => {
-                            links.push((depth, l));
-                            true
-                        }
-                        None => {
-                            malformed = Some(block);
-                            false
-                        }
-                    }
-                })
-                .map_err(engine_err)?;
-            if let Some(b) = malformed {
-                return Err(self.corrupt(format!("malformed active-path link in block {b}")));
-            }
-            // A block that misses depths: stop here (the check below
-            // answers `None`) rather than scan further blocks.
-            let block_last = block
-                .saturating_mul(1 << PATH_BLOCK_BITS)
-                .saturating_add((1 << PATH_BLOCK_BITS) - 1)
-                .min(end);
-            let seen = u64::try_from(links.len()).unwrap_or(u64::MAX);
-            if seen != (block_last - from).saturating_add(1) {
-                break;
-            }
-        }
-        // Exactly the depths `from..=end`, in order; anything else (a
-        // write raced the read; the caller's version check reports it)
-        // is left to the walk.
-        let consecutive = links.iter().zip(from..).all(|((d, _), want)| *d == want);
-        if !consecutive || u64::try_from(links.len()).ok() != Some(want) {
-            return Ok(None);
-        }
-        let mut hints = self.path_hints.borrow_mut();
-        hints.reserve(links.len());
-        let mut out = Vec::with_capacity(links.len());
-        let mut parent: Option<EntryId> = None;
-        for (depth, link) in links {
-            if depth >= start {
-                // The parent moves into the hint: it is replaced below.
-                let p = if depth == 0 {
-                    link.orphan_parent
-                } else {
-                    parent.take()
                 };
-                hints.insert(
-                    link.id.clone(),
-                    PathHint {
+                if depth > end || depth != next {
+                    return false;
+                }
+                let Some(link) = decode_path_link(v) else {
+                    malformed = true;
+                    return false;
+                };
+                next = depth.saturating_add(1);
+                if depth >= start {
+                    // The first entry's parent is given; every later one's
+                    // is the entry before it.
+                    let p = if depth == 0 {
+                        Some(link.orphan_parent)
+                    } else if depth == start {
+                        Some(parent.take())
+                    } else {
+                        None
+                    };
+                    bytes = bytes.saturating_add(link.size);
+                    out.push((link.id.clone(), link.size));
+                    hints.queue.push_back(PathHint {
+                        id: link.id,
                         key: link.key,
                         size: link.size,
                         parent: p,
-                    },
-                );
-                out.push((link.id.clone(), link.size));
-            }
-            parent = Some(link.id);
+                    });
+                } else {
+                    parent = Some(link.id);
+                }
+                bytes <= bytes_max
+            })
+            .map_err(engine_err)?;
+        if malformed {
+            return Err(self.corrupt(format!(
+                "malformed active-path link at depth {next} or after"
+            )));
         }
+        // Exactly the depths `start..next` were taken, in order; short of
+        // `end` without passing the bytes (a depth is missing: a write
+        // raced the read, which the caller's version check reports) is
+        // left to the walk.
+        if next <= start || (next <= end && bytes <= bytes_max) {
+            hints.clear();
+            return Ok(None);
+        }
+        *self.span_plan.borrow_mut() = page_span_plan(hints.queue.iter(), bytes);
         Ok(Some(out))
     }
 
@@ -2346,7 +2536,7 @@ mod tests {
             }
             let src = store.source(id).unwrap();
             let got = src
-                .path_range(leaf, leaf_depth, start, end)
+                .path_range(leaf, leaf_depth, start, end, u64::MAX)
                 .unwrap()
                 .unwrap();
             let want: Vec<(EntryId, u64)> = path[start as usize..=end as usize]
@@ -2354,6 +2544,27 @@ mod tests {
                 .map(|i| (i.clone(), entry_size(t.get(i).unwrap())))
                 .collect();
             assert_eq!(got, want, "range {start}..={end}");
+            // With a byte bound: the prefix up to the first entry that takes
+            // the sum past it.
+            for bytes_max in [0, 1, want[0].1, want.iter().map(|w| w.1).sum::<u64>() / 2] {
+                let bounded = src
+                    .path_range(leaf, leaf_depth, start, end, bytes_max)
+                    .unwrap()
+                    .unwrap();
+                let mut sum = 0u64;
+                let n = want
+                    .iter()
+                    .position(|w| {
+                        sum += w.1;
+                        sum > bytes_max
+                    })
+                    .map_or(want.len(), |i| i + 1);
+                assert_eq!(bounded, want[..n], "range {start}..={end} in {bytes_max}");
+            }
+            let got = src
+                .path_range(leaf, leaf_depth, start, end, u64::MAX)
+                .unwrap()
+                .unwrap();
             for (i, _) in &got {
                 assert_eq!(src.entry(i).unwrap().as_deref(), t.get(i), "{i}");
             }

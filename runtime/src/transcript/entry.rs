@@ -51,6 +51,12 @@ impl EntryId {
     pub fn as_str(&self) -> &str {
         &self.0
     }
+
+    /// An id exactly as serde decodes one (`#[serde(transparent)]`: not
+    /// validated), for decoders that must give serde's answer.
+    pub(crate) fn from_decoded(s: String) -> Self {
+        EntryId(s)
+    }
 }
 
 impl std::fmt::Display for EntryId {

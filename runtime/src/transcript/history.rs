@@ -718,12 +718,17 @@ pub fn read_branch_page<S: EntrySource + ?Sized>(
                 .saturating_add(budget.events().saturating_sub(1))
                 .min(leaf_depth);
             if let Some(range) = source
-                .path_range(leaf, leaf_depth, start, end)
+                .path_range(leaf, leaf_depth, start, end, budget.bytes_max)
                 .map_err(src)?
             {
-                // One range read of an indexed path: ids and sizes.
+                // One range read of an indexed path: ids and sizes, all
+                // the depths or a prefix that is already past the bytes.
                 let want = usize::try_from((end - start).saturating_add(1)).unwrap_or(usize::MAX);
-                if range.len() != want {
+                let bytes = range.iter().fold(0u64, |a, (_, n)| a.saturating_add(*n));
+                if range.is_empty()
+                    || range.len() > want
+                    || (range.len() < want && bytes <= budget.bytes_max)
+                {
                     return Err(ReadError::Inconsistent(leaf.clone()));
                 }
                 candidates.extend(range.into_iter().map(|(id, size)| Candidate { id, size }));

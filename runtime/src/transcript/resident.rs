@@ -174,16 +174,20 @@ pub trait EntrySource {
     /// `start..=end` of the root path of `leaf` (at depth `leaf_depth`),
     /// root first, when the source can answer them in one range read (an
     /// index of the active path holding `leaf`); loading those entries
-    /// next is then expected to be cheap. `None` (the default): callers
-    /// walk parents ([`EntrySource::ancestor_at_depth`], facts, sizes).
+    /// next is then expected to be cheap. The answer may stop early, after
+    /// the first entry that takes the sizes' sum past `bytes_max` (a page
+    /// of `bytes_max` bytes cannot hold more). `None` (the default):
+    /// callers walk parents ([`EntrySource::ancestor_at_depth`], facts,
+    /// sizes).
     fn path_range(
         &self,
         leaf: &EntryId,
         leaf_depth: u64,
         start: u64,
         end: u64,
+        bytes_max: u64,
     ) -> Result<Option<Vec<(EntryId, u64)>>, Self::Error> {
-        let _ = (leaf, leaf_depth, start, end);
+        let _ = (leaf, leaf_depth, start, end, bytes_max);
         Ok(None)
     }
 
@@ -738,7 +742,7 @@ impl<'a, S: EntrySource + ?Sized> Walk<'a, S> {
                     let want = usize::try_from(end - start + 1).unwrap_or(usize::MAX);
                     match self
                         .source
-                        .path_range(self.leaf, self.leaf_depth, start, end)
+                        .path_range(self.leaf, self.leaf_depth, start, end, u64::MAX)
                         .map_err(ResidentError::Source)?
                     {
                         Some(r) if r.len() == want => {

@@ -269,9 +269,9 @@ impl SpoolStore {
             other => return Err(subject_err(format!("branch page read: {other:?}"))),
         };
         let page = value
-            .as_page()
+            .into_page()
             .ok_or_else(|| subject_err("a branch read returned no page"))?;
-        Ok((page.entries.clone(), next))
+        Ok((page.entries, next))
     }
 
     fn page_summary(entries: &[Entry], s: &mut PageSummary) {
