@@ -30,6 +30,7 @@ mod gc;
 mod index;
 mod log;
 mod salvage;
+mod stage;
 mod store;
 mod types;
 mod verify;
