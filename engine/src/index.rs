@@ -259,13 +259,6 @@ pub struct Index {
 }
 
 type Writes = BTreeMap<Vec<u8>, Option<Vec<u8>>>;
-
-/// The indexers' writes for a group of commits, computed by [`Index::stage`] and not
-/// yet visible to any reader.
-#[derive(Debug, Default)]
-pub(crate) struct Staged {
-    writes: Writes,
-}
 /// A key and its new value (`None` = removed).
 type PendingWrite = (Vec<u8>, Option<Vec<u8>>);
 
@@ -495,26 +488,11 @@ impl Index {
     /// Apply `commits` (consecutive, in seq order) to the memtable, together with the
     /// new applied seq; a full memtable moves into sled in one atomic batch.
     pub(crate) fn apply(&self, commits: &[RecordedCommit]) -> Result<(), IndexError> {
-        let staged = self.stage(commits)?;
-        self.publish(commits, staged)
-    }
-
-    /// Whether any [`Indexer`] is registered (else [`Index::stage`] does nothing).
-    pub(crate) fn has_indexers(&self) -> bool {
-        !self.indexers.is_empty()
-    }
-
-    /// Run every indexer over `commits` (consecutive, in seq order, following the last
-    /// published group) into a private batch that no reader can see: the first half of
-    /// [`Index::apply`]. The indexers read the published index under the batch's own
-    /// writes, so each commit sees every earlier group and the earlier commits of its
-    /// own group. Nothing else may publish until the batch is published or dropped.
-    pub(crate) fn stage(&self, commits: &[RecordedCommit]) -> Result<Staged, IndexError> {
+        let Some(last) = commits.last() else {
+            return Ok(());
+        };
         // The indexers' writes, in a batch that sees its own pending writes.
         let mut writes: Writes = BTreeMap::new();
-        if self.indexers.is_empty() {
-            return Ok(Staged { writes });
-        }
         let prefixes: Vec<Vec<u8>> = self
             .indexers
             .iter()
@@ -530,22 +508,6 @@ impl Index {
                 ix.apply(c, &mut batch)?;
             }
         }
-        Ok(Staged { writes })
-    }
-
-    /// Make `commits` and their staged indexer writes visible: the engine's own keys,
-    /// the indexers' writes and the applied marker go into the memtable under one lock;
-    /// a full memtable moves into sled in one atomic batch. The second half of
-    /// [`Index::apply`].
-    pub(crate) fn publish(
-        &self,
-        commits: &[RecordedCommit],
-        staged: Staged,
-    ) -> Result<(), IndexError> {
-        let Some(last) = commits.last() else {
-            return Ok(());
-        };
-        let writes = staged.writes;
         let full = {
             let mut guard = self.mem.write().unwrap_or_else(|e| e.into_inner());
             let mem = &mut *guard;

@@ -30,7 +30,6 @@ mod gc;
 mod index;
 mod log;
 mod salvage;
-mod stage;
 mod store;
 mod types;
 mod verify;

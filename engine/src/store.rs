@@ -117,9 +117,6 @@ pub(crate) struct Inner {
     pub(crate) stop: Mutex<bool>,
     pub(crate) stop_cond: Condvar,
     pub(crate) flusher: Mutex<Option<JoinHandle<()>>>,
-    /// Stages a durable group's index writes while its leader waits for the fdatasync
-    /// (see `stage.rs`); its worker runs only with `Immediate` and registered indexers.
-    pub(crate) stager: crate::stage::Stager,
     /// The owner lock. Declared last so that it is dropped last: another owner may only
     /// get in after sled (inside `index`) has been closed.
     /// One GC at a time.
@@ -383,7 +380,6 @@ impl Store {
             stop: Mutex::new(false),
             stop_cond: Condvar::new(),
             flusher: Mutex::new(None),
-            stager: crate::stage::Stager::new(),
             gc_lock: Mutex::new(()),
             gc_epoch: AtomicU64::new(0),
             retired: Mutex::new(Vec::new()),
@@ -397,15 +393,6 @@ impl Store {
                 .spawn(move || flusher_loop(weak, interval))
                 .map_err(|e| Error::io(dir, "spawn flusher thread", e))?;
             *lock(&inner.flusher) = Some(handle);
-        }
-        if !read_only
-            && inner.opts.durability == Durability::Immediate
-            && inner.index.has_indexers()
-        {
-            inner
-                .stager
-                .start(Arc::downgrade(&inner))
-                .map_err(|e| Error::io(dir, "spawn index staging thread", e))?;
         }
         Ok(Store { inner })
     }
@@ -601,27 +588,18 @@ impl Store {
         let active = w.active.clone();
         drop(w);
 
-        let res = if sync && inner.index.has_indexers() {
-            // The indexers run on the staging thread while this one writes and waits
-            // for the fdatasync; their writes become visible only once it succeeded.
-            inner.stager.submit(std::mem::take(&mut batch));
-            let written = self.write_group(active.clone(), &buf, &chunks, true);
-            let (commits, staged) = inner.stager.take(&inner.index);
-            batch = commits;
-            written.and_then(|r| {
-                publish_ends(&r.1);
-                let staged = staged.map_err(Error::Index)?;
-                inner.index.publish(&batch, staged).map_err(Error::Index)?;
+        let res = self
+            .write_group(active.clone(), &buf, &chunks, sync)
+            .and_then(|r| {
+                // Publish the readable end of each written segment before the index
+                // names the new positions: a reader that finds a position in the
+                // index must be able to read the record there.
+                for (seg, end, _) in &r.1 {
+                    seg.end.fetch_max(*end, Ordering::AcqRel);
+                }
+                inner.index.apply(&batch).map_err(Error::Index)?;
                 Ok(r)
-            })
-        } else {
-            self.write_group(active.clone(), &buf, &chunks, sync)
-                .and_then(|r| {
-                    publish_ends(&r.1);
-                    inner.index.apply(&batch).map_err(Error::Index)?;
-                    Ok(r)
-                })
-        };
+            });
 
         let mut w = lock(&inner.w);
         w.leader = false;
@@ -923,15 +901,6 @@ impl Drop for Store {
     }
 }
 
-/// Publish the readable end of each written segment before the index names the new
-/// positions: a reader that finds a position in the index must be able to read the
-/// record there.
-fn publish_ends(ends: &[(Arc<Segment>, u64, u64)]) {
-    for (seg, end, _) in ends {
-        seg.end.fetch_max(*end, Ordering::AcqRel);
-    }
-}
-
 fn check_retry_stream(info: &CommitInfo, c: &NewCommit) -> Result<(), Error> {
     if info.stream != c.stream {
         return Err(Error::InvalidInput(format!(
@@ -976,7 +945,6 @@ fn shutdown(inner: &Inner) -> Result<(), Error> {
     if let Some(h) = lock(&inner.flusher).take() {
         let _ = h.join();
     }
-    inner.stager.stop();
     let res = if inner.poisoned.load(Ordering::Acquire) {
         Ok(())
     } else {

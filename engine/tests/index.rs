@@ -325,9 +325,8 @@ fn an_index_in_use_elsewhere_is_not_wiped() {
     assert_eq!(s.index().applied_seq().unwrap(), 1);
 }
 
-/// A durable group's indexer writes are staged while its fdatasync runs and published
-/// only once it succeeded: a commit whose fsync failed is never visible through the
-/// index, and the store is poisoned as before.
+/// A durable group reaches the index only after its fdatasync succeeded: a commit whose
+/// fsync failed is never visible through the index, and the store is poisoned.
 #[test]
 fn a_commit_whose_fsync_failed_never_reaches_the_index() {
     let dir = tempfile::tempdir().unwrap();
@@ -389,42 +388,4 @@ fn durable_groups_index_every_commit_in_order() {
     let stats = s.stats();
     assert_eq!(stats.commits, 8 * 40);
     println!("{} commits in {} groups", stats.commits, stats.write_groups);
-}
-
-struct Panicking;
-impl Indexer for Panicking {
-    fn name(&self) -> &'static str {
-        "panicking"
-    }
-    fn version(&self) -> u32 {
-        1
-    }
-    fn apply(&self, c: &RecordedCommit, _: &mut IndexBatch<'_>) -> Result<(), IndexError> {
-        assert!(
-            c.events[0].payload != b"panic",
-            "indexer panic (expected by the test)"
-        );
-        Ok(())
-    }
-}
-
-/// An indexer that panics while a durable group is staged fails that append and poisons
-/// the store, like an indexer error; the writer is not left waiting.
-#[test]
-fn an_indexer_panic_while_staging_poisons_instead_of_hanging() {
-    let dir = tempfile::tempdir().unwrap();
-    let s = Store::open(
-        dir.path(),
-        test_opts()
-            .durability(Durability::Immediate)
-            .indexer(Arc::new(Panicking)),
-    )
-    .unwrap();
-    s.append(commit("a", ExpectedVersion::NoStream, b"ok"))
-        .unwrap();
-    assert!(matches!(
-        s.append(commit("a", ExpectedVersion::Exact(1), b"panic")),
-        Err(Error::Index(_))
-    ));
-    assert!(s.is_poisoned());
 }
