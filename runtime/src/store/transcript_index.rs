@@ -1431,7 +1431,15 @@ impl TranscriptIndexer {
             // An undecodable event fails only its own session: the session
             // indexer marks it broken (its header, loads and handles report
             // the damage); the transcript index skips the event.
-            let Ok(decoded) = decode_event(&ev.payload) else {
+            // An append (almost every event) decodes its entry alone, as
+            // readers do, without the event enum's buffering.
+            let decoded = if kind == "entry_appended" {
+                decode_appended_entry(&ev.payload)
+                    .map(|entry| SessionEvent::EntryAppended { entry })
+            } else {
+                decode_event(&ev.payload)
+            };
+            let Ok(decoded) = decoded else {
                 continue;
             };
             let loc = Locator {
