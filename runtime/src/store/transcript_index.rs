@@ -22,11 +22,12 @@
 //! `leaf_moved`, `history_rewritten` (whole form), `transcript_rewritten`
 //! (delta form), `state_cleared` and the `spool.purge` marker. Costs per
 //! event: an append is O(1) index operations (one parent lookup, about five
-//! writes; a chain append writes no `c` key) plus, for a compaction, the walk from its parent to its first
-//! kept entry ([`first_kept_depth`]); a leaf move is O(1); a delta rewrite
-//! is proportional to what it names plus the subtrees whose path facts
-//! change (re-parented entries, entries whose [`PathMarker`] changed); a
-//! whole rewrite, a state clear and a purge are O(entries of the session).
+//! writes; a chain append writes no `c` key) plus, for a compaction, the
+//! walk from its parent to its first kept entry ([`first_kept_depth`]); a
+//! leaf move is O(1); a delta rewrite is proportional to what it names plus
+//! the subtrees whose path facts change (re-parented entries, entries whose
+//! [`PathMarker`] changed); a whole rewrite, a state clear and a purge are
+//! O(entries of the session).
 //! A `created` event's seed transcript (a fork's path) is indexed in one
 //! in-memory pass (`index_seed`): the same keys as appending its entries
 //! one by one, without reading the index back.
