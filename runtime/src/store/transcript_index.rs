@@ -10,7 +10,7 @@
 //! | --- | --- | --- |
 //! | `m` | — | [`TranscriptMeta`]: generation, raw seq, updated at, leaf, counters |
 //! | `e` | entry id | [`EntryRecord`] in its binary encoding ([`EntryRecord::encode`]): where the entry is in the log, size, kind, parent, [`PathMarker`], [`PathFacts`], append seq, summary |
-//! | `c` | u8 len ++ parent id ++ u64 BE seq | child id (children in append order) |
+//! | `c` | u8 len ++ parent id ++ u64 BE seq | child id (children in append order), only for a parent with two or more children |
 //! | `n` | parent id | u64 BE number of children, then the only child's id when there is exactly one |
 //! | `t` | u32 BE len ++ custom type ++ u64 BE ordinal | custom entry id (empty = removed) |
 //! | `T` | custom type | u64 BE next ordinal of that type |
@@ -21,12 +21,13 @@
 //! Events read: `created` (the seed transcript of a fork), `entry_appended`,
 //! `leaf_moved`, `history_rewritten` (whole form), `transcript_rewritten`
 //! (delta form), `state_cleared` and the `spool.purge` marker. Costs per
-//! event: an append is O(1) index operations (one parent lookup, about six
-//! writes) plus, for a compaction, the walk from its parent to its first
-//! kept entry ([`first_kept_depth`]); a leaf move is O(1); a delta rewrite
-//! is proportional to what it names plus the subtrees whose path facts
-//! change (re-parented entries, entries whose [`PathMarker`] changed); a
-//! whole rewrite, a state clear and a purge are O(entries of the session).
+//! event: an append is O(1) index operations (one parent lookup, about five
+//! writes; a chain append writes no `c` key) plus, for a compaction, the
+//! walk from its parent to its first kept entry ([`first_kept_depth`]); a
+//! leaf move is O(1); a delta rewrite is proportional to what it names plus
+//! the subtrees whose path facts change (re-parented entries, entries whose
+//! [`PathMarker`] changed); a whole rewrite, a state clear and a purge are
+//! O(entries of the session).
 //! A `created` event's seed transcript (a fork's path) is indexed in one
 //! in-memory pass (`index_seed`): the same keys as appending its entries
 //! one by one, without reading the index back.
@@ -86,7 +87,7 @@ use crate::transcript::{
 /// Name of the engine indexer that keeps transcripts.
 pub const TRANSCRIPT_INDEXER: &str = "transcript";
 /// Version of the transcript index layout; bumping it rebuilds the index.
-pub const TRANSCRIPT_INDEX_VERSION: u32 = 4;
+pub const TRANSCRIPT_INDEX_VERSION: u32 = 5;
 
 const TAG_META: u8 = b'm';
 const TAG_ENTRY: u8 = b'e';
@@ -742,39 +743,101 @@ fn count_value(count: u64, only: Option<&EntryId>) -> Vec<u8> {
     v
 }
 
-/// Counts a new child link of `parent` (its `c` key is written by the
-/// caller).
+/// The only child named by an `n` value (a count of 1 followed by an id).
+fn only_child(count: &[u8]) -> Option<EntryId> {
+    let rest = count.get(8..).filter(|r| !r.is_empty())?;
+    EntryId::parse(std::str::from_utf8(rest).ok()?).ok()
+}
+
+/// Counts `child` (appended with seq `child_seq`) as a new child of
+/// `parent` and writes the child links it needs. The `c` keys of a parent
+/// exist only while it has two or more children: a chain's only child is
+/// named by the `n` value alone, which spares every chain append a key.
+/// So the second child writes the links of both.
 fn add_child(
     batch: &mut IndexBatch<'_>,
     sid: &str,
     parent: &EntryId,
     child: &EntryId,
+    child_seq: u64,
 ) -> Result<(), IndexError> {
     let key = count_key(sid, parent);
-    let cur = batch.get(&key)?.and_then(|b| be_u64(&b)).unwrap_or(0);
-    let next = cur.saturating_add(1);
-    batch.insert(&key, &count_value(next, Some(child)));
+    let cur_value = batch.get(&key)?;
+    let cur = cur_value.as_deref().and_then(be_u64).unwrap_or(0);
+    if cur == 1 {
+        if let Some(only) = cur_value.as_deref().and_then(only_child) {
+            if let Some(r) = get_record(batch, sid, &only)? {
+                batch.insert(&child_key(sid, parent, r.seq), only.as_str().as_bytes());
+            }
+        }
+    }
+    if cur >= 1 {
+        batch.insert(
+            &child_key(sid, parent, child_seq),
+            child.as_str().as_bytes(),
+        );
+    }
+    batch.insert(&key, &count_value(cur.saturating_add(1), Some(child)));
     Ok(())
 }
 
-/// Uncounts a child link of `parent` whose `c` key the caller removed;
-/// when one child is left, finds it among the remaining links.
-fn remove_child(batch: &mut IndexBatch<'_>, sid: &str, parent: &EntryId) -> Result<(), IndexError> {
+/// Uncounts the child of `parent` appended with seq `child_seq` and
+/// removes its link; when one child is left, its link goes too (the `n`
+/// value names it, see [`add_child`]).
+fn remove_child(
+    batch: &mut IndexBatch<'_>,
+    sid: &str,
+    parent: &EntryId,
+    child_seq: u64,
+) -> Result<(), IndexError> {
     let key = count_key(sid, parent);
     let cur = batch.get(&key)?.and_then(|b| be_u64(&b)).unwrap_or(0);
     let next = cur.saturating_sub(1);
+    if cur >= 2 {
+        batch.remove(&child_key(sid, parent, child_seq));
+    }
     let only = if next == 1 {
-        batch
+        match batch
             .scan_prefix(&child_prefix(sid, parent))?
             .into_iter()
             .next()
-            .and_then(|(_, v)| String::from_utf8(v).ok())
-            .and_then(|s| EntryId::parse(&s).ok())
+        {
+            Some((k, v)) => {
+                batch.remove(&k);
+                String::from_utf8(v)
+                    .ok()
+                    .and_then(|s| EntryId::parse(&s).ok())
+            }
+            None => None,
+        }
     } else {
         None
     };
     batch.insert(&key, &count_value(next, only.as_ref()));
     Ok(())
+}
+
+/// The children of `id` as the batch sees them: the `n` value's only
+/// child, or the `c` links in append order.
+fn batch_children(
+    batch: &IndexBatch<'_>,
+    sid: &str,
+    id: &EntryId,
+) -> Result<Vec<EntryId>, IndexError> {
+    if let Some(count) = batch.get(&count_key(sid, id))? {
+        if be_u64(&count) == Some(1) {
+            return Ok(only_child(&count).into_iter().collect());
+        }
+    }
+    Ok(batch
+        .scan_prefix(&child_prefix(sid, id))?
+        .into_iter()
+        .filter_map(|(_, v)| {
+            std::str::from_utf8(&v)
+                .ok()
+                .and_then(|s| EntryId::parse(s).ok())
+        })
+        .collect())
 }
 
 /// The facts of an entry whose parent is `parent` (read from the batch).
@@ -822,8 +885,8 @@ struct Locator {
 }
 
 /// Writes the keys of a new entry (its `e` record, its custom-list and
-/// label keys, its parent's `c` link) and counts it in `meta`; the child
-/// count of its parent is the caller's. `next_ordinal` hands out the next
+/// label keys) and counts it in `meta`; the child count and child links
+/// of its parent are the caller's. `next_ordinal` hands out the next
 /// ordinal of a custom type (read from the index for an append, from
 /// memory for a seed).
 #[allow(clippy::too_many_arguments)]
@@ -857,9 +920,6 @@ fn put_new_entry(
         }
         None => None,
     };
-    if let Some(p) = &entry.parent_id {
-        batch.insert(&child_key(sid, p, seq), entry.id.as_str().as_bytes());
-    }
     let record = EntryRecord {
         segment: loc.position.segment,
         offset: loc.position.offset,
@@ -903,7 +963,7 @@ fn index_entry(
         Ok(ordinal)
     })?;
     if let Some(p) = &entry.parent_id {
-        add_child(batch, sid, p, &entry.id)?;
+        add_child(batch, sid, p, &entry.id, record.seq)?;
     }
     Ok(Some((depth, path_value(&entry.id, &record))))
 }
@@ -970,9 +1030,10 @@ fn index_seed(
     debug_assert_eq!(meta.entries, 0, "a seed is indexed into a cleared session");
     let mut at: HashMap<&EntryId, usize> = HashMap::with_capacity(entries.len());
     let mut records: Vec<EntryRecord> = Vec::with_capacity(entries.len());
-    // Per parent: the number of children and the first child (the only
-    // one when the count stays 1, which the `n` value then names).
-    let mut child_counts: HashMap<&EntryId, (u64, &EntryId)> = HashMap::new();
+    // Per parent: the number of children and the first child with its seq
+    // (the only one when the count stays 1, which the `n` value then names;
+    // the second child writes the links of both, as `add_child` does).
+    let mut child_counts: HashMap<&EntryId, (u64, &EntryId, u64)> = HashMap::new();
     let mut custom_next: HashMap<String, u64> = HashMap::new();
     for (k, entry) in entries.iter().enumerate() {
         if at.contains_key(&entry.id) {
@@ -1006,13 +1067,19 @@ fn index_seed(
             Ok(ordinal)
         })?;
         if let Some(p) = &entry.parent_id {
-            let n = child_counts.entry(p).or_insert((0, &entry.id));
+            let n = child_counts.entry(p).or_insert((0, &entry.id, record.seq));
+            if n.0 == 1 {
+                batch.insert(&child_key(sid, p, n.2), n.1.as_str().as_bytes());
+            }
+            if n.0 >= 1 {
+                batch.insert(&child_key(sid, p, record.seq), entry.id.as_str().as_bytes());
+            }
             n.0 = n.0.saturating_add(1);
         }
         at.insert(&entry.id, records.len());
         records.push(record);
     }
-    for (parent, (n, first)) in child_counts {
+    for (parent, (n, first, _)) in child_counts {
         batch.insert(&count_key(sid, parent), &count_value(n, Some(first)));
     }
     for (t, next) in custom_next {
@@ -1160,14 +1227,15 @@ fn relink(
     new_parent: &Option<EntryId>,
 ) -> Result<(), IndexError> {
     if let Some(old) = &r.parent {
-        batch.remove(&child_key(sid, old, r.seq));
         if batch.get(&entry_key(sid, old))?.is_some() {
-            remove_child(batch, sid, old)?;
+            remove_child(batch, sid, old, r.seq)?;
+        } else {
+            // A parent removed by this rewrite: drop the link if it had one.
+            batch.remove(&child_key(sid, old, r.seq));
         }
     }
     if let Some(p) = new_parent {
-        batch.insert(&child_key(sid, p, r.seq), id.as_str().as_bytes());
-        add_child(batch, sid, p, id)?;
+        add_child(batch, sid, p, id, r.seq)?;
     }
     Ok(())
 }
@@ -1192,9 +1260,10 @@ fn apply_delta_rewrite(
         };
         unlink_payload_keys(batch, sid, &r);
         if let Some(p) = &r.parent {
-            batch.remove(&child_key(sid, p, r.seq));
-            if !removed_set.contains(p) {
-                remove_child(batch, sid, p)?;
+            if removed_set.contains(p) {
+                batch.remove(&child_key(sid, p, r.seq));
+            } else {
+                remove_child(batch, sid, p, r.seq)?;
             }
         }
         batch.remove(&entry_key(sid, id));
@@ -1320,13 +1389,8 @@ fn recompute_facts(
             }
             // A cycle cannot come from a valid rewrite; never loop on one.
             if (changed || force) && visited.insert(id.clone()) {
-                for (_, v) in batch.scan_prefix(&child_prefix(sid, &id))? {
-                    if let Some(child) = std::str::from_utf8(&v)
-                        .ok()
-                        .and_then(|s| EntryId::parse(s).ok())
-                    {
-                        queue.push((child, false));
-                    }
+                for child in batch_children(batch, sid, &id)? {
+                    queue.push((child, false));
                 }
             }
         }
@@ -1372,7 +1436,15 @@ impl TranscriptIndexer {
             // An undecodable event fails only its own session: the session
             // indexer marks it broken (its header, loads and handles report
             // the damage); the transcript index skips the event.
-            let Ok(decoded) = decode_event(&ev.payload) else {
+            // An append (almost every event) decodes its entry alone, as
+            // readers do, without the event enum's buffering.
+            let decoded = if kind == "entry_appended" {
+                decode_appended_entry(&ev.payload)
+                    .map(|entry| SessionEvent::EntryAppended { entry })
+            } else {
+                decode_event(&ev.payload)
+            };
+            let Ok(decoded) = decoded else {
                 continue;
             };
             let loc = Locator {
@@ -2503,6 +2575,25 @@ mod tests {
             .scan_prefix(TRANSCRIPT_INDEXER, &sk(TAG_PATH, id.as_str()))
             .count();
         assert_eq!(keys, path.len(), "active-path keys of {id}");
+        // Child links: the `n` count and the children of every entry are
+        // the transcript's, and `c` keys exist only for a parent with two
+        // or more children (a single child is named by `n` alone).
+        let src = store.source(id).unwrap();
+        for e in t.entries() {
+            let mut want = t.children_ids(&e.id);
+            let got = src.children(&e.id, usize::MAX).unwrap();
+            assert_eq!(got.total, want.len() as u64, "child count of {}", e.id);
+            let mut got = got.ids;
+            got.sort();
+            want.sort();
+            assert_eq!(got, want, "children of {}", e.id);
+            let links = engine
+                .index()
+                .scan_prefix(TRANSCRIPT_INDEXER, &child_prefix(id.as_str(), &e.id))
+                .count();
+            let expect = if want.len() >= 2 { want.len() } else { 0 };
+            assert_eq!(links, expect, "child links of {}", e.id);
+        }
         // Every `p` value names the entry at its depth with the log
         // position and size of its current index record.
         for (d, e) in path.iter().enumerate() {
@@ -2988,6 +3079,16 @@ mod tests {
             assert_eq!(check_path(&store, &id).len(), 1);
             h.move_leaf(None).unwrap();
             assert_eq!(check_path(&store, &id).len(), 0);
+            // A second child of main[39] (off the path below): the rewrite
+            // below takes main[39] from two children to one and back.
+            h.append_entry(Entry {
+                id: EntryId::parse("x-beside").unwrap(),
+                parent_id: Some(main[39].clone()),
+                timestamp_ms: 3,
+                kind: user("beside"),
+            })
+            .unwrap();
+            assert_eq!(check_path(&store, &id).len(), 41);
             h.move_leaf(Some(main[39].clone())).unwrap();
             // A delta rewrite that relinks: an aborted assistant is removed
             // and the custom entry after it moves up one depth.
@@ -3027,6 +3128,17 @@ mod tests {
             h.redact(&|s| s.replace("m1", "[r]"), &CancelToken::new())
                 .unwrap();
             check_path(&store, &id);
+            // The custom entry goes too: main[39] is left with one child,
+            // whose link goes with the other's.
+            let out = h
+                .remove_trailing_entries(
+                    &|e| matches!(&e.kind, EntryKind::Custom { .. }),
+                    &|_| false,
+                    &CancelToken::new(),
+                )
+                .unwrap();
+            assert_eq!(out.removed.len(), 1);
+            assert_eq!(check_path(&store, &id).len(), 40);
             drop(h);
             // A fork's seed transcript is indexed with its path.
             let fork = rt.fork(&id, Some(main[20].clone())).unwrap();
