@@ -76,7 +76,7 @@ use spool_engine::{
 
 use super::log::{PURGE_EVENT_KIND, SESSION_EVENT_PREFIX};
 use super::StoreError;
-use crate::session::codec::decode_appended_entry_as;
+use crate::session::codec::{decode_appended_entry, decode_appended_entry_as};
 use crate::session::{decode_event, SessionEvent, SessionId};
 use crate::transcript::{
     entry_size, entry_summary, first_kept_depth, Anchor, ChildLinks, CustomRef, Entry, EntryFacts,
