@@ -1636,13 +1636,13 @@ pub const ENTRY_CACHE_GHOSTS_MAX: usize = 8192;
 type EntryKey = (LogPosition, u32, u32);
 
 /// A decoded log entry as cached: the stream (session) of its commit and
-/// the entry as the log holds it, except its parent, which is not kept
-/// (it may be `None` or as written): readers take the parent from the
-/// index.
+/// the entry as the log holds it, except its parent, which is the one the
+/// index gave the reader that cached it (readers always take the parent
+/// from the index: a reader with another index parent copies the entry).
 struct CachedEntry {
     sid: SessionId,
-    /// Shared with the resident snapshots that hold the entry (when its
-    /// parent in the index is the one written).
+    /// Shared with the resident snapshots that hold the entry (when their
+    /// index parent is the cached one).
     entry: Arc<Entry>,
     cost: u64,
 }
