@@ -776,16 +776,20 @@ impl Store {
         Ok(out)
     }
 
-    /// The commit recorded at `pos`.
-    pub fn read_at(&self, pos: LogPosition) -> Result<RecordedCommit, Error> {
-        let seg = self
-            .inner
+    /// The segment holding `pos` (`NotFound` when no segment has its id).
+    fn segment_at(&self, pos: LogPosition) -> Result<Arc<Segment>, Error> {
+        self.inner
             .segments
             .read()
             .unwrap_or_else(|e| e.into_inner())
             .get(&pos.segment)
             .cloned()
-            .ok_or_else(|| Error::NotFound(pos.to_string()))?;
+            .ok_or_else(|| Error::NotFound(pos.to_string()))
+    }
+
+    /// The commit recorded at `pos`.
+    pub fn read_at(&self, pos: LogPosition) -> Result<RecordedCommit, Error> {
+        let seg = self.segment_at(pos)?;
         seg.read(pos.offset, self.inner.opts.record_bytes_max)
     }
 
@@ -799,14 +803,7 @@ impl Store {
         pos: LogPosition,
         f: impl FnOnce(CommitRef<'_>) -> R,
     ) -> Result<R, Error> {
-        let seg = self
-            .inner
-            .segments
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&pos.segment)
-            .cloned()
-            .ok_or_else(|| Error::NotFound(pos.to_string()))?;
+        let seg = self.segment_at(pos)?;
         seg.visit(pos.offset, self.inner.opts.record_bytes_max, f)
     }
 
@@ -816,14 +813,7 @@ impl Store {
     /// from the active one. `len` is the caller's bound on what it copies
     /// ([`LOG_SPAN_BYTES_MAX`] at most).
     pub fn read_span(&self, from: LogPosition, len: u64) -> Result<LogSpan, Error> {
-        let seg = self
-            .inner
-            .segments
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&from.segment)
-            .cloned()
-            .ok_or_else(|| Error::NotFound(from.to_string()))?;
+        let seg = self.segment_at(from)?;
         seg.span(
             from.offset,
             len.min(LOG_SPAN_BYTES_MAX),
