@@ -798,6 +798,10 @@ fn write_path_blocks<'v>(
     }
 }
 
+/// A block's links by slot (`None`: a depth not set yet), and whether
+/// the event changed the block.
+type LoadedBlock = (Vec<Option<Vec<u8>>>, bool);
+
 /// The active path's blocks one index event changes: each read and
 /// decoded once, changed in memory, written back once by
 /// [`PathBlocks::finish`]. Before the event the blocks hold exactly the
@@ -806,7 +810,7 @@ struct PathBlocks<'s> {
     sid: &'s str,
     old_len: u64,
     /// Block → its links by slot, and whether the event changed it.
-    blocks: std::collections::BTreeMap<u64, (Vec<Option<Vec<u8>>>, bool)>,
+    blocks: std::collections::BTreeMap<u64, LoadedBlock>,
 }
 
 impl<'s> PathBlocks<'s> {
@@ -818,11 +822,7 @@ impl<'s> PathBlocks<'s> {
         }
     }
 
-    fn load(
-        &mut self,
-        batch: &IndexBatch<'_>,
-        block: u64,
-    ) -> Result<&mut (Vec<Option<Vec<u8>>>, bool), IndexError> {
+    fn load(&mut self, batch: &IndexBatch<'_>, block: u64) -> Result<&mut LoadedBlock, IndexError> {
         let sid = self.sid;
         let old_len = self.old_len;
         match self.blocks.entry(block) {
