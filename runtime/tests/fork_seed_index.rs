@@ -9,7 +9,7 @@
 //! (not the session fold) let the entry lists hold what only damaged or
 //! imported data holds: duplicate ids, parents that come later or are
 //! missing, parent cycles. The two indexes must agree key for key, except
-//! for the log position inside each entry record and active-path value.
+//! for the log position inside each entry record and active-path link.
 
 use std::collections::BTreeMap;
 
@@ -77,10 +77,17 @@ fn dump(store: &LogStore, id: &SessionId) -> BTreeMap<(u8, Vec<u8>), Vec<u8>> {
                 (r.segment, r.offset, r.event, r.sub) = (0, 0, 0, 0);
                 format!("{r:?}").into_bytes()
             } else if tag == b'p' {
-                // An active-path value starts with the entry's log
+                // An active-path block is its depths' links, each after a
+                // u16 BE length; a link starts with the entry's log
                 // position (u64 segment, u64 offset, u32 event, u32 index).
                 let mut v = v;
-                v[..24].fill(0);
+                let mut at = 0;
+                while at + 2 <= v.len() {
+                    let n = usize::from(u16::from_be_bytes([v[at], v[at + 1]]));
+                    v[at + 2..at + 2 + 24].fill(0);
+                    at += 2 + n;
+                }
+                assert_eq!(at, v.len(), "block value of {:?}", k);
                 v
             } else {
                 v
@@ -222,5 +229,39 @@ proptest! {
             })
             .collect();
         check(entries, leaf.map(eid));
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(16))]
+
+    /// Deep seeds: paths over several 64-depth blocks of the active-path
+    /// index (mostly a chain, with branches back to any earlier entry and
+    /// a few roots), any leaf.
+    #[test]
+    fn deep_seeds_are_indexed_like_their_entries_one_by_one(
+        n in 129usize..400,
+        branches in proptest::collection::vec((0usize..400, 0usize..400, 0u8..8), 0..12),
+        leaf in 0usize..420,
+    ) {
+        let mut parents: Vec<Option<usize>> = (0..n).map(|i| i.checked_sub(1)).collect();
+        for &(at, to, rule) in &branches {
+            let at = at % n;
+            parents[at] = match rule {
+                0 => None,
+                _ => at.checked_sub(1).map(|m| to % (m + 1)),
+            };
+        }
+        let entries: Vec<Entry> = parents
+            .iter()
+            .enumerate()
+            .map(|(i, p)| Entry {
+                id: eid(i),
+                parent_id: p.map(eid),
+                timestamp_ms: i as i64,
+                kind: kind((i % 7) as u8, i / 3),
+            })
+            .collect();
+        check(entries, Some(eid(leaf)));
     }
 }

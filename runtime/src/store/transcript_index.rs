@@ -16,7 +16,7 @@
 //! | `T` | custom type | u64 BE next ordinal of that type |
 //! | `a` | u64 BE ordinal | custom entry id of any type (empty = removed) |
 //! | `l` | u8 len ++ target id ++ u64 BE seq | MessagePack `Option<String>` of a label entry |
-//! | `p` | u64 BE depth >> 6 ++ u8 depth & 63 | the entry at that depth on the current leaf's path (the active path): its log position and size, id (see `path_value`) |
+//! | `p` | u64 BE block (`depth >> 6`) | the active path's depths `64 × block ..` (up to 64 of them, fewer only in the last block), in depth order, each a u16 BE length then its link: the entry at that depth on the current leaf's path with its log position (u64 BE segment, u64 BE offset, u32 BE event, u32 BE entry index), `entry_size` (u64 BE), id (u8 length + bytes), and for an orphan at depth 0 the id of its absent parent (see `path_value`); a link is 33 to `PATH_LINK_BYTES_MAX` (289) bytes, a block value at most `PATH_BLOCK_BYTES_MAX` (18,624) bytes |
 //!
 //! Events read: `created` (the seed transcript of a fork), `entry_appended`,
 //! `leaf_moved`, `history_rewritten` (whole form), `transcript_rewritten`
@@ -33,22 +33,35 @@
 //! one by one, without reading the index back.
 //!
 //! **Active path.** The `p` keys hold the root→leaf path of the current
-//! leaf by depth (exactly the depths `0..path_len` of [`TranscriptMeta`]
-//! exist), so [`EntrySource::ancestor_at_depth`] answers in O(1) and a
+//! leaf by depth, in blocks of 64 depths per key (exactly the depths
+//! `0..path_len` of [`TranscriptMeta`] exist: every block but the last is
+//! full, and no block lies past the path), so
+//! [`EntrySource::ancestor_at_depth`] answers with one or two `get`s and a
 //! root-first branch page costs what it returns: its depth range is one
-//! range scan of the `p` keys from its first depth
-//! ([`EntrySource::path_range`]), and since each `p` value carries the
-//! entry's log position and size (the parent is the entry one depth up),
-//! the page's entries are read from the log without index record
-//! lookups. The values are kept in step with the records: every path
-//! write compares the whole value, and a delta rewrite refreshes the
-//! values of the path entries it moved in the log. An append under the leaf
-//! writes one key; a leaf move (or an append elsewhere) rewrites the keys
-//! below the common ancestor of the old and the new leaf and removes the
-//! old leaf's surplus depths: O(distance to the common ancestor). A delta
-//! rewrite rewrites the keys from the new leaf up to the shallowest entry
-//! whose parent it changed (its ancestry above stays valid); whole
-//! rewrites, clears and fork seeds rebuild the path with the entries.
+//! range scan of the blocks from the one holding its first depth's parent
+//! ([`EntrySource::path_range`]: two keys for up to 64 depths, where one
+//! key per depth cost a sled iterator step each), and since each link
+//! carries the entry's log position and size (the parent is the entry one
+//! depth up), the page's entries are read from the log without index
+//! record lookups. A block's framing (lengths, link count, size) is
+//! checked whenever it is read and a link's contents when it is used: a
+//! damaged block fails the read with an [`IndexError`] naming the session
+//! and the depth; a block shorter than the path (a write racing the read)
+//! is not the path, and the caller walks parents. The links are kept in
+//! step with the records: every path write compares the whole link, and a
+//! delta rewrite refreshes the links of the path entries it moved in the
+//! log. Writers read, change and write back whole blocks (`PathBlocks`:
+//! each block decoded once per event and written once). An append under
+//! the leaf rewrites only the last block (a new block at a multiple of 64
+//! is written without a read; the index's memtable keeps one value per
+//! key, so the appends into one block coalesce before they reach sled); a
+//! leaf move (or an append elsewhere) rewrites the blocks below the common
+//! ancestor of the old and the new leaf, truncates the block holding the
+//! new length and removes the blocks past it: O(distance to the common
+//! ancestor) links. A delta rewrite rewrites from the new leaf up to the
+//! shallowest entry whose parent it changed (its ancestry above stays
+//! valid); whole rewrites, clears and fork seeds rebuild the path with the
+//! entries (a seed writes one key per 64 depths).
 //!
 //! An entry is read back ([`LogTranscriptSource`]) by reading the commit
 //! at its position and decoding only the event that holds it (an appended
@@ -78,6 +91,7 @@ use super::log::{PURGE_EVENT_KIND, SESSION_EVENT_PREFIX};
 use super::StoreError;
 use crate::session::codec::{decode_appended_entry, decode_appended_entry_as};
 use crate::session::{decode_event, SessionEvent, SessionId};
+use crate::transcript::entry::ENTRY_ID_LEN_MAX;
 use crate::transcript::{
     entry_size, entry_summary, first_kept_depth, Anchor, ChildLinks, CustomRef, Entry, EntryFacts,
     EntryId, EntryKind, EntrySource, PathFacts, PathMarker, ResidentError, TranscriptVersion,
@@ -87,7 +101,7 @@ use crate::transcript::{
 /// Name of the engine indexer that keeps transcripts.
 pub const TRANSCRIPT_INDEXER: &str = "transcript";
 /// Version of the transcript index layout; bumping it rebuilds the index.
-pub const TRANSCRIPT_INDEX_VERSION: u32 = 5;
+pub const TRANSCRIPT_INDEX_VERSION: u32 = 6;
 
 const TAG_META: u8 = b'm';
 const TAG_ENTRY: u8 = b'e';
@@ -128,7 +142,7 @@ pub struct TranscriptMeta {
     /// Next ordinal of the any-type custom-entry list.
     pub custom_next: u64,
     /// Entries on the active path (the leaf's depth + 1; 0 without a
-    /// leaf): the `p` keys of depths `0..path_len` exist, no others.
+    /// leaf): the `p` blocks hold exactly the depths `0..path_len`.
     #[serde(default)]
     pub path_len: u64,
 }
@@ -544,35 +558,51 @@ fn label_key(sid: &str, target: &EntryId, seq: u64) -> Vec<u8> {
 }
 
 /// Depths of the active path are grouped in blocks of
-/// `1 << PATH_BLOCK_BITS` under a common key prefix; keys sort by depth,
-/// so a root-first page (a depth range) is one range scan from its first
-/// depth.
+/// [`PATH_BLOCK_DEPTHS`] under one `p` key each; keys sort by block, so a
+/// root-first page (a depth range) is one `get` or one short range scan.
 const PATH_BLOCK_BITS: u32 = 6;
 
-/// The prefix of the `p` keys of one block of depths.
-fn path_block_prefix(sid: &str, block: u64) -> Vec<u8> {
+/// Depths per `p` block (`1 << PATH_BLOCK_BITS`).
+const PATH_BLOCK_DEPTHS: u64 = 1 << PATH_BLOCK_BITS;
+
+/// The block holding `depth`, and the depth's slot in it.
+fn path_slot(depth: u64) -> (u64, usize) {
+    // The slot is below PATH_BLOCK_DEPTHS (64): it fits any usize.
+    (
+        depth >> PATH_BLOCK_BITS,
+        (depth & (PATH_BLOCK_DEPTHS - 1)) as usize,
+    )
+}
+
+/// The `p` key of one block of depths: u64 BE `depth >> PATH_BLOCK_BITS`.
+fn path_block_key(sid: &str, block: u64) -> Vec<u8> {
     let mut k = sk(TAG_PATH, sid);
     k.extend_from_slice(&block.to_be_bytes());
     k
 }
 
-/// `p` key: u64 BE block (`depth >> PATH_BLOCK_BITS`), then the depth in
-/// the block (u8): keys sort by depth.
-fn path_key(sid: &str, depth: u64) -> Vec<u8> {
-    let mut k = path_block_prefix(sid, depth >> PATH_BLOCK_BITS);
-    k.push((depth & ((1 << PATH_BLOCK_BITS) - 1)) as u8);
-    k
-}
-
-/// Bytes of a `p` value before the entry id.
+/// Bytes of a path link before the entry id.
 const PATH_LINK_HEADER: usize = 8 + 8 + 4 + 4 + 8 + 1;
 
-/// The `p` value of an entry on the active path: where its bytes are in
+/// Most bytes of one path link: the header, an entry id and an orphan's
+/// parent id (each at most [`ENTRY_ID_LEN_MAX`] bytes).
+const PATH_LINK_BYTES_MAX: usize = PATH_LINK_HEADER + 2 * ENTRY_ID_LEN_MAX;
+
+/// Bytes of a link's length prefix in a block value (u16 BE).
+const PATH_LINK_LEN_BYTES: usize = 2;
+
+/// Most bytes of one `p` block value: [`PATH_BLOCK_DEPTHS`] links, each
+/// with its length prefix (18,624 bytes). A longer value is damaged.
+const PATH_BLOCK_BYTES_MAX: usize =
+    PATH_BLOCK_DEPTHS as usize * (PATH_LINK_LEN_BYTES + PATH_LINK_BYTES_MAX);
+
+/// The path link of an entry on the active path: where its bytes are in
 /// the log (u64 BE segment, u64 BE offset, u32 BE event, u32 BE entry
 /// index), its size (u64 BE), its id (u8 length + bytes) and, only for an
 /// orphan at depth 0 (a parent the index does not know), that parent's
-/// id; a root-first page is answered from these values alone (the parent
-/// of the entry at depth `d > 0` is the entry at `d - 1`).
+/// id; a root-first page is answered from these links alone (the parent
+/// of the entry at depth `d > 0` is the entry at `d - 1`). A block value
+/// is its depths' links in depth order, each after its u16 BE length.
 fn path_value(id: &EntryId, r: &EntryRecord) -> Vec<u8> {
     let mut v = Vec::with_capacity(PATH_LINK_HEADER + 2 * id.as_str().len());
     v.extend_from_slice(&r.segment.to_be_bytes());
@@ -586,10 +616,315 @@ fn path_value(id: &EntryId, r: &EntryRecord) -> Vec<u8> {
     if let (0, Some(p)) = (r.facts.depth, &r.parent) {
         v.extend_from_slice(p.as_str().as_bytes());
     }
+    debug_assert!(v.len() <= PATH_LINK_BYTES_MAX);
     v
 }
 
-/// A decoded `p` value (see [`path_value`]).
+/// Appends `link` to a block value, after its u16 BE length.
+fn push_block_link(block: &mut Vec<u8>, link: &[u8]) {
+    // A link is at most PATH_LINK_BYTES_MAX (289) bytes: its length fits.
+    debug_assert!(link.len() <= PATH_LINK_BYTES_MAX);
+    block.extend_from_slice(&(link.len().min(usize::from(u16::MAX)) as u16).to_be_bytes());
+    block.extend_from_slice(link);
+}
+
+/// A block value's links in depth order; a malformed value yields one
+/// `Err` with the slot of the first link it cannot take (a length past
+/// the end, a length outside a link's bounds, more than
+/// [`PATH_BLOCK_DEPTHS`] links) and ends.
+struct BlockLinks<'a> {
+    rest: &'a [u8],
+    slot: usize,
+    failed: bool,
+}
+
+fn block_links(v: &[u8]) -> BlockLinks<'_> {
+    BlockLinks {
+        rest: v,
+        slot: 0,
+        failed: v.len() > PATH_BLOCK_BYTES_MAX,
+    }
+}
+
+impl<'a> Iterator for BlockLinks<'a> {
+    /// The link, or the slot where the value is malformed.
+    type Item = Result<&'a [u8], usize>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.failed {
+            // Reported once, then the iteration ends.
+            self.failed = false;
+            self.rest = &[];
+            return Some(Err(self.slot));
+        }
+        if self.rest.is_empty() {
+            return None;
+        }
+        let link = match self.rest {
+            [a, b, rest @ ..] if self.slot < PATH_BLOCK_DEPTHS as usize => {
+                let n = usize::from(u16::from_be_bytes([*a, *b]));
+                if (PATH_LINK_HEADER..=PATH_LINK_BYTES_MAX).contains(&n) {
+                    rest.split_at_checked(n)
+                } else {
+                    None
+                }
+            }
+            _ => None,
+        };
+        match link {
+            Some((link, rest)) => {
+                self.rest = rest;
+                self.slot += 1;
+                Some(Ok(link))
+            }
+            None => {
+                self.rest = &[];
+                Some(Err(self.slot))
+            }
+        }
+    }
+}
+
+/// The link at `slot` of a block value (`None` past its links), the
+/// whole value checked to be well formed (`Err`: the first bad slot).
+fn block_link(v: &[u8], slot: usize) -> Result<Option<&[u8]>, usize> {
+    let mut found = None;
+    for (i, link) in block_links(v).enumerate() {
+        let link = link?;
+        if i == slot {
+            found = Some(link);
+        }
+    }
+    Ok(found)
+}
+
+/// The typed error of a damaged active-path block (or one that disagrees
+/// with the session's path length): names the session and the depth.
+fn path_damage(sid: &str, depth: u64, what: &str) -> IndexError {
+    IndexError::Malformed(format!(
+        "transcript active path of session {sid}, depth {depth}: {what}"
+    ))
+}
+
+/// A block's links, owned (for writers), checked to be well formed.
+fn decode_block(sid: &str, block: u64, v: &[u8]) -> Result<Vec<Option<Vec<u8>>>, IndexError> {
+    let base = block.saturating_mul(PATH_BLOCK_DEPTHS);
+    block_links(v)
+        .map(|l| match l {
+            Ok(link) => Ok(Some(link.to_vec())),
+            Err(slot) => Err(path_damage(
+                sid,
+                base.saturating_add(slot as u64),
+                "malformed block value",
+            )),
+        })
+        .collect()
+}
+
+/// The number of links of a block value (checked to be well formed).
+fn block_len(sid: &str, block: u64, v: &[u8]) -> Result<u64, IndexError> {
+    let mut n = 0u64;
+    for l in block_links(v) {
+        if let Err(slot) = l {
+            let depth = block
+                .saturating_mul(PATH_BLOCK_DEPTHS)
+                .saturating_add(slot as u64);
+            return Err(path_damage(sid, depth, "malformed block value"));
+        }
+        n += 1;
+    }
+    Ok(n)
+}
+
+/// Adds the link of the new leaf at `depth`, the path's length before it
+/// (an append under the leaf): only the last block is rewritten (the
+/// index's memtable keeps the latest value of a key, so repeated appends
+/// into one block coalesce before they reach sled). The block must hold
+/// exactly the depths before `depth`.
+fn append_path_link(
+    batch: &mut IndexBatch<'_>,
+    sid: &str,
+    depth: u64,
+    link: &[u8],
+) -> Result<(), IndexError> {
+    let (block, slot) = path_slot(depth);
+    let key = path_block_key(sid, block);
+    let mut v = if slot == 0 {
+        // A new block: nothing to read.
+        Vec::with_capacity(PATH_LINK_LEN_BYTES + link.len())
+    } else {
+        let v = batch.get(&key)?.unwrap_or_default();
+        let n = block_len(sid, block, &v)?;
+        if n != slot as u64 {
+            debug_assert!(
+                false,
+                "path block {block} of {sid} holds {n} links, not {slot}"
+            );
+            return Err(path_damage(
+                sid,
+                depth,
+                &format!("the block holds {n} depths, the path's length says {slot}"),
+            ));
+        }
+        v
+    };
+    push_block_link(&mut v, link);
+    batch.insert(&key, &v);
+    Ok(())
+}
+
+/// Writes the active path of a session without `p` keys (a cleared one)
+/// from its links in depth order (depth 0 first): one key per block.
+fn write_path_blocks<'v>(
+    batch: &mut IndexBatch<'_>,
+    sid: &str,
+    links: impl Iterator<Item = &'v [u8]>,
+) {
+    let mut block = 0u64;
+    let mut v: Vec<u8> = Vec::new();
+    let mut n = 0u64;
+    for link in links {
+        push_block_link(&mut v, link);
+        n += 1;
+        if n == PATH_BLOCK_DEPTHS {
+            batch.insert(&path_block_key(sid, block), &v);
+            v.clear();
+            n = 0;
+            block += 1;
+        }
+    }
+    if n > 0 {
+        batch.insert(&path_block_key(sid, block), &v);
+    }
+}
+
+/// A block's links by slot (`None`: a depth not set yet), and whether
+/// the event changed the block.
+type LoadedBlock = (Vec<Option<Vec<u8>>>, bool);
+
+/// The active path's blocks one index event changes: each read and
+/// decoded once, changed in memory, written back once by
+/// [`PathBlocks::finish`]. Before the event the blocks hold exactly the
+/// depths `0..old_len`; a depth not yet written by the event is `None`.
+struct PathBlocks<'s> {
+    sid: &'s str,
+    old_len: u64,
+    /// Block → its links by slot, and whether the event changed it.
+    blocks: std::collections::BTreeMap<u64, LoadedBlock>,
+}
+
+impl<'s> PathBlocks<'s> {
+    fn new(sid: &'s str, old_len: u64) -> Self {
+        PathBlocks {
+            sid,
+            old_len,
+            blocks: std::collections::BTreeMap::new(),
+        }
+    }
+
+    fn load(&mut self, batch: &IndexBatch<'_>, block: u64) -> Result<&mut LoadedBlock, IndexError> {
+        let sid = self.sid;
+        let old_len = self.old_len;
+        match self.blocks.entry(block) {
+            std::collections::btree_map::Entry::Occupied(e) => Ok(e.into_mut()),
+            std::collections::btree_map::Entry::Vacant(e) => {
+                let links = match batch.get(&path_block_key(sid, block))? {
+                    Some(v) => decode_block(sid, block, &v)?,
+                    None => Vec::new(),
+                };
+                // Exactly the depths `0..old_len` exist.
+                let base = block.saturating_mul(PATH_BLOCK_DEPTHS);
+                let want = old_len.saturating_sub(base).min(PATH_BLOCK_DEPTHS);
+                if links.len() as u64 != want {
+                    debug_assert!(false, "path block {block} of {sid}: {} links", links.len());
+                    return Err(path_damage(
+                        sid,
+                        base.saturating_add(want.min(links.len() as u64)),
+                        &format!(
+                            "the block holds {} depths, the path's length says {want}",
+                            links.len()
+                        ),
+                    ));
+                }
+                Ok(e.insert((links, false)))
+            }
+        }
+    }
+
+    /// The link at `depth`, `None` when the path does not reach it.
+    fn get(&mut self, batch: &IndexBatch<'_>, depth: u64) -> Result<Option<&[u8]>, IndexError> {
+        let (block, slot) = path_slot(depth);
+        let (links, _) = self.load(batch, block)?;
+        Ok(links.get(slot).and_then(|l| l.as_deref()))
+    }
+
+    fn set(&mut self, batch: &IndexBatch<'_>, depth: u64, link: Vec<u8>) -> Result<(), IndexError> {
+        let (block, slot) = path_slot(depth);
+        let (links, dirty) = self.load(batch, block)?;
+        if links.len() <= slot {
+            links.resize(slot + 1, None);
+        }
+        if let Some(l) = links.get_mut(slot) {
+            *l = Some(link);
+            *dirty = true;
+        }
+        Ok(())
+    }
+
+    /// Writes the changed blocks back for a path of `len` depths (every
+    /// depth below `len` is set or was there before the event) and
+    /// removes the blocks past it.
+    fn finish(mut self, batch: &mut IndexBatch<'_>, len: u64) -> Result<(), IndexError> {
+        let sid = self.sid;
+        let (kept_block, kept_slot) = path_slot(len);
+        if len < self.old_len && kept_slot > 0 {
+            // The last kept block loses its deeper depths.
+            self.load(batch, kept_block)?;
+        }
+        // Blocks wholly past `len` that held depths go.
+        let first_gone = kept_block.saturating_add(u64::from(kept_slot > 0));
+        let old_blocks = self.old_len.div_ceil(PATH_BLOCK_DEPTHS);
+        for block in first_gone..old_blocks {
+            if !self.blocks.contains_key(&block) {
+                batch.remove(&path_block_key(sid, block));
+            }
+        }
+        for (block, (mut links, mut dirty)) in self.blocks {
+            let base = block.saturating_mul(PATH_BLOCK_DEPTHS);
+            // At most PATH_BLOCK_DEPTHS (64): fits any usize.
+            let n = len.saturating_sub(base).min(PATH_BLOCK_DEPTHS) as usize;
+            if n == 0 {
+                if base < self.old_len {
+                    batch.remove(&path_block_key(sid, block));
+                }
+                continue;
+            }
+            if let Some(slot) = (0..n).find(|&s| links.get(s).is_none_or(Option::is_none)) {
+                debug_assert!(false, "depth {} of {sid} has no link", base + slot as u64);
+                return Err(path_damage(
+                    sid,
+                    base.saturating_add(slot as u64),
+                    "a depth of the path has no link",
+                ));
+            }
+            if n < links.len() {
+                links.truncate(n);
+                dirty = true;
+            }
+            if !dirty {
+                continue;
+            }
+            let mut v = Vec::with_capacity(n * (PATH_LINK_LEN_BYTES + PATH_LINK_HEADER + 40));
+            for l in links.iter().flatten() {
+                push_block_link(&mut v, l);
+            }
+            batch.insert(&path_block_key(sid, block), &v);
+        }
+        Ok(())
+    }
+}
+
+/// A decoded path link (see [`path_value`]).
 #[derive(Debug)]
 struct PathLink {
     id: EntryId,
@@ -621,7 +956,7 @@ fn decode_path_link(v: &[u8]) -> Option<PathLink> {
     })
 }
 
-/// The entry id a `p` value names.
+/// The entry id a path link names.
 fn path_link_id(v: &[u8]) -> Option<&[u8]> {
     let n = usize::from(*v.get(PATH_LINK_HEADER - 1)?);
     v.get(PATH_LINK_HEADER..PATH_LINK_HEADER.checked_add(n)?)
@@ -1092,34 +1427,44 @@ fn index_seed(
     meta.path_len = 0;
     let mut cur = leaf;
     let mut expect_depth: Option<u64> = None;
+    // Links from the leaf up; the walk reaches depth 0 unless the chain is
+    // broken, and then the session has no path (as `sync_path` keeps only
+    // the run that reaches what existed before: nothing here).
+    let mut links: Vec<Vec<u8>> = Vec::new();
     while let Some(id) = cur {
         let Some(r) = at.get(id).and_then(|&i| records.get(i)) else {
             break;
         };
         let d = r.facts.depth;
         match expect_depth {
-            None => meta.path_len = d.saturating_add(1),
+            None => {}
             Some(e) if e != d => break,
             Some(_) => {}
         }
-        batch.insert(&path_key(sid, d), &path_value(id, r));
+        links.push(path_value(id, r));
         if d == 0 {
+            meta.path_len = links.len() as u64;
             break;
         }
         expect_depth = Some(d - 1);
         cur = r.parent.as_ref();
     }
+    if meta.path_len > 0 {
+        write_path_blocks(batch, sid, links.iter().rev().map(Vec::as_slice));
+    }
     Ok(())
 }
 
-/// Brings the active-path keys (`p`) in line with `meta.leaf`: walks up
-/// from the leaf writing each entry at its depth, and stops at the first
-/// entry shallower than `stable_below` that is already at its depth (its
-/// ancestry is unchanged, so every key above it is right); then removes
-/// the keys of depths the new path no longer has. `stable_below` is the
+/// Brings the active path (`p` blocks) in line with `meta.leaf`: walks up
+/// from the leaf setting each entry's link at its depth, and stops at the
+/// first entry shallower than `stable_below` that is already at its depth
+/// (its ancestry is unchanged, so every link above it is right); then
+/// drops the depths the new path no longer has. The blocks touched are
+/// read once and written once ([`PathBlocks`]). `stable_below` is the
 /// shallowest depth whose ancestry a rewrite may have changed (`u64::MAX`
 /// when nothing was re-parented: a leaf move). Cost: the entries below the
-/// common ancestor of the old and the new path, plus the removed depths.
+/// common ancestor of the old and the new path, plus one removal per
+/// block past the new path.
 fn sync_path(
     batch: &mut IndexBatch<'_>,
     sid: &str,
@@ -1127,13 +1472,16 @@ fn sync_path(
     stable_below: u64,
 ) -> Result<(), IndexError> {
     let old_len = meta.path_len;
+    let mut blocks = PathBlocks::new(sid, old_len);
     let mut new_len = 0;
+    // The shallowest depth the walk reached (written, or found in place).
+    let mut top = u64::MAX;
     let mut cur = meta.leaf.clone();
     let mut expect_depth: Option<u64> = None;
     while let Some(id) = cur {
         let Some(r) = get_record(batch, sid, &id)? else {
             // A leaf or parent the index does not know: keep what was
-            // found so far (readers verify depths and fall back to walks).
+            // found so far (see below).
             break;
         };
         let d = r.facts.depth;
@@ -1144,15 +1492,14 @@ fn sync_path(
             Some(e) if e != d => break,
             Some(_) => {}
         }
-        let key = path_key(sid, d);
-        let at = batch.get(&key)?;
         let value = path_value(&id, &r);
-        let placed = at.as_deref() == Some(value.as_slice());
+        let placed = blocks.get(batch, d)? == Some(value.as_slice());
+        top = d;
         if placed && d < stable_below {
             break;
         }
         if !placed {
-            batch.insert(&key, &value);
+            blocks.set(batch, d, value)?;
         }
         if d == 0 {
             break;
@@ -1160,14 +1507,21 @@ fn sync_path(
         expect_depth = Some(d - 1);
         cur = r.parent;
     }
-    for d in new_len..old_len {
-        batch.remove(&path_key(sid, d));
-    }
-    meta.path_len = new_len;
+    // Exactly the depths `0..path_len` exist: the walk's run joins what
+    // was there when it reaches the old path (always, in a consistent
+    // index); a run that stops short of it (a broken chain) is dropped,
+    // and the old path's depths above stay (their ancestry is intact).
+    let len = if top <= old_len {
+        new_len
+    } else {
+        old_len.min(new_len)
+    };
+    blocks.finish(batch, len)?;
+    meta.path_len = len;
     Ok(())
 }
 
-/// Rewrites the `p` values of those of `ids` that are on the active path
+/// Rewrites the path links of those of `ids` that are on the active path
 /// (at their depth) to their current records: what a delta rewrite
 /// changes for an entry whose ancestry it kept (log position, size).
 fn refresh_path_links<'i>(
@@ -1176,25 +1530,26 @@ fn refresh_path_links<'i>(
     meta: &TranscriptMeta,
     ids: impl Iterator<Item = &'i EntryId>,
 ) -> Result<(), IndexError> {
+    let mut blocks = PathBlocks::new(sid, meta.path_len);
     for id in ids {
         let Some(r) = get_record(batch, sid, id)? else {
             continue;
         };
-        if r.facts.depth >= meta.path_len {
+        let d = r.facts.depth;
+        if d >= meta.path_len {
             continue;
         }
-        let key = path_key(sid, r.facts.depth);
-        let Some(cur) = batch.get(&key)? else {
+        let Some(cur) = blocks.get(batch, d)? else {
             continue;
         };
-        if path_link_id(&cur) == Some(id.as_str().as_bytes()) {
+        if path_link_id(cur) == Some(id.as_str().as_bytes()) {
             let value = path_value(id, &r);
-            if cur != value {
-                batch.insert(&key, &value);
+            if cur != value.as_slice() {
+                blocks.set(batch, d, value)?;
             }
         }
     }
-    Ok(())
+    blocks.finish(batch, meta.path_len)
 }
 
 /// Removes every per-entry key of a session.
@@ -1477,7 +1832,7 @@ impl TranscriptIndexer {
                         // The common case, O(1): the new leaf extends the
                         // active path by one.
                         Some((d, value)) if under_leaf && d == m.path_len => {
-                            batch.insert(&path_key(sid, d), &value);
+                            append_path_link(batch, sid, d, &value)?;
                             m.path_len = d.saturating_add(1);
                         }
                         _ => sync_path(batch, sid, m, u64::MAX)?,
@@ -1515,7 +1870,7 @@ impl TranscriptIndexer {
                     m.leaf = leaf.clone();
                     sync_path(batch, sid, m, stable_below)?;
                     // Written entries above the rewritten part of the path
-                    // moved in the log: their `p` values follow.
+                    // moved in the log: their path links follow.
                     let changed = written.iter().map(|w| &w.id);
                     refresh_path_links(
                         batch,
@@ -1871,7 +2226,7 @@ pub struct LogTranscriptSource {
     event: RefCell<EventCache>,
     records: RefCell<HashMap<EntryId, Arc<EntryRecord>>>,
     /// The entries of the last [`EntrySource::path_range`] answer: where
-    /// each is in the log, its size and parent (read from the `p` values,
+    /// each is in the log, its size and parent (read from the path links,
     /// so loading them needs no index record).
     path_hints: RefCell<PathHints>,
     /// Where the log bytes holding the commits of the last `path_range`
@@ -1894,7 +2249,7 @@ struct PathHints {
     prev: Option<EntryId>,
 }
 
-/// Where an entry of a path range is, from its `p` value.
+/// Where an entry of a path range is, from its path link.
 struct PathHint {
     id: EntryId,
     key: EntryKey,
@@ -2006,21 +2361,45 @@ impl LogTranscriptSource {
         Ok(Some(r))
     }
 
+    /// The `p` block value holding depths `block << PATH_BLOCK_BITS` on.
+    fn path_block(&self, block: u64) -> Result<Option<Vec<u8>>, StoreError> {
+        self.engine
+            .index()
+            .get(
+                TRANSCRIPT_INDEXER,
+                &path_block_key(self.sid.as_str(), block),
+            )
+            .map_err(engine_err)
+    }
+
+    /// A damaged active path: the read fails with an [`IndexError`]
+    /// naming the session and the depth.
+    fn path_damage(&self, depth: u64, what: &str) -> StoreError {
+        StoreError::Engine(path_damage(self.sid.as_str(), depth, what).into())
+    }
+
+    /// The entry at `depth` on the active path, from the value of the
+    /// block holding it (`None` when the block ends before it).
+    fn link_id_at(&self, block: &[u8], depth: u64) -> Result<Option<EntryId>, StoreError> {
+        let (_, slot) = path_slot(depth);
+        let base = depth - slot as u64;
+        match block_link(block, slot) {
+            Ok(None) => Ok(None),
+            Err(bad) => Err(self.path_damage(base + bad as u64, "malformed block value")),
+            Ok(Some(link)) => path_link_id(link)
+                .and_then(|b| std::str::from_utf8(b).ok())
+                .and_then(|s| EntryId::parse(s).ok())
+                .map(Some)
+                .ok_or_else(|| self.path_damage(depth, "malformed link")),
+        }
+    }
+
     /// The entry at `depth` on the active path (the current leaf's path).
     fn path_at(&self, depth: u64) -> Result<Option<EntryId>, StoreError> {
-        let Some(v) = self
-            .engine
-            .index()
-            .get(TRANSCRIPT_INDEXER, &path_key(self.sid.as_str(), depth))
-            .map_err(engine_err)?
-        else {
-            return Ok(None);
-        };
-        path_link_id(&v)
-            .and_then(|b| std::str::from_utf8(b).ok())
-            .and_then(|s| EntryId::parse(s).ok())
-            .map(Some)
-            .ok_or_else(|| self.corrupt(format!("malformed active-path link at depth {depth}")))
+        match self.path_block(path_slot(depth).0)? {
+            Some(v) => self.link_id_at(&v, depth),
+            None => Ok(None),
+        }
     }
 
     /// The commit at `pos` (the last one read is kept), checked to belong
@@ -2340,24 +2719,37 @@ impl EntrySource for LogTranscriptSource {
     }
 
     /// From the active-path index: answered when `from` is on the current
-    /// leaf's path (the key at its depth names it), else `None` and the
-    /// caller walks. O(1): two key lookups and `from`'s record.
+    /// leaf's path (the link at its depth names it), else `None` and the
+    /// caller walks. O(1): `from`'s record and one or two block lookups.
     fn ancestor_at_depth(&self, from: &EntryId, depth: u64) -> Result<Option<EntryId>, StoreError> {
         let Some(r) = self.cached_record(from)? else {
             return Ok(None);
         };
         let from_depth = r.facts.depth;
-        if depth > from_depth || self.path_at(from_depth)?.as_ref() != Some(from) {
+        if depth > from_depth {
             return Ok(None);
         }
-        self.path_at(depth)
+        let (from_block, _) = path_slot(from_depth);
+        let Some(v) = self.path_block(from_block)? else {
+            return Ok(None);
+        };
+        if self.link_id_at(&v, from_depth)?.as_ref() != Some(from) {
+            return Ok(None);
+        }
+        if path_slot(depth).0 == from_block {
+            self.link_id_at(&v, depth)
+        } else {
+            self.path_at(depth)
+        }
     }
 
     /// From the active-path index when `leaf` is on the current leaf's
-    /// path: one range scan of the `p` keys from the range's first depth
-    /// (its parent's) to its last (the `p` values carry each entry's log position and size, and the parent
-    /// is the entry one depth up), no per-entry record lookups. Loading
-    /// the returned entries then reads the log directly.
+    /// path: one range scan of the `p` blocks from the one holding the
+    /// range's first depth's parent to the one holding its last (a block
+    /// holds 64 depths; the links carry each entry's log position and
+    /// size, and the parent is the entry one depth up), no per-entry
+    /// record lookups. Loading the returned entries then reads the log
+    /// directly.
     fn path_range(
         &self,
         leaf: &EntryId,
@@ -2373,88 +2765,127 @@ impl EntrySource for LogTranscriptSource {
         if start > end || end > leaf_depth {
             return Ok(None);
         }
-        if self.path_at(leaf_depth)?.as_ref() != Some(leaf) {
-            return Ok(None);
-        }
         let sid = self.sid.as_str();
+        let (leaf_block, leaf_slot) = path_slot(leaf_depth);
+        let (end_block, _) = path_slot(end);
+        // Whether the link at the leaf's depth names the leaf: checked
+        // during the scan when the leaf's block is the range's last one.
+        let mut leaf_here: Option<bool> = None;
+        if leaf_block != end_block {
+            if self.path_at(leaf_depth)?.as_ref() != Some(leaf) {
+                return Ok(None);
+            }
+            leaf_here = Some(true);
+        }
         // From the parent of the first entry.
         let from = start.saturating_sub(1);
+        let (from_block, _) = path_slot(from);
         let cap = usize::try_from(end - start)
             .unwrap_or(0)
             .saturating_add(1)
             .min(1 << 12);
         let mut out: Vec<(EntryId, u64)> = Vec::with_capacity(cap);
-        let mut malformed = false;
+        let mut damage: Option<(u64, &str)> = None;
         let mut parent: Option<EntryId> = None;
         let mut bytes = 0u64;
-        // One range scan of the `p` keys from depth `from` on (keys sort by
-        // depth), stopping after `end`, after the entry that takes the
-        // sizes past `bytes_max`, or at the first missing depth.
+        // One range scan of the blocks from `from`'s on (keys sort by
+        // block), taking depths up to `end`, stopping after the entry that
+        // takes the sizes past `bytes_max`, or at a missing block or a
+        // short block before the last (a write raced the scan).
         let prefix = sk(TAG_PATH, sid);
         let mut next = from;
+        let mut next_block = from_block;
         self.engine
             .index()
-            .visit_range(TRANSCRIPT_INDEXER, &prefix, &path_key(sid, from), |k, v| {
-                let depth = match k.get(prefix.len()..) {
-                    Some(&[b0, b1, b2, b3, b4, b5, b6, b7, d])
-                        if u32::from(d) < (1 << PATH_BLOCK_BITS) =>
-                    {
-                        let block = u64::from_be_bytes([b0, b1, b2, b3, b4, b5, b6, b7]);
-                        match block.checked_mul(1 << PATH_BLOCK_BITS) {
-                            Some(b) => b | u64::from(d),
-                            None => {
-                                malformed = true;
-                                return false;
-                            }
+            .visit_range(
+                TRANSCRIPT_INDEXER,
+                &prefix,
+                &path_block_key(sid, from_block),
+                |k, v| {
+                    let block = match k.get(prefix.len()..).map(<[u8; 8]>::try_from) {
+                        Some(Ok(b)) => u64::from_be_bytes(b),
+                        _ => {
+                            damage = Some((next, "malformed block key"));
+                            return false;
                         }
-                    }
-                    _ => {
-                        malformed = true;
+                    };
+                    let Some(base) = block.checked_mul(PATH_BLOCK_DEPTHS) else {
+                        damage = Some((next, "malformed block key"));
+                        return false;
+                    };
+                    if block != next_block || (block > from_block && base != next) {
                         return false;
                     }
-                };
-                if depth > end || depth != next {
-                    return false;
-                }
-                let Some(link) = decode_path_link(v) else {
-                    malformed = true;
-                    return false;
-                };
-                next = depth.saturating_add(1);
-                if depth >= start {
-                    // The first entry's parent is given; every later one's
-                    // is the entry before it.
-                    let p = if depth == 0 {
-                        Some(link.orphan_parent)
-                    } else if depth == start {
-                        Some(parent.take())
-                    } else {
-                        None
-                    };
-                    bytes = bytes.saturating_add(link.size);
-                    out.push((link.id.clone(), link.size));
-                    hints.queue.push_back(PathHint {
-                        id: link.id,
-                        key: link.key,
-                        size: link.size,
-                        parent: p,
-                    });
-                } else {
-                    parent = Some(link.id);
-                }
-                bytes <= bytes_max
-            })
+                    next_block = block.saturating_add(1);
+                    let mut taking = true;
+                    // Every link of the block is checked (a damaged block
+                    // fails the read even past the depths taken).
+                    for (slot, link) in block_links(v).enumerate() {
+                        let depth = base + slot as u64;
+                        let link = match link {
+                            Ok(l) => l,
+                            Err(bad) => {
+                                damage = Some((base + bad as u64, "malformed block value"));
+                                return false;
+                            }
+                        };
+                        if block == leaf_block && slot == leaf_slot {
+                            leaf_here = Some(path_link_id(link) == Some(leaf.as_str().as_bytes()));
+                        }
+                        if !taking || depth < from {
+                            continue;
+                        }
+                        if depth > end {
+                            taking = false;
+                            continue;
+                        }
+                        let Some(link) = decode_path_link(link) else {
+                            damage = Some((depth, "malformed link"));
+                            return false;
+                        };
+                        next = depth + 1;
+                        if depth >= start {
+                            // The first entry's parent is given; every
+                            // later one's is the entry before it.
+                            let p = if depth == 0 {
+                                Some(link.orphan_parent)
+                            } else if depth == start {
+                                Some(parent.take())
+                            } else {
+                                None
+                            };
+                            bytes = bytes.saturating_add(link.size);
+                            out.push((link.id.clone(), link.size));
+                            hints.queue.push_back(PathHint {
+                                id: link.id,
+                                key: link.key,
+                                size: link.size,
+                                parent: p,
+                            });
+                            if bytes > bytes_max {
+                                taking = false;
+                            }
+                        } else {
+                            parent = Some(link.id);
+                        }
+                    }
+                    taking && block < end_block
+                },
+            )
             .map_err(engine_err)?;
-        if malformed {
-            return Err(self.corrupt(format!(
-                "malformed active-path link at depth {next} or after"
-            )));
+        if let Some((depth, what)) = damage {
+            hints.clear();
+            return Err(self.path_damage(depth, what));
+        }
+        if leaf_here.is_none() {
+            // The scan stopped before the leaf's depth (the bytes ran out).
+            leaf_here = Some(self.path_at(leaf_depth)?.as_ref() == Some(leaf));
         }
         // Exactly the depths `start..next` were taken, in order; short of
         // `end` without passing the bytes (a depth is missing: a write
         // raced the read, which the caller's version check reports) is
-        // left to the walk.
-        if next <= start || (next <= end && bytes <= bytes_max) {
+        // left to the walk, as is a leaf off the active path.
+        if leaf_here != Some(true) || next <= start || (next <= end && bytes <= bytes_max) {
             hints.clear();
             return Ok(None);
         }
@@ -2574,7 +3005,11 @@ mod tests {
             .index()
             .scan_prefix(TRANSCRIPT_INDEXER, &sk(TAG_PATH, id.as_str()))
             .count();
-        assert_eq!(keys, path.len(), "active-path keys of {id}");
+        assert_eq!(
+            keys as u64,
+            (path.len() as u64).div_ceil(PATH_BLOCK_DEPTHS),
+            "active-path blocks of {id}"
+        );
         // Child links: the `n` count and the children of every entry are
         // the transcript's, and `c` keys exist only for a parent with two
         // or more children (a single child is named by `n` alone).
@@ -2594,15 +3029,21 @@ mod tests {
             let expect = if want.len() >= 2 { want.len() } else { 0 };
             assert_eq!(links, expect, "child links of {}", e.id);
         }
-        // Every `p` value names the entry at its depth with the log
+        // Every path link names the entry at its depth with the log
         // position and size of its current index record.
         for (d, e) in path.iter().enumerate() {
-            let v = engine
+            let (block, slot) = path_slot(d as u64);
+            let value = engine
                 .index()
-                .get(TRANSCRIPT_INDEXER, &path_key(id.as_str(), d as u64))
+                .get(TRANSCRIPT_INDEXER, &path_block_key(id.as_str(), block))
                 .unwrap()
                 .unwrap();
-            let link = decode_path_link(&v).unwrap();
+            let links: Vec<&[u8]> = block_links(&value).map(Result::unwrap).collect();
+            // Exactly the path's depths: full blocks, then the rest.
+            let held = (path.len() as u64 - block * PATH_BLOCK_DEPTHS).min(PATH_BLOCK_DEPTHS);
+            assert_eq!(links.len() as u64, held, "links of block {block}");
+            let v = links[slot];
+            let link = decode_path_link(v).unwrap();
             let r = EntryRecord::decode(
                 &engine
                     .index()
@@ -2614,9 +3055,9 @@ mod tests {
             assert_eq!(&link.id, e, "depth {d}");
             assert_eq!(link.key, (r.position(), r.event, r.sub), "{e} at {d}");
             assert_eq!(link.size, r.size, "size of {e}");
-            assert_eq!(v, path_value(e, &r));
+            assert_eq!(v, path_value(e, &r).as_slice());
         }
-        // Ranges of the path, read from the `p` values, give the entries
+        // Ranges of the path, read from the path links, give the entries
         // (payload and parent) the loaded transcript has.
         for (start, end) in [(0, 0), (0, 63), (1, 64), (30, 70), (63, 64), (5, 140)] {
             let Some(leaf) = path.last() else { break };
@@ -3160,7 +3601,7 @@ mod tests {
         append_n(&h, 3, "c");
         assert_eq!(check_path(&store, &id).len(), 3);
         // A path over several blocks of `p` keys; a rewrite of entries
-        // deep in it (new log positions) keeps their `p` values in step.
+        // deep in it (new log positions) keeps their path links in step.
         append_n(&h, 150, "long");
         assert_eq!(check_path(&store, &id).len(), 153);
         h.redact(&|s| s.replace("long7", "[r]"), &CancelToken::new())
@@ -3226,6 +3667,279 @@ mod tests {
                 }
                 assert!(pages > 1);
             }
+        }
+    }
+
+    fn path_blocks(store: &LogStore, id: &SessionId) -> Vec<(Vec<u8>, Vec<u8>)> {
+        store
+            .engine()
+            .unwrap()
+            .index()
+            .scan_prefix(TRANSCRIPT_INDEXER, &sk(TAG_PATH, id.as_str()))
+            .map(Result::unwrap)
+            .collect()
+    }
+
+    /// The `p` blocks across block boundaries: appends at depths 63, 64
+    /// and 65, leaf moves across boundaries both ways, truncation to just
+    /// below and just at one, a branch and an off-path append that cross
+    /// one, a fork of a path over three blocks; and a rebuild from the
+    /// log gives the same block values byte for byte.
+    #[test]
+    fn active_path_blocks_follow_block_boundaries_and_rebuild_byte_for_byte() {
+        let dir = tempfile::tempdir().unwrap();
+        let (id, fork_id, before) = {
+            let (store, rt) = open(dir.path());
+            let id = rt
+                .create(AgentDefinition::default(), None)
+                .unwrap()
+                .id()
+                .clone();
+            let h = rt.open_handle(&id, HandleOptions::writer()).unwrap();
+            let mut main = append_n(&h, 63, "m");
+            assert_eq!(check_path(&store, &id).len(), 63);
+            assert_eq!(path_blocks(&store, &id).len(), 1);
+            for (depth, tag) in [(63, "d63-"), (64, "d64-"), (65, "d65-")] {
+                main.extend(append_n(&h, 1, tag));
+                assert_eq!(check_path(&store, &id).len(), depth + 1);
+            }
+            assert_eq!(path_blocks(&store, &id).len(), 2);
+            main.extend(append_n(&h, 134, "deep"));
+            assert_eq!(check_path(&store, &id), main);
+            assert_eq!(path_blocks(&store, &id).len(), 4);
+            // Truncation to just below a boundary, then to exactly one.
+            h.move_leaf(Some(main[62].clone())).unwrap();
+            assert_eq!(check_path(&store, &id).len(), 63);
+            assert_eq!(path_blocks(&store, &id).len(), 1);
+            h.move_leaf(Some(main[63].clone())).unwrap();
+            assert_eq!(check_path(&store, &id).len(), 64);
+            assert_eq!(path_blocks(&store, &id).len(), 1);
+            // Back down across three boundaries.
+            h.move_leaf(Some(main[199].clone())).unwrap();
+            assert_eq!(check_path(&store, &id), main);
+            // A branch from depth 62 across the boundary: slot 63 of block
+            // 0 changes, block 1 is the branch's, blocks 2 and 3 go.
+            h.move_leaf(Some(main[62].clone())).unwrap();
+            let side = append_n(&h, 70, "side");
+            let p = check_path(&store, &id);
+            assert_eq!(p.len(), 133);
+            assert_eq!(p[..63], main[..63]);
+            assert_eq!(p[63..], side[..]);
+            // Between the branches: below the common ancestor only.
+            h.move_leaf(Some(main[150].clone())).unwrap();
+            assert_eq!(check_path(&store, &id), main[..151]);
+            // An append under an off-path entry at depth 63 (the new leaf
+            // is at depth 64): block 1 shrinks to one link, block 2 goes.
+            h.append_entry(Entry {
+                id: EntryId::parse("x-at-64").unwrap(),
+                parent_id: Some(side[0].clone()),
+                timestamp_ms: 1,
+                kind: user("at 64"),
+            })
+            .unwrap();
+            let p = check_path(&store, &id);
+            assert_eq!(p.len(), 65);
+            assert_eq!(p[63], side[0]);
+            assert_eq!(path_blocks(&store, &id).len(), 2);
+            // A delta rewrite of entries on both sides of a boundary.
+            h.move_leaf(Some(main[199].clone())).unwrap();
+            h.redact(&|s| s.replace("d6", "[r]"), &CancelToken::new())
+                .unwrap();
+            assert_eq!(check_path(&store, &id), main);
+            drop(h);
+            let fork = rt.fork(&id, Some(main[130].clone())).unwrap();
+            assert_eq!(check_path(&store, fork.id())[..], main[..131]);
+            assert_eq!(path_blocks(&store, fork.id()).len(), 3);
+            let before = (path_blocks(&store, &id), path_blocks(&store, fork.id()));
+            (id, fork.id().clone(), before)
+        };
+        std::fs::remove_dir_all(dir.path().join("index")).unwrap();
+        let (store, _rt) = open(dir.path());
+        assert_eq!(
+            (path_blocks(&store, &id), path_blocks(&store, &fork_id)),
+            before
+        );
+        assert_eq!(check_path(&store, &id).len(), 200);
+        assert_eq!(check_path(&store, &fork_id).len(), 131);
+    }
+
+    /// Writes raw keys into the transcript index's namespace (events of
+    /// kind `raw`: u16 BE key length, key, value) and indexes every
+    /// commit as the transcript indexer does: damaged `p` blocks where
+    /// readers and writers meet them.
+    struct RawIndexer;
+
+    impl Indexer for RawIndexer {
+        fn name(&self) -> &'static str {
+            TRANSCRIPT_INDEXER
+        }
+
+        fn version(&self) -> u32 {
+            TRANSCRIPT_INDEX_VERSION
+        }
+
+        fn apply(
+            &self,
+            commit: &RecordedCommit,
+            batch: &mut IndexBatch<'_>,
+        ) -> Result<(), IndexError> {
+            for ev in commit.events.iter().filter(|e| e.kind == "raw") {
+                let n = usize::from(u16::from_be_bytes([ev.payload[0], ev.payload[1]]));
+                batch.insert(&ev.payload[2..2 + n], &ev.payload[2 + n..]);
+            }
+            TranscriptIndexer.apply(commit, batch)
+        }
+    }
+
+    fn raw_event(key: &[u8], value: &[u8]) -> spool_engine::EventData {
+        let mut payload = (key.len() as u16).to_be_bytes().to_vec();
+        payload.extend_from_slice(key);
+        payload.extend_from_slice(value);
+        spool_engine::EventData::new("raw", payload)
+    }
+
+    fn session_event(ev: &SessionEvent) -> spool_engine::EventData {
+        spool_engine::EventData::new(
+            format!("{SESSION_EVENT_PREFIX}{}", ev.kind()),
+            crate::session::encode_event(ev).unwrap(),
+        )
+    }
+
+    /// A damaged `p` block (lengths past the end or outside a link's
+    /// bounds, too many links, an oversized value, a link with a bad id)
+    /// makes the reads of the active path that meet it fail with an
+    /// `IndexError` naming the session and the depth (a bad framing fails
+    /// every read of the block, a bad link the reads of that link), and
+    /// an append onto it fail the same way; never a panic. A block shorter than the path's length
+    /// says is not read as the path (the readers fall back to walks).
+    #[test]
+    fn damaged_path_blocks_fail_reads_and_writes_with_index_errors() {
+        let eid = |i: usize| EntryId::parse(&format!("e{i}")).unwrap();
+        let sid = SessionId::parse("damaged").unwrap();
+        let entries: Vec<Entry> = (0..3)
+            .map(|i| Entry {
+                id: eid(i),
+                parent_id: i.checked_sub(1).map(eid),
+                timestamp_ms: i as i64,
+                kind: user(&format!("entry {i}")),
+            })
+            .collect();
+        let mut transcript = crate::transcript::Transcript::new();
+        transcript.replace_all(entries, Some(eid(2)));
+        let created = SessionEvent::Created {
+            id: sid.clone(),
+            parent_id: None,
+            agent_name: "a".into(),
+            label: "a".into(),
+            created_at_ms: 1,
+            definition: Box::new(AgentDefinition::new("a", "damage test", "")),
+            state: Box::new(crate::session::AgentState {
+                transcript,
+                ..Default::default()
+            }),
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let engine = Arc::new(
+            Store::open(
+                dir.path(),
+                spool_engine::Options::default().indexer(Arc::new(RawIndexer)),
+            )
+            .unwrap(),
+        );
+        let mut version = 0u64;
+        let mut append = |events: Vec<spool_engine::EventData>| {
+            let expected = match version {
+                0 => spool_engine::ExpectedVersion::NoStream,
+                v => spool_engine::ExpectedVersion::Exact(v),
+            };
+            let out = engine.append(spool_engine::NewCommit::new(sid.as_str(), expected, events));
+            if out.is_ok() {
+                version += 1;
+            }
+            out
+        };
+        append(vec![session_event(&created)]).unwrap();
+        let key = path_block_key(sid.as_str(), 0);
+        let good = engine
+            .index()
+            .get(TRANSCRIPT_INDEXER, &key)
+            .unwrap()
+            .unwrap();
+        let src = LogTranscriptSource::new(engine.clone(), sid.clone());
+        let whole = src.path_range(&eid(2), 2, 0, 2, u64::MAX).unwrap().unwrap();
+        assert_eq!(whole.len(), 3);
+        assert_eq!(src.ancestor_at_depth(&eid(2), 0).unwrap(), Some(eid(0)));
+
+        let link0 = block_link(&good, 0).unwrap().unwrap().to_vec();
+        let mut too_many = Vec::new();
+        for _ in 0..=PATH_BLOCK_DEPTHS {
+            push_block_link(&mut too_many, &link0);
+        }
+        let mut bad_id = good.clone();
+        // The first byte of the first link's id (after the length prefix
+        // and the link's header): not UTF-8.
+        bad_id[PATH_LINK_LEN_BYTES + PATH_LINK_HEADER] = 0xff;
+        let damaged: Vec<(&str, Vec<u8>)> = vec![
+            ("truncated", good[..good.len() - 1].to_vec()),
+            ("length below a link's header", {
+                let mut v = good.clone();
+                v.extend_from_slice(&[0, 5, 1, 2, 3, 4, 5]);
+                v
+            }),
+            ("length past a link's bound", {
+                let mut v = good.clone();
+                v.extend_from_slice(&u16::MAX.to_be_bytes());
+                v.extend(std::iter::repeat_n(0u8, usize::from(u16::MAX)));
+                v
+            }),
+            ("too many links", too_many),
+            ("oversized", vec![0u8; PATH_BLOCK_BYTES_MAX + 1]),
+            ("bad id", bad_id),
+        ];
+        for (what, value) in damaged {
+            append(vec![raw_event(&key, &value)]).unwrap();
+            let src = LogTranscriptSource::new(engine.clone(), sid.clone());
+            let check = |r: Result<(), StoreError>| match r {
+                Err(StoreError::Engine(spool_engine::Error::Index(IndexError::Malformed(m)))) => {
+                    assert!(m.contains("session damaged, depth "), "{what}: {m}")
+                }
+                other => panic!("{what}: {other:?}"),
+            };
+            check(src.path_range(&eid(2), 2, 0, 2, u64::MAX).map(|_| ()));
+            check(src.ancestor_at_depth(&eid(2), 0).map(|_| ()));
+            if what != "bad id" {
+                // The framing of the whole block is checked on every read;
+                // a link's contents when it is read.
+                check(src.path_range(&eid(2), 2, 2, 2, 0).map(|_| ()));
+            }
+        }
+        // A well-formed block with fewer links than the path's length: not
+        // the path (the caller walks).
+        let mut short = Vec::new();
+        for slot in 0..2 {
+            push_block_link(&mut short, block_link(&good, slot).unwrap().unwrap());
+        }
+        append(vec![raw_event(&key, &short)]).unwrap();
+        let src = LogTranscriptSource::new(engine.clone(), sid.clone());
+        assert_eq!(src.path_range(&eid(2), 2, 0, 2, u64::MAX).unwrap(), None);
+        assert_eq!(src.ancestor_at_depth(&eid(2), 0).unwrap(), None);
+        // An append under the leaf onto a malformed block fails in the
+        // indexer (the commit is in the log; the index refuses it).
+        append(vec![raw_event(&key, &good[..good.len() - 1])]).unwrap();
+        let e3 = Entry {
+            id: eid(3),
+            parent_id: Some(eid(2)),
+            timestamp_ms: 3,
+            kind: user("entry 3"),
+        };
+        let failed = append(vec![session_event(&SessionEvent::EntryAppended {
+            entry: e3,
+        })]);
+        match failed {
+            Err(spool_engine::Error::Index(IndexError::Malformed(m))) => {
+                assert!(m.contains("session damaged, depth "), "{m}")
+            }
+            other => panic!("{other:?}"),
         }
     }
 }
