@@ -1647,6 +1647,15 @@ struct CachedEntry {
     cost: u64,
 }
 
+/// An entry as [`LogTranscriptSource::load_logged`] found it.
+enum Loaded {
+    /// From the [`EntryCache`] (or just admitted to it): shared, its
+    /// parent the one it was cached with.
+    Shared(Arc<Entry>),
+    /// Read from the log and not cached: owned, its parent not yet set.
+    Read(Entry),
+}
+
 /// A bounded cache of decoded transcript entries, shared by every
 /// [`LogTranscriptSource`] of one engine (a block cache one level up: it
 /// saves the log read, the checksum, the commit and event decoding of an
@@ -2162,8 +2171,10 @@ impl LogTranscriptSource {
         size: u64,
         parent: Option<EntryId>,
     ) -> Result<Entry, StoreError> {
-        let shared = self.load_logged(id, key, size, parent.as_ref())?;
-        let mut e = Arc::try_unwrap(shared).unwrap_or_else(|a| (*a).clone());
+        let mut e = match self.load_logged(id, key, size, parent.as_ref())? {
+            Loaded::Read(e) => e,
+            Loaded::Shared(shared) => Arc::try_unwrap(shared).unwrap_or_else(|a| (*a).clone()),
+        };
         e.parent_id = parent;
         Ok(e)
     }
@@ -2178,7 +2189,13 @@ impl LogTranscriptSource {
         size: u64,
         parent: Option<&EntryId>,
     ) -> Result<Arc<Entry>, StoreError> {
-        let shared = self.load_logged(id, key, size, parent)?;
+        let shared = match self.load_logged(id, key, size, parent)? {
+            Loaded::Read(mut e) => {
+                e.parent_id = parent.cloned();
+                return Ok(Arc::new(e));
+            }
+            Loaded::Shared(shared) => shared,
+        };
         if shared.parent_id.as_ref() == parent {
             return Ok(shared);
         }
@@ -2188,35 +2205,38 @@ impl LogTranscriptSource {
     }
 
     /// The entry at `key` from the engine's [`EntryCache`] (its parent the
-    /// one the index gave when it was cached), or read from the log with
-    /// `parent` (the written parent is never decoded: the index's replaces
-    /// it) and cached when admitted. One cache lock for the lookup and the
-    /// admission decision.
+    /// one the index gave when it was cached), or read from the log (the
+    /// written parent is never decoded: the index's replaces it) and, when
+    /// admitted, cached with `parent`. One cache lock for the lookup and
+    /// the admission decision. An entry read and not admitted (every entry
+    /// of a one-pass scan) is handed back owned, without its parent: the
+    /// caller sets it, so it is neither copied nor boxed for sharing.
     fn load_logged(
         &self,
         id: &EntryId,
         key: EntryKey,
         size: u64,
         parent: Option<&EntryId>,
-    ) -> Result<Arc<Entry>, StoreError> {
+    ) -> Result<Loaded, StoreError> {
         let (hit, admit) = self.entries.lookup(key);
         if let Some(c) = hit.filter(|c| c.sid == self.sid && &c.entry.id == id) {
-            return Ok(c.entry.clone());
+            return Ok(Loaded::Shared(c.entry.clone()));
         }
         let mut e = self.read_entry(id, key)?;
+        if !admit {
+            return Ok(Loaded::Read(e));
+        }
         e.parent_id = parent.cloned();
         let e = Arc::new(e);
-        if admit {
-            self.entries.insert(
-                key,
-                Arc::new(CachedEntry {
-                    sid: self.sid.clone(),
-                    entry: e.clone(),
-                    cost: size.saturating_add(ENTRY_CACHE_OVERHEAD_BYTES),
-                }),
-            );
-        }
-        Ok(e)
+        self.entries.insert(
+            key,
+            Arc::new(CachedEntry {
+                sid: self.sid.clone(),
+                entry: e.clone(),
+                cost: size.saturating_add(ENTRY_CACHE_OVERHEAD_BYTES),
+            }),
+        );
+        Ok(Loaded::Shared(e))
     }
 }
 
