@@ -18,6 +18,10 @@
 //!    a version conflict) and rechecks the owner and cancellation before
 //!    returning.
 //!
+//! [`SessionHandle::read`] prepares and reads at once: the version it
+//! captures is the live one, so step 2 is already answered (one head read
+//! fewer per page).
+//!
 //! Results are owned by the caller; nothing is kept in the handle, so a
 //! caller paging through a branch holds one page at a time.
 
@@ -25,6 +29,7 @@ use std::sync::Arc;
 
 use serde::Serialize;
 
+use super::backend::TranscriptBackend;
 use super::live::{Inner, SessionHandle};
 use super::HandleError;
 use crate::transcript::{
@@ -194,10 +199,22 @@ impl HistoryRead {
                 actual: head.version,
             });
         }
+        self.read_checked(backend, selection, cancel)
+    }
+
+    /// Steps 3 and 4 of [`HistoryRead::read`], once the live version was
+    /// found to be the captured one.
+    fn read_checked(
+        &self,
+        backend: &dyn TranscriptBackend,
+        selection: &HistorySelection,
+        cancel: &CancelToken,
+    ) -> Result<ReadResult<HistoryValue>, HandleError> {
+        let inner = &self.inner;
         let source = backend.source(&inner.id)?;
         let scope = ReadScope {
             session: inner.id.as_str(),
-            version: head.version,
+            version: self.version,
             cancel,
         };
         let fault = |source| HandleError::Read {
@@ -206,7 +223,7 @@ impl HistoryRead {
         };
         let result = match selection {
             HistorySelection::Context { budget } => map(
-                read_context(&*source, &scope, head.leaf.as_ref(), *budget).map_err(fault)?,
+                read_context(&*source, &scope, self.leaf.as_ref(), *budget).map_err(fault)?,
                 HistoryValue::Context,
             ),
             HistorySelection::Entry { id } => map(
@@ -246,9 +263,9 @@ impl HistoryRead {
         drop(source);
         // A write that landed during the read: its answer may mix versions.
         let after = backend.head(&inner.id)?.map(|h| h.version);
-        if after != Some(head.version) {
+        if after != Some(self.version) {
             return Ok(ReadResult::VersionConflict {
-                expected: head.version,
+                expected: self.version,
                 actual: after.unwrap_or_default(),
             });
         }
@@ -296,6 +313,11 @@ impl SessionHandle {
         if !self.inner.alive() {
             return Ok(ReadResult::OwnerLost);
         }
-        self.prepare_read()?.read(selection, cancel)
+        // The version is captured and read at once: the head just read is
+        // the live one, so the capability's own first check (a second head
+        // read) is skipped; the check after the read still catches a write
+        // that landed since.
+        let read = self.prepare_read()?;
+        read.read_checked(read.inner.backend()?, selection, cancel)
     }
 }

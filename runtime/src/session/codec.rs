@@ -224,8 +224,18 @@ mod fast {
         }
 
         /// A map key equal to `want` (equal bytes are UTF-8, as `want` is).
+        /// The form the writer uses for a short key (a fixstr of `want`'s
+        /// length) is matched in one comparison; any other form is read
+        /// with [`Reader::str_bytes`]. Both accept exactly the same bytes.
         fn key(&mut self, want: &str) -> Option<()> {
-            (self.str_bytes()? == want.as_bytes()).then_some(())
+            let w = want.as_bytes();
+            if let Some((&m, rest)) = self.b.split_first() {
+                if w.len() < 32 && usize::from(m) == 0xa0 | w.len() {
+                    self.b = rest.strip_prefix(w)?;
+                    return Some(());
+                }
+            }
+            (self.str_bytes()? == w).then_some(())
         }
 
         /// A nil or a string, checked but not copied.

@@ -2002,6 +2002,24 @@ struct CachedEntry {
     cost: u64,
 }
 
+/// An entry as [`LogTranscriptSource::load_logged`] found it.
+enum Loaded {
+    /// From the [`EntryCache`] (or just admitted to it): shared, its
+    /// parent the one it was cached with.
+    Shared(Arc<Entry>),
+    /// Read from the log and not cached: owned, its parent not yet set.
+    Read(Entry),
+}
+
+/// How a load uses the [`EntryCache`] (see its admission rule).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Admission {
+    /// Look up; on a miss remember the position or admit the entry.
+    Remember,
+    /// Look up only (a branch page).
+    LookupOnly,
+}
+
 /// A bounded cache of decoded transcript entries, shared by every
 /// [`LogTranscriptSource`] of one engine (a block cache one level up: it
 /// saves the log read, the checksum, the commit and event decoding of an
@@ -2024,6 +2042,11 @@ struct CachedEntry {
 /// branch (an export) therefore never fills the cache nor pays for
 /// copying entries into it, while entries read again soon (the newest
 /// entries of a session opened again) are cached on their second read.
+/// The entries of a branch page are looked up only, never remembered nor
+/// admitted: a page hands its entries to the caller, so a hit saves the
+/// log read and decoding but still copies the entry, and paging through
+/// a long branch would otherwise replace every remembered position of
+/// the other reads (and pay the bookkeeping) for nothing.
 ///
 /// **Bound.** [`ENTRY_CACHE_BYTES_MAX`] in two generations: entries go to
 /// the young one; when it reaches half the bound it becomes the old one
@@ -2115,6 +2138,13 @@ impl EntryCache {
             return (Some(v), false);
         }
         (None, c.seen_before(key))
+    }
+
+    /// The cached entry at `key` for a branch page: looked up only (see
+    /// the admission rule), its generation left as it is.
+    fn peek(&self, key: EntryKey) -> Option<Arc<CachedEntry>> {
+        let c = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        c.young.get(&key).or_else(|| c.old.get(&key)).cloned()
     }
 
     fn insert(&self, key: EntryKey, v: Arc<CachedEntry>) {
@@ -2529,7 +2559,8 @@ impl LogTranscriptSource {
     /// The entry with its current parent (from the index), through the
     /// engine's [`EntryCache`].
     fn load(&self, id: &EntryId, r: &EntryRecord) -> Result<Entry, StoreError> {
-        self.load_at(id, (r.position(), r.event, r.sub), r.size, r.parent.clone())
+        let key = (r.position(), r.event, r.sub);
+        self.load_at(id, key, r.size, r.parent.clone(), Admission::Remember)
     }
 
     /// The entry at `key` with `parent`, through the engine's
@@ -2540,9 +2571,12 @@ impl LogTranscriptSource {
         key: EntryKey,
         size: u64,
         parent: Option<EntryId>,
+        admission: Admission,
     ) -> Result<Entry, StoreError> {
-        let shared = self.load_logged(id, key, size, parent.as_ref())?;
-        let mut e = Arc::try_unwrap(shared).unwrap_or_else(|a| (*a).clone());
+        let mut e = match self.load_logged(id, key, size, parent.as_ref(), admission)? {
+            Loaded::Read(e) => e,
+            Loaded::Shared(shared) => Arc::try_unwrap(shared).unwrap_or_else(|a| (*a).clone()),
+        };
         e.parent_id = parent;
         Ok(e)
     }
@@ -2557,7 +2591,13 @@ impl LogTranscriptSource {
         size: u64,
         parent: Option<&EntryId>,
     ) -> Result<Arc<Entry>, StoreError> {
-        let shared = self.load_logged(id, key, size, parent)?;
+        let shared = match self.load_logged(id, key, size, parent, Admission::Remember)? {
+            Loaded::Read(mut e) => {
+                e.parent_id = parent.cloned();
+                return Ok(Arc::new(e));
+            }
+            Loaded::Shared(shared) => shared,
+        };
         if shared.parent_id.as_ref() == parent {
             return Ok(shared);
         }
@@ -2567,35 +2607,42 @@ impl LogTranscriptSource {
     }
 
     /// The entry at `key` from the engine's [`EntryCache`] (its parent the
-    /// one the index gave when it was cached), or read from the log with
-    /// `parent` (the written parent is never decoded: the index's replaces
-    /// it) and cached when admitted. One cache lock for the lookup and the
-    /// admission decision.
+    /// one the index gave when it was cached), or read from the log (the
+    /// written parent is never decoded: the index's replaces it) and, when
+    /// admitted, cached with `parent`. One cache lock for the lookup and
+    /// the admission decision. An entry read and not admitted (every entry
+    /// of a one-pass scan) is handed back owned, without its parent: the
+    /// caller sets it, so it is neither copied nor boxed for sharing.
     fn load_logged(
         &self,
         id: &EntryId,
         key: EntryKey,
         size: u64,
         parent: Option<&EntryId>,
-    ) -> Result<Arc<Entry>, StoreError> {
-        let (hit, admit) = self.entries.lookup(key);
+        admission: Admission,
+    ) -> Result<Loaded, StoreError> {
+        let (hit, admit) = match admission {
+            Admission::Remember => self.entries.lookup(key),
+            Admission::LookupOnly => (self.entries.peek(key), false),
+        };
         if let Some(c) = hit.filter(|c| c.sid == self.sid && &c.entry.id == id) {
-            return Ok(c.entry.clone());
+            return Ok(Loaded::Shared(c.entry.clone()));
         }
         let mut e = self.read_entry(id, key)?;
+        if !admit {
+            return Ok(Loaded::Read(e));
+        }
         e.parent_id = parent.cloned();
         let e = Arc::new(e);
-        if admit {
-            self.entries.insert(
-                key,
-                Arc::new(CachedEntry {
-                    sid: self.sid.clone(),
-                    entry: e.clone(),
-                    cost: size.saturating_add(ENTRY_CACHE_OVERHEAD_BYTES),
-                }),
-            );
-        }
-        Ok(e)
+        self.entries.insert(
+            key,
+            Arc::new(CachedEntry {
+                sid: self.sid.clone(),
+                entry: e.clone(),
+                cost: size.saturating_add(ENTRY_CACHE_OVERHEAD_BYTES),
+            }),
+        );
+        Ok(Loaded::Shared(e))
     }
 }
 
@@ -2604,10 +2651,12 @@ impl EntrySource for LogTranscriptSource {
 
     fn entry(&self, id: &EntryId) -> Result<Option<Cow<'_, Entry>>, StoreError> {
         // A hint serves one load (a page reads each entry once; a second
-        // read of the same id goes through its record).
+        // read of the same id goes through its record). Hints are taken
+        // here by branch pages only: looked up in the cache, not admitted.
         let hint = self.path_hints.borrow_mut().take(id);
         if let Some((key, size, parent)) = hint {
-            return Ok(Some(Cow::Owned(self.load_at(id, key, size, parent)?)));
+            let e = self.load_at(id, key, size, parent, Admission::LookupOnly)?;
+            return Ok(Some(Cow::Owned(e)));
         }
         match self.cached_record(id)? {
             Some(r) => Ok(Some(Cow::Owned(self.load(id, &r)?))),
@@ -3305,6 +3354,84 @@ mod tests {
             .unwrap();
         assert_eq!(h.snapshot().leaf.as_ref(), Some(&ids[34]));
         chain(true);
+    }
+
+    /// Branch pages look entries up in the entry cache but neither admit
+    /// nor remember them: paging a branch twice caches nothing and leaves
+    /// no remembered position (a later read still needs two reads to be
+    /// cached), while entries cached by other reads serve the pages, which
+    /// stay exact either way.
+    #[test]
+    fn branch_pages_look_up_the_entry_cache_without_filling_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, rt) = open(dir.path());
+        let id = rt
+            .create(AgentDefinition::default(), None)
+            .unwrap()
+            .id()
+            .clone();
+        let h = rt.open_handle(&id, HandleOptions::writer()).unwrap();
+        let ids = append_n(&h, 40, "p");
+        let leaf = ids.last().unwrap().clone();
+        let t = store.load(&id).unwrap().unwrap().state().transcript.clone();
+        let want: Vec<Entry> = ids.iter().map(|i| t.get(i).unwrap().clone()).collect();
+        // Reopened (a new engine, an empty cache), read by a handle that
+        // keeps nothing resident: only the reads below use the cache.
+        drop((h, rt, store));
+        let (store, rt) = open(dir.path());
+        let h = rt
+            .open_handle(
+                &id,
+                HandleOptions::reader().with_budget(crate::transcript::Budget::new(0, 0)),
+            )
+            .unwrap();
+        let cache = EntryCache::of(&store.engine().unwrap());
+        let pages = || {
+            let mut got = Vec::new();
+            let mut cursor = None;
+            loop {
+                let sel = crate::handle::HistorySelection::BranchPage {
+                    leaf: leaf.clone(),
+                    order: crate::transcript::PageOrder::RootFirst,
+                    cursor: cursor.take(),
+                    budget: crate::transcript::PageBudget::new(1 << 20, 7),
+                };
+                match h.read(&sel, &CancelToken::new()).unwrap() {
+                    ReadResult::Page {
+                        value,
+                        continuation,
+                    } => {
+                        got.extend(value.into_page().unwrap().entries);
+                        cursor = Some(continuation);
+                    }
+                    ReadResult::Complete { value, .. } => {
+                        got.extend(value.into_page().unwrap().entries);
+                        return got;
+                    }
+                    other => panic!("{other:?}"),
+                }
+            }
+        };
+        let before = cache.bytes();
+        assert_eq!(before, 0);
+        assert_eq!(pages(), want);
+        assert_eq!(pages(), want);
+        assert_eq!(cache.bytes(), before, "pages admit nothing");
+        // Not remembered by the pages: one read of each is not cached...
+        let src = store.source(&id).unwrap();
+        for e in &want {
+            assert_eq!(src.entry(&e.id).unwrap().as_deref(), Some(e));
+        }
+        assert_eq!(cache.bytes(), before, "a first read is only remembered");
+        // ...a second is, and then serves the pages.
+        let src = store.source(&id).unwrap();
+        for e in &want {
+            assert_eq!(src.entry(&e.id).unwrap().as_deref(), Some(e));
+        }
+        let cached = cache.bytes();
+        assert!(cached > before, "read again: cached");
+        assert_eq!(pages(), want);
+        assert_eq!(cache.bytes(), cached);
     }
 
     /// The cache stays within its bound whatever is read, and a one-pass

@@ -552,7 +552,11 @@ fn fill_page<S: EntrySource + ?Sized>(
     candidates: &[Candidate],
     budget: PageBudget,
 ) -> Result<Filled, ReadError<S::Error>> {
-    let mut page = EntryPage::default();
+    // The page holds at most every candidate: one allocation of its list.
+    let mut page = EntryPage {
+        entries: Vec::with_capacity(candidates.len()),
+        ..EntryPage::default()
+    };
     for (i, c) in candidates.iter().enumerate() {
         if u64::try_from(i).unwrap_or(u64::MAX) >= budget.events() {
             break;
