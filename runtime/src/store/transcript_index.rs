@@ -756,10 +756,6 @@ fn append_path_link(
         let v = batch.get(&key)?.unwrap_or_default();
         let n = block_len(sid, block, &v)?;
         if n != slot as u64 {
-            debug_assert!(
-                false,
-                "path block {block} of {sid} holds {n} links, not {slot}"
-            );
             return Err(path_damage(
                 sid,
                 depth,
@@ -836,7 +832,6 @@ impl<'s> PathBlocks<'s> {
                 let base = block.saturating_mul(PATH_BLOCK_DEPTHS);
                 let want = old_len.saturating_sub(base).min(PATH_BLOCK_DEPTHS);
                 if links.len() as u64 != want {
-                    debug_assert!(false, "path block {block} of {sid}: {} links", links.len());
                     return Err(path_damage(
                         sid,
                         base.saturating_add(want.min(links.len() as u64)),
@@ -900,7 +895,6 @@ impl<'s> PathBlocks<'s> {
                 continue;
             }
             if let Some(slot) = (0..n).find(|&s| links.get(s).is_none_or(Option::is_none)) {
-                debug_assert!(false, "depth {} of {sid} has no link", base + slot as u64);
                 return Err(path_damage(
                     sid,
                     base.saturating_add(slot as u64),
