@@ -30,6 +30,14 @@ fn str_len(s: &str) -> u64 {
     // vectorizes (a chunk adds at most 64 × 5, well within `u16`).
     let mut n = s.len() as u64 + 2;
     for chunk in s.as_bytes().chunks(64) {
+        // Most chunks of text have nothing to escape: a cheap byte-wide
+        // test first, the count only where it finds something.
+        let any = chunk.iter().fold(0u8, |a, &c| {
+            a | u8::from(c < 0x20) | u8::from(c == b'"') | u8::from(c == b'\\')
+        });
+        if any == 0 {
+            continue;
+        }
         let extra: u16 = chunk
             .iter()
             .map(|&c| {
