@@ -70,11 +70,12 @@ impl IndexBatch<'_> {
 
     /// The value of `key`, seeing this batch's own pending writes first.
     pub fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, IndexError> {
-        let k = self.full(key);
-        if let Some(v) = self.writes.get(&k) {
-            return Ok(v.clone());
-        }
-        self.index.read_key(&k)
+        with_joined(&[self.prefix, key], |k| {
+            if let Some(v) = self.writes.get(k) {
+                return Ok(v.clone());
+            }
+            self.index.read_key(k)
+        })
     }
 
     pub fn insert(&mut self, key: &[u8], value: &[u8]) {
@@ -106,6 +107,26 @@ impl IndexBatch<'_> {
         }
         let n = self.prefix.len();
         Ok(out.into_iter().map(|(k, v)| (k[n..].to_vec(), v)).collect())
+    }
+}
+
+/// Longest joined key [`with_joined`] builds on the stack (longer ones are allocated).
+const JOINED_KEY_STACK_BYTES: usize = 256;
+
+/// Calls `f` with the concatenation of `parts`, built on the stack when it is short (a
+/// point read needs the full key only for its lookups, so it need not allocate).
+fn with_joined<R>(parts: &[&[u8]], f: impl FnOnce(&[u8]) -> R) -> R {
+    let n: usize = parts.iter().map(|p| p.len()).sum();
+    if n <= JOINED_KEY_STACK_BYTES {
+        let mut buf = [0u8; JOINED_KEY_STACK_BYTES];
+        let mut at = 0;
+        for p in parts {
+            buf[at..at + p.len()].copy_from_slice(p);
+            at += p.len();
+        }
+        f(&buf[..n])
+    } else {
+        f(&parts.concat())
     }
 }
 
@@ -990,7 +1011,10 @@ impl Index {
 
     /// An indexer's entry.
     pub fn get(&self, ns: &str, key: &[u8]) -> Result<Option<Vec<u8>>, Error> {
-        Ok(self.read_key(&user_key(ns, key))?)
+        let head = [USER, ns.len().min(255) as u8];
+        Ok(with_joined(&[&head, ns.as_bytes(), key], |k| {
+            self.read_key(k)
+        })?)
     }
 
     /// An indexer's entries whose keys start with `prefix` (keys without the namespace).
@@ -1319,7 +1343,24 @@ fn prefix_end(prefix: &[u8]) -> Option<Vec<u8>> {
 
 #[cfg(test)]
 mod tests {
-    use super::prefix_end;
+    use super::{prefix_end, with_joined, JOINED_KEY_STACK_BYTES};
+
+    #[test]
+    fn joined_keys_are_the_concatenation_on_and_off_the_stack() {
+        for n in [
+            0,
+            1,
+            JOINED_KEY_STACK_BYTES - 3,
+            JOINED_KEY_STACK_BYTES + 1,
+            1000,
+        ] {
+            let a = vec![1u8; 3];
+            let b: Vec<u8> = (0..n).map(|i| i as u8).collect();
+            let want = [a.as_slice(), b.as_slice()].concat();
+            assert_eq!(with_joined(&[&a, &b], |k| k.to_vec()), want, "n={n}");
+            assert_eq!(with_joined(&[&b, &[], &a], |k| k.len()), n + 3);
+        }
+    }
 
     #[test]
     fn prefix_end_is_the_least_key_after_the_prefix() {
