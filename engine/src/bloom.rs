@@ -113,6 +113,173 @@ impl CommitIdFilter {
     }
 }
 
+/// A growable Bloom filter over index keys (byte strings), so that a read of a key
+/// that was never written (a fresh entry id, a first child) needs no sled lookup. A
+/// positive answer is only a hint: sled decides. Keys are never removed from it (a
+/// removed key only costs a lookup until the next open). Its memory is bounded by
+/// [`KEY_FILTER_BYTES_MAX`]: a filter that would grow beyond it drops its bits and
+/// answers "maybe" for every key from then on (every read goes to sled, as without a
+/// filter), so an index of any size costs at most that much memory here.
+// Blocked like [`CommitIdFilter`]'s filters, but with 12 bits per key and 8 hashes
+// (about 0.5% false positives per filter): a false positive costs one sled lookup.
+pub(crate) struct KeyFilter {
+    filters: Vec<KeyBlocks>,
+    /// Bytes of `filters`' blocks.
+    bytes: u64,
+    /// Grown past [`KEY_FILTER_BYTES_MAX`]: no bits kept, every key "maybe".
+    saturated: bool,
+}
+
+/// Most bytes of bits a [`KeyFilter`] holds (about 44 million keys at 12 bits per
+/// key, ~0.5% false positives each). Beyond it the filter saturates (see there).
+pub const KEY_FILTER_BYTES_MAX: u64 = 64 << 20;
+
+const KEY_BITS_PER_ITEM: u64 = 12;
+const KEY_HASHES: u32 = 8;
+const KEY_FIRST_CAPACITY: u64 = 1 << 16;
+
+struct KeyBlocks {
+    blocks: Vec<[u64; 8]>,
+    items: u64,
+    capacity: u64,
+}
+
+impl KeyBlocks {
+    fn new(capacity: u64) -> KeyBlocks {
+        let nblocks = (capacity * KEY_BITS_PER_ITEM)
+            .div_ceil(BLOCK_BITS)
+            .next_power_of_two();
+        KeyBlocks {
+            blocks: vec![[0u64; 8]; nblocks as usize],
+            items: 0,
+            capacity,
+        }
+    }
+
+    fn locate(&self, h: KeyHash) -> (usize, impl Iterator<Item = u64>) {
+        let block = (h.0 & (self.blocks.len() as u64 - 1)) as usize;
+        let words = [h.1, mix(h.1 ^ h.0.rotate_left(29))];
+        let bits = (0..KEY_HASHES).map(move |i| {
+            let w = words[(i / 7) as usize];
+            (w >> ((i % 7) * 9)) & (BLOCK_BITS - 1)
+        });
+        (block, bits)
+    }
+
+    fn insert(&mut self, h: KeyHash) {
+        let (b, bits) = self.locate(h);
+        let block = &mut self.blocks[b];
+        for p in bits {
+            block[(p / 64) as usize] |= 1 << (p % 64);
+        }
+        self.items += 1;
+    }
+
+    fn may_contain(&self, h: KeyHash) -> bool {
+        let (b, mut bits) = self.locate(h);
+        let block = &self.blocks[b];
+        bits.all(|p| block[(p / 64) as usize] & (1 << (p % 64)) != 0)
+    }
+}
+
+/// Two hashes of a key (process-local: never stored).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct KeyHash(u64, u64);
+
+impl KeyHash {
+    pub fn of(key: &[u8]) -> KeyHash {
+        let mut h1 = 0x243F_6A88_85A3_08D3 ^ key.len() as u64;
+        let mut h2 = 0x1319_8A2E_0370_7344u64;
+        let mut chunks = key.chunks_exact(8);
+        for c in &mut chunks {
+            let mut w = [0u8; 8];
+            w.copy_from_slice(c);
+            let x = u64::from_le_bytes(w);
+            h1 = mix(h1 ^ x);
+            h2 = (h2 ^ x).rotate_left(23).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        }
+        let rest = chunks.remainder();
+        let mut w = [0u8; 8];
+        w[..rest.len()].copy_from_slice(rest);
+        let x = u64::from_le_bytes(w);
+        h1 = mix(h1 ^ x);
+        h2 = (h2 ^ x).rotate_left(23).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        KeyHash(h1, mix(h2 ^ h1))
+    }
+}
+
+impl KeyBlocks {
+    fn bytes(&self) -> u64 {
+        self.blocks.len() as u64 * BLOCK_BITS / 8
+    }
+}
+
+impl Default for KeyFilter {
+    fn default() -> Self {
+        KeyFilter::with_bytes_max(KEY_FILTER_BYTES_MAX)
+    }
+}
+
+impl KeyFilter {
+    fn with_bytes_max(bytes_max: u64) -> KeyFilter {
+        let first = KeyBlocks::new(KEY_FIRST_CAPACITY);
+        let bytes = first.bytes();
+        let mut f = KeyFilter {
+            filters: vec![first],
+            bytes,
+            saturated: false,
+        };
+        f.bytes_max_check(bytes_max);
+        f
+    }
+
+    /// Saturates when over `bytes_max` (see the type's docs).
+    fn bytes_max_check(&mut self, bytes_max: u64) {
+        if self.bytes > bytes_max {
+            self.filters = Vec::new();
+            self.bytes = 0;
+            self.saturated = true;
+        }
+    }
+
+    pub fn insert(&mut self, h: KeyHash) {
+        self.insert_bounded(h, KEY_FILTER_BYTES_MAX);
+    }
+
+    fn insert_bounded(&mut self, h: KeyHash, bytes_max: u64) {
+        if self.saturated {
+            return;
+        }
+        let need_new = self.filters.last().is_none_or(|f| f.items >= f.capacity);
+        if need_new {
+            let cap = self
+                .filters
+                .last()
+                .map_or(KEY_FIRST_CAPACITY, |f| f.capacity * 2);
+            let next = KeyBlocks::new(cap);
+            self.bytes += next.bytes();
+            self.filters.push(next);
+            self.bytes_max_check(bytes_max);
+            if self.saturated {
+                return;
+            }
+        }
+        if let Some(f) = self.filters.last_mut() {
+            f.insert(h);
+        }
+        debug_assert!(self.bytes <= bytes_max);
+    }
+
+    /// Whether the filter gave up (see the type's docs): more keys change nothing.
+    pub fn is_saturated(&self) -> bool {
+        self.saturated
+    }
+
+    pub fn may_contain(&self, h: KeyHash) -> bool {
+        self.saturated || self.filters.iter().any(|f| f.may_contain(h))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -130,5 +297,48 @@ mod tests {
             .filter(|i| f.may_contain(Uuid::from_u128(*i)))
             .count();
         assert!(fp < 50, "{fp} false positives in 100000");
+    }
+
+    #[test]
+    fn key_filter_has_no_false_negatives_and_few_false_positives() {
+        let mut f = KeyFilter::default();
+        let key = |i: u64| format!("\x02\x0atranscript/session-{i:08x}/e").into_bytes();
+        for i in 0..300_000u64 {
+            f.insert(KeyHash::of(&key(i)));
+        }
+        assert!(f.filters.len() > 1);
+        assert!((0..300_000u64).all(|i| f.may_contain(KeyHash::of(&key(i)))));
+        let fp = (1_000_000u64..1_100_000)
+            .filter(|i| f.may_contain(KeyHash::of(&key(*i))))
+            .count();
+        // About 0.5% per filter, a few filters.
+        assert!(fp < 3_000, "{fp} false positives in 100000");
+        assert!(!f.saturated);
+        assert!(f.bytes <= KEY_FILTER_BYTES_MAX);
+        assert_ne!(KeyHash::of(b"a"), KeyHash::of(b"a\0"));
+    }
+
+    #[test]
+    fn key_filter_saturates_at_its_bound_and_then_answers_maybe() {
+        // The first block set costs 65536 keys × 12 bits = 96 KiB (rounded up to a
+        // power of two of blocks); a bound of 256 KiB allows the second (doubled)
+        // set but not the third.
+        let bound = 256 << 10;
+        let mut f = KeyFilter::with_bytes_max(bound);
+        let key = |i: u64| format!("k{i}").into_bytes();
+        let mut i = 0u64;
+        while !f.saturated {
+            f.insert_bounded(KeyHash::of(&key(i)), bound);
+            assert!(f.bytes <= bound, "{} bytes after {i} keys", f.bytes);
+            i += 1;
+            assert!(i < 10_000_000, "never saturated");
+        }
+        assert!(i > KEY_FIRST_CAPACITY, "saturated after only {i} keys");
+        assert_eq!(f.bytes, 0);
+        assert!(f.filters.is_empty());
+        // Every key, written or not, is "maybe" now: nothing is ruled out wrongly.
+        assert!((0..i + 1000).all(|k| f.may_contain(KeyHash::of(&key(k)))));
+        f.insert_bounded(KeyHash::of(b"more"), bound);
+        assert_eq!(f.bytes, 0);
     }
 }

@@ -10,12 +10,14 @@
 //! sled is a cache: its flush is never relied on. On open the store checks the format,
 //! the indexers' versions and the applied seq against the log and rebuilds or catches up.
 
+use crate::bloom::{KeyFilter, KeyHash};
 use crate::error::{Error, IndexError};
 use crate::types::{CommitInfo, LogPosition, RecordedCommit};
 use std::collections::BTreeMap;
 use std::ops::Bound;
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::thread::JoinHandle;
 use uuid::Uuid;
@@ -68,11 +70,12 @@ impl IndexBatch<'_> {
 
     /// The value of `key`, seeing this batch's own pending writes first.
     pub fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, IndexError> {
-        let k = self.full(key);
-        if let Some(v) = self.writes.get(&k) {
-            return Ok(v.clone());
-        }
-        self.index.read_key(&k)
+        with_joined(&[self.prefix, key], |k| {
+            if let Some(v) = self.writes.get(k) {
+                return Ok(v.clone());
+            }
+            self.index.read_key(k)
+        })
     }
 
     pub fn insert(&mut self, key: &[u8], value: &[u8]) {
@@ -104,6 +107,26 @@ impl IndexBatch<'_> {
         }
         let n = self.prefix.len();
         Ok(out.into_iter().map(|(k, v)| (k[n..].to_vec(), v)).collect())
+    }
+}
+
+/// Longest joined key [`with_joined`] builds on the stack (longer ones are allocated).
+const JOINED_KEY_STACK_BYTES: usize = 256;
+
+/// Calls `f` with the concatenation of `parts`, built on the stack when it is short (a
+/// point read needs the full key only for its lookups, so it need not allocate).
+fn with_joined<R>(parts: &[&[u8]], f: impl FnOnce(&[u8]) -> R) -> R {
+    let n: usize = parts.iter().map(|p| p.len()).sum();
+    if n <= JOINED_KEY_STACK_BYTES {
+        let mut buf = [0u8; JOINED_KEY_STACK_BYTES];
+        let mut at = 0;
+        for p in parts {
+            buf[at..at + p.len()].copy_from_slice(p);
+            at += p.len();
+        }
+        f(&buf[..n])
+    } else {
+        f(&parts.concat())
     }
 }
 
@@ -256,6 +279,62 @@ pub struct Index {
     frozen: Arc<RwLock<Option<Arc<Writes>>>>,
     /// The background move in progress, if any.
     moving: Mutex<Option<JoinHandle<Result<(), IndexError>>>>,
+    /// The indexers' keys that may exist: a read of a key it rules out skips sled (the
+    /// reads of keys never written — a fresh entry id, a first child — are most of an
+    /// append's index reads).
+    keys: Arc<RwLock<Keys>>,
+    /// The background scan adding sled's keys to `keys` after an open, and its stop flag.
+    key_scan: Mutex<Option<JoinHandle<()>>>,
+    key_scan_stop: Arc<AtomicBool>,
+}
+
+/// Every indexer key written through [`Index::apply`] since the index was opened and,
+/// once `complete`, every indexer key sled held when it was opened: then a key it does
+/// not contain is in no layer (keys reach sled only through the memtables, which only
+/// `apply` writes). Until `complete` it answers nothing.
+#[derive(Default)]
+struct Keys {
+    filter: KeyFilter,
+    complete: bool,
+}
+
+/// Keys added to the filter per write lock by the open scan.
+const KEY_SCAN_CHUNK: usize = 4096;
+
+/// Adds every indexer key in sled to `keys`, then marks it complete (unless stopped or
+/// sled fails: the filter then stays unused).
+fn scan_keys(tree: &sled::Tree, keys: &RwLock<Keys>, stop: &AtomicBool) {
+    let mut pending: Vec<KeyHash> = Vec::with_capacity(KEY_SCAN_CHUNK);
+    let add = |pending: &mut Vec<KeyHash>| {
+        let mut k = keys.write().unwrap_or_else(|e| e.into_inner());
+        for h in pending.drain(..) {
+            k.filter.insert(h);
+        }
+    };
+    for kv in tree.scan_prefix([USER]) {
+        if stop.load(Ordering::Relaxed) {
+            return;
+        }
+        match kv {
+            Ok((k, _)) => pending.push(KeyHash::of(&k)),
+            Err(_) => return,
+        }
+        if pending.len() >= KEY_SCAN_CHUNK {
+            add(&mut pending);
+            if keys
+                .read()
+                .unwrap_or_else(|e| e.into_inner())
+                .filter
+                .is_saturated()
+            {
+                // Past its memory bound the filter answers "maybe" for every key:
+                // scanning on would only cost I/O.
+                break;
+            }
+        }
+    }
+    add(&mut pending);
+    keys.write().unwrap_or_else(|e| e.into_inner()).complete = true;
 }
 
 type Writes = BTreeMap<Vec<u8>, Option<Vec<u8>>>;
@@ -350,6 +429,7 @@ impl Index {
         };
         let mut ix = Index::from_db(db, indexers.clone(), path)?;
         if ix.is_current()? {
+            ix.start_key_scan();
             return Ok((ix, false));
         }
         if path.is_some() && !ix.tree.is_empty() {
@@ -358,6 +438,8 @@ impl Index {
             ix = Index::from_db(Index::open_db(path).map_err(sled_err)?, indexers, path)?;
         }
         ix.init_meta(0)?;
+        // Empty: every indexer key will come through `apply`.
+        ix.keys.write().unwrap_or_else(|e| e.into_inner()).complete = true;
         Ok((ix, true))
     }
 
@@ -388,7 +470,37 @@ impl Index {
             mem: RwLock::new(Mem::default()),
             frozen: Arc::new(RwLock::new(None)),
             moving: Mutex::new(None),
+            keys: Arc::new(RwLock::new(Keys::default())),
+            key_scan: Mutex::new(None),
+            key_scan_stop: Arc::new(AtomicBool::new(false)),
         })
+    }
+
+    /// Starts filling the key filter from sled in the background (reads use sled until
+    /// it is done). Without a thread the filter stays unused.
+    fn start_key_scan(&self) {
+        let tree = self.tree.clone();
+        let keys = self.keys.clone();
+        let stop = self.key_scan_stop.clone();
+        if let Ok(h) = std::thread::Builder::new()
+            .name("spool-index-keys".into())
+            .spawn(move || scan_keys(&tree, &keys, &stop))
+        {
+            *self.key_scan.lock().unwrap_or_else(|e| e.into_inner()) = Some(h);
+        }
+    }
+
+    /// Stops the open scan (if it still runs) and waits for it.
+    fn stop_key_scan(&self) {
+        self.key_scan_stop.store(true, Ordering::Relaxed);
+        let h = self
+            .key_scan
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        if let Some(h) = h {
+            let _ = h.join();
+        }
     }
 
     fn wipe_dir(path: Option<&Path>) -> Result<(), Error> {
@@ -449,6 +561,12 @@ impl Index {
         *self.frozen.write().unwrap_or_else(|e| e.into_inner()) = None;
         self.tree.clear().map_err(sled_err)?;
         self.cache.clear().map_err(sled_err)?;
+        // Empty: every indexer key will come through `apply` (the filter's older keys
+        // only cost lookups).
+        self.keys
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .complete = true;
         self.init_meta(layout)
     }
 
@@ -544,6 +662,15 @@ impl Index {
                     block.extend_from_slice(&entry);
                     mem.bytes += key.len() + block.len();
                     mem.writes.insert(key.clone(), Some(block));
+                }
+            }
+            {
+                // Known to the filter before any reader can find them only in sled.
+                let mut keys = self.keys.write().unwrap_or_else(|e| e.into_inner());
+                for (k, v) in &writes {
+                    if v.is_some() {
+                        keys.filter.insert(KeyHash::of(k));
+                    }
                 }
             }
             for (k, v) in writes {
@@ -650,8 +777,20 @@ impl Index {
         Ok(self.tree.get(k)?.map(|v| v.to_vec()))
     }
 
-    /// A key's value: the memtable, the frozen memtable, then sled.
+    /// A key's value: the memtable, the frozen memtable, then sled — unless the key
+    /// filter rules an indexer key out first. It may: `apply` adds a key to the filter
+    /// (under the memtable's write lock) before the key enters the memtable, and keys
+    /// reach the frozen memtable and sled only from there, so a key the complete filter
+    /// does not contain is in no layer. Asking it first spares a miss (a fresh entry
+    /// id, a first child) the two memtable lookups as well as sled's.
     fn read_key(&self, k: &[u8]) -> Result<Option<Vec<u8>>, IndexError> {
+        let user = k.first() == Some(&USER);
+        if user {
+            let keys = self.keys.read().unwrap_or_else(|e| e.into_inner());
+            if keys.complete && !keys.filter.may_contain(KeyHash::of(k)) {
+                return Ok(None);
+            }
+        }
         if let Some(v) = self
             .mem
             .read()
@@ -872,7 +1011,10 @@ impl Index {
 
     /// An indexer's entry.
     pub fn get(&self, ns: &str, key: &[u8]) -> Result<Option<Vec<u8>>, Error> {
-        Ok(self.read_key(&user_key(ns, key))?)
+        let head = [USER, ns.len().min(255) as u8];
+        Ok(with_joined(&[&head, ns.as_bytes(), key], |k| {
+            self.read_key(k)
+        })?)
     }
 
     /// An indexer's entries whose keys start with `prefix` (keys without the namespace).
@@ -991,6 +1133,7 @@ impl Index {
 
 impl Drop for Index {
     fn drop(&mut self) {
+        self.stop_key_scan();
         // sled must not outlive the Index through the mover thread: a reopen of the same
         // directory would find it still locked.
         let _ = self.join_moving();
@@ -1200,7 +1343,24 @@ fn prefix_end(prefix: &[u8]) -> Option<Vec<u8>> {
 
 #[cfg(test)]
 mod tests {
-    use super::prefix_end;
+    use super::{prefix_end, with_joined, JOINED_KEY_STACK_BYTES};
+
+    #[test]
+    fn joined_keys_are_the_concatenation_on_and_off_the_stack() {
+        for n in [
+            0,
+            1,
+            JOINED_KEY_STACK_BYTES - 3,
+            JOINED_KEY_STACK_BYTES + 1,
+            1000,
+        ] {
+            let a = vec![1u8; 3];
+            let b: Vec<u8> = (0..n).map(|i| i as u8).collect();
+            let want = [a.as_slice(), b.as_slice()].concat();
+            assert_eq!(with_joined(&[&a, &b], |k| k.to_vec()), want, "n={n}");
+            assert_eq!(with_joined(&[&b, &[], &a], |k| k.len()), n + 3);
+        }
+    }
 
     #[test]
     fn prefix_end_is_the_least_key_after_the_prefix() {

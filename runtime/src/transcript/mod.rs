@@ -11,6 +11,7 @@
 pub mod context;
 pub mod entry;
 pub mod history;
+mod json_size;
 pub mod path_facts;
 pub mod resident;
 pub mod rewrite;

@@ -316,6 +316,12 @@ impl EntrySource for Transcript {
 /// always encode; if one ever failed, `u64::MAX` is returned so the entry
 /// is treated as oversized (omitted and reported), never silently dropped.
 pub fn entry_size(entry: &Entry) -> u64 {
+    // Counted without `serde_json` when the entry has only the shapes the
+    // fast count knows (anything else, e.g. a float in custom data, falls
+    // through to `serde_json`'s own count).
+    if let Some(n) = super::json_size::json_len(entry) {
+        return n;
+    }
     struct Counter(u64);
     impl std::io::Write for Counter {
         fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {

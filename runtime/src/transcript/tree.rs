@@ -753,8 +753,16 @@ impl LineShortener {
     }
 
     fn push(&mut self, piece: &str) {
-        for word in piece.split_whitespace() {
+        // Word by word as `split_whitespace` would split them, but a word is
+        // read only up to the cut: finding the end of a long word (a pasted
+        // file, a base64 blob) would otherwise scan all of it.
+        let mut rest = piece;
+        loop {
             if self.full() {
+                return;
+            }
+            rest = rest.trim_start();
+            if rest.is_empty() {
                 return;
             }
             if self.chars > 0 {
@@ -764,16 +772,18 @@ impl LineShortener {
             // Only up to one character past `max` is needed to know the
             // line is cut.
             let room = (self.max + 1).saturating_sub(self.chars);
-            match word.char_indices().nth(room) {
-                Some((end, _)) => {
-                    self.out.push_str(&word[..end]);
-                    self.chars += room;
+            let mut end = rest.len();
+            let mut taken = 0usize;
+            for (i, c) in rest.char_indices() {
+                if c.is_whitespace() || taken == room {
+                    end = i;
+                    break;
                 }
-                None => {
-                    self.out.push_str(word);
-                    self.chars += word.chars().count();
-                }
+                taken += 1;
             }
+            self.out.push_str(&rest[..end]);
+            self.chars += taken;
+            rest = &rest[end..];
         }
     }
 
