@@ -674,7 +674,18 @@ impl Index {
                 }
             }
             for (k, v) in writes {
-                mem.bytes += k.len() + v.as_ref().map_or(0, Vec::len);
+                // Count what the memtable holds: a key written again (a block rewritten
+                // by every append, a meta record) replaces its pending value, so only
+                // the difference is added.
+                let size = k.len() + v.as_ref().map_or(0, Vec::len);
+                let replaced = mem
+                    .writes
+                    .get(k.as_slice())
+                    .map(|old| k.len() + old.as_ref().map_or(0, Vec::len));
+                mem.bytes = mem.bytes.saturating_add(size);
+                if let Some(old) = replaced {
+                    mem.bytes = mem.bytes.saturating_sub(old);
+                }
                 mem.writes.insert(k, v);
             }
             let mut marker = [0u8; 24];
@@ -714,6 +725,12 @@ impl Index {
             }
         }
         Ok(())
+    }
+
+    /// Bytes the memtable counts (tests).
+    #[cfg(test)]
+    pub(crate) fn mem_bytes(&self) -> usize {
+        self.mem.read().unwrap_or_else(|e| e.into_inner()).bytes
     }
 
     /// Drop the memtable's writes as a crash would (tests).
@@ -1343,7 +1360,62 @@ fn prefix_end(prefix: &[u8]) -> Option<Vec<u8>> {
 
 #[cfg(test)]
 mod tests {
-    use super::{prefix_end, with_joined, JOINED_KEY_STACK_BYTES};
+    use super::{
+        prefix_end, with_joined, Index, IndexBatch, IndexError, Indexer, JOINED_KEY_STACK_BYTES,
+        MEM_BYTES_MAX,
+    };
+    use crate::types::{CommitInfo, ExpectedVersion, LogPosition, RecordedCommit};
+    use std::sync::Arc;
+
+    /// Rewrites one key with a 64 KiB value on every commit, as the transcript indexer
+    /// rewrites the last block of the active path on every append.
+    struct OneBigKey;
+
+    impl Indexer for OneBigKey {
+        fn name(&self) -> &'static str {
+            "one-big-key"
+        }
+        fn version(&self) -> u32 {
+            1
+        }
+        fn apply(&self, c: &RecordedCommit, batch: &mut IndexBatch<'_>) -> Result<(), IndexError> {
+            batch.insert(b"k", &vec![c.info.seq as u8; 64 << 10]);
+            Ok(())
+        }
+    }
+
+    /// Found by reading the memtable's accounting: a key rewritten by every commit
+    /// counted its whole value each time, so the memtable moved into sled long
+    /// before it held `MEM_BYTES_MAX` bytes.
+    #[test]
+    fn a_rewritten_key_counts_its_value_once_in_the_memtable() {
+        let (index, _) = Index::open(None, vec![Arc::new(OneBigKey)]).unwrap();
+        // 256 commits × 64 KiB = 16 MiB written, twice the memtable's bound.
+        for seq in 1..=256u64 {
+            let c = RecordedCommit {
+                info: CommitInfo {
+                    stream: "s".into(),
+                    version: seq,
+                    seq,
+                    position: LogPosition {
+                        segment: 1,
+                        offset: seq * 100,
+                    },
+                    timestamp_ms: 0,
+                    commit_id: uuid::Uuid::from_u128(u128::from(seq)),
+                },
+                expected: ExpectedVersion::Any,
+                events: Vec::new(),
+                record_bytes: 100,
+            };
+            index.apply(&[c]).unwrap();
+            let bytes = index.mem_bytes();
+            // The value once, plus the stream's head and version block (~40 bytes per
+            // version); counting every rewrite would pass 128 KiB at the second commit.
+            assert!(bytes < (80 << 10), "commit {seq}: {bytes} bytes counted");
+        }
+        assert!(index.mem_bytes() < MEM_BYTES_MAX);
+    }
 
     #[test]
     fn joined_keys_are_the_concatenation_on_and_off_the_stack() {
