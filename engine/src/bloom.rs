@@ -1,70 +1,86 @@
-//! A growable Bloom filter over commit ids, so that appending with a fresh commit id
-//! (the common case) needs no index lookup to rule out a retry. A positive answer is
-//! only a hint: the index decides. Built by the open scan from every commit in the log.
+//! Growable Bloom filters, so that the common case of a lookup that must miss costs
+//! no index read: over commit ids ([`CommitIdFilter`]: appending with a fresh commit id
+//! needs no lookup to rule out a retry; built by the open scan from every commit in the
+//! log) and over index keys ([`KeyFilter`]: a read of a key never written skips the
+//! memtables and sled). A positive answer is only a hint: the index decides.
 
 use uuid::Uuid;
 
-// 24 bits (3 bytes) and 16 hashes per id: about 0.001% false positives per filter. A
-// false positive costs a search of the named stream's version blocks and then of every
-// stream's (see `Store::append`): O(commits / 64) index reads; so the rate is kept
-// very low.
-// A blocked Bloom filter: each id sets HASHES bits inside one 512-bit block (one cache
-// line), so a lookup costs one cache miss instead of HASHES. 24 bits (3 bytes) per id
-// and 16 hashes: about 0.002% false positives per filter (measured; blocking costs a little
-// precision). A false positive costs a search of the named stream's version blocks and
-// then of every stream's (see `Store::append`), O(commits / 64) index reads, so the rate
-// is kept very low.
+// Commit ids: 24 bits (3 bytes) and 16 hashes per id, about 0.002% false positives per
+// filter (measured; blocking costs a little precision). A false positive costs a search
+// of the named stream's version blocks and then of every stream's (see
+// `Store::append`), O(commits / 64) index reads, so the rate is kept very low.
 const BITS_PER_ITEM: u64 = 24;
 const HASHES: u32 = 16;
 const FIRST_CAPACITY: u64 = 1 << 16;
 const BLOCK_BITS: u64 = 512;
 
-struct Filter {
+/// One blocked Bloom filter of a fixed capacity: each item sets its bits inside one
+/// 512-bit block (one cache line), so a lookup costs one cache miss. Shared by the
+/// commit-id and the key filters, which differ in bits per item, hashes and hashing.
+struct Blocks {
     blocks: Vec<[u64; 8]>,
     items: u64,
     capacity: u64,
 }
 
-impl Filter {
-    fn new(capacity: u64) -> Filter {
-        let nblocks = (capacity * BITS_PER_ITEM)
+impl Blocks {
+    fn new(capacity: u64, bits_per_item: u64) -> Blocks {
+        let nblocks = (capacity * bits_per_item)
             .div_ceil(BLOCK_BITS)
             .next_power_of_two();
-        Filter {
+        Blocks {
             blocks: vec![[0u64; 8]; nblocks as usize],
             items: 0,
             capacity,
         }
     }
-    /// The block of `id` and the bit positions inside it: independent 9-bit chunks of
-    /// three mixed hashes (double hashing inside a 512-bit block correlates too much).
-    fn locate(&self, id: Uuid) -> (usize, impl Iterator<Item = u64>) {
-        let (h1, h2) = hashes(id);
-        let block = (h1 & (self.blocks.len() as u64 - 1)) as usize;
-        let words = [
-            h2,
-            mix(h2 ^ h1.rotate_left(29)),
-            mix(h1 ^ 0x6A09_E667_F3BC_C909),
-        ];
-        let bits = (0..HASHES).map(move |i| {
+
+    /// The block `h` picks and `hashes` bit positions inside it: independent 9-bit
+    /// chunks of `words`, seven per word (double hashing inside a 512-bit block
+    /// correlates too much).
+    fn locate<const W: usize>(
+        &self,
+        h: u64,
+        words: [u64; W],
+        hashes: u32,
+    ) -> (usize, impl Iterator<Item = u64>) {
+        debug_assert!(hashes as usize <= 7 * W, "{hashes} hashes from {W} words");
+        let block = (h & (self.blocks.len() as u64 - 1)) as usize;
+        let bits = (0..hashes).map(move |i| {
             let w = words[(i / 7) as usize];
             (w >> ((i % 7) * 9)) & (BLOCK_BITS - 1)
         });
         (block, bits)
     }
-    fn insert(&mut self, id: Uuid) {
-        let (b, bits) = self.locate(id);
+
+    fn insert(&mut self, (b, bits): (usize, impl Iterator<Item = u64>)) {
         let block = &mut self.blocks[b];
         for p in bits {
             block[(p / 64) as usize] |= 1 << (p % 64);
         }
         self.items += 1;
     }
-    fn may_contain(&self, id: Uuid) -> bool {
-        let (b, mut bits) = self.locate(id);
+
+    fn may_contain(&self, (b, mut bits): (usize, impl Iterator<Item = u64>)) -> bool {
         let block = &self.blocks[b];
         bits.all(|p| block[(p / 64) as usize] & (1 << (p % 64)) != 0)
     }
+
+    fn bytes(&self) -> u64 {
+        self.blocks.len() as u64 * BLOCK_BITS / 8
+    }
+}
+
+/// A commit id's block and bits: three mixed hashes.
+fn commit_id_bits(f: &Blocks, id: Uuid) -> (usize, impl Iterator<Item = u64>) {
+    let (h1, h2) = hashes(id);
+    let words = [
+        h2,
+        mix(h2 ^ h1.rotate_left(29)),
+        mix(h1 ^ 0x6A09_E667_F3BC_C909),
+    ];
+    f.locate(h1, words, HASHES)
 }
 
 fn mix(mut z: u64) -> u64 {
@@ -84,13 +100,13 @@ fn hashes(id: Uuid) -> (u64, u64) {
 /// Filters of doubling capacity; a new one starts when the last is full, so the false
 /// positive rate stays near 0.002% per filter without rehashing old ids.
 pub(crate) struct CommitIdFilter {
-    filters: Vec<Filter>,
+    filters: Vec<Blocks>,
 }
 
 impl CommitIdFilter {
     pub fn with_capacity(n: u64) -> CommitIdFilter {
         CommitIdFilter {
-            filters: vec![Filter::new(n.max(FIRST_CAPACITY))],
+            filters: vec![Blocks::new(n.max(FIRST_CAPACITY), BITS_PER_ITEM)],
         }
     }
 
@@ -101,15 +117,18 @@ impl CommitIdFilter {
                 .filters
                 .last()
                 .map_or(FIRST_CAPACITY, |f| f.capacity * 2);
-            self.filters.push(Filter::new(cap));
+            self.filters.push(Blocks::new(cap, BITS_PER_ITEM));
         }
         if let Some(f) = self.filters.last_mut() {
-            f.insert(id);
+            let at = commit_id_bits(f, id);
+            f.insert(at);
         }
     }
 
     pub fn may_contain(&self, id: Uuid) -> bool {
-        self.filters.iter().any(|f| f.may_contain(id))
+        self.filters
+            .iter()
+            .any(|f| f.may_contain(commit_id_bits(f, id)))
     }
 }
 
@@ -123,7 +142,7 @@ impl CommitIdFilter {
 // Blocked like [`CommitIdFilter`]'s filters, but with 12 bits per key and 8 hashes
 // (about 0.5% false positives per filter): a false positive costs one sled lookup.
 pub(crate) struct KeyFilter {
-    filters: Vec<KeyBlocks>,
+    filters: Vec<Blocks>,
     /// Bytes of `filters`' blocks.
     bytes: u64,
     /// Grown past [`KEY_FILTER_BYTES_MAX`]: no bits kept, every key "maybe".
@@ -138,48 +157,10 @@ const KEY_BITS_PER_ITEM: u64 = 12;
 const KEY_HASHES: u32 = 8;
 const KEY_FIRST_CAPACITY: u64 = 1 << 16;
 
-struct KeyBlocks {
-    blocks: Vec<[u64; 8]>,
-    items: u64,
-    capacity: u64,
-}
-
-impl KeyBlocks {
-    fn new(capacity: u64) -> KeyBlocks {
-        let nblocks = (capacity * KEY_BITS_PER_ITEM)
-            .div_ceil(BLOCK_BITS)
-            .next_power_of_two();
-        KeyBlocks {
-            blocks: vec![[0u64; 8]; nblocks as usize],
-            items: 0,
-            capacity,
-        }
-    }
-
-    fn locate(&self, h: KeyHash) -> (usize, impl Iterator<Item = u64>) {
-        let block = (h.0 & (self.blocks.len() as u64 - 1)) as usize;
-        let words = [h.1, mix(h.1 ^ h.0.rotate_left(29))];
-        let bits = (0..KEY_HASHES).map(move |i| {
-            let w = words[(i / 7) as usize];
-            (w >> ((i % 7) * 9)) & (BLOCK_BITS - 1)
-        });
-        (block, bits)
-    }
-
-    fn insert(&mut self, h: KeyHash) {
-        let (b, bits) = self.locate(h);
-        let block = &mut self.blocks[b];
-        for p in bits {
-            block[(p / 64) as usize] |= 1 << (p % 64);
-        }
-        self.items += 1;
-    }
-
-    fn may_contain(&self, h: KeyHash) -> bool {
-        let (b, mut bits) = self.locate(h);
-        let block = &self.blocks[b];
-        bits.all(|p| block[(p / 64) as usize] & (1 << (p % 64)) != 0)
-    }
+/// A key's block and bits: its two hashes.
+fn key_bits(f: &Blocks, h: KeyHash) -> (usize, impl Iterator<Item = u64>) {
+    let words = [h.1, mix(h.1 ^ h.0.rotate_left(29))];
+    f.locate(h.0, words, KEY_HASHES)
 }
 
 /// Two hashes of a key (process-local: never stored).
@@ -208,12 +189,6 @@ impl KeyHash {
     }
 }
 
-impl KeyBlocks {
-    fn bytes(&self) -> u64 {
-        self.blocks.len() as u64 * BLOCK_BITS / 8
-    }
-}
-
 impl Default for KeyFilter {
     fn default() -> Self {
         KeyFilter::with_bytes_max(KEY_FILTER_BYTES_MAX)
@@ -222,7 +197,7 @@ impl Default for KeyFilter {
 
 impl KeyFilter {
     fn with_bytes_max(bytes_max: u64) -> KeyFilter {
-        let first = KeyBlocks::new(KEY_FIRST_CAPACITY);
+        let first = Blocks::new(KEY_FIRST_CAPACITY, KEY_BITS_PER_ITEM);
         let bytes = first.bytes();
         let mut f = KeyFilter {
             filters: vec![first],
@@ -256,7 +231,7 @@ impl KeyFilter {
                 .filters
                 .last()
                 .map_or(KEY_FIRST_CAPACITY, |f| f.capacity * 2);
-            let next = KeyBlocks::new(cap);
+            let next = Blocks::new(cap, KEY_BITS_PER_ITEM);
             self.bytes += next.bytes();
             self.filters.push(next);
             self.bytes_max_check(bytes_max);
@@ -265,7 +240,8 @@ impl KeyFilter {
             }
         }
         if let Some(f) = self.filters.last_mut() {
-            f.insert(h);
+            let at = key_bits(f, h);
+            f.insert(at);
         }
         debug_assert!(self.bytes <= bytes_max);
     }
@@ -276,7 +252,7 @@ impl KeyFilter {
     }
 
     pub fn may_contain(&self, h: KeyHash) -> bool {
-        self.saturated || self.filters.iter().any(|f| f.may_contain(h))
+        self.saturated || self.filters.iter().any(|f| f.may_contain(key_bits(f, h)))
     }
 }
 
