@@ -4116,4 +4116,61 @@ mod tests {
             other => panic!("{other:?}"),
         }
     }
+
+    #[test]
+    fn path_hints_give_each_entry_its_position_size_and_parent() {
+        let id = |s: &str| EntryId::parse(s).unwrap();
+        let key = |n: u64| {
+            (
+                LogPosition {
+                    segment: 1,
+                    offset: n,
+                },
+                0u32,
+                0u32,
+            )
+        };
+        let mut hints = PathHints {
+            first_parent: Some(id("root")),
+            ..PathHints::default()
+        };
+        for (n, s) in ["a", "bb", "ccc"].iter().enumerate() {
+            hints.push(&id(s), key(n as u64), 10 + n as u64);
+        }
+        // Newest first (the walk): each found from the back, its parent
+        // the entry before it, the first one's the given parent.
+        let got = |h: &mut PathHints, s: &str| {
+            h.get(&id(s))
+                .map(|(k, size, p)| (k, size, p.map(str::to_owned)))
+        };
+        assert_eq!(
+            got(&mut hints, "ccc"),
+            Some((key(2), 12, Some("bb".into())))
+        );
+        assert_eq!(got(&mut hints, "bb"), Some((key(1), 11, Some("a".into()))));
+        assert_eq!(
+            got(&mut hints, "a"),
+            Some((key(0), 10, Some("root".into())))
+        );
+        // Out of order and absent ids.
+        assert_eq!(
+            got(&mut hints, "ccc"),
+            Some((key(2), 12, Some("bb".into())))
+        );
+        assert_eq!(got(&mut hints, "zz"), None);
+        // Root first (a page): only the next one is served, each once.
+        assert_eq!(hints.take(&id("bb")), None);
+        assert_eq!(hints.take(&id("a")), Some((key(0), 10, Some(id("root")))));
+        assert_eq!(hints.take(&id("a")), None);
+        assert_eq!(hints.take(&id("bb")), Some((key(1), 11, Some(id("a")))));
+        // A taken hint is no longer looked up.
+        assert_eq!(got(&mut hints, "a"), None);
+        assert_eq!(hints.take(&id("ccc")), Some((key(2), 12, Some(id("bb")))));
+        assert_eq!(hints.take(&id("ccc")), None);
+        hints.clear();
+        assert_eq!(got(&mut hints, "ccc"), None);
+        // An orphan range start: no parent.
+        hints.push(&id("x"), key(7), 1);
+        assert_eq!(hints.take(&id("x")), Some((key(7), 1, None)));
+    }
 }
