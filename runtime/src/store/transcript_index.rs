@@ -2262,66 +2262,118 @@ pub struct LogTranscriptSource {
     entries: Arc<EntryCache>,
 }
 
-/// The entries of a path range, in depth order, consumed in that order
-/// (a page loads its entries root first): a hint serves the load of the
-/// entry at the front only, and an entry loaded otherwise goes through its
-/// index record.
+/// The entries of a path range, in depth order. A root-first page
+/// consumes them in that order ([`PathHints::take`]: a hint serves the
+/// load of the entry after the last one taken only, and an entry loaded
+/// otherwise goes through its index record); a newest-first walk looks
+/// them up from the back ([`PathHints::get`]). The ids are kept in one
+/// buffer (one allocation per range, not one per entry): the parent of a
+/// hint's entry is the entry of the hint before it.
 #[derive(Default)]
 struct PathHints {
-    queue: std::collections::VecDeque<PathHint>,
-    /// The id of the hint consumed last: the parent of the next one.
-    prev: Option<EntryId>,
+    hints: Vec<PathHint>,
+    /// The hints' ids, concatenated in hint order (each was validated as
+    /// an [`EntryId`] when the link was decoded).
+    ids: String,
+    /// The parent of the first hint's entry (one depth above the range,
+    /// or an orphan's parent at depth 0).
+    first_parent: Option<EntryId>,
+    /// How many hints [`PathHints::take`] consumed.
+    taken: usize,
+    /// Where [`PathHints::get`] found its last id: a newest-first walk
+    /// asks for the hint before it next.
+    last_get: usize,
+}
+
+/// An id the index gave (validated when it was decoded), owned.
+fn owned_id(id: Option<&str>) -> Option<EntryId> {
+    id.map(|s| EntryId::from_decoded(s.to_owned()))
 }
 
 /// Where an entry of a path range is, from its path link.
 struct PathHint {
-    id: EntryId,
     key: EntryKey,
     size: u64,
-    /// The parent, or `None`: the entry of the previous hint (one depth
-    /// up), taken from [`PathHints::prev`] so it is not copied.
-    parent: Option<Option<EntryId>>,
+    /// End of its id in [`PathHints::ids`] (it starts where the previous
+    /// hint's ends).
+    id_end: usize,
 }
 
 impl PathHints {
     fn clear(&mut self) {
-        self.queue.clear();
-        self.prev = None;
+        self.hints.clear();
+        self.ids.clear();
+        self.first_parent = None;
+        self.taken = 0;
+        self.last_get = 0;
+    }
+
+    /// Adds the hint of the entry one depth below the last one (the first
+    /// one's parent is `first_parent`).
+    fn push(&mut self, id: &EntryId, key: EntryKey, size: u64) {
+        self.ids.push_str(id.as_str());
+        self.hints.push(PathHint {
+            key,
+            size,
+            id_end: self.ids.len(),
+        });
+    }
+
+    /// The id of hint `i`.
+    fn id(&self, i: usize) -> Option<&str> {
+        let from = match i.checked_sub(1) {
+            Some(before) => self.hints.get(before)?.id_end,
+            None => 0,
+        };
+        self.ids.get(from..self.hints.get(i)?.id_end)
+    }
+
+    /// The parent of hint `i`'s entry: the one given for the first hint,
+    /// else the entry of the hint before it.
+    fn parent(&self, i: usize) -> Option<Option<&str>> {
+        match i.checked_sub(1) {
+            Some(before) => Some(Some(self.id(before)?)),
+            None => Some(self.first_parent.as_ref().map(EntryId::as_str)),
+        }
     }
 
     /// The hint of `id` with its parent when it is the next one.
     fn take(&mut self, id: &EntryId) -> Option<(EntryKey, u64, Option<EntryId>)> {
-        if self.queue.front().is_none_or(|h| &h.id != id) {
+        let i = self.taken;
+        if self.id(i)? != id.as_str() {
             return None;
         }
-        let parent = match self.queue.front()?.parent {
-            Some(_) => None,
-            None => Some(self.prev.take()?),
+        let h = self.hints.get(i)?;
+        let (key, size) = (h.key, h.size);
+        let parent = match i {
+            0 => self.first_parent.take(),
+            // Validated when its link was decoded.
+            _ => Some(EntryId::from_decoded(self.id(i - 1)?.to_owned())),
         };
-        let h = self.queue.pop_front()?;
-        let parent = match (h.parent, parent) {
-            (Some(p), _) => p,
-            (None, p) => p,
-        };
-        self.prev = Some(h.id);
-        Some((h.key, h.size, parent))
+        self.taken = i + 1;
+        Some((key, size, parent))
     }
 
-    /// The hint of `id` wherever it is in the queue, left in place (a
+    /// The hint of `id` among those not taken, left in place (a
     /// newest-first walk reads the range from its back), with its parent
-    /// copied: the one given, or the entry of the hint before it. `None`
-    /// when `id` has no hint or its parent is not at hand.
-    fn get(&self, id: &EntryId) -> Option<(EntryKey, u64, Option<EntryId>)> {
-        let i = self.queue.iter().rposition(|h| &h.id == id)?;
-        let h = self.queue.get(i)?;
-        let parent = match &h.parent {
-            Some(p) => p.clone(),
-            None => Some(match i.checked_sub(1) {
-                Some(before) => self.queue.get(before)?.id.clone(),
-                None => self.prev.clone()?,
-            }),
+    /// borrowed. `None` when `id` has no hint.
+    fn get(&mut self, id: &EntryId) -> Option<(EntryKey, u64, Option<&str>)> {
+        let want = id.as_str();
+        // The hint before the last one found first (a newest-first walk),
+        // else any from the back.
+        let guess = self
+            .last_get
+            .checked_sub(1)
+            .filter(|g| *g >= self.taken && self.id(*g) == Some(want));
+        let i = match guess {
+            Some(g) => g,
+            None => (self.taken..self.hints.len())
+                .rev()
+                .find(|i| self.id(*i) == Some(want))?,
         };
-        Some((h.key, h.size, parent))
+        self.last_get = i;
+        let h = self.hints.get(i)?;
+        Some((h.key, h.size, self.parent(i)?))
     }
 }
 
@@ -2567,7 +2619,13 @@ impl LogTranscriptSource {
         parent: Option<EntryId>,
         admission: Admission,
     ) -> Result<Entry, StoreError> {
-        let mut e = match self.load_logged(id, key, size, parent.as_ref(), admission)? {
+        let mut e = match self.load_logged(
+            id,
+            key,
+            size,
+            parent.as_ref().map(EntryId::as_str),
+            admission,
+        )? {
             Loaded::Read(e) => e,
             Loaded::Shared(shared) => Arc::try_unwrap(shared).unwrap_or_else(|a| (*a).clone()),
         };
@@ -2583,20 +2641,20 @@ impl LogTranscriptSource {
         id: &EntryId,
         key: EntryKey,
         size: u64,
-        parent: Option<&EntryId>,
+        parent: Option<&str>,
     ) -> Result<Arc<Entry>, StoreError> {
         let shared = match self.load_logged(id, key, size, parent, Admission::Remember)? {
             Loaded::Read(mut e) => {
-                e.parent_id = parent.cloned();
+                e.parent_id = owned_id(parent);
                 return Ok(Arc::new(e));
             }
             Loaded::Shared(shared) => shared,
         };
-        if shared.parent_id.as_ref() == parent {
+        if shared.parent_id.as_ref().map(EntryId::as_str) == parent {
             return Ok(shared);
         }
         let mut e = Arc::try_unwrap(shared).unwrap_or_else(|a| (*a).clone());
-        e.parent_id = parent.cloned();
+        e.parent_id = owned_id(parent);
         Ok(Arc::new(e))
     }
 
@@ -2612,7 +2670,7 @@ impl LogTranscriptSource {
         id: &EntryId,
         key: EntryKey,
         size: u64,
-        parent: Option<&EntryId>,
+        parent: Option<&str>,
         admission: Admission,
     ) -> Result<Loaded, StoreError> {
         let (hit, admit) = match admission {
@@ -2626,7 +2684,7 @@ impl LogTranscriptSource {
         if !admit {
             return Ok(Loaded::Read(e));
         }
-        e.parent_id = parent.cloned();
+        e.parent_id = owned_id(parent);
         let e = Arc::new(e);
         self.entries.insert(
             key,
@@ -2660,9 +2718,11 @@ impl EntrySource for LogTranscriptSource {
 
     fn shared_entry(&self, id: &EntryId) -> Result<Option<Arc<Entry>>, StoreError> {
         {
-            let hint = self.path_hints.borrow().get(id);
-            if let Some((key, size, parent)) = hint {
-                return Ok(Some(self.load_shared_at(id, key, size, parent.as_ref())?));
+            // Held while the entry loads (loading never uses the hints):
+            // the parent is compared in place, not copied.
+            let mut hints = self.path_hints.borrow_mut();
+            if let Some((key, size, parent)) = hints.get(id) {
+                return Ok(Some(self.load_shared_at(id, key, size, parent)?));
             }
         }
         match self.cached_record(id)? {
@@ -2670,7 +2730,7 @@ impl EntrySource for LogTranscriptSource {
                 id,
                 (r.position(), r.event, r.sub),
                 r.size,
-                r.parent.as_ref(),
+                r.parent.as_ref().map(EntryId::as_str),
             )?)),
             None => Ok(None),
         }
@@ -2890,21 +2950,14 @@ impl EntrySource for LogTranscriptSource {
                         if depth >= start {
                             // The first entry's parent is given; every
                             // later one's is the entry before it.
-                            let p = if depth == 0 {
-                                Some(link.orphan_parent)
+                            if depth == 0 {
+                                hints.first_parent = link.orphan_parent;
                             } else if depth == start {
-                                Some(parent.take())
-                            } else {
-                                None
-                            };
+                                hints.first_parent = parent.take();
+                            }
                             bytes = bytes.saturating_add(link.size);
-                            out.push((link.id.clone(), link.size));
-                            hints.queue.push_back(PathHint {
-                                id: link.id,
-                                key: link.key,
-                                size: link.size,
-                                parent: p,
-                            });
+                            hints.push(&link.id, link.key, link.size);
+                            out.push((link.id, link.size));
                             if bytes > bytes_max {
                                 taking = false;
                             }
@@ -2932,7 +2985,7 @@ impl EntrySource for LogTranscriptSource {
             hints.clear();
             return Ok(None);
         }
-        *self.span_plan.borrow_mut() = page_span_plan(hints.queue.iter(), bytes);
+        *self.span_plan.borrow_mut() = page_span_plan(hints.hints.iter(), bytes);
         Ok(Some(out))
     }
 
@@ -4062,5 +4115,62 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
+    }
+
+    #[test]
+    fn path_hints_give_each_entry_its_position_size_and_parent() {
+        let id = |s: &str| EntryId::parse(s).unwrap();
+        let key = |n: u64| {
+            (
+                LogPosition {
+                    segment: 1,
+                    offset: n,
+                },
+                0u32,
+                0u32,
+            )
+        };
+        let mut hints = PathHints {
+            first_parent: Some(id("root")),
+            ..PathHints::default()
+        };
+        for (n, s) in ["a", "bb", "ccc"].iter().enumerate() {
+            hints.push(&id(s), key(n as u64), 10 + n as u64);
+        }
+        // Newest first (the walk): each found from the back, its parent
+        // the entry before it, the first one's the given parent.
+        let got = |h: &mut PathHints, s: &str| {
+            h.get(&id(s))
+                .map(|(k, size, p)| (k, size, p.map(str::to_owned)))
+        };
+        assert_eq!(
+            got(&mut hints, "ccc"),
+            Some((key(2), 12, Some("bb".into())))
+        );
+        assert_eq!(got(&mut hints, "bb"), Some((key(1), 11, Some("a".into()))));
+        assert_eq!(
+            got(&mut hints, "a"),
+            Some((key(0), 10, Some("root".into())))
+        );
+        // Out of order and absent ids.
+        assert_eq!(
+            got(&mut hints, "ccc"),
+            Some((key(2), 12, Some("bb".into())))
+        );
+        assert_eq!(got(&mut hints, "zz"), None);
+        // Root first (a page): only the next one is served, each once.
+        assert_eq!(hints.take(&id("bb")), None);
+        assert_eq!(hints.take(&id("a")), Some((key(0), 10, Some(id("root")))));
+        assert_eq!(hints.take(&id("a")), None);
+        assert_eq!(hints.take(&id("bb")), Some((key(1), 11, Some(id("a")))));
+        // A taken hint is no longer looked up.
+        assert_eq!(got(&mut hints, "a"), None);
+        assert_eq!(hints.take(&id("ccc")), Some((key(2), 12, Some(id("bb")))));
+        assert_eq!(hints.take(&id("ccc")), None);
+        hints.clear();
+        assert_eq!(got(&mut hints, "ccc"), None);
+        // An orphan range start: no parent.
+        hints.push(&id("x"), key(7), 1);
+        assert_eq!(hints.take(&id("x")), Some((key(7), 1, None)));
     }
 }
