@@ -2005,15 +2005,6 @@ enum Loaded {
     Read(Entry),
 }
 
-/// How a load uses the [`EntryCache`] (see its admission rule).
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Admission {
-    /// Look up; on a miss remember the position or admit the entry.
-    Remember,
-    /// Look up only (a branch page).
-    LookupOnly,
-}
-
 /// A bounded cache of decoded transcript entries, shared by every
 /// [`LogTranscriptSource`] of one engine (a block cache one level up: it
 /// saves the log read, the checksum, the commit and event decoding of an
@@ -2040,7 +2031,8 @@ enum Admission {
 /// admitted: a page hands its entries to the caller, so a hit saves the
 /// log read and decoding but still copies the entry, and paging through
 /// a long branch would otherwise replace every remembered position of
-/// the other reads (and pay the bookkeeping) for nothing.
+/// the other reads (and pay the bookkeeping) for nothing. They are looked
+/// up together, under one lock ([`EntryCache::peek_hints`]).
 ///
 /// **Bound.** [`ENTRY_CACHE_BYTES_MAX`] in two generations: entries go to
 /// the young one; when it reaches half the bound it becomes the old one
@@ -2134,11 +2126,19 @@ impl EntryCache {
         (None, c.seen_before(key))
     }
 
-    /// The cached entry at `key` for a branch page: looked up only (see
-    /// the admission rule), its generation left as it is.
-    fn peek(&self, key: EntryKey) -> Option<Arc<CachedEntry>> {
+    /// The cached entries of a branch page's hints, under one lock:
+    /// looked up only (see the admission rule), their generations left as
+    /// they are. A hit is kept in its hint (the entry is immutable; a
+    /// later eviction only drops the cache's reference), a miss read from
+    /// the log when the entry is loaded.
+    fn peek_hints(&self, hints: &mut [PathHint]) {
         let c = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        c.young.get(&key).or_else(|| c.old.get(&key)).cloned()
+        if c.young.is_empty() && c.old.is_empty() {
+            return;
+        }
+        for h in hints {
+            h.cached = c.young.get(&h.key).or_else(|| c.old.get(&h.key)).cloned();
+        }
     }
 
     fn insert(&self, key: EntryKey, v: Arc<CachedEntry>) {
@@ -2294,6 +2294,9 @@ fn owned_id(id: Option<&str>) -> Option<EntryId> {
 struct PathHint {
     key: EntryKey,
     size: u64,
+    /// The entry as the [`EntryCache`] held it when the range was read
+    /// ([`EntryCache::peek_hints`]), checked like a lookup's hit when used.
+    cached: Option<Arc<CachedEntry>>,
     /// End of its id in [`PathHints::ids`] (it starts where the previous
     /// hint's ends).
     id_end: usize,
@@ -2315,6 +2318,7 @@ impl PathHints {
         self.hints.push(PathHint {
             key,
             size,
+            cached: None,
             id_end: self.ids.len(),
         });
     }
@@ -2337,21 +2341,26 @@ impl PathHints {
         }
     }
 
-    /// The hint of `id` with its parent when it is the next one.
-    fn take(&mut self, id: &EntryId) -> Option<(EntryKey, u64, Option<EntryId>)> {
+    /// The hint of `id` (its position and cached entry) with its parent
+    /// when it is the next one.
+    #[allow(clippy::type_complexity)]
+    fn take(
+        &mut self,
+        id: &EntryId,
+    ) -> Option<(EntryKey, Option<Arc<CachedEntry>>, Option<EntryId>)> {
         let i = self.taken;
         if self.id(i)? != id.as_str() {
             return None;
         }
-        let h = self.hints.get(i)?;
-        let (key, size) = (h.key, h.size);
+        let h = self.hints.get_mut(i)?;
+        let (key, cached) = (h.key, h.cached.take());
         let parent = match i {
             0 => self.first_parent.take(),
             // Validated when its link was decoded.
             _ => Some(EntryId::from_decoded(self.id(i - 1)?.to_owned())),
         };
         self.taken = i + 1;
-        Some((key, size, parent))
+        Some((key, cached, parent))
     }
 
     /// The hint of `id` among those not taken, left in place (a
@@ -2467,6 +2476,32 @@ impl LogTranscriptSource {
                 .and_then(|s| EntryId::parse(s).ok())
                 .map(Some)
                 .ok_or_else(|| self.path_damage(depth, "malformed link")),
+        }
+    }
+
+    /// Whether the link at `depth` on the active path names `id`, compared
+    /// in place (no id is decoded or copied); `false` when the path ends
+    /// before `depth`. A malformed block or link is damage, as for
+    /// [`LogTranscriptSource::path_at`].
+    fn path_names(&self, depth: u64, id: &EntryId) -> Result<bool, StoreError> {
+        let (block, slot) = path_slot(depth);
+        let Some(v) = self.path_block(block)? else {
+            return Ok(false);
+        };
+        let base = depth - slot as u64;
+        match block_link(&v, slot) {
+            Ok(None) => Ok(false),
+            Err(bad) => Err(self.path_damage(base + bad as u64, "malformed block value")),
+            Ok(Some(link)) => match path_link_id(link) {
+                // Equal to a valid id: a valid link.
+                Some(b) if b == id.as_str().as_bytes() => Ok(true),
+                // Another entry (rare: the leaf is off the active path),
+                // checked as `path_at` would.
+                Some(b) if std::str::from_utf8(b).is_ok_and(|s| EntryId::parse(s).is_ok()) => {
+                    Ok(false)
+                }
+                _ => Err(self.path_damage(depth, "malformed link")),
+            },
         }
     }
 
@@ -2606,7 +2641,7 @@ impl LogTranscriptSource {
     /// engine's [`EntryCache`].
     fn load(&self, id: &EntryId, r: &EntryRecord) -> Result<Entry, StoreError> {
         let key = (r.position(), r.event, r.sub);
-        self.load_at(id, key, r.size, r.parent.clone(), Admission::Remember)
+        self.load_at(id, key, r.size, r.parent.clone())
     }
 
     /// The entry at `key` with `parent`, through the engine's
@@ -2617,15 +2652,8 @@ impl LogTranscriptSource {
         key: EntryKey,
         size: u64,
         parent: Option<EntryId>,
-        admission: Admission,
     ) -> Result<Entry, StoreError> {
-        let mut e = match self.load_logged(
-            id,
-            key,
-            size,
-            parent.as_ref().map(EntryId::as_str),
-            admission,
-        )? {
+        let mut e = match self.load_logged(id, key, size, parent.as_ref().map(EntryId::as_str))? {
             Loaded::Read(e) => e,
             Loaded::Shared(shared) => Arc::try_unwrap(shared).unwrap_or_else(|a| (*a).clone()),
         };
@@ -2643,7 +2671,7 @@ impl LogTranscriptSource {
         size: u64,
         parent: Option<&str>,
     ) -> Result<Arc<Entry>, StoreError> {
-        let shared = match self.load_logged(id, key, size, parent, Admission::Remember)? {
+        let shared = match self.load_logged(id, key, size, parent)? {
             Loaded::Read(mut e) => {
                 e.parent_id = owned_id(parent);
                 return Ok(Arc::new(e));
@@ -2671,12 +2699,8 @@ impl LogTranscriptSource {
         key: EntryKey,
         size: u64,
         parent: Option<&str>,
-        admission: Admission,
     ) -> Result<Loaded, StoreError> {
-        let (hit, admit) = match admission {
-            Admission::Remember => self.entries.lookup(key),
-            Admission::LookupOnly => (self.entries.peek(key), false),
-        };
+        let (hit, admit) = self.entries.lookup(key);
         if let Some(c) = hit.filter(|c| c.sid == self.sid && &c.entry.id == id) {
             return Ok(Loaded::Shared(c.entry.clone()));
         }
@@ -2706,8 +2730,14 @@ impl EntrySource for LogTranscriptSource {
         // read of the same id goes through its record). Hints are taken
         // here by branch pages only: looked up in the cache, not admitted.
         let hint = self.path_hints.borrow_mut().take(id);
-        if let Some((key, size, parent)) = hint {
-            let e = self.load_at(id, key, size, parent, Admission::LookupOnly)?;
+        if let Some((key, cached, parent)) = hint {
+            // The cache was looked up when the range was read: a hit is
+            // copied, a miss read from the log (not admitted).
+            let mut e = match cached.filter(|c| c.sid == self.sid && &c.entry.id == id) {
+                Some(c) => Entry::clone(&c.entry),
+                None => self.read_entry(id, key)?,
+            };
+            e.parent_id = parent;
             return Ok(Some(Cow::Owned(e)));
         }
         match self.cached_record(id)? {
@@ -2875,7 +2905,7 @@ impl EntrySource for LogTranscriptSource {
         // during the scan when the leaf's block is the range's last one.
         let mut leaf_here: Option<bool> = None;
         if leaf_block != end_block {
-            if self.path_at(leaf_depth)?.as_ref() != Some(leaf) {
+            if !self.path_names(leaf_depth, leaf)? {
                 return Ok(None);
             }
             leaf_here = Some(true);
@@ -2888,6 +2918,12 @@ impl EntrySource for LogTranscriptSource {
             .saturating_add(1)
             .min(1 << 12);
         let mut out: Vec<(EntryId, u64)> = Vec::with_capacity(cap);
+        // The hints of the range, allocated once (ids about the leaf's
+        // length; at most `cap` of them, itself bounded), not grown link
+        // by link: growing them by doubling, entry by entry, cost a page
+        // more than the reservation.
+        hints.hints.reserve(cap);
+        hints.ids.reserve(cap.saturating_mul(leaf.as_str().len()));
         let mut damage: Option<(u64, &str)> = None;
         let mut parent: Option<EntryId> = None;
         let mut bytes = 0u64;
@@ -2975,7 +3011,7 @@ impl EntrySource for LogTranscriptSource {
         }
         if leaf_here.is_none() {
             // The scan stopped before the leaf's depth (the bytes ran out).
-            leaf_here = Some(self.path_at(leaf_depth)?.as_ref() == Some(leaf));
+            leaf_here = Some(self.path_names(leaf_depth, leaf)?);
         }
         // Exactly the depths `start..next` were taken, in order; short of
         // `end` without passing the bytes (a depth is missing: a write
@@ -2985,6 +3021,7 @@ impl EntrySource for LogTranscriptSource {
             hints.clear();
             return Ok(None);
         }
+        self.entries.peek_hints(&mut hints.hints);
         *self.span_plan.borrow_mut() = page_span_plan(hints.hints.iter(), bytes);
         Ok(Some(out))
     }
@@ -3479,6 +3516,14 @@ mod tests {
         assert!(cached > before, "read again: cached");
         assert_eq!(pages(), want);
         assert_eq!(cache.bytes(), cached);
+        // The pages found them in the cache: a range's hints carry them.
+        let src = LogTranscriptSource::new(store.engine().unwrap(), id.clone());
+        let depth = (want.len() - 1) as u64;
+        let range = src.path_range(&leaf, depth, 0, 6, 1 << 20).unwrap();
+        assert_eq!(range.map(|r| r.len()), Some(7));
+        let hints = src.path_hints.borrow();
+        assert_eq!(hints.hints.len(), 7);
+        assert!(hints.hints.iter().all(|h| h.cached.is_some()));
     }
 
     /// The cache stays within its bound whatever is read, and a one-pass
@@ -4158,19 +4203,35 @@ mod tests {
             Some((key(2), 12, Some("bb".into())))
         );
         assert_eq!(got(&mut hints, "zz"), None);
-        // Root first (a page): only the next one is served, each once.
-        assert_eq!(hints.take(&id("bb")), None);
-        assert_eq!(hints.take(&id("a")), Some((key(0), 10, Some(id("root")))));
-        assert_eq!(hints.take(&id("a")), None);
-        assert_eq!(hints.take(&id("bb")), Some((key(1), 11, Some(id("a")))));
+        // Root first (a page): only the next one is served, each once,
+        // with the cached entry found for it, if any.
+        hints.hints[1].cached = Some(Arc::new(CachedEntry {
+            sid: SessionId::parse("s").unwrap(),
+            entry: Arc::new(Entry::new(None, crate::transcript::EntryKind::Reset)),
+            cost: 1,
+        }));
+        let took = |h: &mut PathHints, s: &str| {
+            h.take(&id(s))
+                .map(|(k, cached, p)| (k, cached.is_some(), p))
+        };
+        assert_eq!(took(&mut hints, "bb"), None);
+        assert_eq!(
+            took(&mut hints, "a"),
+            Some((key(0), false, Some(id("root"))))
+        );
+        assert_eq!(took(&mut hints, "a"), None);
+        assert_eq!(took(&mut hints, "bb"), Some((key(1), true, Some(id("a")))));
         // A taken hint is no longer looked up.
         assert_eq!(got(&mut hints, "a"), None);
-        assert_eq!(hints.take(&id("ccc")), Some((key(2), 12, Some(id("bb")))));
-        assert_eq!(hints.take(&id("ccc")), None);
+        assert_eq!(
+            took(&mut hints, "ccc"),
+            Some((key(2), false, Some(id("bb"))))
+        );
+        assert_eq!(took(&mut hints, "ccc"), None);
         hints.clear();
         assert_eq!(got(&mut hints, "ccc"), None);
         // An orphan range start: no parent.
         hints.push(&id("x"), key(7), 1);
-        assert_eq!(hints.take(&id("x")), Some((key(7), 1, None)));
+        assert_eq!(took(&mut hints, "x"), Some((key(7), false, None)));
     }
 }

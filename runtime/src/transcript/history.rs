@@ -735,7 +735,12 @@ pub fn read_branch_page<S: EntrySource + ?Sized>(
                 {
                     return Err(ReadError::Inconsistent(leaf.clone()));
                 }
-                candidates.extend(range.into_iter().map(|(id, size)| Candidate { id, size }));
+                // Collected in place: a candidate has the layout of a
+                // range pair, so the range's allocation is reused.
+                candidates = range
+                    .into_iter()
+                    .map(|(id, size)| Candidate { id, size })
+                    .collect();
             } else {
                 read_root_first_by_walk(
                     source,
