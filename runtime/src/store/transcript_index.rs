@@ -3096,6 +3096,17 @@ mod tests {
     use crate::transcript::{CancelToken, ContentBlock, Message, ReadResult};
     use crate::SessionRuntime;
 
+    /// A new empty session and a writer handle on it.
+    fn writer_session(rt: &SessionRuntime) -> (SessionId, SessionHandle) {
+        let id = rt
+            .create(AgentDefinition::default(), None)
+            .unwrap()
+            .id()
+            .clone();
+        let h = rt.open_handle(&id, HandleOptions::writer()).unwrap();
+        (id, h)
+    }
+
     fn open(dir: &std::path::Path) -> (Arc<LogStore>, SessionRuntime) {
         let store = Arc::new(
             LogStore::open(
@@ -3287,12 +3298,7 @@ mod tests {
     fn cached_entries_stay_exact_across_rewrites_and_reopens() {
         let dir = tempfile::tempdir().unwrap();
         let (store, rt) = open(dir.path());
-        let id = rt
-            .create(AgentDefinition::default(), None)
-            .unwrap()
-            .id()
-            .clone();
-        let h = rt.open_handle(&id, HandleOptions::writer()).unwrap();
+        let (id, h) = writer_session(&rt);
         let ids = append_n(&h, 30, "m");
         let loaded =
             |store: &LogStore| store.load(&id).unwrap().unwrap().state().transcript.clone();
@@ -3377,12 +3383,7 @@ mod tests {
     fn single_chain_follows_branches_leaf_moves_and_removals() {
         let dir = tempfile::tempdir().unwrap();
         let (store, rt) = open(dir.path());
-        let id = rt
-            .create(AgentDefinition::default(), None)
-            .unwrap()
-            .id()
-            .clone();
-        let h = rt.open_handle(&id, HandleOptions::writer()).unwrap();
+        let (id, h) = writer_session(&rt);
         let chain = |want: bool| {
             let t = store.load(&id).unwrap().unwrap().state().transcript.clone();
             let leaf = t.leaf().cloned();
@@ -3449,12 +3450,7 @@ mod tests {
     fn branch_pages_look_up_the_entry_cache_without_filling_it() {
         let dir = tempfile::tempdir().unwrap();
         let (store, rt) = open(dir.path());
-        let id = rt
-            .create(AgentDefinition::default(), None)
-            .unwrap()
-            .id()
-            .clone();
-        let h = rt.open_handle(&id, HandleOptions::writer()).unwrap();
+        let (id, h) = writer_session(&rt);
         let ids = append_n(&h, 40, "p");
         let leaf = ids.last().unwrap().clone();
         let t = store.load(&id).unwrap().unwrap().state().transcript.clone();
@@ -3700,12 +3696,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let (id, fork_id, before) = {
             let (store, rt) = open(dir.path());
-            let id = rt
-                .create(AgentDefinition::default(), None)
-                .unwrap()
-                .id()
-                .clone();
-            let h = rt.open_handle(&id, HandleOptions::writer()).unwrap();
+            let (id, h) = writer_session(&rt);
             // Linear appends: the O(1) path.
             let main = append_n(&h, 40, "m");
             check_path(&store, &id);
@@ -3909,12 +3900,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let (id, fork_id, before) = {
             let (store, rt) = open(dir.path());
-            let id = rt
-                .create(AgentDefinition::default(), None)
-                .unwrap()
-                .id()
-                .clone();
-            let h = rt.open_handle(&id, HandleOptions::writer()).unwrap();
+            let (id, h) = writer_session(&rt);
             let mut main = append_n(&h, 63, "m");
             assert_eq!(check_path(&store, &id).len(), 63);
             assert_eq!(path_blocks(&store, &id).len(), 1);
