@@ -70,6 +70,17 @@ impl Blocks {
     fn bytes(&self) -> u64 {
         self.blocks.len() as u64 * BLOCK_BITS / 8
     }
+
+    /// The capacity of the filter to start when the last of `filters` is full (or there
+    /// is none): twice the last one's, so the false-positive rate stays per filter
+    /// without rehashing what the older ones hold.
+    fn next_capacity(filters: &[Blocks], first: u64) -> Option<u64> {
+        match filters.last() {
+            None => Some(first),
+            Some(f) if f.items >= f.capacity => Some(f.capacity * 2),
+            Some(_) => None,
+        }
+    }
 }
 
 /// A commit id's block and bits: three mixed hashes.
@@ -111,12 +122,7 @@ impl CommitIdFilter {
     }
 
     pub fn insert(&mut self, id: Uuid) {
-        let need_new = self.filters.last().is_none_or(|f| f.items >= f.capacity);
-        if need_new {
-            let cap = self
-                .filters
-                .last()
-                .map_or(FIRST_CAPACITY, |f| f.capacity * 2);
+        if let Some(cap) = Blocks::next_capacity(&self.filters, FIRST_CAPACITY) {
             self.filters.push(Blocks::new(cap, BITS_PER_ITEM));
         }
         if let Some(f) = self.filters.last_mut() {
@@ -225,12 +231,7 @@ impl KeyFilter {
         if self.saturated {
             return;
         }
-        let need_new = self.filters.last().is_none_or(|f| f.items >= f.capacity);
-        if need_new {
-            let cap = self
-                .filters
-                .last()
-                .map_or(KEY_FIRST_CAPACITY, |f| f.capacity * 2);
+        if let Some(cap) = Blocks::next_capacity(&self.filters, KEY_FIRST_CAPACITY) {
             let next = Blocks::new(cap, KEY_BITS_PER_ITEM);
             self.bytes += next.bytes();
             self.filters.push(next);
