@@ -19,20 +19,10 @@ fn expected_peers(workload: &str) -> &'static [&'static str] {
     }
 }
 
-/// Whether this machine can run the PostgreSQL peer's server (the same
-/// lookup as the peer's: SPOOL_PG_BIN, PATH, /usr/lib/postgresql).
+/// Whether this machine can run the PostgreSQL peer's server (the
+/// peer's own lookup).
 fn postgres_binaries_present() -> bool {
-    if let Some(dir) = std::env::var_os("SPOOL_PG_BIN") {
-        let dir = std::path::PathBuf::from(dir);
-        return dir.join("initdb").is_file() && dir.join("pg_ctl").is_file();
-    }
-    let on_path = |name: &str| {
-        std::env::var_os("PATH")
-            .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(name).is_file()))
-    };
-    (on_path("initdb") && on_path("pg_ctl"))
-        || std::fs::read_dir("/usr/lib/postgresql")
-            .is_ok_and(|mut d| d.any(|e| e.is_ok_and(|e| e.path().join("bin/initdb").is_file())))
+    spool_pgserver::binaries_available()
 }
 
 fn positive(v: &Value, what: &str) -> f64 {

@@ -1,90 +1,27 @@
-//! A throwaway PostgreSQL server for tests: `initdb` into a temporary
-//! directory, `pg_ctl start` on a free loopback port, `pg_ctl stop` on drop.
+//! A throwaway PostgreSQL server for tests ([`spool_pgserver`], the
+//! harness the benchmark's PostgreSQL peer uses too): `initdb` into a
+//! temporary directory, `pg_ctl start` on a free loopback port, stopped
+//! and removed on drop.
 //!
-//! The server binaries are looked up on PATH (or in `SPOOL_PG_BIN`, or the
-//! newest `/usr/lib/postgresql/*/bin`). `initdb` refuses to run as root,
-//! so as root every server command runs as the unprivileged `postgres`
-//! user through `runuser`, and the directory is chowned to it.
-//!
-//! When the binaries (or, as root, `runuser` and the `postgres` user) are
-//! missing, [`PgServer::start_or_skip`] prints a loud notice and returns
-//! `None` so the test is skipped — unless the environment variable `CI` is
-//! set (as `.ci/run` runs), where that is a failure.
+//! When the machine cannot run a server (no binaries; as root, no
+//! `runuser` or `postgres` user), [`PgServer::start_or_skip`] prints a
+//! loud notice and returns `None` so the test is skipped — unless the
+//! environment variable `CI` is set (as `.ci/run` runs), where that is a
+//! failure.
 
 #![allow(dead_code)]
 
 use std::io::Write;
-use std::net::TcpListener;
-use std::os::unix::fs::MetadataExt;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
 use std::sync::atomic::{AtomicU32, Ordering};
 
-/// Attempts to find a free port and start on it (another process may take
-/// the port between the probe and the start).
-const START_ATTEMPTS: u32 = 5;
-/// `pg_ctl -t`: seconds pg_ctl waits for start or stop to complete.
-const PG_CTL_WAIT_SECS: &str = "120";
+use spool_pgserver::{ServerOptions, StartError};
 
-struct Binaries {
-    initdb: PathBuf,
-    pg_ctl: PathBuf,
-}
-
-fn find_on_path(name: &str) -> Option<PathBuf> {
-    let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path)
-        .map(|d| d.join(name))
-        .find(|p| p.is_file())
-}
-
-fn find_binaries() -> Option<Binaries> {
-    if let Some(dir) = std::env::var_os("SPOOL_PG_BIN") {
-        let dir = PathBuf::from(dir);
-        return Some(Binaries {
-            initdb: dir.join("initdb"),
-            pg_ctl: dir.join("pg_ctl"),
-        })
-        .filter(|b| b.initdb.is_file() && b.pg_ctl.is_file());
-    }
-    if let (Some(initdb), Some(pg_ctl)) = (find_on_path("initdb"), find_on_path("pg_ctl")) {
-        return Some(Binaries { initdb, pg_ctl });
-    }
-    // Debian installs the server outside PATH.
-    let mut dirs: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
-        .ok()?
-        .filter_map(|e| e.ok().map(|e| e.path().join("bin")))
-        .collect();
-    dirs.sort_by_key(|d| {
-        d.parent()
-            .and_then(|p| p.file_name())
-            .and_then(|n| n.to_str())
-            .and_then(|n| n.parse::<u32>().ok())
-            .unwrap_or(0)
-    });
-    dirs.into_iter().rev().find_map(|d| {
-        let b = Binaries {
-            initdb: d.join("initdb"),
-            pg_ctl: d.join("pg_ctl"),
-        };
-        (b.initdb.is_file() && b.pg_ctl.is_file()).then_some(b)
-    })
-}
-
-fn running_as_root() -> bool {
-    // /proc/self belongs to the effective user of this process.
-    std::fs::metadata("/proc/self")
-        .map(|m| m.uid() == 0)
-        .unwrap_or(false)
-}
-
-fn postgres_user_ids() -> Option<(u32, u32)> {
-    let out = Command::new("id").arg("-u").arg("postgres").output().ok()?;
-    let uid = String::from_utf8_lossy(&out.stdout).trim().parse().ok()?;
-    let out = Command::new("id").arg("-g").arg("postgres").output().ok()?;
-    let gid = String::from_utf8_lossy(&out.stdout).trim().parse().ok()?;
-    Some((uid, gid))
-}
+/// Test server settings: loopback TCP (the connection strings below) and
+/// connections for many concurrent test clients.
+const TEST_SETTINGS: [(&str, &str); 2] = [
+    ("listen_addresses", "127.0.0.1"),
+    ("max_connections", "200"),
+];
 
 fn skip_or_fail(test: &str, why: &str) -> Option<PgServer> {
     let ci = std::env::var_os("CI").is_some_and(|v| !v.is_empty());
@@ -104,11 +41,7 @@ fn skip_or_fail(test: &str, why: &str) -> Option<PgServer> {
 
 /// A running throwaway server; stopped and removed on drop.
 pub struct PgServer {
-    bins: Binaries,
-    /// Run server commands as `postgres` through runuser.
-    as_postgres: bool,
-    dir: tempfile::TempDir,
-    port: u16,
+    server: spool_pgserver::PgServer,
     schemas: AtomicU32,
 }
 
@@ -117,148 +50,31 @@ impl PgServer {
     /// machine cannot run one and `CI` is unset. Panics when the binaries
     /// are there but the server does not start.
     pub fn start_or_skip(test: &str) -> Option<PgServer> {
-        let Some(bins) = find_binaries() else {
-            return skip_or_fail(test, "initdb/pg_ctl were not found");
-        };
-        let as_postgres = running_as_root();
-        let dir = tempfile::Builder::new()
-            .prefix("spool-pg-")
-            .tempdir()
-            .expect("create a temporary directory for the server");
-        if as_postgres {
-            if find_on_path("runuser").is_none() {
-                return skip_or_fail(test, "running as root and `runuser` was not found");
-            }
-            let Some((uid, gid)) = postgres_user_ids() else {
-                return skip_or_fail(test, "running as root and there is no `postgres` user");
-            };
-            std::os::unix::fs::chown(dir.path(), Some(uid), Some(gid))
-                .expect("chown the server directory to postgres");
+        match spool_pgserver::PgServer::start(&ServerOptions {
+            parent: None,
+            settings: &TEST_SETTINGS,
+        }) {
+            Ok(server) => Some(PgServer {
+                server,
+                schemas: AtomicU32::new(0),
+            }),
+            Err(StartError::Unavailable(why)) => skip_or_fail(test, &why),
+            Err(e) => panic!("{test}: the PostgreSQL server did not start: {e}"),
         }
-        let mut server = PgServer {
-            bins,
-            as_postgres,
-            dir,
-            port: 0,
-            schemas: AtomicU32::new(0),
-        };
-        let data = server.data_dir();
-        let initdb = server.pg_command(
-            &server.bins.initdb,
-            &[
-                "-D",
-                path_str(&data),
-                "-U",
-                "postgres",
-                "--auth=trust",
-                "-E",
-                "UTF8",
-                "--locale=C",
-                // Test data: skip initdb's own fsyncs (the server still
-                // fsyncs its WAL).
-                "--no-sync",
-            ],
-        );
-        check(&initdb, "initdb");
-        let mut last = None;
-        for _ in 0..START_ATTEMPTS {
-            server.port = free_port();
-            let out = server.pg_ctl_start();
-            if out.status.success() {
-                return Some(server);
-            }
-            last = Some(out);
-        }
-        let out = last.expect("at least one start attempt");
-        panic!(
-            "pg_ctl start failed {START_ATTEMPTS} times: {}\n{}\nserver log:\n{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr),
-            std::fs::read_to_string(server.log_file()).unwrap_or_default()
-        );
-    }
-
-    fn data_dir(&self) -> PathBuf {
-        self.dir.path().join("data")
-    }
-
-    fn log_file(&self) -> PathBuf {
-        self.dir.path().join("server.log")
-    }
-
-    fn pg_command(&self, bin: &Path, args: &[&str]) -> Output {
-        let mut cmd = if self.as_postgres {
-            let mut c = Command::new("runuser");
-            c.arg("-u").arg("postgres").arg("--").arg(bin);
-            c
-        } else {
-            Command::new(bin)
-        };
-        cmd.args(args)
-            // The postgres user may not be able to enter the caller's cwd.
-            .current_dir(self.dir.path())
-            .stdin(std::process::Stdio::null());
-        cmd.output()
-            .unwrap_or_else(|e| panic!("run {}: {e}", bin.display()))
-    }
-
-    fn pg_ctl_start(&self) -> Output {
-        let opts = format!(
-            "-p {} -c listen_addresses=127.0.0.1 -c unix_socket_directories={} -c max_connections=200",
-            self.port,
-            path_str(self.dir.path())
-        );
-        let data = self.data_dir();
-        let log = self.log_file();
-        self.pg_command(
-            &self.bins.pg_ctl,
-            &[
-                "start",
-                "-w",
-                "-t",
-                PG_CTL_WAIT_SECS,
-                "-D",
-                path_str(&data),
-                "-l",
-                path_str(&log),
-                "-o",
-                &opts,
-            ],
-        )
-    }
-
-    fn pg_ctl_stop(&self, mode: &str) -> Output {
-        let data = self.data_dir();
-        self.pg_command(
-            &self.bins.pg_ctl,
-            &[
-                "stop",
-                "-w",
-                "-t",
-                PG_CTL_WAIT_SECS,
-                "-m",
-                mode,
-                "-D",
-                path_str(&data),
-            ],
-        )
     }
 
     pub fn port(&self) -> u16 {
-        self.port
+        self.server.port()
     }
 
     /// A `key=value` connection string for database `postgres`.
     pub fn conn_str(&self) -> String {
-        format!(
-            "host=127.0.0.1 port={} user=postgres dbname=postgres",
-            self.port
-        )
+        self.server.tcp_conn_str()
     }
 
     /// A `postgres://` URL for database `postgres`.
     pub fn url(&self) -> String {
-        format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
+        format!("postgres://postgres@127.0.0.1:{}/postgres", self.port())
     }
 
     /// Creates a new empty schema and returns a connection string whose
@@ -277,40 +93,8 @@ impl PgServer {
     /// connections cut) and starts it again on the same port; WAL recovery
     /// runs on start.
     pub fn crash_restart(&self) {
-        check(&self.pg_ctl_stop("immediate"), "pg_ctl stop -m immediate");
-        check(&self.pg_ctl_start(), "pg_ctl start (after a stop)");
-    }
-}
-
-impl Drop for PgServer {
-    fn drop(&mut self) {
-        if self.port != 0 {
-            let out = self.pg_ctl_stop("immediate");
-            if !out.status.success() {
-                eprintln!(
-                    "warning: pg_ctl stop failed: {}",
-                    String::from_utf8_lossy(&out.stderr)
-                );
-            }
+        if let Err(e) = self.server.crash_restart() {
+            panic!("{e}");
         }
     }
-}
-
-fn path_str(p: &Path) -> &str {
-    p.to_str().expect("temporary paths are UTF-8")
-}
-
-fn free_port() -> u16 {
-    let l = TcpListener::bind("127.0.0.1:0").expect("bind a loopback port");
-    l.local_addr().expect("local address").port()
-}
-
-fn check(out: &Output, what: &str) {
-    assert!(
-        out.status.success(),
-        "{what} failed ({}):\n{}\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
 }

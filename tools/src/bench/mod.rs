@@ -1258,7 +1258,7 @@ mod tests {
             expected.sort_unstable();
             assert_eq!(keys, expected, "{w}");
             for (k, v) in peers {
-                if v.is_null() && k == "postgres" && peers::pg_server::find_binaries().is_none() {
+                if v.is_null() && k == "postgres" && !spool_pgserver::binaries_available() {
                     // No server on this machine: null with a note.
                     assert!(r["notes"][k].is_string(), "{w}: {k} null without a note");
                     continue;

@@ -34,7 +34,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use postgres::{Client, NoTls, Statement};
 
 use super::context;
-use super::pg_server::PgServer;
+use super::pg_server::{self, PgServer};
 use crate::bench::data::{entry_id, Record, BASE_TIMESTAMP_MS};
 use crate::bench::{
     BenchError, ContextSummary, Durability, SessionData, SessionSpec, SpoolSubject, SubjectStore,
@@ -121,7 +121,7 @@ impl PostgresPeer {
     /// The running server (started on first call), or why there is none.
     pub fn server(&self) -> Result<Arc<PgServer>, String> {
         let mut s = self.server.lock().unwrap_or_else(|p| p.into_inner());
-        s.get_or_insert_with(|| PgServer::start(&self.parent).map(Arc::new))
+        s.get_or_insert_with(|| pg_server::start(&self.parent).map(Arc::new))
             .clone()
     }
 
@@ -162,7 +162,7 @@ impl SpoolSubject for PostgresPeer {
                 }
             }
         };
-        let base = server.conn_str();
+        let base = server.socket_conn_str();
         if fresh {
             let mut admin = Client::connect(&base, NoTls).map_err(|e| pg("connecting", e))?;
             admin
