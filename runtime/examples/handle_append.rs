@@ -1,8 +1,11 @@
 //! Appends entries through a writer handle on a buffered log store and
 //! prints the rate: the handle's append path on its own, for profiling
 //! (`perf record`), outside `spool bench`'s peers.
-//! Run it with `cargo run --release -p spool-runtime --example handle_append [N] [durable]`
-//! (`durable`: engine durability `Immediate`, one fdatasync per append).
+//! Run it with
+//! `cargo run --release -p spool-runtime --example handle_append [N] [durable] [WRITERS]`
+//! (`durable`: engine durability `Immediate`, acknowledged after fdatasync;
+//! `WRITERS` threads, default 1, each append `N` entries to a session of
+//! their own, and the engine's group statistics are printed).
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -30,30 +33,87 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         },
         ..LogStoreOptions::default()
     };
+    let writers: usize = std::env::args()
+        .nth(3)
+        .map(|s| s.parse())
+        .transpose()?
+        .unwrap_or(1)
+        .max(1);
     let store = Arc::new(LogStore::open(dir.path(), opts)?);
+    let engine = store.engine()?;
     let runtime = SessionRuntime::new(store, Arc::new(NullSink), SessionHookStack::empty());
     let agent = AgentDefinition::new("bench", "append profile", "You are profiled.");
-    let id = runtime.create(agent, None)?.id().clone();
-    let handle = runtime.open_handle(&id, HandleOptions::writer())?;
-    let sizes = [200usize, 1024, 4096];
-    let start = Instant::now();
-    let cpu0 = thread_cpu_ns();
-    for i in 0..n {
-        let text = "x".repeat(sizes[i % sizes.len()]);
-        handle.append(EntryKind::Message {
-            message: Message::User {
-                content: vec![ContentBlock::text(text)],
-            },
-        })?;
+    let mut handles = Vec::with_capacity(writers);
+    for _ in 0..writers {
+        let id = runtime.create(agent.clone(), None)?.id().clone();
+        handles.push(runtime.open_handle(&id, HandleOptions::writer())?);
     }
+    let before = engine.stats();
+    let process_cpu0 = process_cpu_ns();
+    let start = Instant::now();
+    let per_thread_cpu: Vec<u64> = std::thread::scope(|s| {
+        let threads: Vec<_> = handles
+            .iter()
+            .map(|handle| {
+                s.spawn(move || -> Result<u64, String> {
+                    let sizes = [200usize, 1024, 4096];
+                    let cpu0 = thread_cpu_ns();
+                    for i in 0..n {
+                        let text = "x".repeat(sizes[i % sizes.len()]);
+                        handle
+                            .append(EntryKind::Message {
+                                message: Message::User {
+                                    content: vec![ContentBlock::text(text)],
+                                },
+                            })
+                            .map_err(|e| e.to_string())?;
+                    }
+                    Ok(thread_cpu_ns().saturating_sub(cpu0))
+                })
+            })
+            .collect();
+        threads
+            .into_iter()
+            .map(|t| t.join().expect("writer thread").expect("appends"))
+            .collect()
+    });
     let secs = start.elapsed().as_secs_f64();
-    let cpu = thread_cpu_ns().saturating_sub(cpu0);
+    let process_cpu = process_cpu_ns().saturating_sub(process_cpu0);
+    let after = engine.stats();
+    let total = (n * writers) as f64;
+    let writer_cpu: u64 = per_thread_cpu.iter().sum();
+    let groups = after
+        .write_groups
+        .saturating_sub(before.write_groups)
+        .max(1);
     println!(
-        "{n} appends in {secs:.3} s: {:.0} appends/s, {:.1} µs of the appending thread's CPU per append",
-        n as f64 / secs,
-        cpu as f64 / 1e3 / n as f64
+        "{writers} writer(s) x {n} appends in {secs:.3} s: {:.0} appends/s, {:.1} µs of the \
+         appending threads' CPU and {:.1} µs of the process's CPU per append; {:.2} commits \
+         per group, {:.1} µs per group",
+        total / secs,
+        writer_cpu as f64 / 1e3 / total,
+        process_cpu as f64 / 1e3 / total,
+        after.commits.saturating_sub(before.commits) as f64 / groups as f64,
+        secs * 1e6 / groups as f64,
     );
     Ok(())
+}
+
+/// Nanoseconds this process has run on a CPU, all threads (Linux
+/// `/proc/self/stat` utime + stime in clock ticks of 10 ms; 0 elsewhere).
+fn process_cpu_ns() -> u64 {
+    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
+        return 0;
+    };
+    // Fields after the parenthesized command name; utime and stime are
+    // fields 14 and 15 of the whole line.
+    let Some(rest) = stat.rsplit_once(')').map(|(_, r)| r) else {
+        return 0;
+    };
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+    // rest starts at field 3 (state): utime is field 14 -> index 11.
+    (ticks(11) + ticks(12)) * 10_000_000
 }
 
 /// Nanoseconds this thread has run on a CPU (Linux `schedstat`; 0 elsewhere): the
