@@ -3394,9 +3394,10 @@ mod tests {
             (path.len() as u64).div_ceil(PATH_BLOCK_DEPTHS),
             "active-path blocks of {id}"
         );
-        // Child links: the `n` count and the children of every entry are
-        // the transcript's, and `c` keys exist only for a parent with two
-        // or more children (a single child is named by `n` alone).
+        // Child links: the count in every entry's record (an entry with a
+        // record has no `n` key) and its children are the transcript's,
+        // and `c` keys exist only for a parent with two or more children
+        // (a single child is named by the record alone).
         let src = store.source(id).unwrap();
         for e in t.entries() {
             let mut want = t.children_ids(&e.id);
@@ -3412,6 +3413,33 @@ mod tests {
                 .count();
             let expect = if want.len() >= 2 { want.len() } else { 0 };
             assert_eq!(links, expect, "child links of {}", e.id);
+            let r = EntryRecord::decode(
+                &engine
+                    .index()
+                    .get(TRANSCRIPT_INDEXER, &entry_key(id.as_str(), &e.id))
+                    .unwrap()
+                    .unwrap(),
+            )
+            .unwrap();
+            let only = match t.children_ids(&e.id).as_slice() {
+                [one] => Some(one.clone()),
+                _ => None,
+            };
+            assert_eq!(
+                (r.children, r.only_child),
+                (want.len() as u64, only),
+                "count in the record of {}",
+                e.id
+            );
+            assert_eq!(
+                engine
+                    .index()
+                    .get(TRANSCRIPT_INDEXER, &count_key(id.as_str(), &e.id))
+                    .unwrap(),
+                None,
+                "`n` key of {}",
+                e.id
+            );
         }
         // Every path link names the entry at its depth with the log
         // position and size of its current index record.
