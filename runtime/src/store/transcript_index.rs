@@ -9,9 +9,9 @@
 //! | tag | rest of the key | value |
 //! | --- | --- | --- |
 //! | `m` | — | [`TranscriptMeta`]: generation, raw seq, updated at, leaf, counters |
-//! | `e` | entry id | [`EntryRecord`] in its binary encoding ([`EntryRecord::encode`]): where the entry is in the log, size, kind, parent, [`PathMarker`], [`PathFacts`], append seq, summary |
+//! | `e` | entry id | [`EntryRecord`] in its binary encoding ([`EntryRecord::encode`]): number of children and the only child's id when there is exactly one, where the entry is in the log, size, kind, parent, [`PathMarker`], [`PathFacts`], append seq, summary |
 //! | `c` | u8 len ++ parent id ++ u64 BE seq | child id (children in append order), only for a parent with two or more children |
-//! | `n` | parent id | u64 BE number of children, then the only child's id when there is exactly one |
+//! | `n` | parent id | only for a parent without an `e` record (an orphan's absent parent): u64 BE number of children, then the only child's id when there is exactly one |
 //! | `t` | u32 BE len ++ custom type ++ u64 BE ordinal | custom entry id (empty = removed) |
 //! | `T` | custom type | u64 BE next ordinal of that type |
 //! | `a` | u64 BE ordinal | custom entry id of any type (empty = removed) |
@@ -22,15 +22,24 @@
 //! `leaf_moved`, `history_rewritten` (whole form), `transcript_rewritten`
 //! (delta form), `state_cleared` and the `spool.purge` marker. Costs per
 //! event: an append is O(1) index operations (one parent lookup, about five
-//! writes; a chain append writes no `c` key) plus, for a compaction, the
-//! walk from its parent to its first kept entry ([`first_kept_depth`]); a
-//! leaf move is O(1); a delta rewrite is proportional to what it names plus
+//! writes) plus, for a compaction, the walk from its parent to its first
+//! kept entry ([`first_kept_depth`]). Of its writes only the entry's own
+//! `e` record is a new key for a chain append (one under the leaf whose
+//! parent had no child): the parent's `e` record (which holds its child
+//! count), the last `p` block and the `m` meta are rewrites of keys the
+//! appends before wrote, which the index's memtable coalesces (one value
+//! per key) before they move into sled, and a parent's first child writes
+//! no `c` key. A second child writes the `c` links of both. The new
+//! entry's `n` key is probed (a missing key: answered by the index's key
+//! filter) in case orphans named it as their parent before it existed.
+//! A leaf move is O(1); a delta rewrite is proportional to what it names plus
 //! the subtrees whose path facts change (re-parented entries, entries whose
 //! [`PathMarker`] changed); a whole rewrite, a state clear and a purge are
 //! O(entries of the session).
 //! A `created` event's seed transcript (a fork's path) is indexed in one
 //! in-memory pass (`index_seed`): the same keys as appending its entries
-//! one by one, without reading the index back.
+//! one by one, without reading the index back (each record written once,
+//! with its child count: one key per entry for a chain).
 //!
 //! **Active path.** The `p` keys hold the root→leaf path of the current
 //! leaf by depth, in blocks of 64 depths per key (exactly the depths
@@ -71,8 +80,19 @@
 //! `created` event: reading one of its entries decodes that whole event
 //! (cached for the source's lifetime). Decoded entries read more than once
 //! are kept in the engine's bounded, scan-resistant [`EntryCache`], keyed
-//! by log position. Child links cost one lookup of the `n` key for an
-//! entry with at most one child (a chain), a prefix scan for more.
+//! by log position. Child links cost one lookup of the entry's `e` record
+//! (only its leading child count and only child are decoded) for an entry
+//! with at most one child (a chain), a prefix scan for more.
+//!
+//! **Child counts.** A parent's child count lives in its `e` record, so a
+//! chain append changes a key that already exists instead of adding one.
+//! A parent without a record (the absent parent of an orphan: whole
+//! transcripts of rewrites, fork seeds and raw imports can hold orphans)
+//! keeps its count in an `n` key; when an entry with that id is indexed
+//! later (appending an entry whose id an orphan names as its parent is
+//! allowed), its new record takes the count over and the `n` key is
+//! removed, so an id never has both. Every writer of counts goes through
+//! one place (`ChildCount`).
 //!
 //! Resolved labels are the last label entry (in append order) of a target;
 //! removing a label entry by a rewrite restores the previous one.
@@ -101,7 +121,7 @@ use crate::transcript::{
 /// Name of the engine indexer that keeps transcripts.
 pub const TRANSCRIPT_INDEXER: &str = "transcript";
 /// Version of the transcript index layout; bumping it rebuilds the index.
-pub const TRANSCRIPT_INDEX_VERSION: u32 = 6;
+pub const TRANSCRIPT_INDEX_VERSION: u32 = 7;
 
 const TAG_META: u8 = b'm';
 const TAG_ENTRY: u8 = b'e';
@@ -161,6 +181,15 @@ impl TranscriptMeta {
 /// What the index knows about one entry (see the module docs).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct EntryRecord {
+    /// Number of children (entries whose parent is this one, duplicates
+    /// of an id not counted). Kept in the record, not in a key of its own,
+    /// so that a chain append, which rewrites its parent's record (still
+    /// in the index's memtable from the append before), leaves one new
+    /// key only: its own record.
+    pub children: u64,
+    /// The only child when `children` is 1 (a chain's child list is then
+    /// this record alone, no scan); `None` otherwise.
+    pub only_child: Option<EntryId>,
     /// Commit holding the entry's bytes.
     pub segment: u64,
     pub offset: u64,
@@ -199,7 +228,7 @@ impl EntryRecord {
 /// Format byte that starts every encoded [`EntryRecord`] (a record of
 /// another format is malformed: the index layout version rebuilds old
 /// indexes before they are read).
-const RECORD_FORMAT: u8 = 1;
+const RECORD_FORMAT: u8 = 2;
 
 /// Appends the big-endian, length-prefixed fields of an index value.
 struct Writer(Vec<u8>);
@@ -334,12 +363,21 @@ impl EntryRecord {
     /// The record's index value: [`RECORD_FORMAT`], then its fields in
     /// declaration order (integers u64/u32 BE, strings u32 BE length +
     /// UTF-8, options a 0/1 byte then the value, the marker a tag byte then
-    /// its fields).
+    /// its fields). The child count and the only child come first, so a
+    /// children lookup reads them without decoding the rest
+    /// ([`EntryRecord::decode_children`]).
     pub fn encode(&self) -> Vec<u8> {
+        debug_assert!(
+            self.only_child.is_none() || self.children == 1,
+            "an only child with a count of {}",
+            self.children
+        );
         let mut w = Writer(Vec::with_capacity(
-            96 + self.kind.len() + self.summary.len() + 3 * 40,
+            96 + self.kind.len() + self.summary.len() + 4 * 40,
         ));
         w.u8(RECORD_FORMAT);
+        w.u64(self.children);
+        w.opt_id(self.only_child.as_ref());
         w.u64(self.segment);
         w.u64(self.offset);
         w.u32(self.event);
@@ -407,10 +445,7 @@ impl EntryRecord {
     /// where it failed.
     pub fn decode(b: &[u8]) -> Result<EntryRecord, String> {
         let mut r = Reader::new(b);
-        let format = r.u8()?;
-        if format != RECORD_FORMAT {
-            return Err(format!("unknown entry record format {format}"));
-        }
+        let (children, only_child) = Self::read_children(&mut r)?;
         let segment = r.u64()?;
         let offset = r.u64()?;
         let event = r.u32()?;
@@ -454,6 +489,8 @@ impl EntryRecord {
         let summary = r.string()?;
         r.end()?;
         Ok(EntryRecord {
+            children,
+            only_child,
             segment,
             offset,
             event,
@@ -476,6 +513,31 @@ impl EntryRecord {
             label_target,
             summary,
         })
+    }
+}
+
+impl EntryRecord {
+    /// The child count and only child of an encoded record, without
+    /// decoding the rest (checked as [`EntryRecord::decode`] checks them;
+    /// the rest is not checked).
+    pub fn decode_children(b: &[u8]) -> Result<(u64, Option<EntryId>), String> {
+        Self::read_children(&mut Reader::new(b))
+    }
+
+    /// The format byte, the child count and the only child. An only child
+    /// with a count other than 1 is malformed (a count of 1 without one is
+    /// not: its child is then found by a scan of the `c` links).
+    fn read_children(r: &mut Reader<'_>) -> ReadRes<(u64, Option<EntryId>)> {
+        let format = r.u8()?;
+        if format != RECORD_FORMAT {
+            return Err(format!("unknown entry record format {format}"));
+        }
+        let children = r.u64()?;
+        let only_child = r.opt_id()?;
+        if only_child.is_some() && children != 1 {
+            return Err(format!("an only child with a child count of {children}"));
+        }
+        Ok((children, only_child))
     }
 }
 
@@ -1063,7 +1125,9 @@ fn put_record(
 }
 
 /// The `n` value: the number of children and, when there is exactly one,
-/// its id (a chain's child list is then one point lookup, no scan).
+/// its id (a chain's child list is then one point lookup, no scan). Only
+/// for a parent without an `e` record (an orphan's absent parent): a
+/// parent with a record keeps these in it ([`EntryRecord::children`]).
 fn count_value(count: u64, only: Option<&EntryId>) -> Vec<u8> {
     let mut v = count.to_be_bytes().to_vec();
     if let (1, Some(id)) = (count, only) {
@@ -1078,54 +1142,134 @@ fn only_child(count: &[u8]) -> Option<EntryId> {
     EntryId::parse(std::str::from_utf8(rest).ok()?).ok()
 }
 
+/// A parent's child count as a writer changes it. Every writer of child
+/// counts goes through it: the count lives in the parent's `e` record
+/// when the parent has one, else (an orphan's absent parent) in its `n`
+/// key, and a record never coexists with an `n` key of the same id (a
+/// new record takes the `n` key's count over, [`take_absent_count`]).
+struct ChildCount {
+    /// The parent's record (the count is written back into it), or
+    /// `None`: the count is the `n` key's.
+    record: Option<EntryRecord>,
+    /// Whether the count is kept anywhere (a record, or an `n` key).
+    kept: bool,
+    total: u64,
+    /// The only child when `total` is 1.
+    only: Option<EntryId>,
+}
+
+impl ChildCount {
+    /// The count of `parent`, whose record (as just read from the batch)
+    /// is `record`.
+    fn load(
+        batch: &IndexBatch<'_>,
+        sid: &str,
+        parent: &EntryId,
+        record: Option<EntryRecord>,
+    ) -> Result<Self, IndexError> {
+        Ok(match record {
+            Some(r) => ChildCount {
+                total: r.children,
+                only: r.only_child.clone(),
+                record: Some(r),
+                kept: true,
+            },
+            None => match batch.get(&count_key(sid, parent))? {
+                Some(v) => ChildCount {
+                    total: be_u64(&v).unwrap_or(0),
+                    only: only_child(&v),
+                    record: None,
+                    kept: true,
+                },
+                None => ChildCount {
+                    record: None,
+                    kept: false,
+                    total: 0,
+                    only: None,
+                },
+            },
+        })
+    }
+
+    /// Writes the count back where it lives (an `n` key of a count of
+    /// zero is removed rather than kept).
+    fn store(
+        self,
+        batch: &mut IndexBatch<'_>,
+        sid: &str,
+        parent: &EntryId,
+    ) -> Result<(), IndexError> {
+        let only = if self.total == 1 { self.only } else { None };
+        match self.record {
+            Some(mut r) => {
+                r.children = self.total;
+                r.only_child = only;
+                put_record(batch, sid, parent, &r)?;
+            }
+            None if self.total == 0 => batch.remove(&count_key(sid, parent)),
+            None => batch.insert(
+                &count_key(sid, parent),
+                &count_value(self.total, only.as_ref()),
+            ),
+        }
+        Ok(())
+    }
+}
+
 /// Counts `child` (appended with seq `child_seq`) as a new child of
-/// `parent` and writes the child links it needs. The `c` keys of a parent
-/// exist only while it has two or more children: a chain's only child is
-/// named by the `n` value alone, which spares every chain append a key.
-/// So the second child writes the links of both.
+/// `parent`, whose record is `record` (as read from the batch), and writes
+/// the child links it needs. The `c` keys of a parent exist only while it
+/// has two or more children: a chain's only child is named by the count
+/// alone, which spares every chain append a key. So the second child
+/// writes the links of both.
 fn add_child(
     batch: &mut IndexBatch<'_>,
     sid: &str,
     parent: &EntryId,
+    record: Option<EntryRecord>,
     child: &EntryId,
     child_seq: u64,
 ) -> Result<(), IndexError> {
-    let key = count_key(sid, parent);
-    let cur_value = batch.get(&key)?;
-    let cur = cur_value.as_deref().and_then(be_u64).unwrap_or(0);
-    if cur == 1 {
-        if let Some(only) = cur_value.as_deref().and_then(only_child) {
-            if let Some(r) = get_record(batch, sid, &only)? {
+    let mut count = ChildCount::load(batch, sid, parent, record)?;
+    if count.total == 1 {
+        if let Some(only) = &count.only {
+            if let Some(r) = get_record(batch, sid, only)? {
                 batch.insert(&child_key(sid, parent, r.seq), only.as_str().as_bytes());
             }
         }
     }
-    if cur >= 1 {
+    if count.total >= 1 {
         batch.insert(
             &child_key(sid, parent, child_seq),
             child.as_str().as_bytes(),
         );
     }
-    batch.insert(&key, &count_value(cur.saturating_add(1), Some(child)));
-    Ok(())
+    count.total = count.total.saturating_add(1);
+    count.only = Some(child.clone());
+    count.store(batch, sid, parent)
 }
 
-/// Uncounts the child of `parent` appended with seq `child_seq` and
-/// removes its link; when one child is left, its link goes too (the `n`
-/// value names it, see [`add_child`]).
+/// Uncounts the child of `parent` (whose record is `record`) appended with
+/// seq `child_seq` and removes its link; when one child is left, its link
+/// goes too (the count names it, see [`add_child`]). A parent whose count
+/// is kept nowhere (one this rewrite removed) only loses the link.
 fn remove_child(
     batch: &mut IndexBatch<'_>,
     sid: &str,
     parent: &EntryId,
+    record: Option<EntryRecord>,
     child_seq: u64,
 ) -> Result<(), IndexError> {
-    let key = count_key(sid, parent);
-    let cur = batch.get(&key)?.and_then(|b| be_u64(&b)).unwrap_or(0);
-    let next = cur.saturating_sub(1);
-    if cur >= 2 {
+    let mut count = ChildCount::load(batch, sid, parent, record)?;
+    if !count.kept {
+        batch.remove(&child_key(sid, parent, child_seq));
+        return Ok(());
+    }
+    let next = count.total.saturating_sub(1);
+    if count.total >= 2 {
         batch.remove(&child_key(sid, parent, child_seq));
     }
-    let only = if next == 1 {
+    count.only = if next == 1 {
         match batch
             .scan_prefix(&child_prefix(sid, parent))?
             .into_iter()
@@ -1142,21 +1286,47 @@ fn remove_child(
     } else {
         None
     };
-    batch.insert(&key, &count_value(next, only.as_ref()));
-    Ok(())
+    count.total = next;
+    count.store(batch, sid, parent)
 }
 
-/// The children of `id` as the batch sees them: the `n` value's only
-/// child, or the `c` links in append order.
+/// The child count an absent parent's `n` key kept for `id` (its orphans
+/// arrived first), removed from the index: a new record of `id` takes it
+/// over. One probe of a missing key per new entry otherwise (answered by
+/// the index's key filter).
+fn take_absent_count(
+    batch: &mut IndexBatch<'_>,
+    sid: &str,
+    id: &EntryId,
+) -> Result<(u64, Option<EntryId>), IndexError> {
+    let key = count_key(sid, id);
+    Ok(match batch.get(&key)? {
+        Some(v) => {
+            batch.remove(&key);
+            let total = be_u64(&v).unwrap_or(0);
+            let only = if total == 1 { only_child(&v) } else { None };
+            (total, only)
+        }
+        None => (0, None),
+    })
+}
+
+/// The children of `id` (whose record is `record`) as the batch sees
+/// them: the count's only child, or the `c` links in append order.
 fn batch_children(
     batch: &IndexBatch<'_>,
     sid: &str,
     id: &EntryId,
+    record: Option<&EntryRecord>,
 ) -> Result<Vec<EntryId>, IndexError> {
-    if let Some(count) = batch.get(&count_key(sid, id))? {
-        if be_u64(&count) == Some(1) {
-            return Ok(only_child(&count).into_iter().collect());
+    let count = ChildCount::load(batch, sid, id, record.cloned())?;
+    if count.total == 1 {
+        if let Some(only) = count.only {
+            return Ok(vec![only]);
         }
+    }
+    if count.total == 0 {
+        return Ok(Vec::new());
     }
     Ok(batch
         .scan_prefix(&child_prefix(sid, id))?
@@ -1180,6 +1350,17 @@ fn facts_for(
         Some(p) => get_record(batch, sid, p)?,
         None => None,
     };
+    facts_under(batch, sid, parent.as_ref(), entry)
+}
+
+/// The facts of an entry whose parent's record is `parent` (`None`: a
+/// root, or an orphan).
+fn facts_under(
+    batch: &IndexBatch<'_>,
+    sid: &str,
+    parent: Option<&EntryRecord>,
+    entry: &Entry,
+) -> Result<PathFacts, IndexError> {
     Ok(match parent {
         None => PathFacts::root(entry),
         Some(pr) => {
@@ -1213,13 +1394,13 @@ struct Locator {
     event: u32,
 }
 
-/// Writes the keys of a new entry (its `e` record, its custom-list and
-/// label keys) and counts it in `meta`; the child count and child links
-/// of its parent are the caller's. `next_ordinal` hands out the next
-/// ordinal of a custom type (read from the index for an append, from
-/// memory for a seed).
+/// The record of a new entry, with its custom-list and label keys written
+/// and the entry counted in `meta`; the caller writes the record (with its
+/// child count set) and the child count and child links of its parent.
+/// `next_ordinal` hands out the next ordinal of a custom type (read from
+/// the index for an append, from memory for a seed).
 #[allow(clippy::too_many_arguments)]
-fn put_new_entry(
+fn new_entry_record(
     batch: &mut IndexBatch<'_>,
     sid: &str,
     meta: &mut TranscriptMeta,
@@ -1250,6 +1431,8 @@ fn put_new_entry(
         None => None,
     };
     let record = EntryRecord {
+        children: 0,
+        only_child: None,
         segment: loc.position.segment,
         offset: loc.position.offset,
         event: loc.event,
@@ -1264,7 +1447,6 @@ fn put_new_entry(
         label_target,
         summary: entry_summary(entry, TREE_SUMMARY_CHARS_MAX).0,
     };
-    put_record(batch, sid, &entry.id, &record)?;
     meta.entries = meta.entries.saturating_add(1);
     Ok(record)
 }
@@ -1283,17 +1465,32 @@ fn index_entry(
         // occurrence stays authoritative, as in `Transcript`.
         return Ok(None);
     }
-    let facts = facts_for(batch, sid, entry.parent_id.as_ref(), entry)?;
+    // The parent's record is read once: for the facts, then changed to
+    // count the new child (a chain append rewrites it, so its only new
+    // key is the entry's own record).
+    let parent = match &entry.parent_id {
+        Some(p) => get_record(batch, sid, p)?,
+        None => None,
+    };
+    let facts = facts_under(batch, sid, parent.as_ref(), entry)?;
     let depth = facts.depth;
-    let record = put_new_entry(batch, sid, meta, entry, loc, sub, facts, &mut |batch, t| {
-        let nk = custom_next_key(sid, t);
-        let ordinal = batch.get(&nk)?.and_then(|b| be_u64(&b)).unwrap_or(0);
-        batch.insert(&nk, &ordinal.saturating_add(1).to_be_bytes());
-        Ok(ordinal)
-    })?;
     if let Some(p) = &entry.parent_id {
-        add_child(batch, sid, p, &entry.id, record.seq)?;
+        // Counted before the entry's record exists, so a parent that is
+        // the entry itself (a cycle in damaged data) is counted in an `n`
+        // key, which the record then takes over like any orphan's count.
+        add_child(batch, sid, p, parent, &entry.id, meta.next_seq)?;
     }
+    let mut record =
+        new_entry_record(batch, sid, meta, entry, loc, sub, facts, &mut |batch, t| {
+            let nk = custom_next_key(sid, t);
+            let ordinal = batch.get(&nk)?.and_then(|b| be_u64(&b)).unwrap_or(0);
+            batch.insert(&nk, &ordinal.saturating_add(1).to_be_bytes());
+            Ok(ordinal)
+        })?;
+    // Children that arrived first (orphans whose absent parent this entry
+    // is): their count moves from the `n` key into the record.
+    (record.children, record.only_child) = take_absent_count(batch, sid, &entry.id)?;
+    put_record(batch, sid, &entry.id, &record)?;
     Ok(Some((depth, path_value(&entry.id, &record))))
 }
 
@@ -1359,8 +1556,11 @@ fn index_seed(
     debug_assert_eq!(meta.entries, 0, "a seed is indexed into a cleared session");
     let mut at: HashMap<&EntryId, usize> = HashMap::with_capacity(entries.len());
     let mut records: Vec<EntryRecord> = Vec::with_capacity(entries.len());
+    // The id of each record (records are written once, with their child
+    // counts, after every entry is seen).
+    let mut ids: Vec<&EntryId> = Vec::with_capacity(entries.len());
     // Per parent: the number of children and the first child with its seq
-    // (the only one when the count stays 1, which the `n` value then names;
+    // (the only one when the count stays 1, which the count then names;
     // the second child writes the links of both, as `add_child` does).
     let mut child_counts: HashMap<&EntryId, (u64, &EntryId, u64)> = HashMap::new();
     let mut custom_next: HashMap<String, u64> = HashMap::new();
@@ -1389,7 +1589,7 @@ fn index_seed(
             }
         };
         let sub = u32::try_from(k).unwrap_or(u32::MAX);
-        let record = put_new_entry(batch, sid, meta, entry, loc, sub, facts, &mut |_, t| {
+        let record = new_entry_record(batch, sid, meta, entry, loc, sub, facts, &mut |_, t| {
             let next = custom_next.entry(t.to_string()).or_insert(0);
             let ordinal = *next;
             *next = next.saturating_add(1);
@@ -1407,9 +1607,22 @@ fn index_seed(
         }
         at.insert(&entry.id, records.len());
         records.push(record);
+        ids.push(&entry.id);
     }
+    // Each count goes into its parent's record, or into an `n` key for a
+    // parent the seed does not hold (as appending one by one leaves them:
+    // a parent that comes after its children takes their `n` count over).
     for (parent, (n, first, _)) in child_counts {
-        batch.insert(&count_key(sid, parent), &count_value(n, Some(first)));
+        match at.get(parent).and_then(|&i| records.get_mut(i)) {
+            Some(r) => {
+                r.children = n;
+                r.only_child = (n == 1).then(|| first.clone());
+            }
+            None => batch.insert(&count_key(sid, parent), &count_value(n, Some(first))),
+        }
+    }
+    for (id, r) in ids.iter().zip(&records) {
+        put_record(batch, sid, id, r)?;
     }
     for (t, next) in custom_next {
         batch.insert(&custom_next_key(sid, &t), &next.to_be_bytes());
@@ -1568,23 +1781,31 @@ fn unlink_payload_keys(batch: &mut IndexBatch<'_>, sid: &str, r: &EntryRecord) {
     }
 }
 
+/// Moves the entry `id` (whose record, as read from the batch, is `r`)
+/// from its old parent's children to `new_parent`'s. A parent removed by
+/// this rewrite only loses the link ([`remove_child`]). `r`'s own child
+/// count is kept current (the entry may be its own old or new parent in
+/// damaged data), so the caller can write `r` back.
 fn relink(
     batch: &mut IndexBatch<'_>,
     sid: &str,
     id: &EntryId,
-    r: &EntryRecord,
+    r: &mut EntryRecord,
     new_parent: &Option<EntryId>,
 ) -> Result<(), IndexError> {
     if let Some(old) = &r.parent {
-        if batch.get(&entry_key(sid, old))?.is_some() {
-            remove_child(batch, sid, old, r.seq)?;
-        } else {
-            // A parent removed by this rewrite: drop the link if it had one.
-            batch.remove(&child_key(sid, old, r.seq));
-        }
+        let old_record = get_record(batch, sid, old)?;
+        remove_child(batch, sid, old, old_record, r.seq)?;
     }
     if let Some(p) = new_parent {
-        add_child(batch, sid, p, id, r.seq)?;
+        let record = get_record(batch, sid, p)?;
+        add_child(batch, sid, p, record, id, r.seq)?;
+    }
+    if r.parent.as_ref() == Some(id) || new_parent.as_ref() == Some(id) {
+        if let Some(cur) = get_record(batch, sid, id)? {
+            r.children = cur.children;
+            r.only_child = cur.only_child;
+        }
     }
     Ok(())
 }
@@ -1612,20 +1833,21 @@ fn apply_delta_rewrite(
             if removed_set.contains(p) {
                 batch.remove(&child_key(sid, p, r.seq));
             } else {
-                remove_child(batch, sid, p, r.seq)?;
+                let parent = get_record(batch, sid, p)?;
+                remove_child(batch, sid, p, parent, r.seq)?;
             }
         }
+        // Its child count goes with its record (an entry with a record has
+        // no `n` key); its kept children are relinked below (their old
+        // parent is gone, so no count of a removed entry is touched again).
         batch.remove(&entry_key(sid, id));
-        // Its kept children are relinked below (their old parent is gone,
-        // so no count of a removed entry is touched again).
-        batch.remove(&count_key(sid, id));
         meta.entries = meta.entries.saturating_sub(1);
     }
     for (id, new_parent) in reparented {
         let Some(mut r) = get_record(batch, sid, id)? else {
             continue;
         };
-        relink(batch, sid, id, &r, new_parent)?;
+        relink(batch, sid, id, &mut r, new_parent)?;
         r.size = r
             .size
             .saturating_sub(parent_json_len(&r.parent))
@@ -1641,7 +1863,7 @@ fn apply_delta_rewrite(
         };
         let mut is_stale = false;
         if r.parent != w.parent_id {
-            relink(batch, sid, &w.id, &r, &w.parent_id)?;
+            relink(batch, sid, &w.id, &mut r, &w.parent_id)?;
             is_stale = true;
             relinked.push(w.id.clone());
         }
@@ -1738,7 +1960,7 @@ fn recompute_facts(
             }
             // A cycle cannot come from a valid rewrite; never loop on one.
             if (changed || force) && visited.insert(id.clone()) {
-                for child in batch_children(batch, sid, &id)? {
+                for child in batch_children(batch, sid, &id, Some(&r))? {
                     queue.push((child, false));
                 }
             }
@@ -2781,32 +3003,50 @@ impl EntrySource for LogTranscriptSource {
         ))
     }
 
-    /// One lookup of the count (which names the only child of an entry
-    /// with one: a chain); a scan of the child links for more.
+    /// One lookup of the entry's record, whose leading child count names
+    /// the only child of an entry with one (a chain), decoded without the
+    /// rest of the record; a scan of the child links for more. An id
+    /// without a record (an orphan's absent parent) has its count in an
+    /// `n` key. Never from the source's record cache: appends change a
+    /// parent's count while its other fields stay.
     fn children(&self, id: &EntryId, limit: usize) -> Result<ChildLinks, StoreError> {
         let sid = self.sid.as_str();
         let index = self.engine.index();
-        let (total, only) = match index
-            .get(TRANSCRIPT_INDEXER, &count_key(sid, id))
+        let in_record = match index
+            .get(TRANSCRIPT_INDEXER, &entry_key(sid, id))
             .map_err(engine_err)?
         {
-            None => (0, None),
-            Some(b) => {
-                let total = be_u64(&b)
-                    .ok_or_else(|| self.corrupt(format!("malformed child count of {id}")))?;
-                let only = match b.get(8..) {
-                    Some(rest) if !rest.is_empty() => Some(
-                        std::str::from_utf8(rest)
-                            .ok()
-                            .and_then(|s| EntryId::parse(s).ok())
-                            .ok_or_else(|| {
-                                self.corrupt(format!("malformed only-child link of {id}"))
-                            })?,
-                    ),
-                    _ => None,
-                };
-                (total, only)
-            }
+            Some(b) => Some(EntryRecord::decode_children(&b).map_err(|e| {
+                self.corrupt(format!(
+                    "child count in the index record of entry {id}: {e}"
+                ))
+            })?),
+            None => None,
+        };
+        let (total, only) = match in_record {
+            Some(c) => c,
+            None => match index
+                .get(TRANSCRIPT_INDEXER, &count_key(sid, id))
+                .map_err(engine_err)?
+            {
+                None => (0, None),
+                Some(b) => {
+                    let total = be_u64(&b)
+                        .ok_or_else(|| self.corrupt(format!("malformed child count of {id}")))?;
+                    let only = match b.get(8..) {
+                        Some(rest) if !rest.is_empty() => Some(
+                            std::str::from_utf8(rest)
+                                .ok()
+                                .and_then(|s| EntryId::parse(s).ok())
+                                .ok_or_else(|| {
+                                    self.corrupt(format!("malformed only-child link of {id}"))
+                                })?,
+                        ),
+                        _ => None,
+                    };
+                    (total, only)
+                }
+            },
         };
         if total == 0 || limit == 0 {
             return Ok(ChildLinks {
@@ -3154,9 +3394,10 @@ mod tests {
             (path.len() as u64).div_ceil(PATH_BLOCK_DEPTHS),
             "active-path blocks of {id}"
         );
-        // Child links: the `n` count and the children of every entry are
-        // the transcript's, and `c` keys exist only for a parent with two
-        // or more children (a single child is named by `n` alone).
+        // Child links: the count in every entry's record (an entry with a
+        // record has no `n` key) and its children are the transcript's,
+        // and `c` keys exist only for a parent with two or more children
+        // (a single child is named by the record alone).
         let src = store.source(id).unwrap();
         for e in t.entries() {
             let mut want = t.children_ids(&e.id);
@@ -3172,6 +3413,33 @@ mod tests {
                 .count();
             let expect = if want.len() >= 2 { want.len() } else { 0 };
             assert_eq!(links, expect, "child links of {}", e.id);
+            let r = EntryRecord::decode(
+                &engine
+                    .index()
+                    .get(TRANSCRIPT_INDEXER, &entry_key(id.as_str(), &e.id))
+                    .unwrap()
+                    .unwrap(),
+            )
+            .unwrap();
+            let only = match t.children_ids(&e.id).as_slice() {
+                [one] => Some(one.clone()),
+                _ => None,
+            };
+            assert_eq!(
+                (r.children, r.only_child),
+                (want.len() as u64, only),
+                "count in the record of {}",
+                e.id
+            );
+            assert_eq!(
+                engine
+                    .index()
+                    .get(TRANSCRIPT_INDEXER, &count_key(id.as_str(), &e.id))
+                    .unwrap(),
+                None,
+                "`n` key of {}",
+                e.id
+            );
         }
         // Every path link names the entry at its depth with the log
         // position and size of its current index record.
@@ -3288,6 +3556,287 @@ mod tests {
         (0..n)
             .map(|i| h.append(user(&format!("{tag}{i}"))).unwrap())
             .collect()
+    }
+
+    /// The per-entry keys of one tag of a session.
+    fn tag_keys(store: &LogStore, id: &SessionId, tag: u8) -> Vec<Vec<u8>> {
+        store
+            .engine()
+            .unwrap()
+            .index()
+            .scan_prefix(TRANSCRIPT_INDEXER, &sk(tag, id.as_str()))
+            .map(|kv| kv.unwrap().0)
+            .collect()
+    }
+
+    /// The child count and only child an entry's index record holds.
+    fn record_count(store: &LogStore, id: &SessionId, e: &EntryId) -> (u64, Option<EntryId>) {
+        let src = LogTranscriptSource::new(store.engine().unwrap(), id.clone());
+        let r = src.record(e).unwrap().unwrap();
+        (r.children, r.only_child)
+    }
+
+    /// A chain append leaves exactly one new per-entry key (its own `e`
+    /// record): its parent's child count is a rewrite of the parent's
+    /// record, never an `n` or `c` key. A fork's seed of a chain is one
+    /// record per entry too.
+    #[test]
+    fn chain_appends_and_chain_seeds_add_one_key_per_entry() {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, rt) = open(dir.path());
+        let (id, h) = writer_session(&rt);
+        let per_entry = |id: &SessionId| -> std::collections::BTreeSet<Vec<u8>> {
+            [TAG_ENTRY, TAG_COUNT, TAG_CHILD]
+                .into_iter()
+                .flat_map(|tag| tag_keys(&store, id, tag))
+                .collect()
+        };
+        let mut before = per_entry(&id);
+        let mut chain = Vec::new();
+        for i in 0..70 {
+            let e = h.append(user(&format!("c{i}"))).unwrap();
+            let after = per_entry(&id);
+            assert!(before.is_subset(&after), "append {i} removed a key");
+            let new: Vec<&Vec<u8>> = after.difference(&before).collect();
+            assert_eq!(new, vec![&entry_key(id.as_str(), &e)], "append {i}");
+            before = after;
+            chain.push(e);
+        }
+        assert_eq!(tag_keys(&store, &id, TAG_ENTRY).len(), 70);
+        assert!(tag_keys(&store, &id, TAG_COUNT).is_empty());
+        assert!(tag_keys(&store, &id, TAG_CHILD).is_empty());
+        for (i, e) in chain.iter().enumerate() {
+            let want = match chain.get(i + 1) {
+                Some(next) => (1, Some(next.clone())),
+                None => (0, None),
+            };
+            assert_eq!(record_count(&store, &id, e), want, "count of {e}");
+        }
+        check_path(&store, &id);
+        drop(h);
+        // A fork of the chain's first 50 entries: 50 records with their
+        // counts, no other per-entry key.
+        let fork = rt.fork(&id, Some(chain[49].clone())).unwrap();
+        let fork_id = fork.id().clone();
+        assert_eq!(tag_keys(&store, &fork_id, TAG_ENTRY).len(), 50);
+        assert!(tag_keys(&store, &fork_id, TAG_COUNT).is_empty());
+        assert!(tag_keys(&store, &fork_id, TAG_CHILD).is_empty());
+        assert_eq!(
+            record_count(&store, &fork_id, &chain[48]),
+            (1, Some(chain[49].clone()))
+        );
+        assert_eq!(record_count(&store, &fork_id, &chain[49]), (0, None));
+        assert_eq!(check_path(&store, &fork_id).len(), 50);
+        // Rebuilt from the log: the same keys.
+        let keys = (per_entry(&id), per_entry(&fork_id));
+        drop((store, rt, fork));
+        std::fs::remove_dir_all(dir.path().join("index")).unwrap();
+        let (store, _rt) = open(dir.path());
+        let per_entry = |id: &SessionId| -> std::collections::BTreeSet<Vec<u8>> {
+            [TAG_ENTRY, TAG_COUNT, TAG_CHILD]
+                .into_iter()
+                .flat_map(|tag| tag_keys(&store, id, tag))
+                .collect()
+        };
+        assert_eq!((per_entry(&id), per_entry(&fork_id)), keys);
+    }
+
+    /// The second and third child of a chain entry are both counted in its
+    /// record and linked in append order; removing them by delta rewrites
+    /// takes it back to one child named by the record, with no links.
+    #[test]
+    fn branch_counts_follow_new_children_and_delta_removals() {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, rt) = open(dir.path());
+        let (id, h) = writer_session(&rt);
+        let chain = append_n(&h, 3, "a");
+        let under_first = |name: &str, at: i64| {
+            h.append_entry(Entry {
+                id: EntryId::parse(name).unwrap(),
+                parent_id: Some(chain[0].clone()),
+                timestamp_ms: at,
+                kind: user(name),
+            })
+            .unwrap()
+        };
+        let children = |e: &EntryId| store.source(&id).unwrap().children(e, usize::MAX).unwrap();
+        let links = |e: &EntryId| {
+            store
+                .engine()
+                .unwrap()
+                .index()
+                .scan_prefix(TRANSCRIPT_INDEXER, &child_prefix(id.as_str(), e))
+                .count()
+        };
+        assert_eq!(
+            record_count(&store, &id, &chain[0]),
+            (1, Some(chain[1].clone()))
+        );
+        let b = under_first("b", 1);
+        assert_eq!(
+            children(&chain[0]),
+            ChildLinks {
+                ids: vec![chain[1].clone(), b.clone()],
+                total: 2
+            }
+        );
+        assert_eq!(record_count(&store, &id, &chain[0]), (2, None));
+        assert_eq!(links(&chain[0]), 2);
+        let c = under_first("c", 2);
+        assert_eq!(
+            children(&chain[0]),
+            ChildLinks {
+                ids: vec![chain[1].clone(), b.clone(), c.clone()],
+                total: 3
+            }
+        );
+        assert_eq!(record_count(&store, &id, &chain[0]), (3, None));
+        check_path(&store, &id);
+        // The leaf is `c`: a delta rewrite removes it (two children left).
+        let only = |x: &EntryId| {
+            let x = x.clone();
+            move |e: &Entry| e.id == x
+        };
+        let out = h
+            .remove_trailing_entries(&only(&c), &|_| false, &CancelToken::new())
+            .unwrap();
+        assert_eq!(out.removed, vec![c.clone()]);
+        assert_eq!(record_count(&store, &id, &chain[0]), (2, None));
+        assert_eq!(links(&chain[0]), 2);
+        check_path(&store, &id);
+        // Then `b`: one child left, named by the record, no links.
+        h.move_leaf(Some(b.clone())).unwrap();
+        let out = h
+            .remove_trailing_entries(&only(&b), &|_| false, &CancelToken::new())
+            .unwrap();
+        assert_eq!(out.removed, vec![b.clone()]);
+        assert_eq!(
+            record_count(&store, &id, &chain[0]),
+            (1, Some(chain[1].clone()))
+        );
+        assert_eq!(links(&chain[0]), 0);
+        assert_eq!(
+            children(&chain[0]),
+            ChildLinks {
+                ids: vec![chain[1].clone()],
+                total: 1
+            }
+        );
+        assert!(tag_keys(&store, &id, TAG_COUNT).is_empty());
+        check_path(&store, &id);
+    }
+
+    /// Orphans (entries whose parent is absent, as imported or damaged
+    /// transcripts hold) are counted in their absent parent's `n` key;
+    /// when that parent is appended later, its new record takes the count
+    /// over (children, append order, the only child) and the `n` key goes.
+    #[test]
+    fn an_absent_parents_count_moves_into_its_record_when_it_is_appended() {
+        let eid = |s: &str| EntryId::parse(s).unwrap();
+        let entry = |id: &str, parent: Option<&str>| Entry {
+            id: eid(id),
+            parent_id: parent.map(eid),
+            timestamp_ms: 1,
+            kind: user(id),
+        };
+        let sid = SessionId::parse("orphans").unwrap();
+        let mut transcript = crate::transcript::Transcript::new();
+        transcript.replace_all(
+            vec![
+                entry("r", None),
+                entry("x1", Some("ghost")),
+                entry("x2", Some("ghost")),
+                entry("y", Some("ghost1")),
+            ],
+            Some(eid("r")),
+        );
+        let created = SessionEvent::Created {
+            id: sid.clone(),
+            parent_id: None,
+            agent_name: "a".into(),
+            label: "a".into(),
+            created_at_ms: 1,
+            definition: Box::new(AgentDefinition::new("a", "orphan test", "")),
+            state: Box::new(crate::session::AgentState {
+                transcript,
+                ..Default::default()
+            }),
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let (store, rt) = open(dir.path());
+        store
+            .engine()
+            .unwrap()
+            .append(spool_engine::NewCommit::new(
+                sid.as_str(),
+                spool_engine::ExpectedVersion::NoStream,
+                vec![session_event(&created)],
+            ))
+            .unwrap();
+        let children = |e: &str| {
+            store
+                .source(&sid)
+                .unwrap()
+                .children(&eid(e), usize::MAX)
+                .unwrap()
+        };
+        assert_eq!(
+            children("ghost"),
+            ChildLinks {
+                ids: vec![eid("x1"), eid("x2")],
+                total: 2
+            }
+        );
+        assert_eq!(
+            children("ghost1"),
+            ChildLinks {
+                ids: vec![eid("y")],
+                total: 1
+            }
+        );
+        assert_eq!(tag_keys(&store, &sid, TAG_COUNT).len(), 2);
+        check_path(&store, &sid);
+        // The absent parents are appended: `ghost` as a root, `ghost1`
+        // under it (its third child).
+        let h = rt.open_handle(&sid, HandleOptions::writer()).unwrap();
+        h.append_entry(entry("ghost", None)).unwrap();
+        assert_eq!(record_count(&store, &sid, &eid("ghost")), (2, None));
+        h.append_entry(entry("ghost1", Some("ghost"))).unwrap();
+        assert!(tag_keys(&store, &sid, TAG_COUNT).is_empty());
+        assert_eq!(record_count(&store, &sid, &eid("ghost")), (3, None));
+        assert_eq!(
+            record_count(&store, &sid, &eid("ghost1")),
+            (1, Some(eid("y")))
+        );
+        assert_eq!(
+            children("ghost"),
+            ChildLinks {
+                ids: vec![eid("x1"), eid("x2"), eid("ghost1")],
+                total: 3
+            }
+        );
+        assert_eq!(
+            children("ghost1"),
+            ChildLinks {
+                ids: vec![eid("y")],
+                total: 1
+            }
+        );
+        let before = check_path(&store, &sid);
+        let all: Vec<_> = ENTRY_TAGS
+            .into_iter()
+            .map(|t| tag_keys(&store, &sid, t))
+            .collect();
+        // Rebuilt from the log: the same keys and path.
+        drop((h, store, rt));
+        std::fs::remove_dir_all(dir.path().join("index")).unwrap();
+        let (store, _rt) = open(dir.path());
+        let again: Vec<_> = ENTRY_TAGS
+            .into_iter()
+            .map(|t| tag_keys(&store, &sid, t))
+            .collect();
+        assert_eq!(again, all);
+        assert_eq!(check_path(&store, &sid), before);
     }
 
     /// Entries read again come from the engine's entry cache, and what a
@@ -3602,6 +4151,8 @@ mod tests {
             thinking_level: Some("high".into()),
         };
         let plain = EntryRecord {
+            children: 0,
+            only_child: None,
             segment: 3,
             offset: u64::MAX - 1,
             event: 2,
@@ -3641,8 +4192,18 @@ mod tests {
             },
         ];
         let mut out = vec![plain.clone()];
-        for m in markers {
+        // Child counts: one (with and without its only child, the latter
+        // found by a scan), two, the most a u64 holds.
+        let counts = [
+            (1, Some(id("only-child"))),
+            (1, None),
+            (2, None),
+            (u64::MAX, None),
+        ];
+        for (m, (children, only_child)) in markers.into_iter().zip(counts) {
             out.push(EntryRecord {
+                children,
+                only_child,
                 parent: Some(id("parent-x")),
                 marker: m,
                 facts: facts.clone(),
@@ -3664,6 +4225,10 @@ mod tests {
         for r in sample_records() {
             let b = r.encode();
             assert_eq!(EntryRecord::decode(&b).unwrap(), r);
+            assert_eq!(
+                EntryRecord::decode_children(&b).unwrap(),
+                (r.children, r.only_child.clone())
+            );
             for n in 0..b.len() {
                 assert!(EntryRecord::decode(&b[..n]).is_err(), "truncated to {n}");
             }
@@ -3678,17 +4243,79 @@ mod tests {
                     // flipped bytes (a flip inside an integer or a string).
                     if let Ok(d) = EntryRecord::decode(&f) {
                         assert_eq!(d.encode(), f, "byte {i} bit {bit}");
+                        assert_eq!(
+                            EntryRecord::decode_children(&f),
+                            Ok((d.children, d.only_child)),
+                            "byte {i} bit {bit}"
+                        );
                     }
                 }
             }
         }
         assert!(EntryRecord::decode(&[]).is_err());
         assert!(EntryRecord::decode(&[RECORD_FORMAT + 1]).is_err());
-        // A huge string length is refused without allocating.
+        assert!(EntryRecord::decode(&[RECORD_FORMAT - 1]).is_err());
+        // A huge string length is refused without allocating: the kind's
+        // (after the count, the only-child flag and 32 bytes of position
+        // and size) and the only child's.
         let mut huge = vec![RECORD_FORMAT];
-        huge.extend_from_slice(&[0; 32]);
+        huge.extend_from_slice(&[0; 8 + 1 + 32]);
         huge.extend_from_slice(&u32::MAX.to_be_bytes());
         assert!(EntryRecord::decode(&huge).is_err());
+        let mut huge = vec![RECORD_FORMAT];
+        huge.extend_from_slice(&1u64.to_be_bytes());
+        huge.push(1);
+        huge.extend_from_slice(&u32::MAX.to_be_bytes());
+        assert!(EntryRecord::decode(&huge).is_err());
+        assert!(EntryRecord::decode_children(&huge).is_err());
+    }
+
+    /// Malformed child counts fail the record's decode (and the count's
+    /// own decode) with an error: an only child with a count other than
+    /// one, a bad only-child flag, an invalid only-child id, a truncated
+    /// count.
+    #[test]
+    fn entry_records_with_malformed_child_counts_fail_to_decode() {
+        let with_only = sample_records()
+            .into_iter()
+            .find(|r| r.only_child.is_some())
+            .unwrap();
+        let b = with_only.encode();
+        let bad = |f: &dyn Fn(&mut Vec<u8>), what: &str| {
+            let mut v = b.clone();
+            f(&mut v);
+            assert!(EntryRecord::decode(&v).is_err(), "{what}");
+            assert!(EntryRecord::decode_children(&v).is_err(), "{what}");
+        };
+        // The count is bytes 1..9, the only-child flag byte 9, then the
+        // id's u32 BE length (bytes 10..14) and bytes.
+        for count in [0u64, 2, 3, u64::MAX] {
+            bad(
+                &|v| v[1..9].copy_from_slice(&count.to_be_bytes()),
+                &format!("an only child with a count of {count}"),
+            );
+        }
+        for flag in [2u8, 0x80, 0xff] {
+            bad(&|v| v[9] = flag, &format!("only-child flag {flag}"));
+        }
+        bad(
+            &|v| v[10..14].copy_from_slice(&0u32.to_be_bytes()),
+            "an empty only-child id",
+        );
+        bad(
+            &|v| {
+                let n = u32::from_be_bytes(v[10..14].try_into().unwrap()) as usize;
+                v[14..14 + n].fill(0xff);
+            },
+            "an only-child id that is not UTF-8",
+        );
+        bad(&|v| v.truncate(5), "a truncated count");
+        bad(&|v| v.truncate(12), "a truncated only-child length");
+        // A count of one without its only child is well formed (the child
+        // is found by a scan of the links).
+        let mut v = b.clone();
+        v.splice(9.., [0u8]);
+        assert_eq!(EntryRecord::decode_children(&v), Ok((1, None)));
     }
 
     #[test]
