@@ -430,7 +430,7 @@ pub fn now_ms() -> i64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::hash::{BuildHasher, Hash, Hasher};
+    use std::hash::BuildHasher;
 
     /// An id of `len` valid bytes (letters cycling).
     fn id_of(len: usize) -> String {
@@ -442,11 +442,7 @@ mod tests {
     /// Whether `id` and `s` hash alike under the same (random) keys.
     fn same_hash(id: &EntryId, s: &str) -> bool {
         let keys = std::collections::hash_map::RandomState::new();
-        let mut a = keys.build_hasher();
-        id.hash(&mut a);
-        let mut b = keys.build_hasher();
-        s.hash(&mut b);
-        a.finish() == b.finish()
+        keys.hash_one(id) == keys.hash_one(s)
     }
 
     #[test]
@@ -578,14 +574,9 @@ mod tests {
         // Distinct ids hash apart (a hash that ignored its input would
         // pass the equality check above).
         let keys = std::collections::hash_map::RandomState::new();
-        let one = |id: &EntryId| {
-            let mut h = keys.build_hasher();
-            id.hash(&mut h);
-            h.finish()
-        };
         assert_ne!(
-            one(&EntryId::parse("a").unwrap()),
-            one(&EntryId::parse("b").unwrap())
+            keys.hash_one(EntryId::parse("a").unwrap()),
+            keys.hash_one(EntryId::parse("b").unwrap())
         );
     }
 
