@@ -247,12 +247,17 @@ mod fast {
             self.str().map(|_| ())
         }
 
-        fn opt_string(&mut self) -> Option<Option<String>> {
+        /// A nil or a string, borrowed.
+        fn opt_str(&mut self) -> Option<Option<&'a str>> {
             if self.peek_nil() {
                 self.byte()?;
                 return Some(None);
             }
-            self.string().map(Some)
+            self.str().map(Some)
+        }
+
+        fn opt_string(&mut self) -> Option<Option<String>> {
+            Some(self.opt_str()?.map(str::to_owned))
         }
 
         fn map_len(&mut self) -> Option<u64> {
@@ -328,10 +333,10 @@ mod fast {
             return None;
         }
         r.key("id")?;
-        let id = EntryId::from_decoded(r.string()?);
+        let id = EntryId::from_decoded_str(r.str()?);
         r.key("parent_id")?;
         let parent_id = if keep_parent {
-            r.opt_string()?.map(EntryId::from_decoded)
+            r.opt_str()?.map(EntryId::from_decoded_str)
         } else {
             r.skip_opt_str()?;
             None
@@ -380,7 +385,7 @@ mod fast {
             }
             ("branch_summary", 3) => {
                 r.key("from_id")?;
-                let from_id = r.opt_string()?.map(EntryId::from_decoded);
+                let from_id = r.opt_str()?.map(EntryId::from_decoded_str);
                 r.key("summary")?;
                 EntryKind::BranchSummary {
                     from_id,
@@ -391,7 +396,7 @@ mod fast {
                 r.key("summary")?;
                 let summary = r.string()?;
                 r.key("first_kept_entry_id")?;
-                let first_kept_entry_id = EntryId::from_decoded(r.string()?);
+                let first_kept_entry_id = EntryId::from_decoded_str(r.str()?);
                 r.key("tokens_before")?;
                 EntryKind::Compaction {
                     summary,
@@ -417,7 +422,7 @@ mod fast {
             }
             ("label", 3) => {
                 r.key("target_id")?;
-                let target_id = EntryId::from_decoded(r.string()?);
+                let target_id = EntryId::from_decoded_str(r.str()?);
                 r.key("label")?;
                 EntryKind::Label {
                     target_id,

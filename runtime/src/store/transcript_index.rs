@@ -2509,7 +2509,7 @@ struct PathHints {
 
 /// An id the index gave (validated when it was decoded), owned.
 fn owned_id(id: Option<&str>) -> Option<EntryId> {
-    id.map(|s| EntryId::from_decoded(s.to_owned()))
+    id.map(EntryId::from_decoded_str)
 }
 
 /// Where an entry of a path range is, from its path link.
@@ -2579,7 +2579,7 @@ impl PathHints {
         let parent = match i {
             0 => self.first_parent.take(),
             // Validated when its link was decoded.
-            _ => Some(EntryId::from_decoded(self.id(i - 1)?.to_owned())),
+            _ => Some(EntryId::from_decoded_str(self.id(i - 1)?)),
         };
         self.taken = i + 1;
         Some((key, cached, parent))

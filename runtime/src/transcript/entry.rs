@@ -15,19 +15,50 @@ use serde::{Deserialize, Serialize};
 /// Maximum length of an entry id in bytes.
 pub const ENTRY_ID_LEN_MAX: usize = 128;
 
+/// Ids of up to this many bytes are stored inline in the [`EntryId`]
+/// value (no heap allocation; a clone is a copy). 22 bytes, the length
+/// and the variant tag fill the 24 bytes a `String` took before, so the
+/// id grew no larger. Longer ids (imported UUIDs, for instance) are kept
+/// in a shared `Arc<str>`, so their clones do not allocate either.
+const INLINE_LEN_MAX: usize = 22;
+
 /// The id of a transcript entry: 1..=128 bytes of ASCII letters, digits,
 /// `_` or `-`. Generated ids are 8 lowercase hex characters taken from a
 /// random UUID, like pi-style session files; imported ids are kept as they
 /// are if they validate.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-#[serde(transparent)]
-pub struct EntryId(String);
+///
+/// Equality, ordering and hashing are those of the id's string (ordering
+/// is byte order, as `str`'s), and it serializes as that string.
+#[derive(Clone)]
+pub struct EntryId(Repr);
+
+/// How an [`EntryId`]'s bytes are held. One form per length (an id of at
+/// most [`INLINE_LEN_MAX`] bytes is always `Inline`, with zeroed bytes
+/// after `len`), so equal ids have equal representations; comparisons
+/// still go through the bytes.
+///
+/// The inline bytes are always a whole `&str` copied verbatim (every
+/// constructor takes a `str`), so they are valid UTF-8; [`EntryId::as_str`]
+/// checks that again with `std::str::from_utf8` rather than assuming it
+/// (no `unsafe` outside mmap). For ids of at most 22 bytes that check is a
+/// short loop, and the hot comparisons (`Eq`, `Ord`) use the bytes and
+/// skip it.
+#[derive(Clone)]
+enum Repr {
+    Inline {
+        len: u8,
+        bytes: [u8; INLINE_LEN_MAX],
+    },
+    Shared(std::sync::Arc<str>),
+}
 
 impl EntryId {
     /// A fresh random id (8 hex characters).
     pub fn generate() -> Self {
-        let u = uuid::Uuid::new_v4().simple().to_string();
-        EntryId(u[..8].to_string())
+        let u = uuid::Uuid::new_v4().simple();
+        let mut buf = [0u8; uuid::fmt::Simple::LENGTH];
+        let s = u.encode_lower(&mut buf);
+        EntryId::from_decoded_str(s.get(..8).unwrap_or(s))
     }
 
     /// Validates and wraps an id.
@@ -45,23 +76,149 @@ impl EntryId {
                 reason: "only ASCII letters, digits, '_' and '-' are allowed",
             });
         }
-        Ok(EntryId(s.to_string()))
+        Ok(EntryId::from_decoded_str(s))
     }
 
     pub fn as_str(&self) -> &str {
-        &self.0
+        match &self.0 {
+            Repr::Inline { .. } => match std::str::from_utf8(self.as_bytes()) {
+                Ok(s) => s,
+                // Unreachable: the bytes were copied from a `str` whole.
+                Err(_) => {
+                    debug_assert!(false, "inline entry id is not UTF-8");
+                    ""
+                }
+            },
+            Repr::Shared(s) => s,
+        }
+    }
+
+    /// The id's bytes (its string's), without the UTF-8 check.
+    fn as_bytes(&self) -> &[u8] {
+        match &self.0 {
+            Repr::Inline { len, bytes } => bytes.get(..usize::from(*len)).unwrap_or(bytes),
+            Repr::Shared(s) => s.as_bytes(),
+        }
     }
 
     /// An id exactly as serde decodes one (`#[serde(transparent)]`: not
     /// validated), for decoders that must give serde's answer.
     pub(crate) fn from_decoded(s: String) -> Self {
-        EntryId(s)
+        if s.len() <= INLINE_LEN_MAX {
+            EntryId::from_decoded_str(&s)
+        } else {
+            EntryId(Repr::Shared(std::sync::Arc::from(s)))
+        }
+    }
+
+    /// [`EntryId::from_decoded`] from borrowed bytes: an id of at most
+    /// [`INLINE_LEN_MAX`] bytes is copied inline, without allocating.
+    pub(crate) fn from_decoded_str(s: &str) -> Self {
+        match u8::try_from(s.len()) {
+            Ok(len) if s.len() <= INLINE_LEN_MAX => {
+                let mut bytes = [0u8; INLINE_LEN_MAX];
+                if let Some(dst) = bytes.get_mut(..s.len()) {
+                    dst.copy_from_slice(s.as_bytes());
+                }
+                EntryId(Repr::Inline { len, bytes })
+            }
+            _ => EntryId(Repr::Shared(std::sync::Arc::from(s))),
+        }
+    }
+}
+
+impl PartialEq for EntryId {
+    fn eq(&self, other: &Self) -> bool {
+        self.as_bytes() == other.as_bytes()
+    }
+}
+
+impl Eq for EntryId {}
+
+impl PartialOrd for EntryId {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for EntryId {
+    /// Byte order, which is `str`'s order.
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.as_bytes().cmp(other.as_bytes())
+    }
+}
+
+impl std::hash::Hash for EntryId {
+    /// The hash of the id's `str`.
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.as_str().hash(state)
+    }
+}
+
+impl std::fmt::Debug for EntryId {
+    /// `EntryId("…")`, as the derived form over a `String` printed it.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("EntryId").field(&self.as_str()).finish()
     }
 }
 
 impl std::fmt::Display for EntryId {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
+        f.write_str(self.as_str())
+    }
+}
+
+impl Serialize for EntryId {
+    /// As a string (the `#[serde(transparent)]` `String` form).
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(self.as_str())
+    }
+}
+
+impl<'de> Deserialize<'de> for EntryId {
+    /// What a `String` accepts (not validated, like the
+    /// `#[serde(transparent)]` form): a string, borrowed or owned, or
+    /// bytes that are UTF-8. A borrowed short string is copied inline
+    /// without an intermediate `String`.
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_string(IdVisitor)
+    }
+}
+
+/// The visitor of [`EntryId`]'s `Deserialize`: `String`'s visitor, with
+/// its error messages, building an id instead.
+struct IdVisitor;
+
+impl<'de> serde::de::Visitor<'de> for IdVisitor {
+    type Value = EntryId;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a string")
+    }
+
+    fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<EntryId, E> {
+        Ok(EntryId::from_decoded_str(v))
+    }
+
+    fn visit_string<E: serde::de::Error>(self, v: String) -> Result<EntryId, E> {
+        Ok(EntryId::from_decoded(v))
+    }
+
+    fn visit_bytes<E: serde::de::Error>(self, v: &[u8]) -> Result<EntryId, E> {
+        match std::str::from_utf8(v) {
+            Ok(s) => Ok(EntryId::from_decoded_str(s)),
+            Err(_) => Err(E::invalid_value(serde::de::Unexpected::Bytes(v), &self)),
+        }
+    }
+
+    fn visit_byte_buf<E: serde::de::Error>(self, v: Vec<u8>) -> Result<EntryId, E> {
+        match String::from_utf8(v) {
+            Ok(s) => Ok(EntryId::from_decoded(s)),
+            Err(e) => Err(E::invalid_value(
+                serde::de::Unexpected::Bytes(&e.into_bytes()),
+                &self,
+            )),
+        }
     }
 }
 
@@ -268,4 +425,191 @@ pub fn now_ms() -> i64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
         .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::hash::BuildHasher;
+
+    /// An id of `len` valid bytes (letters cycling).
+    fn id_of(len: usize) -> String {
+        (0..len)
+            .map(|i| char::from(b'a' + (i % 26) as u8))
+            .collect()
+    }
+
+    /// Whether `id` and `s` hash alike under the same (random) keys.
+    fn same_hash(id: &EntryId, s: &str) -> bool {
+        let keys = std::collections::hash_map::RandomState::new();
+        keys.hash_one(id) == keys.hash_one(s)
+    }
+
+    #[test]
+    fn entry_id_stays_the_size_of_a_string() {
+        assert_eq!(std::mem::size_of::<EntryId>(), 24);
+        assert_eq!(std::mem::size_of::<Option<EntryId>>(), 24);
+    }
+
+    #[test]
+    fn entry_id_round_trips_across_the_inline_boundary() {
+        for len in [1, 8, INLINE_LEN_MAX, INLINE_LEN_MAX + 1, ENTRY_ID_LEN_MAX] {
+            let s = id_of(len);
+            let id = EntryId::parse(&s).unwrap();
+            assert_eq!(id.as_str(), s);
+            assert_eq!(id.to_string(), s);
+            assert_eq!(format!("{id:?}"), format!("EntryId({s:?})"));
+            assert!(matches!(id.0, Repr::Inline { .. }) == (len <= INLINE_LEN_MAX));
+
+            // JSON and MessagePack bytes are those of the string.
+            let json = serde_json::to_vec(&id).unwrap();
+            assert_eq!(json, serde_json::to_vec(&s).unwrap());
+            assert_eq!(serde_json::from_slice::<EntryId>(&json).unwrap(), id);
+            // Owned (escaped) and reader-fed JSON strings too.
+            let escaped = format!("\"\\u00{:02x}{}\"", s.as_bytes()[0], &s[1..]);
+            assert_eq!(serde_json::from_str::<EntryId>(&escaped).unwrap(), id);
+            assert_eq!(
+                serde_json::from_reader::<_, EntryId>(&json[..]).unwrap(),
+                id
+            );
+            let value = serde_json::to_value(&id).unwrap();
+            assert_eq!(value, serde_json::Value::String(s.clone()));
+            assert_eq!(serde_json::from_value::<EntryId>(value).unwrap(), id);
+
+            let mp = rmp_serde::to_vec(&id).unwrap();
+            assert_eq!(mp, rmp_serde::to_vec(&s).unwrap());
+            assert_eq!(rmp_serde::from_slice::<EntryId>(&mp).unwrap(), id);
+            assert_eq!(rmp_serde::from_read::<_, EntryId>(&mp[..]).unwrap(), id);
+            let named = rmp_serde::to_vec_named(&id).unwrap();
+            assert_eq!(named, rmp_serde::to_vec_named(&s).unwrap());
+
+            // Inside an entry (serde's derived struct).
+            let entry = Entry {
+                id: id.clone(),
+                parent_id: Some(id.clone()),
+                timestamp_ms: 1,
+                kind: EntryKind::Reset,
+            };
+            let back: Entry =
+                rmp_serde::from_slice(&rmp_serde::to_vec_named(&entry).unwrap()).unwrap();
+            assert_eq!(back, entry);
+            let back: Entry =
+                serde_json::from_str(&serde_json::to_string(&entry).unwrap()).unwrap();
+            assert_eq!(back, entry);
+        }
+    }
+
+    #[test]
+    fn entry_id_decodes_what_a_string_decodes() {
+        // Unvalidated, as `#[serde(transparent)] String` decoded: long,
+        // empty and non-ASCII ids come through, short and long.
+        let long = "é".repeat(200);
+        for s in ["", "a b", "ü", long.as_str(), &long[..INLINE_LEN_MAX]] {
+            let json = serde_json::to_string(s).unwrap();
+            let id: EntryId = serde_json::from_str(&json).unwrap();
+            assert_eq!(id.as_str(), s);
+            assert_eq!(serde_json::to_string(&id).unwrap(), json);
+            let mp = rmp_serde::to_vec(s).unwrap();
+            let id: EntryId = rmp_serde::from_slice(&mp).unwrap();
+            assert_eq!(id.as_str(), s);
+            assert_eq!(rmp_serde::to_vec(&id).unwrap(), mp);
+            assert_eq!(EntryId::from_decoded(s.to_owned()), id);
+            assert_eq!(EntryId::from_decoded_str(s), id);
+        }
+        // Which `parse` refuses.
+        assert!(EntryId::parse(&long).is_err());
+
+        // MessagePack bin holding UTF-8 is a string to serde; other bytes
+        // and other types are errors with a string's message.
+        let bin = rmp_serde::to_vec(&serde_bytes_like(b"abc")).unwrap();
+        assert_eq!(
+            rmp_serde::from_slice::<EntryId>(&bin).unwrap().as_str(),
+            "abc"
+        );
+        let bad = rmp_serde::to_vec(&serde_bytes_like(&[0xff, 0xfe])).unwrap();
+        let (a, b) = (
+            rmp_serde::from_slice::<EntryId>(&bad)
+                .unwrap_err()
+                .to_string(),
+            rmp_serde::from_slice::<String>(&bad)
+                .unwrap_err()
+                .to_string(),
+        );
+        assert_eq!(a, b);
+        let (a, b) = (
+            serde_json::from_str::<EntryId>("5")
+                .unwrap_err()
+                .to_string(),
+            serde_json::from_str::<String>("5").unwrap_err().to_string(),
+        );
+        assert_eq!(a, b);
+    }
+
+    /// Bytes serialized as MessagePack `bin`.
+    fn serde_bytes_like(b: &[u8]) -> impl Serialize + '_ {
+        struct Bin<'a>(&'a [u8]);
+        impl Serialize for Bin<'_> {
+            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                s.serialize_bytes(self.0)
+            }
+        }
+        Bin(b)
+    }
+
+    #[test]
+    fn generated_ids_are_eight_hex_characters() {
+        let id = EntryId::generate();
+        assert_eq!(id.as_str().len(), 8);
+        assert!(id.as_str().bytes().all(|b| b.is_ascii_hexdigit()));
+        assert!(EntryId::parse(id.as_str()).is_ok());
+        assert_ne!(EntryId::generate(), EntryId::generate());
+    }
+
+    #[test]
+    fn hash_is_the_hash_of_the_str() {
+        for len in [1, INLINE_LEN_MAX, INLINE_LEN_MAX + 1, ENTRY_ID_LEN_MAX] {
+            let s = id_of(len);
+            assert!(same_hash(&EntryId::parse(&s).unwrap(), &s));
+        }
+        // Distinct ids hash apart (a hash that ignored its input would
+        // pass the equality check above).
+        let keys = std::collections::hash_map::RandomState::new();
+        assert_ne!(
+            keys.hash_one(EntryId::parse("a").unwrap()),
+            keys.hash_one(EntryId::parse("b").unwrap())
+        );
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::test_runner::Config {
+            cases: 512,
+            failure_persistence: None,
+            // Deterministic: this seed reproduces any failure.
+            rng_algorithm: proptest::test_runner::RngAlgorithm::ChaCha,
+            rng_seed: proptest::test_runner::RngSeed::Fixed(0x1d_5eed),
+            ..proptest::test_runner::Config::default()
+        })]
+
+        /// Order, equality and hashing are `str`'s, on both sides of the
+        /// inline limit (lengths 1..=40 straddle it; a shared prefix makes
+        /// the comparisons reach the tails).
+        #[test]
+        fn ids_compare_and_hash_as_their_strings(
+            a in "[A-Za-z0-9_-]{1,40}",
+            b in "[A-Za-z0-9_-]{1,40}",
+            prefix in "[a-c]{0,24}",
+        ) {
+            for (x, y) in [(a.clone(), b.clone()), (format!("{prefix}{a}"), format!("{prefix}{b}"))] {
+                let x = if x.len() > ENTRY_ID_LEN_MAX { x[..ENTRY_ID_LEN_MAX].to_owned() } else { x };
+                let y = if y.len() > ENTRY_ID_LEN_MAX { y[..ENTRY_ID_LEN_MAX].to_owned() } else { y };
+                let (ix, iy) = (EntryId::parse(&x).unwrap(), EntryId::parse(&y).unwrap());
+                proptest::prop_assert_eq!(ix.cmp(&iy), x.cmp(&y));
+                proptest::prop_assert_eq!(ix.partial_cmp(&iy), x.partial_cmp(&y));
+                proptest::prop_assert_eq!(ix == iy, x == y);
+                proptest::prop_assert!(same_hash(&ix, &x));
+                proptest::prop_assert_eq!(ix.clone(), ix.clone());
+                proptest::prop_assert_eq!(ix.as_str(), x.as_str());
+            }
+        }
+    }
 }

@@ -771,14 +771,17 @@ pub fn read_branch_page<S: EntrySource + ?Sized>(
             };
             let mut parent = None;
             let n = budget.events().min(depth.saturating_add(1));
+            // The candidates' bytes so far (a running sum: summing the
+            // list on every step made a long page quadratic).
+            let mut bytes = 0u64;
             for i in 0..n {
                 let (c, p) = candidate(source, &cur)?;
                 let size = c.size;
+                bytes = bytes.saturating_add(size);
                 candidates.push(c);
                 parent = p;
                 // Stop collecting once the bytes are exceeded: later
                 // candidates could not join this page.
-                let bytes: u64 = candidates.iter().map(|c| c.size).sum();
                 if bytes > budget.bytes_max || size > budget.bytes_max || i + 1 == n {
                     break;
                 }
