@@ -21,6 +21,7 @@ use spool_runtime::session::{
     decode_appended_entry, decode_appended_entry_serde, decode_event, decode_snapshot,
     encode_event, encode_snapshot, AgentDefinition, AgentSession, SessionEvent, SessionId,
 };
+use spool_runtime::store::transcript_index::{EntryRecord, TRANSCRIPT_INDEXER};
 use spool_runtime::store::{ListQuery, LogStore, LogStoreOptions, SessionStore};
 
 use crate::ops::{Op, Pick, Runner, StoreKind};
@@ -28,7 +29,13 @@ use crate::seed::Rng;
 use crate::workload::{capturing_runtime, check_recovered, run_workload, Tracker};
 
 /// The fuzz targets, by name (also the corpus directory names).
-pub const TARGETS: [&str; 4] = ["frame_decode", "event_decode", "store_open", "session_ops"];
+pub const TARGETS: [&str; 5] = [
+    "frame_decode",
+    "event_decode",
+    "store_open",
+    "session_ops",
+    "index_record",
+];
 
 /// Runs the target `name` on `data`. Unknown names panic (a test bug).
 pub fn run_target(name: &str, data: &[u8]) {
@@ -37,6 +44,7 @@ pub fn run_target(name: &str, data: &[u8]) {
         "event_decode" => event_decode(data),
         "store_open" => store_open(data),
         "session_ops" => session_ops(data),
+        "index_record" => index_record(data),
         other => panic!("unknown fuzz target {other}"),
     }
 }
@@ -129,6 +137,29 @@ pub fn frame_decode(data: &[u8]) {
     // a torn tail, so a clean report counts exactly the walked records.
     if report.ok {
         assert_eq!(report.records, walked, "verify and the frame walk disagree");
+    }
+}
+
+/// `index_record`: the transcript index's entry record ([`EntryRecord`], a
+/// value of the sled index, so bytes on disk) on arbitrary bytes. Decoding
+/// never panics and never allocates past the input; whatever decodes
+/// re-encodes to exactly the same bytes (the encoding is canonical, so no
+/// two byte strings mean one record), and the children prefix that
+/// `children` lookups read alone agrees with the whole decode.
+pub fn index_record(data: &[u8]) {
+    let data = &data[..data.len().min(INPUT_BYTES_MAX)];
+    let prefix = EntryRecord::decode_children(data);
+    if let Ok(r) = EntryRecord::decode(data) {
+        assert_eq!(
+            r.encode(),
+            data,
+            "a decoded record re-encodes to other bytes"
+        );
+        assert_eq!(
+            prefix,
+            Ok((r.children, r.only_child.clone())),
+            "the children prefix disagrees with the record"
+        );
     }
 }
 
@@ -459,6 +490,7 @@ pub fn seed_inputs() -> Vec<(&'static str, String, Vec<u8>)> {
     .vfs(Arc::new(sim.clone()))
     .index_dir(ix.path().join("index"));
     let mut events = Vec::new();
+    let mut records: Vec<Vec<u8>> = Vec::new();
     let snapshot;
     {
         let store = Arc::new(LogStore::from_engine(
@@ -481,6 +513,16 @@ pub fn seed_inputs() -> Vec<(&'static str, String, Vec<u8>)> {
                 {
                     events.push((e.kind.clone(), e.payload.clone()));
                 }
+            }
+        }
+        // index_record: the real entry records of the workload's sessions,
+        // one per distinct length (different kinds, markers and counts).
+        let engine = store.engine().expect("engine handle");
+        let mut lens = std::collections::BTreeSet::new();
+        for kv in engine.index().scan_prefix(TRANSCRIPT_INDEXER, b"e") {
+            let (_, v) = kv.expect("index scan");
+            if lens.len() < 12 && lens.insert(v.len()) {
+                records.push(v.to_vec());
             }
         }
         snapshot = tracker
@@ -537,6 +579,9 @@ pub fn seed_inputs() -> Vec<(&'static str, String, Vec<u8>)> {
         "header-only".to_string(),
         [vec![0x10u8, 0], vec![0u8; 64]].concat(),
     ));
+    for (i, r) in records.into_iter().enumerate() {
+        out.push(("index_record", format!("record-{i}"), r));
+    }
     // event_decode: every kind of event the workload wrote, and a snapshot.
     for (kind, payload) in events {
         out.push(("event_decode", kind.replace('.', "-"), payload));

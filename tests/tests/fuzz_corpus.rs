@@ -57,6 +57,11 @@ fn session_ops_corpus_replays() {
 }
 
 #[test]
+fn index_record_corpus_replays() {
+    replay("index_record");
+}
+
+#[test]
 fn generated_seed_inputs_pass_every_target() {
     let seeds = seed_inputs();
     for t in TARGETS {
