@@ -3347,6 +3347,23 @@ mod tests {
         (id, h)
     }
 
+    /// A `created` event whose initial state holds `transcript` (a seed
+    /// written straight to the engine, as a fork or an import would).
+    fn seeded_created(sid: &SessionId, transcript: crate::transcript::Transcript) -> SessionEvent {
+        SessionEvent::Created {
+            id: sid.clone(),
+            parent_id: None,
+            agent_name: "a".into(),
+            label: "a".into(),
+            created_at_ms: 1,
+            definition: Box::new(AgentDefinition::new("a", "seed test", "")),
+            state: Box::new(crate::session::AgentState {
+                transcript,
+                ..Default::default()
+            }),
+        }
+    }
+
     fn open(dir: &std::path::Path) -> (Arc<LogStore>, SessionRuntime) {
         let store = Arc::new(
             LogStore::open(
@@ -3750,18 +3767,7 @@ mod tests {
             ],
             Some(eid("r")),
         );
-        let created = SessionEvent::Created {
-            id: sid.clone(),
-            parent_id: None,
-            agent_name: "a".into(),
-            label: "a".into(),
-            created_at_ms: 1,
-            definition: Box::new(AgentDefinition::new("a", "orphan test", "")),
-            state: Box::new(crate::session::AgentState {
-                transcript,
-                ..Default::default()
-            }),
-        };
+        let created = seeded_created(&sid, transcript);
         let dir = tempfile::tempdir().unwrap();
         let (store, rt) = open(dir.path());
         store
@@ -4658,18 +4664,7 @@ mod tests {
             .collect();
         let mut transcript = crate::transcript::Transcript::new();
         transcript.replace_all(entries, Some(eid(2)));
-        let created = SessionEvent::Created {
-            id: sid.clone(),
-            parent_id: None,
-            agent_name: "a".into(),
-            label: "a".into(),
-            created_at_ms: 1,
-            definition: Box::new(AgentDefinition::new("a", "damage test", "")),
-            state: Box::new(crate::session::AgentState {
-                transcript,
-                ..Default::default()
-            }),
-        };
+        let created = seeded_created(&sid, transcript);
         let dir = tempfile::tempdir().unwrap();
         let engine = Arc::new(
             Store::open(
