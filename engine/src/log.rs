@@ -205,7 +205,7 @@ impl Segment {
 }
 
 /// The bytes of a segment from `start` on, read once for several records (see
-/// [`Segment::span`]).
+/// `Segment::span`).
 #[derive(Debug)]
 pub struct LogSpan {
     segment: u64,
@@ -231,7 +231,7 @@ impl LogSpan {
         }
     }
 
-    /// The record at `pos`, checked and decoded in place as [`Segment::visit`] does,
+    /// The record at `pos`, checked and decoded in place as `Segment::visit` does,
     /// handed to `f`; `None` when the record is not wholly inside the span (the caller
     /// reads it on its own).
     pub fn visit<R>(

@@ -116,7 +116,7 @@ struct EntryAppendedBody<'a> {
 /// `SessionEvent::EntryAppended` with this entry. Any other event is an
 /// error (`Malformed`).
 ///
-/// The layout [`encode_event`] writes is read by hand ([`fast`]); bytes in
+/// The layout [`encode_event`] writes is read by hand (module `fast`); bytes in
 /// any other shape (another field order, a JSON value inside the entry, an
 /// unknown kind, anything malformed) go through serde, which gives the
 /// answer and the error. The hand reader accepts only bytes serde decodes

@@ -1051,7 +1051,7 @@ impl TranscriptBackend for LogStore {
     }
 
     /// The receipt's transcript version follows from `at` and the events
-    /// (see [`transcript_after`]): no index read.
+    /// (see `transcript_after`): no index read.
     fn append_events_at(
         &self,
         id: &SessionId,

@@ -360,7 +360,7 @@ const MARKER_MODEL: u8 = 3;
 const MARKER_THINKING: u8 = 4;
 
 impl EntryRecord {
-    /// The record's index value: [`RECORD_FORMAT`], then its fields in
+    /// The record's index value: its format byte (`RECORD_FORMAT`), then its fields in
     /// declaration order (integers u64/u32 BE, strings u32 BE length +
     /// UTF-8, options a 0/1 byte then the value, the marker a tag byte then
     /// its fields). The child count and the only child come first, so a
@@ -2254,7 +2254,7 @@ enum Loaded {
 /// log read and decoding but still copies the entry, and paging through
 /// a long branch would otherwise replace every remembered position of
 /// the other reads (and pay the bookkeeping) for nothing. They are looked
-/// up together, under one lock ([`EntryCache::peek_hints`]).
+/// up together, under one lock (`EntryCache::peek_hints`).
 ///
 /// **Bound.** [`ENTRY_CACHE_BYTES_MAX`] in two generations: entries go to
 /// the young one; when it reaches half the bound it becomes the old one

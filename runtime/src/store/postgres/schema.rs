@@ -10,7 +10,7 @@
 //! | version | brings |
 //! | --- | --- |
 //! | 1 | sessions, commits, snapshots |
-//! | 2 | the transcript index (see [`super::transcript`]): `spool_entries`, `spool_custom_types`, the `tx_*` columns of `spool_sessions`; built for existing sessions by replaying their commits |
+//! | 2 | the transcript index (see the `transcript` module of the PostgreSQL store): `spool_entries`, `spool_custom_types`, the `tx_*` columns of `spool_sessions`; built for existing sessions by replaying their commits |
 
 use postgres::{Client, Transaction};
 

@@ -2,8 +2,8 @@
 //! what teams keep sessions in when they already operate a database
 //! server.
 //!
-//! - One throwaway server per run ([`pg_server`](super::pg_server)), its
-//!   data directory on the scratch disk, configured for a durable run
+//! - One throwaway server per run ([`pg_server`], over `spool-pgserver`),
+//!   its data directory on the scratch disk, configured for a durable run
 //!   ([`SERVER_SETTINGS`](super::pg_server::SERVER_SETTINGS):
 //!   `synchronous_commit=on`, `fsync=on`, `full_page_writes` and
 //!   `wal_sync_method` at their defaults, `shared_buffers=256MB`). Started
