@@ -301,49 +301,30 @@ impl<'a> ser::Serializer for &'a mut Counter {
     }
 }
 
-impl ser::SerializeSeq for Compound<'_> {
-    type Ok = ();
-    type Error = Uncounted;
-    fn serialize_element<T: Serialize + ?Sized>(&mut self, v: &T) -> Result<(), Uncounted> {
-        self.element(v)
-    }
-    fn end(self) -> Result<(), Uncounted> {
-        Compound::end(self)
-    }
+/// The sequence-like compounds (arrays, tuples, tuple structs and tuple
+/// variants) all count an element the same way; only the trait's method
+/// name differs.
+macro_rules! element_compound {
+    ($($trait:ident :: $method:ident),* $(,)?) => {$(
+        impl ser::$trait for Compound<'_> {
+            type Ok = ();
+            type Error = Uncounted;
+            fn $method<T: Serialize + ?Sized>(&mut self, v: &T) -> Result<(), Uncounted> {
+                self.element(v)
+            }
+            fn end(self) -> Result<(), Uncounted> {
+                Compound::end(self)
+            }
+        }
+    )*};
 }
 
-impl ser::SerializeTuple for Compound<'_> {
-    type Ok = ();
-    type Error = Uncounted;
-    fn serialize_element<T: Serialize + ?Sized>(&mut self, v: &T) -> Result<(), Uncounted> {
-        self.element(v)
-    }
-    fn end(self) -> Result<(), Uncounted> {
-        Compound::end(self)
-    }
-}
-
-impl ser::SerializeTupleStruct for Compound<'_> {
-    type Ok = ();
-    type Error = Uncounted;
-    fn serialize_field<T: Serialize + ?Sized>(&mut self, v: &T) -> Result<(), Uncounted> {
-        self.element(v)
-    }
-    fn end(self) -> Result<(), Uncounted> {
-        Compound::end(self)
-    }
-}
-
-impl ser::SerializeTupleVariant for Compound<'_> {
-    type Ok = ();
-    type Error = Uncounted;
-    fn serialize_field<T: Serialize + ?Sized>(&mut self, v: &T) -> Result<(), Uncounted> {
-        self.element(v)
-    }
-    fn end(self) -> Result<(), Uncounted> {
-        Compound::end(self)
-    }
-}
+element_compound!(
+    SerializeSeq::serialize_element,
+    SerializeTuple::serialize_element,
+    SerializeTupleStruct::serialize_field,
+    SerializeTupleVariant::serialize_field,
+);
 
 impl ser::SerializeMap for Compound<'_> {
     type Ok = ();
