@@ -138,6 +138,26 @@ pub(crate) fn decode_event_without_transcript(bytes: &[u8]) -> Result<SessionEve
     Ok(ev)
 }
 
+/// Where each entry of a `created` event's transcript or a
+/// `history_rewritten` event's entry list starts in `bytes` (an event
+/// written by [`encode_event`]), found without decoding them: the event's
+/// layout is checked and every other value stepped over. `None` for any
+/// other event or shape (the caller decodes the whole event instead).
+pub(crate) fn event_entry_offsets(bytes: &[u8]) -> Option<Vec<usize>> {
+    let body = fast_body(EVENT_SCHEMA, bytes)?;
+    let offsets = fast::entry_offsets(body)?;
+    // Offsets in the body are one byte short of offsets in `bytes`.
+    Some(offsets.into_iter().map(|o| o + 1).collect())
+}
+
+/// The entry that starts at `offset` of `bytes` (an offset from
+/// [`event_entry_offsets`]), as [`decode_event`] decodes it in place except
+/// its parent, which may be `None` (a caller that reads this takes the
+/// parent from its index). `None` when the bytes there are not an entry.
+pub(crate) fn decode_entry_at(bytes: &[u8], offset: usize) -> Option<crate::transcript::Entry> {
+    fast::entry_at(bytes.get(offset..)?)
+}
+
 /// The MessagePack body of `bytes` when it is within [`MAX_CODEC_INPUT`]
 /// and carries `schema`: what the hand readers may try. `None` leaves the
 /// answer (and the error) to serde.
@@ -556,6 +576,93 @@ mod fast {
             total_usage,
             tasks: r.serde()?,
         })
+    }
+
+    /// See [`super::event_entry_offsets`]: offsets into `body`.
+    pub(super) fn entry_offsets(body: &[u8]) -> Option<Vec<usize>> {
+        let r = &mut Reader { b: body };
+        let n = r.map_len()?;
+        r.key("type")?;
+        let skip_fields = |r: &mut Reader<'_>, keys: &[&str]| -> Option<()> {
+            for k in keys {
+                r.key(k)?;
+                r.skip(0)?;
+            }
+            Some(())
+        };
+        let offsets = match (r.str()?, n) {
+            ("created", 8) => {
+                skip_fields(
+                    r,
+                    &[
+                        "id",
+                        "parent_id",
+                        "agent_name",
+                        "label",
+                        "created_at_ms",
+                        "definition",
+                    ],
+                )?;
+                r.key("state")?;
+                if r.map_len()? != 11 {
+                    return None;
+                }
+                r.key("transcript")?;
+                if r.map_len()? != 2 {
+                    return None;
+                }
+                r.key("entries")?;
+                let offsets = entry_starts(r, body.len())?;
+                skip_fields(
+                    r,
+                    &[
+                        "leaf",
+                        "generation",
+                        "metadata",
+                        "system_prompt",
+                        "model",
+                        "execution_count",
+                        "execution",
+                        "last_error",
+                        "usage",
+                        "total_usage",
+                        "tasks",
+                    ],
+                )?;
+                offsets
+            }
+            ("history_rewritten", 4) => {
+                skip_fields(r, &["generation"])?;
+                r.key("entries")?;
+                let offsets = entry_starts(r, body.len())?;
+                skip_fields(r, &["leaf"])?;
+                offsets
+            }
+            _ => return None,
+        };
+        Some(offsets)
+    }
+
+    /// The start (as an offset into a body of `body_len` bytes) of every
+    /// value of the array at `r`, stepped over.
+    fn entry_starts(r: &mut Reader<'_>, body_len: usize) -> Option<Vec<usize>> {
+        let n = r.array_len()?;
+        let mut out = Vec::with_capacity(usize::try_from(n).ok()?.min(r.b.len() / ENTRY_BYTES_MIN));
+        for _ in 0..n {
+            out.push(body_len.checked_sub(r.b.len())?);
+            r.skip(0)?;
+        }
+        Some(out)
+    }
+
+    /// One entry at the start of `b`, its parent not kept by the hand
+    /// reader (serde's, which keeps it, for any other shape).
+    pub(super) fn entry_at(b: &[u8]) -> Option<Entry> {
+        let r = &mut Reader { b };
+        if let Some(e) = entry(r, false) {
+            return Some(e);
+        }
+        Reader { b }.serde()
     }
 
     /// Smallest encoding of an entry serde reads (a four-element array
@@ -1421,6 +1528,67 @@ mod tests {
                     b[i] ^= x;
                     check(&b);
                 }
+            }
+        }
+    }
+
+    /// Entries found by offset in a created or history_rewritten event are
+    /// the event's entries (parents aside, which the hand reader leaves
+    /// out); any other event has no offsets; damaged bytes never panic and
+    /// whatever is found at an offset is an entry serde reads there too.
+    #[test]
+    fn entries_found_by_offset_are_the_events_entries() {
+        let strip = |mut e: Entry, keep: bool| {
+            if !keep {
+                e.parent_id = None;
+            }
+            e
+        };
+        for entries in transcripts() {
+            let rewritten = SessionEvent::HistoryRewritten {
+                generation: 1,
+                entries: entries.clone(),
+                leaf: None,
+            };
+            for ev in [created(state_of(entries.clone()), true), rewritten] {
+                let bytes = encode_event(&ev).unwrap();
+                let offsets = event_entry_offsets(&bytes).unwrap();
+                assert_eq!(offsets.len(), entries.len());
+                for (e, &at) in entries.iter().zip(&offsets) {
+                    let got = decode_entry_at(&bytes, at).unwrap();
+                    // JSON entries are serde's, which keeps the parent.
+                    assert_eq!(got, strip(e.clone(), has_json(e)));
+                }
+            }
+        }
+        let moved = encode_event(&SessionEvent::LeafMoved { leaf: None }).unwrap();
+        assert!(event_entry_offsets(&moved).is_none());
+        let plain: Vec<Entry> = samples()
+            .into_iter()
+            .filter(|e| {
+                encode_event(&SessionEvent::EntryAppended { entry: e.clone() })
+                    .is_ok_and(|b| b.len() < 300)
+            })
+            .take(3)
+            .collect();
+        let bytes = encode_event(&created(state_of(plain), false)).unwrap();
+        let check = |b: &[u8]| {
+            for at in event_entry_offsets(b).unwrap_or_default() {
+                if let Some(e) = decode_entry_at(b, at) {
+                    let mut de = rmp_serde::Deserializer::from_read_ref(&b[at..]);
+                    let serde = Entry::deserialize(&mut de).unwrap();
+                    assert_eq!(strip(serde, e.parent_id.is_some()), e, "{b:?}");
+                }
+            }
+        };
+        for n in 0..bytes.len() {
+            check(&bytes[..n]);
+        }
+        for i in 1..bytes.len() {
+            for x in [0x01u8, 0x10, 0x80, 0xff] {
+                let mut b = bytes.clone();
+                b[i] ^= x;
+                check(&b);
             }
         }
     }
