@@ -138,6 +138,39 @@ pub(crate) fn decode_event_without_transcript(bytes: &[u8]) -> Result<SessionEve
     Ok(ev)
 }
 
+/// [`decode_event`] for a reader that walks a `created` event's entries
+/// but never asks the transcript for ids, children or labels (the
+/// transcript index): the event is decoded and checked exactly as
+/// [`decode_event`] does, so it fails exactly when that fails, and a
+/// `created` event's transcript comes back apart as its entries and leaf
+/// (the event's state then holds an empty transcript), without building
+/// the transcript's in-memory indexes. Any other event comes back as
+/// [`decode_event`] gives it, with `None`.
+pub(crate) fn decode_event_split(
+    bytes: &[u8],
+) -> Result<(SessionEvent, Option<TranscriptParts>), CodecError> {
+    if let Some(body) = fast_body(EVENT_SCHEMA, bytes) {
+        if let Some(split) = fast::event_with(body, fast::Keep::Entries) {
+            return Ok(split);
+        }
+    }
+    let mut ev = decode_event_serde(bytes)?;
+    let parts = match &mut ev {
+        SessionEvent::Created { state, .. } => {
+            let t = std::mem::take(&mut state.transcript);
+            Some((t.entries().to_vec(), t.leaf().cloned()))
+        }
+        _ => None,
+    };
+    Ok((ev, parts))
+}
+
+/// A transcript as written: its entries in order and its leaf.
+pub(crate) type TranscriptParts = (
+    Vec<crate::transcript::Entry>,
+    Option<crate::transcript::EntryId>,
+);
+
 /// Where each entry of a `created` event's transcript or a
 /// `history_rewritten` event's entry list starts in `bytes` (an event
 /// written by [`encode_event`]), found without decoding them: the event's
@@ -466,10 +499,35 @@ mod fast {
     /// false a `created` event's transcript is read and checked but not
     /// kept (left empty).
     pub(super) fn event(body: &[u8], keep_transcript: bool) -> Option<SessionEvent> {
+        let keep = if keep_transcript {
+            Keep::Transcript
+        } else {
+            Keep::Nothing
+        };
+        Some(event_with(body, keep)?.0)
+    }
+
+    /// What [`state`] does with the transcript it reads (it always checks it).
+    #[derive(Clone, Copy, PartialEq, Eq)]
+    pub(super) enum Keep {
+        /// Built into the state's transcript.
+        Transcript,
+        /// Handed back apart, as entries and leaf (the state's transcript
+        /// is left empty).
+        Entries,
+        /// Dropped (the state's transcript is left empty).
+        Nothing,
+    }
+
+    use super::TranscriptParts as Parts;
+
+    /// [`event`] with the `created` event's transcript handled as `keep`
+    /// says (its parts are handed back with [`Keep::Entries`]).
+    pub(super) fn event_with(body: &[u8], keep: Keep) -> Option<(SessionEvent, Option<Parts>)> {
         let r = &mut Reader { b: body };
         let n = r.map_len()?;
         r.key("type")?;
-        Some(match (r.str()?, n) {
+        let ev = match (r.str()?, n) {
             ("created", 8) => {
                 r.key("id")?;
                 let id = r.serde()?;
@@ -484,15 +542,17 @@ mod fast {
                 r.key("definition")?;
                 let definition = r.serde()?;
                 r.key("state")?;
-                SessionEvent::Created {
+                let (state, parts) = state(r, keep)?;
+                let ev = SessionEvent::Created {
                     id,
                     parent_id,
                     agent_name,
                     label,
                     created_at_ms,
                     definition,
-                    state: Box::new(state(r, keep_transcript)?),
-                }
+                    state: Box::new(state),
+                };
+                return Some((ev, parts));
             }
             ("history_rewritten", 4) => {
                 r.key("generation")?;
@@ -507,7 +567,8 @@ mod fast {
                 }
             }
             _ => return None,
-        })
+        };
+        Some((ev, None))
     }
 
     /// A snapshot body (after the schema byte): header, definition, state.
@@ -521,14 +582,14 @@ mod fast {
         r.key("definition")?;
         let definition = r.serde()?;
         r.key("state")?;
-        Some((info, definition, state(r, true)?))
+        Some((info, definition, state(r, Keep::Transcript)?.0))
     }
 
     /// An [`AgentState`] with every field present in declaration order:
     /// the transcript by hand, the small fields by hand or by serde from
-    /// their own bytes. With `keep_transcript` false the transcript is read
-    /// and checked, then left empty.
-    fn state(r: &mut Reader<'_>, keep_transcript: bool) -> Option<AgentState> {
+    /// their own bytes. The transcript is read and checked, then kept as
+    /// `keep` says.
+    fn state(r: &mut Reader<'_>, keep: Keep) -> Option<(AgentState, Option<Parts>)> {
         if r.map_len()? != 11 {
             return None;
         }
@@ -537,12 +598,15 @@ mod fast {
             return None;
         }
         r.key("entries")?;
-        let entries = entries(r, keep_transcript)?;
+        let entries = entries(r, keep != Keep::Nothing)?;
         r.key("leaf")?;
         let leaf = r.opt_str()?.map(EntryId::from_decoded_str);
         let mut transcript = Transcript::new();
-        if keep_transcript {
-            transcript.replace_all(entries, leaf);
+        let mut parts = None;
+        match keep {
+            Keep::Transcript => transcript.replace_all(entries, leaf),
+            Keep::Entries => parts = Some((entries, leaf)),
+            Keep::Nothing => {}
         }
         r.key("generation")?;
         let generation = r.u64()?;
@@ -563,7 +627,7 @@ mod fast {
         r.key("total_usage")?;
         let total_usage = r.serde()?;
         r.key("tasks")?;
-        Some(AgentState {
+        let state = AgentState {
             transcript,
             generation,
             metadata,
@@ -575,7 +639,8 @@ mod fast {
             usage,
             total_usage,
             tasks: r.serde()?,
-        })
+        };
+        Some((state, parts))
     }
 
     /// See [`super::event_entry_offsets`]: offsets into `body`.
@@ -1318,6 +1383,18 @@ mod tests {
         s
     }
 
+    /// What [`decode_event_split`] answers for `ev`.
+    fn split(mut ev: SessionEvent) -> (SessionEvent, Option<TranscriptParts>) {
+        let parts = match &mut ev {
+            SessionEvent::Created { state, .. } => {
+                let t = std::mem::take(&mut state.transcript);
+                Some((t.entries().to_vec(), t.leaf().cloned()))
+            }
+            _ => None,
+        };
+        (ev, parts)
+    }
+
     fn without_transcript(mut ev: SessionEvent) -> SessionEvent {
         if let SessionEvent::Created { state, .. } = &mut ev {
             state.transcript = crate::transcript::Transcript::new();
@@ -1337,6 +1414,8 @@ mod tests {
             let bare = fast::event(&bytes[1..], false).unwrap();
             assert_eq!(bare, without_transcript(ev.clone()));
             assert_eq!(decode_event_without_transcript(&bytes).unwrap(), bare);
+            assert_eq!(decode_event_split(&bytes).unwrap(), split(ev.clone()));
+            assert!(fast::event_with(&bytes[1..], fast::Keep::Entries).is_some());
 
             let rewritten = SessionEvent::HistoryRewritten {
                 generation: 9,
@@ -1360,6 +1439,10 @@ mod tests {
         assert_eq!(
             decode_event_without_transcript(&moved).unwrap(),
             decode_event_serde(&moved).unwrap()
+        );
+        assert_eq!(
+            decode_event_split(&moved).unwrap(),
+            (decode_event_serde(&moved).unwrap(), None)
         );
     }
 
@@ -1453,8 +1536,9 @@ mod tests {
         assert_eq!(decode_event(&bytes).unwrap(), ev);
         assert_eq!(
             decode_event_without_transcript(&bytes).unwrap(),
-            without_transcript(ev)
+            without_transcript(ev.clone())
         );
+        assert_eq!(decode_event_split(&bytes).unwrap(), split(ev));
         // Metadata nested deeper than the skipper follows (but well within
         // serde's limit): serde's answer.
         let mut deep = serde_json::json!(1);
@@ -1498,9 +1582,10 @@ mod tests {
             assert_eq!(decode_event(b).ok(), serde, "{b:?}");
             assert_eq!(
                 decode_event_without_transcript(b).ok(),
-                serde.map(without_transcript),
+                serde.clone().map(without_transcript),
                 "{b:?}"
             );
+            assert_eq!(decode_event_split(b).ok(), serde.map(split), "{b:?}");
             let mut s = b.to_vec();
             if let Some(x) = s.first_mut() {
                 *x = SNAPSHOT_SCHEMA;

@@ -110,7 +110,8 @@ use spool_engine::{
 use super::log::{PURGE_EVENT_KIND, SESSION_EVENT_PREFIX};
 use super::StoreError;
 use crate::session::codec::{
-    decode_appended_entry, decode_appended_entry_as, decode_entry_at, event_entry_offsets,
+    decode_appended_entry, decode_appended_entry_as, decode_entry_at, decode_event_split,
+    event_entry_offsets,
 };
 use crate::session::{decode_event, SessionEvent, SessionId};
 use crate::transcript::entry::ENTRY_ID_LEN_MAX;
@@ -2011,9 +2012,17 @@ impl TranscriptIndexer {
             // the damage); the transcript index skips the event.
             // An append (almost every event) decodes its entry alone, as
             // readers do, without the event enum's buffering.
+            // A created event's seed is walked, never queried: it comes
+            // back as entries, without the transcript's in-memory indexes.
+            let mut seed = None;
             let decoded = if kind == "entry_appended" {
                 decode_appended_entry(&ev.payload)
                     .map(|entry| SessionEvent::EntryAppended { entry })
+            } else if kind == "created" {
+                decode_event_split(&ev.payload).map(|(ev, parts)| {
+                    seed = parts;
+                    ev
+                })
             } else {
                 decode_event(&ev.payload)
             };
@@ -2033,14 +2042,11 @@ impl TranscriptIndexer {
                         raw_seq: m.raw_seq,
                         ..TranscriptMeta::default()
                     };
-                    index_seed(
-                        batch,
-                        sid,
-                        m,
-                        state.transcript.entries(),
-                        state.transcript.leaf(),
-                        &loc,
-                    )?;
+                    let (entries, leaf) = match &seed {
+                        Some((entries, leaf)) => (entries.as_slice(), leaf.as_ref()),
+                        None => (state.transcript.entries(), state.transcript.leaf()),
+                    };
+                    index_seed(batch, sid, m, entries, leaf, &loc)?;
                 }
                 SessionEvent::EntryAppended { entry } => {
                     let under_leaf = entry.parent_id == m.leaf;
