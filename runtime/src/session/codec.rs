@@ -3,9 +3,10 @@
 //! Both are one schema byte followed by MessagePack in the named
 //! (struct-as-map) form, so adding a field with a serde default stays
 //! readable by newer code. Decoding never panics on hostile bytes: input
-//! is bounded by [`MAX_CODEC_INPUT`], rmp-serde bounds nesting depth, and
-//! every failure is a [`CodecError`]. Bytes after the encoded value are
-//! ignored.
+//! is bounded by [`MAX_CODEC_INPUT`], rmp-serde bounds nesting depth (the
+//! hand readers of the written layout, module `fast`, bound theirs far
+//! below it), and every failure is a [`CodecError`]. Bytes after the
+//! encoded value are ignored.
 //!
 //! A snapshot is the fold of a session at some version. A snapshot whose
 //! schema byte differs from [`SNAPSHOT_SCHEMA`], or that fails to decode,

@@ -2472,7 +2472,8 @@ fn page_span_plan<'h>(
 /// session: facts, sizes, path facts, children, labels, summaries, the
 /// active path and custom lists come from the index; an entry's payload is
 /// read from the commit at its position, through the engine's shared
-/// [`EntryCache`]. The last commit read, the last event decoded and up to
+/// [`EntryCache`]. The last commit read, the last event decoded, where the
+/// entries of the last whole-transcript event read by entry start, and up to
 /// [`SOURCE_RECORD_CACHE_MAX`] index records are cached for the source's
 /// lifetime, which is one operation (callers re-check the transcript
 /// version after it).
