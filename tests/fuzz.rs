@@ -18,8 +18,9 @@ use spool_engine::{
     verify, Durability, EventData, ExpectedVersion, LogPosition, NewCommit, Options, Store,
 };
 use spool_runtime::session::{
-    decode_appended_entry, decode_appended_entry_serde, decode_event, decode_snapshot,
-    encode_event, encode_snapshot, AgentDefinition, AgentSession, SessionEvent, SessionId,
+    decode_appended_entry, decode_appended_entry_serde, decode_event, decode_event_serde,
+    decode_snapshot, decode_snapshot_serde, encode_event, encode_snapshot, AgentDefinition,
+    AgentSession, SessionEvent, SessionId,
 };
 use spool_runtime::store::transcript_index::{EntryRecord, TRANSCRIPT_INDEXER};
 use spool_runtime::store::{ListQuery, LogStore, LogStoreOptions, SessionStore};
@@ -165,10 +166,16 @@ pub fn index_record(data: &[u8]) {
 
 /// `event_decode`: the runtime's event and snapshot decoders on arbitrary
 /// bytes. Whatever decodes must re-encode and decode to the same value, and
-/// folding it (after a fixed `created`) must not panic; the appended-entry
-/// reader must agree with serde.
+/// folding it (after a fixed `created`) must not panic; the hand readers
+/// (appended entry, created and history_rewritten events, snapshots) must
+/// agree with serde.
 pub fn event_decode(data: &[u8]) {
     let data = &data[..data.len().min(INPUT_BYTES_MAX)];
+    assert_eq!(
+        decode_event(data).ok(),
+        decode_event_serde(data).ok(),
+        "the event hand reader and serde disagree"
+    );
     if let Ok(ev) = decode_event(data) {
         let again = encode_event(&ev).expect("a decoded event re-encodes");
         let back = decode_event(&again).expect("a re-encoded event decodes");
@@ -192,8 +199,18 @@ pub fn event_decode(data: &[u8]) {
             decode_appended_entry_serde(&forced).ok(),
             "the hand reader and serde disagree"
         );
+        assert_eq!(
+            decode_event(&forced).ok(),
+            decode_event_serde(&forced).ok(),
+            "the event hand reader and serde disagree"
+        );
         forced[0] = spool_runtime::session::SNAPSHOT_SCHEMA;
     }
+    assert_eq!(
+        decode_snapshot(&forced).ok(),
+        decode_snapshot_serde(&forced).ok(),
+        "the snapshot hand reader and serde disagree"
+    );
     if let Ok(s) = decode_snapshot(&forced) {
         let again = encode_snapshot(&s).expect("a decoded snapshot re-encodes");
         let back = decode_snapshot(&again).expect("a re-encoded snapshot decodes");

@@ -3,9 +3,10 @@
 //! Both are one schema byte followed by MessagePack in the named
 //! (struct-as-map) form, so adding a field with a serde default stays
 //! readable by newer code. Decoding never panics on hostile bytes: input
-//! is bounded by [`MAX_CODEC_INPUT`], rmp-serde bounds nesting depth, and
-//! every failure is a [`CodecError`]. Bytes after the encoded value are
-//! ignored.
+//! is bounded by [`MAX_CODEC_INPUT`], rmp-serde bounds nesting depth (the
+//! hand readers of the written layout, module `fast`, bound theirs far
+//! below it), and every failure is a [`CodecError`]. Bytes after the
+//! encoded value are ignored.
 //!
 //! A snapshot is the fold of a session at some version. A snapshot whose
 //! schema byte differs from [`SNAPSHOT_SCHEMA`], or that fails to decode,
@@ -96,8 +97,112 @@ pub fn encode_event(event: &SessionEvent) -> Result<Vec<u8>, CodecError> {
 }
 
 /// Decodes one event written by [`encode_event`].
+///
+/// A `created` or `history_rewritten` event in the layout [`encode_event`]
+/// writes is read by hand (module `fast`: the entries by the hand entry
+/// reader, the other fields by serde from their own bytes), without the
+/// event enum's buffering of the whole event; any other event or shape goes
+/// through serde, which gives the answer and the error. Both give the same
+/// value (checked by tests and the `event_decode` fuzz target).
 pub fn decode_event(bytes: &[u8]) -> Result<SessionEvent, CodecError> {
+    if let Some(body) = fast_body(EVENT_SCHEMA, bytes) {
+        if let Some(ev) = fast::event(body, true) {
+            return Ok(ev);
+        }
+    }
+    decode_event_serde(bytes)
+}
+
+/// [`decode_event`] through serde alone: the reference the hand reader is
+/// checked against (tests, the `event_decode` fuzz target).
+#[doc(hidden)]
+pub fn decode_event_serde(bytes: &[u8]) -> Result<SessionEvent, CodecError> {
     decode("event", EVENT_SCHEMA, bytes)
+}
+
+/// [`decode_event`] for a reader that never looks at a `created` event's
+/// transcript (the sessions index reads only the header): the event is
+/// decoded and checked exactly as [`decode_event`] checks it, so it fails
+/// exactly when that fails, but a `created` event's transcript is not kept
+/// (the returned state's transcript is empty). Every other event is
+/// [`decode_event`]'s answer.
+pub(crate) fn decode_event_without_transcript(bytes: &[u8]) -> Result<SessionEvent, CodecError> {
+    if let Some(body) = fast_body(EVENT_SCHEMA, bytes) {
+        if let Some(ev) = fast::event(body, false) {
+            return Ok(ev);
+        }
+    }
+    let mut ev = decode_event_serde(bytes)?;
+    if let SessionEvent::Created { state, .. } = &mut ev {
+        state.transcript = crate::transcript::Transcript::new();
+    }
+    Ok(ev)
+}
+
+/// [`decode_event`] for a reader that walks a `created` event's entries
+/// but never asks the transcript for ids, children or labels (the
+/// transcript index): the event is decoded and checked exactly as
+/// [`decode_event`] does, so it fails exactly when that fails, and a
+/// `created` event's transcript comes back apart as its entries and leaf
+/// (the event's state then holds an empty transcript), without building
+/// the transcript's in-memory indexes. Any other event comes back as
+/// [`decode_event`] gives it, with `None`.
+pub(crate) fn decode_event_split(
+    bytes: &[u8],
+) -> Result<(SessionEvent, Option<TranscriptParts>), CodecError> {
+    if let Some(body) = fast_body(EVENT_SCHEMA, bytes) {
+        if let Some(split) = fast::event_with(body, fast::Keep::Entries) {
+            return Ok(split);
+        }
+    }
+    let mut ev = decode_event_serde(bytes)?;
+    let parts = match &mut ev {
+        SessionEvent::Created { state, .. } => {
+            let t = std::mem::take(&mut state.transcript);
+            Some((t.entries().to_vec(), t.leaf().cloned()))
+        }
+        _ => None,
+    };
+    Ok((ev, parts))
+}
+
+/// A transcript as written: its entries in order and its leaf.
+pub(crate) type TranscriptParts = (
+    Vec<crate::transcript::Entry>,
+    Option<crate::transcript::EntryId>,
+);
+
+/// Where each entry of a `created` event's transcript or a
+/// `history_rewritten` event's entry list starts in `bytes` (an event
+/// written by [`encode_event`]), found without decoding them: the event's
+/// layout is checked and every other value stepped over. `None` for any
+/// other event or shape (the caller decodes the whole event instead).
+pub(crate) fn event_entry_offsets(bytes: &[u8]) -> Option<Vec<usize>> {
+    let body = fast_body(EVENT_SCHEMA, bytes)?;
+    let offsets = fast::entry_offsets(body)?;
+    // Offsets in the body are one byte short of offsets in `bytes`.
+    Some(offsets.into_iter().map(|o| o + 1).collect())
+}
+
+/// The entry that starts at `offset` of `bytes` (an offset from
+/// [`event_entry_offsets`]), as [`decode_event`] decodes it in place except
+/// its parent, which may be `None` (a caller that reads this takes the
+/// parent from its index). `None` when the bytes there are not an entry.
+pub(crate) fn decode_entry_at(bytes: &[u8], offset: usize) -> Option<crate::transcript::Entry> {
+    fast::entry_at(bytes.get(offset..)?)
+}
+
+/// The MessagePack body of `bytes` when it is within [`MAX_CODEC_INPUT`]
+/// and carries `schema`: what the hand readers may try. `None` leaves the
+/// answer (and the error) to serde.
+fn fast_body(schema: u8, bytes: &[u8]) -> Option<&[u8]> {
+    if bytes.len() > MAX_CODEC_INPUT {
+        return None;
+    }
+    match bytes.split_first() {
+        Some((&found, body)) if found == schema => Some(body),
+        _ => None,
+    }
 }
 
 /// The body of an `entry_appended` event, read as a plain struct: the
@@ -169,7 +274,22 @@ pub fn decode_appended_entry_serde(bytes: &[u8]) -> Result<crate::transcript::En
 /// beyond the bytes it describes (a string's bytes; a block list's
 /// capacity is bounded by the bytes left).
 mod fast {
-    use crate::transcript::{ContentBlock, Entry, EntryId, EntryKind, Message, StopReason, Usage};
+    use serde::de::DeserializeOwned;
+
+    use crate::session::definition::AgentDefinition;
+    use crate::session::events::SessionEvent;
+    use crate::session::info::AgentSessionInfo;
+    use crate::session::state::AgentState;
+    use crate::transcript::{
+        ContentBlock, Entry, EntryId, EntryKind, Message, StopReason, Transcript, Usage,
+    };
+
+    /// Deepest nesting [`Reader::value`] follows below the value it
+    /// measures; a deeper value goes to serde with the rest. Far below
+    /// rmp-serde's own limit (1024), so a value read here from its own
+    /// bytes (which restarts serde's depth count) is never one serde would
+    /// refuse for its depth in place.
+    pub(super) const SKIP_DEPTH_MAX: u32 = 128;
 
     struct Reader<'a> {
         b: &'a [u8],
@@ -311,6 +431,335 @@ mod fast {
         fn i64(&mut self) -> Option<i64> {
             i64::try_from(self.int()?).ok()
         }
+
+        /// A length of `n` big-endian bytes.
+        fn len(&mut self, n: usize) -> Option<usize> {
+            usize::try_from(self.be(n)?).ok()
+        }
+
+        /// Steps over one value at nesting `depth`. Extension types and
+        /// the unused marker are refused (serde decides about them), as is
+        /// nesting deeper than [`SKIP_DEPTH_MAX`]. Every element consumes
+        /// at least one byte, so a hostile count ends with the bytes.
+        fn skip(&mut self, depth: u32) -> Option<()> {
+            let m = self.byte()?;
+            let n = match m {
+                0x00..=0x7f | 0xe0..=0xff | 0xc0 | 0xc2 | 0xc3 => 0,
+                0xa0..=0xbf => usize::from(m & 0x1f),
+                0xc4 | 0xd9 => self.len(1)?,
+                0xc5 | 0xda => self.len(2)?,
+                0xc6 | 0xdb => self.len(4)?,
+                0xcc | 0xd0 => 1,
+                0xcd | 0xd1 => 2,
+                0xca | 0xce | 0xd2 => 4,
+                0xcb | 0xcf | 0xd3 => 8,
+                0x80..=0x9f | 0xdc..=0xdf => {
+                    // A container: its element count (a map's twice its
+                    // length: keys and values).
+                    let items = match m {
+                        0x90..=0x9f => u64::from(m & 0x0f),
+                        0x80..=0x8f => 2 * u64::from(m & 0x0f),
+                        0xdc => self.be(2)?,
+                        0xdd => self.be(4)?,
+                        0xde => 2 * self.be(2)?,
+                        _ => 2 * self.be(4)?,
+                    };
+                    return self.skip_items(items, depth);
+                }
+                _ => return None,
+            };
+            self.take(n).map(drop)
+        }
+
+        fn skip_items(&mut self, n: u64, depth: u32) -> Option<()> {
+            if depth >= SKIP_DEPTH_MAX {
+                return None;
+            }
+            for _ in 0..n {
+                self.skip(depth + 1)?;
+            }
+            Some(())
+        }
+
+        /// The bytes of the next value (see [`Reader::skip`]).
+        fn value(&mut self) -> Option<&'a [u8]> {
+            let start = self.b;
+            self.skip(0)?;
+            start.get(..start.len().checked_sub(self.b.len())?)
+        }
+
+        /// The next value decoded by serde from its own bytes.
+        fn serde<T: DeserializeOwned>(&mut self) -> Option<T> {
+            let v = self.value()?;
+            T::deserialize(&mut rmp_serde::Deserializer::from_read_ref(v)).ok()
+        }
+    }
+
+    /// A `created` or `history_rewritten` event body (after the schema
+    /// byte); `None` for any other event or shape. With `keep_transcript`
+    /// false a `created` event's transcript is read and checked but not
+    /// kept (left empty).
+    pub(super) fn event(body: &[u8], keep_transcript: bool) -> Option<SessionEvent> {
+        let keep = if keep_transcript {
+            Keep::Transcript
+        } else {
+            Keep::Nothing
+        };
+        Some(event_with(body, keep)?.0)
+    }
+
+    /// What [`state`] does with the transcript it reads (it always checks it).
+    #[derive(Clone, Copy, PartialEq, Eq)]
+    pub(super) enum Keep {
+        /// Built into the state's transcript.
+        Transcript,
+        /// Handed back apart, as entries and leaf (the state's transcript
+        /// is left empty).
+        Entries,
+        /// Dropped (the state's transcript is left empty).
+        Nothing,
+    }
+
+    use super::TranscriptParts as Parts;
+
+    /// [`event`] with the `created` event's transcript handled as `keep`
+    /// says (its parts are handed back with [`Keep::Entries`]).
+    pub(super) fn event_with(body: &[u8], keep: Keep) -> Option<(SessionEvent, Option<Parts>)> {
+        let r = &mut Reader { b: body };
+        let n = r.map_len()?;
+        r.key("type")?;
+        let ev = match (r.str()?, n) {
+            ("created", 8) => {
+                r.key("id")?;
+                let id = r.serde()?;
+                r.key("parent_id")?;
+                let parent_id = r.serde()?;
+                r.key("agent_name")?;
+                let agent_name = r.string()?;
+                r.key("label")?;
+                let label = r.string()?;
+                r.key("created_at_ms")?;
+                let created_at_ms = r.i64()?;
+                r.key("definition")?;
+                let definition = r.serde()?;
+                r.key("state")?;
+                let (state, parts) = state(r, keep)?;
+                let ev = SessionEvent::Created {
+                    id,
+                    parent_id,
+                    agent_name,
+                    label,
+                    created_at_ms,
+                    definition,
+                    state: Box::new(state),
+                };
+                return Some((ev, parts));
+            }
+            ("history_rewritten", 4) => {
+                r.key("generation")?;
+                let generation = r.u64()?;
+                r.key("entries")?;
+                let entries = entries(r, true)?;
+                r.key("leaf")?;
+                SessionEvent::HistoryRewritten {
+                    generation,
+                    entries,
+                    leaf: r.opt_str()?.map(EntryId::from_decoded_str),
+                }
+            }
+            _ => return None,
+        };
+        Some((ev, None))
+    }
+
+    /// A snapshot body (after the schema byte): header, definition, state.
+    pub(super) fn snapshot(body: &[u8]) -> Option<(AgentSessionInfo, AgentDefinition, AgentState)> {
+        let r = &mut Reader { b: body };
+        if r.map_len()? != 3 {
+            return None;
+        }
+        r.key("info")?;
+        let info = r.serde()?;
+        r.key("definition")?;
+        let definition = r.serde()?;
+        r.key("state")?;
+        Some((info, definition, state(r, Keep::Transcript)?.0))
+    }
+
+    /// An [`AgentState`] with every field present in declaration order:
+    /// the transcript by hand, the small fields by hand or by serde from
+    /// their own bytes. The transcript is read and checked, then kept as
+    /// `keep` says.
+    fn state(r: &mut Reader<'_>, keep: Keep) -> Option<(AgentState, Option<Parts>)> {
+        if r.map_len()? != 11 {
+            return None;
+        }
+        r.key("transcript")?;
+        if r.map_len()? != 2 {
+            return None;
+        }
+        r.key("entries")?;
+        let entries = entries(r, keep != Keep::Nothing)?;
+        r.key("leaf")?;
+        let leaf = r.opt_str()?.map(EntryId::from_decoded_str);
+        let mut transcript = Transcript::new();
+        let mut parts = None;
+        match keep {
+            Keep::Transcript => transcript.replace_all(entries, leaf),
+            Keep::Entries => parts = Some((entries, leaf)),
+            Keep::Nothing => {}
+        }
+        r.key("generation")?;
+        let generation = r.u64()?;
+        r.key("metadata")?;
+        let metadata = r.serde()?;
+        r.key("system_prompt")?;
+        let system_prompt = r.string()?;
+        r.key("model")?;
+        let model = r.serde()?;
+        r.key("execution_count")?;
+        let execution_count = r.u64()?;
+        r.key("execution")?;
+        let execution = r.serde()?;
+        r.key("last_error")?;
+        let last_error = r.opt_string()?;
+        r.key("usage")?;
+        let usage = r.serde()?;
+        r.key("total_usage")?;
+        let total_usage = r.serde()?;
+        r.key("tasks")?;
+        let state = AgentState {
+            transcript,
+            generation,
+            metadata,
+            system_prompt,
+            model,
+            execution_count,
+            execution,
+            last_error,
+            usage,
+            total_usage,
+            tasks: r.serde()?,
+        };
+        Some((state, parts))
+    }
+
+    /// See [`super::event_entry_offsets`]: offsets into `body`.
+    pub(super) fn entry_offsets(body: &[u8]) -> Option<Vec<usize>> {
+        let r = &mut Reader { b: body };
+        let n = r.map_len()?;
+        r.key("type")?;
+        let skip_fields = |r: &mut Reader<'_>, keys: &[&str]| -> Option<()> {
+            for k in keys {
+                r.key(k)?;
+                r.skip(0)?;
+            }
+            Some(())
+        };
+        let offsets = match (r.str()?, n) {
+            ("created", 8) => {
+                skip_fields(
+                    r,
+                    &[
+                        "id",
+                        "parent_id",
+                        "agent_name",
+                        "label",
+                        "created_at_ms",
+                        "definition",
+                    ],
+                )?;
+                r.key("state")?;
+                if r.map_len()? != 11 {
+                    return None;
+                }
+                r.key("transcript")?;
+                if r.map_len()? != 2 {
+                    return None;
+                }
+                r.key("entries")?;
+                let offsets = entry_starts(r, body.len())?;
+                skip_fields(
+                    r,
+                    &[
+                        "leaf",
+                        "generation",
+                        "metadata",
+                        "system_prompt",
+                        "model",
+                        "execution_count",
+                        "execution",
+                        "last_error",
+                        "usage",
+                        "total_usage",
+                        "tasks",
+                    ],
+                )?;
+                offsets
+            }
+            ("history_rewritten", 4) => {
+                skip_fields(r, &["generation"])?;
+                r.key("entries")?;
+                let offsets = entry_starts(r, body.len())?;
+                skip_fields(r, &["leaf"])?;
+                offsets
+            }
+            _ => return None,
+        };
+        Some(offsets)
+    }
+
+    /// The start (as an offset into a body of `body_len` bytes) of every
+    /// value of the array at `r`, stepped over.
+    fn entry_starts(r: &mut Reader<'_>, body_len: usize) -> Option<Vec<usize>> {
+        let n = r.array_len()?;
+        let mut out = Vec::with_capacity(usize::try_from(n).ok()?.min(r.b.len() / ENTRY_BYTES_MIN));
+        for _ in 0..n {
+            out.push(body_len.checked_sub(r.b.len())?);
+            r.skip(0)?;
+        }
+        Some(out)
+    }
+
+    /// One entry at the start of `b`, its parent not kept by the hand
+    /// reader (serde's, which keeps it, for any other shape).
+    pub(super) fn entry_at(b: &[u8]) -> Option<Entry> {
+        let r = &mut Reader { b };
+        if let Some(e) = entry(r, false) {
+            return Some(e);
+        }
+        Reader { b }.serde()
+    }
+
+    /// Smallest encoding of an entry serde reads (a four-element array
+    /// `[id, nil, 0, {type: "reset"}]`): bounds the capacity reserved for a
+    /// declared count.
+    const ENTRY_BYTES_MIN: usize = 16;
+
+    /// An array of entries: each by the hand entry reader, or, when it
+    /// does not take it (a JSON value, another shape), by serde from the
+    /// entry's own bytes. With `keep` false the entries are checked and
+    /// dropped (the answer is empty).
+    fn entries(r: &mut Reader<'_>, keep: bool) -> Option<Vec<Entry>> {
+        let n = r.array_len()?;
+        let mut out = Vec::new();
+        if keep {
+            out.reserve(usize::try_from(n).ok()?.min(r.b.len() / ENTRY_BYTES_MIN));
+        }
+        for _ in 0..n {
+            let at = r.b;
+            let e = match entry(r, true) {
+                Some(e) => e,
+                None => {
+                    r.b = at;
+                    r.serde::<Entry>()?
+                }
+            };
+            if keep {
+                out.push(e);
+            }
+        }
+        Some(out)
     }
 
     /// The entry of an `entry_appended` event body (after the schema byte);
@@ -579,7 +1028,28 @@ pub fn encode_snapshot(session: &AgentSession) -> Result<Vec<u8>, CodecError> {
 }
 
 /// Decodes a snapshot. Any error means "ignore the snapshot and replay".
+///
+/// The layout [`encode_snapshot`] writes is read by hand (the state as in
+/// [`decode_event`]); any other shape goes through serde. Both give the
+/// same value.
 pub fn decode_snapshot(bytes: &[u8]) -> Result<AgentSession, CodecError> {
+    if let Some(body) = fast_body(SNAPSHOT_SCHEMA, bytes) {
+        if let Some((info, definition, state)) = fast::snapshot(body) {
+            return Ok(AgentSession {
+                info,
+                definition,
+                state,
+                pending: Vec::new(),
+            });
+        }
+    }
+    decode_snapshot_serde(bytes)
+}
+
+/// [`decode_snapshot`] through serde alone: the reference the hand reader
+/// is checked against (tests, the `event_decode` fuzz target).
+#[doc(hidden)]
+pub fn decode_snapshot_serde(bytes: &[u8]) -> Result<AgentSession, CodecError> {
     let s: SnapshotOwned = decode("snapshot", SNAPSHOT_SCHEMA, bytes)?;
     Ok(AgentSession {
         info: s.info,
@@ -834,5 +1304,378 @@ mod tests {
             Err(CodecError::UnsupportedSchema { .. })
         ));
         assert!(decode_appended_entry(&[]).is_err());
+    }
+
+    /// A state around `entries`: every field set (JSON metadata, a model
+    /// with parameters, tasks, an error, usage), the leaf on the last entry.
+    fn state_of(entries: Vec<Entry>) -> AgentState {
+        use super::super::definition::ModelConfig;
+        use super::super::state::{ExecutionStatus, Task, TaskStatus};
+        let mut transcript = crate::transcript::Transcript::new();
+        let leaf = entries.last().map(|e| e.id.clone());
+        transcript.replace_all(entries, leaf);
+        let mut model = ModelConfig::new("p", "m");
+        model
+            .params
+            .insert("temperature".into(), serde_json::json!(0.5));
+        AgentState {
+            transcript,
+            generation: 3,
+            system_prompt: "é".repeat(40),
+            model,
+            execution_count: 1 << 33,
+            execution: ExecutionStatus::Failed,
+            last_error: Some("boom".into()),
+            usage: Usage {
+                input_tokens: 1,
+                output_tokens: 2,
+                cache_read_tokens: 3,
+                cache_write_tokens: 4,
+            },
+            total_usage: Usage::default(),
+            tasks: vec![Task::new("t1", "do", TaskStatus::InProgress)],
+            ..AgentState::default()
+        }
+        .with_metadata("k", serde_json::json!({"a": [1, -2.5, null, "s"]}))
+    }
+
+    fn has_json(e: &Entry) -> bool {
+        match &e.kind {
+            EntryKind::Custom { .. } => true,
+            EntryKind::CustomMessage { details, .. } => details.is_some(),
+            EntryKind::Message {
+                message: Message::Assistant { content, .. },
+            } => content
+                .iter()
+                .any(|b| matches!(b, ContentBlock::ToolCall { .. })),
+            _ => false,
+        }
+    }
+
+    /// Transcripts to carry: every sample (JSON entries included, read by
+    /// serde one by one), the samples without JSON, one entry, none.
+    fn transcripts() -> Vec<Vec<Entry>> {
+        let all = samples();
+        let plain: Vec<Entry> = all.iter().filter(|e| !has_json(e)).cloned().collect();
+        vec![
+            all,
+            plain.clone(),
+            plain.into_iter().take(1).collect(),
+            vec![],
+        ]
+    }
+
+    fn created(state: AgentState, parent: bool) -> SessionEvent {
+        SessionEvent::Created {
+            id: super::super::SessionId::generate(),
+            parent_id: parent.then(super::super::SessionId::generate),
+            agent_name: "agent".into(),
+            label: "a label".into(),
+            created_at_ms: -5,
+            definition: Box::new(AgentDefinition::new("agent", "d", "sp")),
+            state: Box::new(state),
+        }
+    }
+
+    fn snapshot_of(state: AgentState) -> AgentSession {
+        let mut s = AgentSession::new(AgentDefinition::new("agent", "d", "sp"), None);
+        s.state = state;
+        s.pending.clear();
+        s
+    }
+
+    /// What [`decode_event_split`] answers for `ev`.
+    fn split(mut ev: SessionEvent) -> (SessionEvent, Option<TranscriptParts>) {
+        let parts = match &mut ev {
+            SessionEvent::Created { state, .. } => {
+                let t = std::mem::take(&mut state.transcript);
+                Some((t.entries().to_vec(), t.leaf().cloned()))
+            }
+            _ => None,
+        };
+        (ev, parts)
+    }
+
+    fn without_transcript(mut ev: SessionEvent) -> SessionEvent {
+        if let SessionEvent::Created { state, .. } = &mut ev {
+            state.transcript = crate::transcript::Transcript::new();
+        }
+        ev
+    }
+
+    #[test]
+    fn created_events_and_snapshots_are_read_by_hand_as_serde_reads_them() {
+        for (i, entries) in transcripts().into_iter().enumerate() {
+            let ev = created(state_of(entries.clone()), i % 2 == 0);
+            let bytes = encode_event(&ev).unwrap();
+            // The written layout is taken by hand, JSON entries included.
+            assert_eq!(fast::event(&bytes[1..], true).as_ref(), Some(&ev));
+            assert_eq!(decode_event_serde(&bytes).unwrap(), ev);
+            assert_eq!(decode_event(&bytes).unwrap(), ev);
+            let bare = fast::event(&bytes[1..], false).unwrap();
+            assert_eq!(bare, without_transcript(ev.clone()));
+            assert_eq!(decode_event_without_transcript(&bytes).unwrap(), bare);
+            assert_eq!(decode_event_split(&bytes).unwrap(), split(ev.clone()));
+            assert!(fast::event_with(&bytes[1..], fast::Keep::Entries).is_some());
+
+            let rewritten = SessionEvent::HistoryRewritten {
+                generation: 9,
+                leaf: entries.first().map(|e| e.id.clone()),
+                entries: entries.clone(),
+            };
+            let bytes = encode_event(&rewritten).unwrap();
+            assert_eq!(fast::event(&bytes[1..], true).as_ref(), Some(&rewritten));
+            assert_eq!(decode_event_serde(&bytes).unwrap(), rewritten);
+            assert_eq!(decode_event(&bytes).unwrap(), rewritten);
+
+            let snap = snapshot_of(state_of(entries));
+            let bytes = encode_snapshot(&snap).unwrap();
+            assert!(fast::snapshot(&bytes[1..]).is_some());
+            assert_eq!(decode_snapshot_serde(&bytes).unwrap(), snap);
+            assert_eq!(decode_snapshot(&bytes).unwrap(), snap);
+        }
+        // Other events are serde's, unchanged by the variant decoder.
+        let moved = encode_event(&SessionEvent::LeafMoved { leaf: None }).unwrap();
+        assert!(fast::event(&moved[1..], true).is_none());
+        assert_eq!(
+            decode_event_without_transcript(&moved).unwrap(),
+            decode_event_serde(&moved).unwrap()
+        );
+        assert_eq!(
+            decode_event_split(&moved).unwrap(),
+            (decode_event_serde(&moved).unwrap(), None)
+        );
+    }
+
+    /// Layouts the hand reader does not take (an unknown extra field,
+    /// another field order, a value nested deeper than the skipper
+    /// follows) decode through serde to serde's answer.
+    #[test]
+    fn other_layouts_of_created_events_and_snapshots_go_to_serde() {
+        #[derive(Serialize)]
+        struct Extra<'a> {
+            info: &'a AgentSessionInfo,
+            definition: &'a AgentDefinition,
+            state: &'a AgentState,
+            unknown: u8,
+        }
+        #[derive(Serialize)]
+        struct Reordered<'a> {
+            state: &'a AgentState,
+            info: &'a AgentSessionInfo,
+            definition: &'a AgentDefinition,
+        }
+        #[derive(Serialize)]
+        struct CreatedReordered<'a> {
+            #[serde(rename = "type")]
+            tag: &'a str,
+            state: &'a AgentState,
+            id: &'a str,
+            parent_id: Option<&'a str>,
+            agent_name: &'a str,
+            label: &'a str,
+            created_at_ms: i64,
+            definition: &'a AgentDefinition,
+        }
+        let plain: Vec<Entry> = samples().into_iter().filter(|e| !has_json(e)).collect();
+        let snap = snapshot_of(state_of(plain.clone()));
+        let extra = encode(
+            "snapshot",
+            SNAPSHOT_SCHEMA,
+            &Extra {
+                info: &snap.info,
+                definition: &snap.definition,
+                state: &snap.state,
+                unknown: 7,
+            },
+        )
+        .unwrap();
+        let reordered = encode(
+            "snapshot",
+            SNAPSHOT_SCHEMA,
+            &Reordered {
+                info: &snap.info,
+                definition: &snap.definition,
+                state: &snap.state,
+            },
+        )
+        .unwrap();
+        for bytes in [extra, reordered] {
+            assert!(fast::snapshot(&bytes[1..]).is_none());
+            assert_eq!(decode_snapshot(&bytes).unwrap(), snap);
+            assert_eq!(decode_snapshot_serde(&bytes).unwrap(), snap);
+        }
+        let ev = created(state_of(plain.clone()), false);
+        let SessionEvent::Created {
+            id,
+            agent_name,
+            label,
+            created_at_ms,
+            definition,
+            state,
+            ..
+        } = &ev
+        else {
+            unreachable!()
+        };
+        let bytes = encode(
+            "event",
+            EVENT_SCHEMA,
+            &CreatedReordered {
+                tag: "created",
+                state,
+                id: id.as_str(),
+                parent_id: None,
+                agent_name,
+                label,
+                created_at_ms: *created_at_ms,
+                definition,
+            },
+        )
+        .unwrap();
+        assert!(fast::event(&bytes[1..], true).is_none());
+        assert_eq!(decode_event(&bytes).unwrap(), ev);
+        assert_eq!(
+            decode_event_without_transcript(&bytes).unwrap(),
+            without_transcript(ev.clone())
+        );
+        assert_eq!(decode_event_split(&bytes).unwrap(), split(ev));
+        // Metadata nested deeper than the skipper follows (but well within
+        // serde's limit): serde's answer.
+        let mut deep = serde_json::json!(1);
+        for _ in 0..fast::SKIP_DEPTH_MAX + 10 {
+            deep = serde_json::json!([deep]);
+        }
+        let ev = created(state_of(plain).with_metadata("deep", deep), true);
+        let bytes = encode_event(&ev).unwrap();
+        assert!(fast::event(&bytes[1..], true).is_none());
+        assert_eq!(decode_event(&bytes).unwrap(), ev);
+    }
+
+    /// Truncated and damaged created events and snapshots: the hand
+    /// readers never panic and, when they answer, answer what serde
+    /// answers; the public decoders agree with serde.
+    #[test]
+    fn damaged_created_events_and_snapshots_decode_as_serde_decodes_them() {
+        let small: Vec<Entry> = samples()
+            .into_iter()
+            .filter(|e| {
+                encode_event(&SessionEvent::EntryAppended { entry: e.clone() })
+                    .is_ok_and(|b| b.len() < 300)
+            })
+            .take(4)
+            .collect();
+        assert!(small.iter().any(has_json) && small.iter().any(|e| !has_json(e)));
+        let mut state = state_of(small);
+        state.system_prompt = "sp".into();
+        let event = encode_event(&created(state.clone(), true)).unwrap();
+        let snapshot = encode_snapshot(&snapshot_of(state)).unwrap();
+        let check = |b: &[u8]| {
+            let serde = decode_event_serde(b).ok();
+            if let Some(body) = b.get(1..) {
+                if let Some(fast) = fast::event(body, true) {
+                    assert_eq!(Some(fast), serde, "{b:?}");
+                }
+                if let Some(bare) = fast::event(body, false) {
+                    assert_eq!(Some(bare), serde.clone().map(without_transcript), "{b:?}");
+                }
+            }
+            assert_eq!(decode_event(b).ok(), serde, "{b:?}");
+            assert_eq!(
+                decode_event_without_transcript(b).ok(),
+                serde.clone().map(without_transcript),
+                "{b:?}"
+            );
+            assert_eq!(decode_event_split(b).ok(), serde.map(split), "{b:?}");
+            let mut s = b.to_vec();
+            if let Some(x) = s.first_mut() {
+                *x = SNAPSHOT_SCHEMA;
+            }
+            let serde = decode_snapshot_serde(&s).ok();
+            if let Some(fast) = s.get(1..).and_then(fast::snapshot) {
+                let (info, definition, state) = fast;
+                let fast = AgentSession {
+                    info,
+                    definition,
+                    state,
+                    pending: Vec::new(),
+                };
+                assert_eq!(Some(fast), serde, "{s:?}");
+            }
+            assert_eq!(decode_snapshot(&s).ok(), serde, "{s:?}");
+        };
+        for bytes in [&event, &snapshot] {
+            for n in 0..bytes.len() {
+                check(&bytes[..n]);
+            }
+            for i in 1..bytes.len() {
+                for x in [0x01u8, 0x10, 0x20, 0x80, 0xff] {
+                    let mut b = bytes.clone();
+                    b[i] ^= x;
+                    check(&b);
+                }
+            }
+        }
+    }
+
+    /// Entries found by offset in a created or history_rewritten event are
+    /// the event's entries (parents aside, which the hand reader leaves
+    /// out); any other event has no offsets; damaged bytes never panic and
+    /// whatever is found at an offset is an entry serde reads there too.
+    #[test]
+    fn entries_found_by_offset_are_the_events_entries() {
+        let strip = |mut e: Entry, keep: bool| {
+            if !keep {
+                e.parent_id = None;
+            }
+            e
+        };
+        for entries in transcripts() {
+            let rewritten = SessionEvent::HistoryRewritten {
+                generation: 1,
+                entries: entries.clone(),
+                leaf: None,
+            };
+            for ev in [created(state_of(entries.clone()), true), rewritten] {
+                let bytes = encode_event(&ev).unwrap();
+                let offsets = event_entry_offsets(&bytes).unwrap();
+                assert_eq!(offsets.len(), entries.len());
+                for (e, &at) in entries.iter().zip(&offsets) {
+                    let got = decode_entry_at(&bytes, at).unwrap();
+                    // JSON entries are serde's, which keeps the parent.
+                    assert_eq!(got, strip(e.clone(), has_json(e)));
+                }
+            }
+        }
+        let moved = encode_event(&SessionEvent::LeafMoved { leaf: None }).unwrap();
+        assert!(event_entry_offsets(&moved).is_none());
+        let plain: Vec<Entry> = samples()
+            .into_iter()
+            .filter(|e| {
+                encode_event(&SessionEvent::EntryAppended { entry: e.clone() })
+                    .is_ok_and(|b| b.len() < 300)
+            })
+            .take(3)
+            .collect();
+        let bytes = encode_event(&created(state_of(plain), false)).unwrap();
+        let check = |b: &[u8]| {
+            for at in event_entry_offsets(b).unwrap_or_default() {
+                if let Some(e) = decode_entry_at(b, at) {
+                    let mut de = rmp_serde::Deserializer::from_read_ref(&b[at..]);
+                    let serde = Entry::deserialize(&mut de).unwrap();
+                    assert_eq!(strip(serde, e.parent_id.is_some()), e, "{b:?}");
+                }
+            }
+        };
+        for n in 0..bytes.len() {
+            check(&bytes[..n]);
+        }
+        for i in 1..bytes.len() {
+            for x in [0x01u8, 0x10, 0x80, 0xff] {
+                let mut b = bytes.clone();
+                b[i] ^= x;
+                check(&b);
+            }
+        }
     }
 }

@@ -82,6 +82,7 @@ use spool_engine::{
 use super::transcript_index::{self, LogTranscriptSource, TranscriptIndexer};
 use super::{ListQuery, LoadCounter, SessionStore, StoreError, StoreStats};
 use crate::handle::{AppendReceipt, BoxedSource, TranscriptBackend, TranscriptHead};
+use crate::session::codec::decode_event_without_transcript;
 use crate::session::{
     decode_event, decode_snapshot, encode_event, encode_snapshot, AgentSession, AgentSessionInfo,
     SessionEvent, SessionId, SessionInfoList, SessionStatus, SkippedSession,
@@ -455,7 +456,9 @@ impl SessionIndexer {
             if broken || !changes_header(&ev.kind) {
                 continue;
             }
-            let decoded = match decode_event(&ev.payload) {
+            // Only a `created` event's header is read here: its
+            // transcript (most of a fork's bytes) is checked, not kept.
+            let decoded = match decode_event_without_transcript(&ev.payload) {
                 Ok(d) => d,
                 Err(e) => {
                     // One undecodable event (a foreign writer, a newer

@@ -109,7 +109,10 @@ use spool_engine::{
 
 use super::log::{PURGE_EVENT_KIND, SESSION_EVENT_PREFIX};
 use super::StoreError;
-use crate::session::codec::{decode_appended_entry, decode_appended_entry_as};
+use crate::session::codec::{
+    decode_appended_entry, decode_appended_entry_as, decode_entry_at, decode_event_split,
+    event_entry_offsets,
+};
 use crate::session::{decode_event, SessionEvent, SessionId};
 use crate::transcript::entry::ENTRY_ID_LEN_MAX;
 use crate::transcript::{
@@ -2009,9 +2012,17 @@ impl TranscriptIndexer {
             // the damage); the transcript index skips the event.
             // An append (almost every event) decodes its entry alone, as
             // readers do, without the event enum's buffering.
+            // A created event's seed is walked, never queried: it comes
+            // back as entries, without the transcript's in-memory indexes.
+            let mut seed = None;
             let decoded = if kind == "entry_appended" {
                 decode_appended_entry(&ev.payload)
                     .map(|entry| SessionEvent::EntryAppended { entry })
+            } else if kind == "created" {
+                decode_event_split(&ev.payload).map(|(ev, parts)| {
+                    seed = parts;
+                    ev
+                })
             } else {
                 decode_event(&ev.payload)
             };
@@ -2031,14 +2042,11 @@ impl TranscriptIndexer {
                         raw_seq: m.raw_seq,
                         ..TranscriptMeta::default()
                     };
-                    index_seed(
-                        batch,
-                        sid,
-                        m,
-                        state.transcript.entries(),
-                        state.transcript.leaf(),
-                        &loc,
-                    )?;
+                    let (entries, leaf) = match &seed {
+                        Some((entries, leaf)) => (entries.as_slice(), leaf.as_ref()),
+                        None => (state.transcript.entries(), state.transcript.leaf()),
+                    };
+                    index_seed(batch, sid, m, entries, leaf, &loc)?;
                 }
                 SessionEvent::EntryAppended { entry } => {
                     let under_leaf = entry.parent_id == m.leaf;
@@ -2181,6 +2189,9 @@ pub fn entry_ids(index: &Index, sid: &SessionId) -> Result<Vec<EntryId>, StoreEr
 
 type CommitCache = Option<(LogPosition, Arc<RecordedCommit>)>;
 type EventCache = Option<((LogPosition, u32), Arc<SessionEvent>)>;
+/// Where the entries of a whole-transcript event start in its payload
+/// (`None`: not found that way, the event is decoded whole).
+type OffsetCache = Option<((LogPosition, u32), Option<Arc<[usize]>>)>;
 
 /// Index records a [`LogTranscriptSource`] keeps decoded during its one
 /// operation (a page walk asks for an entry's facts, size and payload in
@@ -2461,7 +2472,8 @@ fn page_span_plan<'h>(
 /// session: facts, sizes, path facts, children, labels, summaries, the
 /// active path and custom lists come from the index; an entry's payload is
 /// read from the commit at its position, through the engine's shared
-/// [`EntryCache`]. The last commit read, the last event decoded and up to
+/// [`EntryCache`]. The last commit read, the last event decoded, where the
+/// entries of the last whole-transcript event read by entry start, and up to
 /// [`SOURCE_RECORD_CACHE_MAX`] index records are cached for the source's
 /// lifetime, which is one operation (callers re-check the transcript
 /// version after it).
@@ -2470,6 +2482,7 @@ pub struct LogTranscriptSource {
     sid: SessionId,
     commit: RefCell<CommitCache>,
     event: RefCell<EventCache>,
+    offsets: RefCell<OffsetCache>,
     records: RefCell<HashMap<EntryId, Arc<EntryRecord>>>,
     /// The entries of the last [`EntrySource::path_range`] answer: where
     /// each is in the log, its size and parent (read from the path links,
@@ -2624,6 +2637,7 @@ impl LogTranscriptSource {
             sid,
             commit: RefCell::new(None),
             event: RefCell::new(None),
+            offsets: RefCell::new(None),
             records: RefCell::new(HashMap::new()),
             path_hints: RefCell::new(PathHints::default()),
             span_plan: RefCell::new(None),
@@ -2822,8 +2836,11 @@ impl LogTranscriptSource {
                 return if &e.id == id { Ok(e) } else { Err(misplaced()) };
             }
         }
-        let ev = self.event_at(pos, event)?;
         let sub = usize::try_from(sub).unwrap_or(usize::MAX);
+        if let Some(e) = self.entry_by_offset(pos, event, sub)? {
+            return if &e.id == id { Ok(e) } else { Err(misplaced()) };
+        }
+        let ev = self.event_at(pos, event)?;
         let found = match &*ev {
             SessionEvent::EntryAppended { entry } if sub == 0 => Some(entry),
             SessionEvent::Created { state, .. } => state.transcript.entries().get(sub),
@@ -2832,6 +2849,45 @@ impl LogTranscriptSource {
             _ => None,
         };
         found.filter(|e| &e.id == id).cloned().ok_or_else(misplaced)
+    }
+
+    /// Entry `sub` of a whole-transcript event (a `created` event's
+    /// transcript, a `history_rewritten` event's entries) decoded alone: the
+    /// event's layout is walked once to find where its entries start (kept
+    /// for the next entry of the same event), then only this entry is
+    /// decoded. A fork's first open reads a few seed entries out of a
+    /// `created` event holding thousands. `None` when the event was
+    /// already decoded whole, is of another kind or shape, or the entry is
+    /// not there: the caller decodes the whole event, which gives the
+    /// answer and the error.
+    fn entry_by_offset(
+        &self,
+        pos: LogPosition,
+        idx: u32,
+        sub: usize,
+    ) -> Result<Option<Entry>, StoreError> {
+        if matches!(&*self.event.borrow(), Some((k, _)) if *k == (pos, idx)) {
+            return Ok(None);
+        }
+        let commit = self.commit_at(pos)?;
+        let Some(raw) = usize::try_from(idx).ok().and_then(|i| commit.events.get(i)) else {
+            return Ok(None);
+        };
+        let cached = match &*self.offsets.borrow() {
+            Some((k, o)) if *k == (pos, idx) => Some(o.clone()),
+            _ => None,
+        };
+        let offsets = match cached {
+            Some(o) => o,
+            None => {
+                let o = event_entry_offsets(&raw.payload).map(Arc::from);
+                *self.offsets.borrow_mut() = Some(((pos, idx), o.clone()));
+                o
+            }
+        };
+        Ok(offsets
+            .and_then(|o| o.get(sub).copied())
+            .and_then(|at| decode_entry_at(&raw.payload, at)))
     }
 
     /// The entry of event `event` of `c` when that event is an
