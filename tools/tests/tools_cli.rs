@@ -436,6 +436,38 @@ fn truncated_or_malformed_import_is_refused_and_leaves_nothing() {
     assert!(session_ids(&fresh, &["--status", "deleted"]).is_empty());
     let v = json(&fresh, &["verify", "--json"]);
     assert_eq!(v["ok"], true);
+
+    // `stats` counts what `compact --gc` removes. The purged sessions are
+    // dead; created again, their purged incarnations stay (a compaction
+    // keeps a stream whole): live, and counted as kept.
+    let s = json(&fresh, &["stats", "--json"]);
+    let purged = s["bytes"]["dead_purged"].as_u64().unwrap();
+    assert!(purged > 0, "{s}");
+    assert_eq!(s["bytes"]["dead"].as_u64().unwrap(), purged, "{s}");
+    assert_eq!(s["bytes"]["purged_kept"].as_u64().unwrap(), 0, "{s}");
+    let good = write("good.jsonl", &text);
+    let out = run(
+        &fresh,
+        &["import", good.to_str().unwrap(), "--fresh-commit-ids"],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let s = json(&fresh, &["stats", "--json"]);
+    assert_eq!(s["bytes"]["dead"].as_u64().unwrap(), 0, "{s}");
+    assert_eq!(s["bytes"]["purged_kept"].as_u64().unwrap(), purged, "{s}");
+    let records = s["bytes"]["records"].as_u64().unwrap();
+    assert_eq!(s["bytes"]["live"].as_u64().unwrap(), records, "{s}");
+    assert!(s["largest_entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|e| e["live"] == true));
+    let gc = json(&fresh, &["compact", "--gc", "--json"]);
+    assert_eq!(gc["dead_bytes"].as_u64().unwrap(), 0, "{gc}");
+    assert_eq!(gc["dead_commits"].as_u64().unwrap(), 0, "{gc}");
+    assert!(gc["streams_removed"].as_array().unwrap().is_empty(), "{gc}");
+    let s = json(&fresh, &["stats", "--json"]);
+    assert_eq!(s["bytes"]["records"].as_u64().unwrap(), records, "{s}");
+    assert_eq!(s["bytes"]["purged_kept"].as_u64().unwrap(), purged, "{s}");
 }
 
 fn tree_of(dir: &Path, id: &str) -> (Value, Vec<Value>) {

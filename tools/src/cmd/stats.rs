@@ -4,12 +4,15 @@
 //! One pass over the log (read-only). Every commit record is counted by
 //! its framed size (frame header + payload) and classified:
 //!
-//! * **dead**: a record a log compaction does not copy: every record of a
-//!   session whose current incarnation is tombstoned (status `deleted`),
-//!   and every record of a purged incarnation, the purge marker included
-//!   (for a stream with no later incarnation, that is all of it).
-//! * **live**: everything else: the current incarnation of every session
-//!   that is not deleted, and every stream that is not a session.
+//! * **dead**: a record a log compaction does not copy: every record of
+//!   the streams `LogStore::gc_dead_streams` names, the same set
+//!   `compact --gc` removes: a session whose current incarnation is
+//!   tombstoned (status `deleted`), and a purged session that was not
+//!   created again (the purge marker included).
+//! * **live**: everything else: every session that is not deleted, and
+//!   every stream that is not a session. A compaction keeps a stream whole,
+//!   so the records of a purged incarnation of a session that was created
+//!   again are live; they are also counted in `purged_kept`.
 //!
 //! `live + dead` is the sum of all record bytes; segment files also hold
 //! their headers and unused preallocated space (`file_bytes`).
@@ -63,6 +66,9 @@ struct Bytes {
     dead_deleted: u64,
     /// Dead because the records belong to a purged incarnation.
     dead_purged: u64,
+    /// Live records of purged incarnations of sessions created again: a
+    /// compaction keeps a stream whole, so it does not reclaim them.
+    purged_kept: u64,
     /// Segment files on disk (headers and preallocated space included).
     file_bytes: u64,
 }
@@ -88,6 +94,7 @@ struct EntryRow {
     summary: String,
     /// Size of the encoded event.
     bytes: u64,
+    /// Kept by a compaction (`compact --gc` removes the `dead` ones).
     live: bool,
 }
 
@@ -122,6 +129,9 @@ fn segment_files(dir: &Path) -> Result<Vec<(u64, String, u64)>> {
 
 pub fn run(dir: &Path, top: u32, json: bool) -> Result<ExitCode> {
     let (store, _rt) = read_only(dir)?;
+    let dead_streams = store
+        .gc_dead_streams()
+        .map_err(|e| ToolError::with_source("reading the session index failed", e))?;
     let engine = store
         .engine()
         .map_err(|e| ToolError::with_source("opening the engine failed", e))?;
@@ -187,7 +197,7 @@ pub fn run(dir: &Path, top: u32, json: bool) -> Result<ExitCode> {
     let mut b = Bytes::default();
     let mut session_streams = 0u64;
     let mut sizes: Vec<SessionRow> = Vec::new();
-    let mut status_of: HashMap<String, (Option<SessionStatus>, u64)> = HashMap::new();
+    let mut base_of: HashMap<String, u64> = HashMap::new();
     for (name, acc) in &streams {
         b.records += acc.total;
         if !acc.is_session {
@@ -198,29 +208,30 @@ pub fn run(dir: &Path, top: u32, json: bool) -> Result<ExitCode> {
         let header = SessionId::parse(name)
             .ok()
             .and_then(|id| store.header(&id).ok().flatten());
-        status_of.insert(name.clone(), (header.as_ref().map(|h| h.status), acc.base));
-        match header {
-            None => {
-                b.dead += acc.total;
+        base_of.insert(name.clone(), acc.base);
+        let deleted = header
+            .as_ref()
+            .is_some_and(|h| h.status == SessionStatus::Deleted);
+        if dead_streams.contains(name) {
+            b.dead += acc.total;
+            if deleted {
+                b.dead_deleted += acc.current;
+                b.dead_purged += acc.purged;
+            } else {
                 b.dead_purged += acc.total;
             }
-            Some(h) => {
-                b.dead_purged += acc.purged;
-                b.dead += acc.purged;
-                if h.status == SessionStatus::Deleted {
-                    b.dead += acc.current;
-                    b.dead_deleted += acc.current;
-                } else {
-                    b.live += acc.current;
-                }
-                sizes.push(SessionRow {
-                    id: name.clone(),
-                    status: h.status.as_str(),
-                    version: h.version,
-                    commits: acc.current_commits,
-                    bytes: acc.current,
-                });
-            }
+        } else {
+            b.live += acc.total;
+            b.purged_kept += acc.purged;
+        }
+        if let Some(h) = header {
+            sizes.push(SessionRow {
+                id: name.clone(),
+                status: h.status.as_str(),
+                version: h.version,
+                commits: acc.current_commits,
+                bytes: acc.current,
+            });
         }
     }
     debug_assert_eq!(b.live + b.dead, b.records);
@@ -241,9 +252,9 @@ pub fn run(dir: &Path, top: u32, json: bool) -> Result<ExitCode> {
         let Ok(SessionEvent::EntryAppended { entry }) = decode_event(&ev.payload) else {
             continue;
         };
-        let (status, base) = status_of.get(&c.info.stream).cloned().unwrap_or((None, 0));
-        let live =
-            c.info.version > base && matches!(status, Some(s) if s != SessionStatus::Deleted);
+        let base = base_of.get(&c.info.stream).copied().unwrap_or(0);
+        // As the byte totals count it: dead when a compaction removes it.
+        let live = !dead_streams.contains(&c.info.stream);
         let (summary, role) = entry_summary(&entry, 60);
         entries.push(EntryRow {
             session: c.info.stream.clone(),
@@ -325,6 +336,12 @@ fn print_text(s: &Stats) -> Result<()> {
         human_bytes(b.dead_deleted),
         human_bytes(b.dead_purged)
     );
+    if b.purged_kept > 0 {
+        crate::outln!(
+            "kept      {} of purged incarnations of sessions created again: live, `compact --gc` keeps a session's stream whole",
+            human_bytes(b.purged_kept)
+        );
+    }
     crate::outln!("streams   {} ({} sessions)", s.streams, s.session_streams);
     crate::outln!();
     let mut t = Table::new(&["STATUS", "SESSIONS"]).right(1);
