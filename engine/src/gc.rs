@@ -21,8 +21,8 @@
 //!    `sync_dir`.
 //!
 //! Recovery on open ([`recover`]): a manifest that validates and whose new segments all
-//! exist (as `.seg.gc` or `.seg`) is rolled forward (rename, remove the old segments,
-//! `sync_dir`, remove the manifest, `sync_dir`); any other manifest is rolled back
+//! exist (as `.seg.gc` or `.seg`) is rolled forward (rename, `sync_dir`, remove the old
+//! segments, `sync_dir`, remove the manifest, `sync_dir`); any other manifest is rolled back
 //! (removed); leftover `.seg.gc` files are removed. A crash therefore leaves the old log
 //! or the new one, never both and never a mix.
 

@@ -417,7 +417,7 @@ impl Store {
             return Ok(AppendOutcome::AlreadyCommitted(info));
         }
         if w.ids.may_contain(commit.commit_id) {
-            // The filter knows the id (or it is a false positive, ~0.05%): look for it
+            // The filter knows the id (or it is a false positive, ~0.002% per filter): look for it
             // in the named stream's version blocks, newest first; failing that, in every
             // stream's (a retry on another stream is refused).
             let head = w.heads.get(&commit.stream).copied().unwrap_or(0);

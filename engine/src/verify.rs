@@ -28,7 +28,8 @@ pub enum IndexCheck {
     Absent,
     /// A writer holds the store: its index is in use and was not checked.
     Locked,
-    /// The index has another format version: the next open rebuilds it.
+    /// The index has another format version, or was built from another arrangement
+    /// of the log (before a GC): the next open rebuilds it.
     Outdated,
     /// Compared with the log up to its applied seq.
     Checked { applied_seq: u64 },

@@ -52,7 +52,7 @@
 //! # Snapshots
 //!
 //! A snapshot is the fold of a session at some version, kept in the
-//! engine's index *cache* area (key `snap` ++ id; value: u64 BE stream
+//! engine's index *cache* area (key `s` ++ id; value: u64 BE stream
 //! version, i64 BE updated-at, then [`encode_snapshot`] bytes). Policy: a
 //! `load` that replayed at least [`SNAPSHOT_TAIL_COMMITS`] commits beyond
 //! the snapshot it started from (or from the start) writes a new one, so
@@ -110,7 +110,9 @@ const KEY_PARENT: u8 = b'p';
 const KEY_PURGED: u8 = b'x';
 /// A session whose stored events do not decode: value is the reason.
 const KEY_BROKEN: u8 = b'k';
-const CACHE_SNAPSHOT: &[u8] = b"snap";
+/// Tag of a snapshot in the cache area (its own key space: `s` there is not the
+/// status listing key of the index proper).
+const CACHE_SNAPSHOT: u8 = b's';
 
 fn key(tag: u8, id: &str) -> Vec<u8> {
     let mut k = Vec::with_capacity(1 + id.len());
@@ -850,7 +852,7 @@ impl LogStore {
             .engine()
             .ok()?
             .index()
-            .get_cache(SESSION_INDEXER, &key(CACHE_SNAPSHOT[0], id.as_str()))
+            .get_cache(SESSION_INDEXER, &key(CACHE_SNAPSHOT, id.as_str()))
             .ok()??;
         let version = be_u64(bytes.get(..8)?)?;
         let updated = i64::from_be_bytes(bytes.get(8..16)?.try_into().ok()?);
@@ -874,7 +876,7 @@ impl LogStore {
             if let Ok(engine) = self.engine() {
                 let _ = engine.index().put_cache(
                     SESSION_INDEXER,
-                    &key(CACHE_SNAPSHOT[0], session.id().as_str()),
+                    &key(CACHE_SNAPSHOT, session.id().as_str()),
                     &v,
                 );
             }
@@ -1261,7 +1263,7 @@ impl SessionStore for LogStore {
                     let _ = self
                         .engine()?
                         .index()
-                        .remove_cache(SESSION_INDEXER, &key(CACHE_SNAPSHOT[0], id.as_str()));
+                        .remove_cache(SESSION_INDEXER, &key(CACHE_SNAPSHOT, id.as_str()));
                     return Ok(true);
                 }
                 // A concurrent save moved the head: purge the newer version.
