@@ -225,6 +225,8 @@ impl Transcript {
         self.children.clear();
         self.labels.clear();
         self.by_id.reserve(self.entries.len());
+        // Most entries are some entry's child (a chain: all but the root).
+        self.children.reserve(self.entries.len());
         for pos in 0..self.entries.len() {
             self.index_entry(pos);
         }
@@ -742,7 +744,9 @@ struct LineShortener {
 impl LineShortener {
     fn new(max: usize) -> Self {
         LineShortener {
-            out: String::new(),
+            // Room for a full line of ASCII (the cut needs one character
+            // past `max`), so the common case never regrows.
+            out: String::with_capacity(max.saturating_add(2)),
             chars: 0,
             max,
         }
@@ -807,7 +811,11 @@ impl LineShortener {
         if self.chars <= self.max {
             return self.out;
         }
-        let mut out: String = self.out.chars().take(self.max.saturating_sub(1)).collect();
+        // Cut in place after `max - 1` characters.
+        let mut out = self.out;
+        if let Some((cut, _)) = out.char_indices().nth(self.max.saturating_sub(1)) {
+            out.truncate(cut);
+        }
         out.push('…');
         out
     }
