@@ -1259,16 +1259,7 @@ mod tests {
                 }
                 assert_eq!(decode_appended_entry(b).ok(), serde, "{b:?}");
             };
-            for n in 0..bytes.len() {
-                check(&bytes[..n]);
-            }
-            for i in 1..bytes.len() {
-                for x in [0x01u8, 0x10, 0x20, 0x80, 0xff] {
-                    let mut b = bytes.clone();
-                    b[i] ^= x;
-                    check(&b);
-                }
-            }
+            for_each_damage(&bytes, check);
         }
     }
 
@@ -1605,16 +1596,7 @@ mod tests {
             assert_eq!(decode_snapshot(&s).ok(), serde, "{s:?}");
         };
         for bytes in [&event, &snapshot] {
-            for n in 0..bytes.len() {
-                check(&bytes[..n]);
-            }
-            for i in 1..bytes.len() {
-                for x in [0x01u8, 0x10, 0x20, 0x80, 0xff] {
-                    let mut b = bytes.clone();
-                    b[i] ^= x;
-                    check(&b);
-                }
-            }
+            for_each_damage(bytes, check);
         }
     }
 
@@ -1667,12 +1649,18 @@ mod tests {
                 }
             }
         };
+        for_each_damage(&bytes, check);
+    }
+
+    /// Calls `check` with every truncation of `bytes` and with every
+    /// single-byte flip (five masks) of every byte after the schema byte.
+    fn for_each_damage(bytes: &[u8], check: impl Fn(&[u8])) {
         for n in 0..bytes.len() {
             check(&bytes[..n]);
         }
         for i in 1..bytes.len() {
-            for x in [0x01u8, 0x10, 0x80, 0xff] {
-                let mut b = bytes.clone();
+            for x in [0x01u8, 0x10, 0x20, 0x80, 0xff] {
+                let mut b = bytes.to_vec();
                 b[i] ^= x;
                 check(&b);
             }
