@@ -16,7 +16,8 @@ use uuid::Uuid;
 
 /// Name of the owner lock file in the store directory.
 pub const LOCK_FILE: &str = "LOCK";
-/// How long an open waits for the owner lock before [`Error::Locked`]. The lock is a
+/// How long an open waits for the owner lock before [`Error::Locked`] by default
+/// ([`Options::lock_wait`] sets it per open). The lock is a
 /// `flock` on `LOCK`, which belongs to the open file description: a child process
 /// forked by any thread of the process (a `Command::spawn` elsewhere) holds a copy of
 /// the descriptor until its `exec` closes it, so a store closed and reopened right
@@ -254,8 +255,7 @@ impl Store {
             let existed = vfs
                 .exists(&lock_path)
                 .map_err(|e| Error::io(&lock_path, "exists", e))?;
-            let deadline =
-                std::time::Instant::now() + std::time::Duration::from_millis(LOCK_WAIT_MAX_MS);
+            let deadline = std::time::Instant::now() + opts.lock_wait;
             loop {
                 match vfs.lock(&lock_path, true) {
                     Ok(Some(g)) => {

@@ -68,6 +68,10 @@ pub struct Options {
     /// Where the sled index lives; `None` = `DIR/index`. Tests that keep the log in a
     /// [`crate::vfs::SimVfs`] point this at a real directory.
     pub index_dir: Option<PathBuf>,
+    /// How long an open waits for the owner lock before [`crate::Error::Locked`]
+    /// (default [`crate::LOCK_WAIT_MAX_MS`]; zero tries once). A live owner keeps
+    /// the lock, so a caller that would rather fail at once sets zero.
+    pub lock_wait: Duration,
 }
 
 impl Default for Options {
@@ -81,6 +85,7 @@ impl Default for Options {
             indexers: Vec::new(),
             preallocate: Preallocate::default(),
             index_dir: None,
+            lock_wait: Duration::from_millis(crate::LOCK_WAIT_MAX_MS),
         }
     }
 }
@@ -99,6 +104,7 @@ impl fmt::Debug for Options {
             )
             .field("preallocate", &self.preallocate)
             .field("index_dir", &self.index_dir)
+            .field("lock_wait", &self.lock_wait)
             .finish()
     }
 }
@@ -114,6 +120,10 @@ impl Options {
     }
     pub fn record_bytes_max(mut self, n: u32) -> Self {
         self.record_bytes_max = n;
+        self
+    }
+    pub fn lock_wait(mut self, d: Duration) -> Self {
+        self.lock_wait = d;
         self
     }
     pub fn buffered_flush_interval(mut self, d: Duration) -> Self {

@@ -180,6 +180,34 @@ fn an_open_waits_for_a_lock_that_is_being_released() {
     holder.join().unwrap();
 }
 
+/// `Options::lock_wait` sets how long an open waits for the owner lock: zero
+/// reports `Locked` on the first attempt, and a wait longer than the default
+/// outlasts an owner that closes after the default wait would have given up.
+#[test]
+fn the_lock_wait_is_an_option() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Store::open(dir.path(), test_opts()).unwrap();
+    s.append(commit("a", ExpectedVersion::NoStream, b"1"))
+        .unwrap();
+    let zero = Store::open(dir.path(), test_opts().lock_wait(std::time::Duration::ZERO));
+    assert!(matches!(zero, Err(Error::Locked { .. })), "{zero:?}");
+    let (tx, rx) = std::sync::mpsc::channel();
+    let holder = std::thread::spawn(move || {
+        tx.send(()).unwrap();
+        // Past the default wait: an open with the default gets `Locked`.
+        std::thread::sleep(std::time::Duration::from_millis(LOCK_WAIT_MAX_MS * 3 / 2));
+        s.close().unwrap();
+    });
+    rx.recv().unwrap();
+    let waited = Store::open(
+        dir.path(),
+        test_opts().lock_wait(std::time::Duration::from_millis(LOCK_WAIT_MAX_MS * 20)),
+    )
+    .expect("the lock released within the longer wait is taken");
+    assert_eq!(waited.stream_version("a").unwrap(), Some(1));
+    holder.join().unwrap();
+}
+
 #[test]
 fn locked_and_read_only() {
     let dir = tempfile::tempdir().unwrap();

@@ -583,6 +583,10 @@ pub struct LogStoreOptions {
     /// when `None`); tests pass a [`spool_engine::vfs::FaultVfs`] to inject
     /// failures.
     pub vfs: Option<Arc<dyn Vfs>>,
+    /// How long an open waits for another owner to release the store
+    /// (engine default, [`spool_engine::LOCK_WAIT_MAX_MS`], when `None`;
+    /// zero fails at once with the engine's `Locked`).
+    pub lock_wait: Option<std::time::Duration>,
 }
 
 impl Default for LogStoreOptions {
@@ -592,6 +596,7 @@ impl Default for LogStoreOptions {
             segment_bytes_max: None,
             record_bytes_max: None,
             vfs: None,
+            lock_wait: None,
         }
     }
 }
@@ -611,6 +616,9 @@ impl LogStoreOptions {
         }
         if let Some(v) = &self.vfs {
             o = o.vfs(v.clone());
+        }
+        if let Some(w) = self.lock_wait {
+            o = o.lock_wait(w);
         }
         o
     }
