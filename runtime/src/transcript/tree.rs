@@ -729,6 +729,10 @@ pub fn entry_summary(entry: &Entry, max_chars: usize) -> (String, Option<&'stati
     (line.finish(), role)
 }
 
+/// Most characters a [`LineShortener`] reserves up front (a summary is
+/// usually [`TREE_SUMMARY_CHARS_MAX`] long).
+const LINE_PREALLOC_CHARS_MAX: usize = 256;
+
 /// Builds a one-line text from pieces: the words of every piece (split on
 /// whitespace) joined by single spaces, shortened to `max` characters
 /// (on a char boundary) with a trailing `…` when cut. Pieces are separate
@@ -745,8 +749,9 @@ impl LineShortener {
     fn new(max: usize) -> Self {
         LineShortener {
             // Room for a full line of ASCII (the cut needs one character
-            // past `max`), so the common case never regrows.
-            out: String::with_capacity(max.saturating_add(2)),
+            // past `max`), so the common case never regrows; bounded, since
+            // `max` comes from the caller (`usize::MAX` for no limit).
+            out: String::with_capacity(max.min(LINE_PREALLOC_CHARS_MAX) + 2),
             chars: 0,
             max,
         }
@@ -775,7 +780,10 @@ impl LineShortener {
             }
             // Only up to one character past `max` is needed to know the
             // line is cut.
-            let room = (self.max + 1).saturating_sub(self.chars);
+            // Never zero while not full (`chars <= max`), so every step
+            // takes at least one character; saturating, as `max` may be
+            // `usize::MAX`.
+            let room = self.max.saturating_add(1).saturating_sub(self.chars);
             let mut end = rest.len();
             let mut taken = 0usize;
             for (i, c) in rest.char_indices() {
@@ -886,5 +894,27 @@ mod tests {
         assert_eq!(role, None);
         assert_eq!(s, "tool_output: x y wo…");
         assert_eq!(s.chars().count(), 20);
+    }
+
+    /// Regression: `entry_summary` with `usize::MAX` (no limit) overflowed
+    /// the room left on the line to zero and looped forever in release
+    /// builds (found while bounding the summary's preallocation).
+    #[test]
+    fn an_unlimited_summary_is_the_whole_line() {
+        let e = Entry {
+            id: EntryId::parse("a").unwrap(),
+            parent_id: None,
+            timestamp_ms: 0,
+            kind: EntryKind::CustomMessage {
+                custom_type: "tool_output".into(),
+                content: vec![
+                    ContentBlock::text("  x\n\ny "),
+                    ContentBlock::text("a b  c"),
+                ],
+                display: true,
+                details: None,
+            },
+        };
+        assert_eq!(entry_summary(&e, usize::MAX).0, "tool_output: x y a b c");
     }
 }
