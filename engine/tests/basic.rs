@@ -157,6 +157,19 @@ fn idempotent_retry_also_after_reopen() {
     assert_eq!(s.last_seq(), 1);
 }
 
+/// Closes `s` on another thread `ms` milliseconds after that thread started
+/// (returns once it has).
+fn close_after(s: Store, ms: u64) -> std::thread::JoinHandle<()> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let holder = std::thread::spawn(move || {
+        tx.send(()).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(ms));
+        s.close().unwrap();
+    });
+    rx.recv().unwrap();
+    holder
+}
+
 /// Regression (a flaky `compact_cli` test): a store closed and reopened while
 /// another thread spawned a child process found its own released lock still held
 /// by the child's inherited descriptor until its `exec`. An open now waits up to
@@ -167,14 +180,8 @@ fn an_open_waits_for_a_lock_that_is_being_released() {
     let s = Store::open(dir.path(), test_opts()).unwrap();
     s.append(commit("a", ExpectedVersion::NoStream, b"1"))
         .unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    let holder = std::thread::spawn(move || {
-        tx.send(()).unwrap();
-        // Well within the wait: the owner is on its way out.
-        std::thread::sleep(std::time::Duration::from_millis(LOCK_WAIT_MAX_MS / 10));
-        s.close().unwrap();
-    });
-    rx.recv().unwrap();
+    // Well within the wait: the owner is on its way out.
+    let holder = close_after(s, LOCK_WAIT_MAX_MS / 10);
     let reopened = Store::open(dir.path(), test_opts()).expect("the released lock is taken");
     assert_eq!(reopened.stream_version("a").unwrap(), Some(1));
     holder.join().unwrap();
@@ -191,14 +198,8 @@ fn the_lock_wait_is_an_option() {
         .unwrap();
     let zero = Store::open(dir.path(), test_opts().lock_wait(std::time::Duration::ZERO));
     assert!(matches!(zero, Err(Error::Locked { .. })), "{zero:?}");
-    let (tx, rx) = std::sync::mpsc::channel();
-    let holder = std::thread::spawn(move || {
-        tx.send(()).unwrap();
-        // Past the default wait: an open with the default gets `Locked`.
-        std::thread::sleep(std::time::Duration::from_millis(LOCK_WAIT_MAX_MS * 3 / 2));
-        s.close().unwrap();
-    });
-    rx.recv().unwrap();
+    // Past the default wait: an open with the default gets `Locked`.
+    let holder = close_after(s, LOCK_WAIT_MAX_MS * 3 / 2);
     let waited = Store::open(
         dir.path(),
         test_opts().lock_wait(std::time::Duration::from_millis(LOCK_WAIT_MAX_MS * 20)),

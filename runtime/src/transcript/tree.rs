@@ -876,20 +876,25 @@ mod tests {
         }
     }
 
-    #[test]
-    fn summaries_of_messages_cut_at_the_limit_and_collapse_whitespace() {
-        let long = "word ".repeat(100);
-        let e = Entry {
+    /// A `tool_output` custom message whose text blocks are `texts`.
+    fn tool_output(texts: &[&str]) -> Entry {
+        Entry {
             id: EntryId::parse("a").unwrap(),
             parent_id: None,
             timestamp_ms: 0,
             kind: EntryKind::CustomMessage {
                 custom_type: "tool_output".into(),
-                content: vec![ContentBlock::text("  x\n\ny "), ContentBlock::text(long)],
+                content: texts.iter().map(|t| ContentBlock::text(*t)).collect(),
                 display: true,
                 details: None,
             },
-        };
+        }
+    }
+
+    #[test]
+    fn summaries_of_messages_cut_at_the_limit_and_collapse_whitespace() {
+        let long = "word ".repeat(100);
+        let e = tool_output(&["  x\n\ny ", &long]);
         let (s, role) = entry_summary(&e, 20);
         assert_eq!(role, None);
         assert_eq!(s, "tool_output: x y wo…");
@@ -901,20 +906,7 @@ mod tests {
     /// builds (found while bounding the summary's preallocation).
     #[test]
     fn an_unlimited_summary_is_the_whole_line() {
-        let e = Entry {
-            id: EntryId::parse("a").unwrap(),
-            parent_id: None,
-            timestamp_ms: 0,
-            kind: EntryKind::CustomMessage {
-                custom_type: "tool_output".into(),
-                content: vec![
-                    ContentBlock::text("  x\n\ny "),
-                    ContentBlock::text("a b  c"),
-                ],
-                display: true,
-                details: None,
-            },
-        };
+        let e = tool_output(&["  x\n\ny ", "a b  c"]);
         assert_eq!(entry_summary(&e, usize::MAX).0, "tool_output: x y a b c");
     }
 }
