@@ -9,7 +9,10 @@
 //! (not the session fold) let the entry lists hold what only damaged or
 //! imported data holds: duplicate ids, parents that come later or are
 //! missing, parent cycles. The two indexes must agree key for key, except
-//! for the log position inside each entry record and active-path link.
+//! for the log position inside each entry record and active-path link,
+//! and for where the entry records live: a seed's go into the seed table
+//! (`E` keys), the rewrite's into `e` keys, so records are compared as
+//! the index resolves them, id by id.
 
 use std::collections::BTreeMap;
 
@@ -17,12 +20,14 @@ use proptest::prelude::*;
 use spool_engine::{EventData, ExpectedVersion, NewCommit};
 use spool_runtime::session::{encode_event, AgentDefinition, AgentState, SessionEvent, SessionId};
 use spool_runtime::store::log::SESSION_EVENT_PREFIX;
-use spool_runtime::store::transcript_index::{EntryRecord, TRANSCRIPT_INDEXER};
+use spool_runtime::store::transcript_index::{entry_records, EntryRecord, TRANSCRIPT_INDEXER};
 use spool_runtime::store::{LogStore, LogStoreOptions};
 use spool_runtime::transcript::{ContentBlock, Entry, EntryId, EntryKind, Message, Transcript};
 
-/// Per-entry key tags of the transcript index (everything but the meta).
-const TAGS: &[u8] = b"ecntTalp";
+/// Per-entry key tags of the transcript index read key by key: everything
+/// but the meta and the entry records (`e`, and the seed table `E`), which
+/// are read as the index resolves them.
+const TAGS: &[u8] = b"cntTalp";
 
 fn eid(n: usize) -> EntryId {
     EntryId::parse(&format!("e{n}")).unwrap()
@@ -66,17 +71,21 @@ fn commit(store: &LogStore, id: &SessionId, expected: ExpectedVersion, events: V
 fn dump(store: &LogStore, id: &SessionId) -> BTreeMap<(u8, Vec<u8>), Vec<u8>> {
     let engine = store.engine().unwrap();
     let mut out = BTreeMap::new();
+    for (eid, v) in entry_records(engine.index(), id).unwrap() {
+        let mut r = EntryRecord::decode(&v).unwrap();
+        (r.segment, r.offset, r.event, r.sub) = (0, 0, 0, 0);
+        out.insert(
+            (b'e', eid.as_str().as_bytes().to_vec()),
+            format!("{r:?}").into_bytes(),
+        );
+    }
     for &tag in TAGS {
         let mut prefix = vec![tag, id.as_str().len() as u8];
         prefix.extend_from_slice(id.as_str().as_bytes());
         for kv in engine.index().scan_prefix(TRANSCRIPT_INDEXER, &prefix) {
             let (k, v) = kv.unwrap();
             let rest = k[prefix.len()..].to_vec();
-            let v = if tag == b'e' {
-                let mut r = EntryRecord::decode(&v).unwrap();
-                (r.segment, r.offset, r.event, r.sub) = (0, 0, 0, 0);
-                format!("{r:?}").into_bytes()
-            } else if tag == b'p' {
+            let v = if tag == b'p' {
                 // An active-path block is its depths' links, each after a
                 // u16 BE length; a link starts with the entry's log
                 // position (u64 segment, u64 offset, u32 event, u32 index).
@@ -100,6 +109,14 @@ fn dump(store: &LogStore, id: &SessionId) -> BTreeMap<(u8, Vec<u8>), Vec<u8>> {
 
 /// Indexes `entries` (and `leaf`) both ways and compares.
 fn check(entries: Vec<Entry>, leaf: Option<EntryId>) {
+    check_then(entries, leaf, Vec::new());
+}
+
+/// Indexes `entries` (and `leaf`) both ways, compares, then commits each
+/// of `then` to both sessions and compares after each: records in the
+/// seed table must change (an `e` key over them) and go (a tombstone)
+/// exactly as records in `e` keys do.
+fn check_then(entries: Vec<Entry>, leaf: Option<EntryId>, then: Vec<SessionEvent>) {
     let dir = tempfile::tempdir().unwrap();
     let store = LogStore::open(dir.path(), LogStoreOptions::default()).unwrap();
     let seeded = SessionId::parse("seeded").unwrap();
@@ -137,6 +154,23 @@ fn check(entries: Vec<Entry>, leaf: Option<EntryId>) {
 
     let (a, b) = (dump(&store, &seeded), dump(&store, &rewritten));
     assert_eq!(a, b);
+    for (i, ev) in then.iter().enumerate() {
+        let v = i as u64;
+        commit(
+            &store,
+            &seeded,
+            ExpectedVersion::Exact(1 + v),
+            vec![event(ev)],
+        );
+        commit(
+            &store,
+            &rewritten,
+            ExpectedVersion::Exact(2 + v),
+            vec![event(ev)],
+        );
+        let (a, b) = (dump(&store, &seeded), dump(&store, &rewritten));
+        assert_eq!(a, b, "after event {i}: {ev:?}");
+    }
 }
 
 fn text(s: &str) -> EntryKind {
@@ -263,5 +297,109 @@ proptest! {
             })
             .collect();
         check(entries, Some(eid(leaf)));
+    }
+}
+
+/// One follow-up event from a selector and three picks among the ids
+/// `e0..e{pool}` (most of them seeded, some new).
+fn follow_up(sel: u8, a: usize, b: usize, c: usize, pool: usize, generation: u64) -> SessionEvent {
+    let pick = |x: usize| eid(x % pool);
+    match sel % 4 {
+        0 => SessionEvent::EntryAppended {
+            entry: Entry {
+                id: eid(pool + a),
+                parent_id: Some(pick(b)),
+                timestamp_ms: 1,
+                kind: kind((c % 9) as u8, b),
+            },
+        },
+        1 => SessionEvent::LeafMoved {
+            leaf: Some(pick(a)),
+        },
+        2 => SessionEvent::TranscriptRewritten {
+            generation,
+            written: vec![Entry {
+                id: pick(a),
+                parent_id: Some(pick(b)),
+                timestamp_ms: 2,
+                kind: text("rewritten"),
+            }],
+            reparented: vec![(pick(c), Some(pick(b)))],
+            removed: Vec::new(),
+            leaf: Some(pick(b)),
+        },
+        _ => SessionEvent::TranscriptRewritten {
+            generation,
+            written: Vec::new(),
+            reparented: Vec::new(),
+            removed: vec![pick(a), pick(c)],
+            leaf: Some(pick(b)),
+        },
+    }
+}
+
+#[test]
+fn a_seed_changed_after_the_fork_stays_indexed_like_its_entries_one_by_one() {
+    // A chain, then: an append under a seeded entry (its record gains a
+    // child), a rewrite of a seeded entry, removals of seeded entries (a
+    // tombstone over the seed table), a leaf move onto a removed entry's
+    // sibling, and an append reusing a removed id.
+    let entries: Vec<Entry> = (0..100)
+        .map(|i| Entry {
+            id: eid(i),
+            parent_id: i.checked_sub(1).map(eid),
+            timestamp_ms: i as i64,
+            kind: kind((i % 9) as u8, i / 2),
+        })
+        .collect();
+    let then = vec![
+        follow_up(0, 0, 40, 0, 100, 0),
+        follow_up(2, 41, 39, 42, 100, 1),
+        follow_up(3, 99, 97, 98, 100, 2),
+        follow_up(1, 100, 0, 0, 101, 2),
+        SessionEvent::EntryAppended {
+            entry: Entry {
+                id: eid(99),
+                parent_id: Some(eid(10)),
+                timestamp_ms: 3,
+                kind: text("again"),
+            },
+        },
+    ];
+    check_then(entries, Some(eid(99)), then);
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(24))]
+
+    /// A seeded chain or tree, then any sequence of appends, leaf moves,
+    /// delta rewrites and removals touching seeded and new entries.
+    #[test]
+    fn any_seed_stays_indexed_like_its_entries_one_by_one_through_later_events(
+        n in 1usize..120,
+        branchy in any::<bool>(),
+        ops in proptest::collection::vec((0u8..4, 0usize..200, 0usize..200, 0usize..200), 1..24),
+    ) {
+        let entries: Vec<Entry> = (0..n)
+            .map(|i| Entry {
+                id: eid(i),
+                parent_id: i.checked_sub(1).map(|m| eid(if branchy { (i * 7919) % (m + 1) } else { m })),
+                timestamp_ms: i as i64,
+                kind: kind((i % 9) as u8, i / 2),
+            })
+            .collect();
+        let mut generation = 0;
+        let then: Vec<SessionEvent> = ops
+            .iter()
+            .enumerate()
+            .map(|(k, &(sel, a, b, c))| {
+                if sel % 4 >= 2 {
+                    generation += 1;
+                }
+                // New ids are `e{n + a}`: the pool grows with the appends.
+                follow_up(sel, a, b, c, n + k.min(a), generation)
+            })
+            .collect();
+        check_then(entries, Some(eid(n - 1)), then);
     }
 }

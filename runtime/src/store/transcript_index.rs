@@ -9,7 +9,8 @@
 //! | tag | rest of the key | value |
 //! | --- | --- | --- |
 //! | `m` | — | [`TranscriptMeta`]: generation, raw seq, updated at, leaf, counters |
-//! | `e` | entry id | [`EntryRecord`] in its binary encoding ([`EntryRecord::encode`]): number of children and the only child's id when there is exactly one, where the entry is in the log, size, kind, parent, [`PathMarker`], [`PathFacts`], append seq, summary |
+//! | `e` | entry id | [`EntryRecord`] in its binary encoding ([`EntryRecord::encode`]): number of children and the only child's id when there is exactly one, where the entry is in the log, size, kind, parent, [`PathMarker`], [`PathFacts`], append seq, summary; empty: a tombstone over the entry's seed table record (the entry was removed) |
+//! | `E` | u8 bucket | the seed table: the records of a `created` event's seed transcript, spread over at most [`SEED_BUCKETS`] (256) keys by a hash of the id (`seed_bucket`): a format byte (1), then per record a u8 id length, the id, a u32 BE record length and the record. An `e` key shadows a seed record: any later change to a seeded entry writes its record there |
 //! | `c` | u8 len ++ parent id ++ u64 BE seq | child id (children in append order), only for a parent with two or more children |
 //! | `n` | parent id | only for a parent without an `e` record (an orphan's absent parent): u64 BE number of children, then the only child's id when there is exactly one |
 //! | `t` | u32 BE len ++ custom type ++ u64 BE ordinal | custom entry id (empty = removed) |
@@ -37,9 +38,15 @@
 //! [`PathMarker`] changed); a whole rewrite, a state clear and a purge are
 //! O(entries of the session).
 //! A `created` event's seed transcript (a fork's path) is indexed in one
-//! in-memory pass (`index_seed`): the same keys as appending its entries
-//! one by one, without reading the index back (each record written once,
-//! with its child count: one key per entry for a chain).
+//! in-memory pass (`index_seed`): the same records, links, lists and path
+//! as appending its entries one by one, without reading the index back
+//! (each record written once, with its child count). The records go into
+//! the seed table, at most 256 keys whatever the seed's size, instead of
+//! one `e` key per entry: the index's memtable moves every key into sled
+//! at a cost per key, and a fork of a 10k-entry session at its middle
+//! would otherwise move 5k of them. A lookup by id reads the `e` key and,
+//! on a miss, the id's seed bucket (a session's [`TranscriptMeta::seed_table`]
+//! tells an append whether its new-id check needs that second read).
 //!
 //! **Active path.** The `p` keys hold the root→leaf path of the current
 //! leaf by depth, in blocks of 64 depths per key (exactly the depths
@@ -99,7 +106,7 @@
 
 use std::borrow::Cow;
 use std::cell::RefCell;
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex, Weak};
 
 use serde::{Deserialize, Serialize};
@@ -124,7 +131,7 @@ use crate::transcript::{
 /// Name of the engine indexer that keeps transcripts.
 pub const TRANSCRIPT_INDEXER: &str = "transcript";
 /// Version of the transcript index layout; bumping it rebuilds the index.
-pub const TRANSCRIPT_INDEX_VERSION: u32 = 7;
+pub const TRANSCRIPT_INDEX_VERSION: u32 = 8;
 
 const TAG_META: u8 = b'm';
 const TAG_ENTRY: u8 = b'e';
@@ -135,9 +142,11 @@ const TAG_CUSTOM_NEXT: u8 = b'T';
 const TAG_CUSTOM_ALL: u8 = b'a';
 const TAG_LABEL: u8 = b'l';
 const TAG_PATH: u8 = b'p';
+const TAG_SEED: u8 = b'E';
 /// Every per-entry tag (what a clear or purge removes).
-const ENTRY_TAGS: [u8; 8] = [
+const ENTRY_TAGS: [u8; 9] = [
     TAG_ENTRY,
+    TAG_SEED,
     TAG_CHILD,
     TAG_COUNT,
     TAG_CUSTOM,
@@ -168,6 +177,11 @@ pub struct TranscriptMeta {
     /// leaf): the `p` blocks hold exactly the depths `0..path_len`.
     #[serde(default)]
     pub path_len: u64,
+    /// The current generation's records include a seed table (`E` keys):
+    /// an id without an `e` key may still have a record there. Without
+    /// one, an append's check that its id is new is one lookup.
+    #[serde(default)]
+    pub seed_table: bool,
 }
 
 impl TranscriptMeta {
@@ -561,6 +575,139 @@ fn entry_key(sid: &str, id: &EntryId) -> Vec<u8> {
     let mut k = sk(TAG_ENTRY, sid);
     k.extend_from_slice(id.as_str().as_bytes());
     k
+}
+
+/// Buckets of a seed table: a seed's records are spread over at most this
+/// many `E` keys, whatever its size (a bucket is one byte of the key).
+pub const SEED_BUCKETS: u32 = 256;
+/// Format byte of a seed bucket value.
+const SEED_BUCKET_FORMAT: u8 = 1;
+
+/// The seed bucket of an entry id: FNV-1a (64-bit) over the id's bytes,
+/// mixed by the SplitMix64 finalizer, top 8 bits. Stored data depends on
+/// it: changing it is a layout change.
+fn seed_bucket(id: &EntryId) -> u8 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for &b in id.as_str().as_bytes() {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    h ^= h >> 30;
+    h = h.wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    h ^= h >> 27;
+    h = h.wrapping_mul(0x94d0_49bb_1331_11eb);
+    h ^= h >> 31;
+    (h >> 56) as u8
+}
+
+fn seed_key(sid: &str, bucket: u8) -> Vec<u8> {
+    let mut k = sk(TAG_SEED, sid);
+    k.push(bucket);
+    k
+}
+
+/// One record of a seed bucket: (id bytes, record bytes).
+type SeedRecord<'v> = (&'v [u8], &'v [u8]);
+
+/// The records of a seed bucket value, in order: (id bytes, record
+/// bytes). Every length is checked against the bytes left.
+fn seed_bucket_records(v: &[u8]) -> Result<Vec<SeedRecord<'_>>, String> {
+    let Some((&format, mut rest)) = v.split_first() else {
+        return Err("empty seed bucket".into());
+    };
+    if format != SEED_BUCKET_FORMAT {
+        return Err(format!(
+            "seed bucket format {format}, expected {SEED_BUCKET_FORMAT}"
+        ));
+    }
+    let mut out = Vec::new();
+    while let Some((&id_len, tail)) = rest.split_first() {
+        let at = v.len() - rest.len();
+        let id_len = usize::from(id_len);
+        let (Some(id), Some(len)) = (tail.get(..id_len), tail.get(id_len..id_len + 4)) else {
+            return Err(format!("seed bucket truncated at byte {at}"));
+        };
+        let len = u32::from_be_bytes([len[0], len[1], len[2], len[3]]) as usize;
+        let start = id_len + 4;
+        let Some(record) = start.checked_add(len).and_then(|end| tail.get(start..end)) else {
+            return Err(format!("seed bucket record truncated at byte {at}"));
+        };
+        out.push((id, record));
+        rest = &tail[start + len..];
+    }
+    Ok(out)
+}
+
+/// The record bytes of `id` in a seed bucket value.
+fn find_in_seed_bucket<'v>(v: &'v [u8], id: &EntryId) -> Result<Option<&'v [u8]>, String> {
+    Ok(seed_bucket_records(v)?
+        .into_iter()
+        .find(|(k, _)| *k == id.as_str().as_bytes())
+        .map(|(_, r)| r))
+}
+
+/// Where an entry's record lives. An `e` key shadows the seed table: a
+/// record written after the seed (any change) is an `e` key, and an
+/// entry removed from a seed leaves an empty `e` value (a tombstone).
+enum RecordAt {
+    Key(Vec<u8>),
+    Seed(Vec<u8>),
+    Tombstone,
+    Absent,
+}
+
+/// Resolves `id`'s record through `get` (a batch's or the index's).
+fn locate_record<E>(
+    sid: &str,
+    id: &EntryId,
+    get: impl Fn(&[u8]) -> Result<Option<Vec<u8>>, E>,
+    malformed: impl Fn(String) -> E,
+) -> Result<RecordAt, E> {
+    match get(&entry_key(sid, id))? {
+        Some(b) if b.is_empty() => return Ok(RecordAt::Tombstone),
+        Some(b) => return Ok(RecordAt::Key(b)),
+        None => {}
+    }
+    let bucket = seed_bucket(id);
+    let Some(v) = get(&seed_key(sid, bucket))? else {
+        return Ok(RecordAt::Absent);
+    };
+    match find_in_seed_bucket(&v, id) {
+        Ok(Some(r)) => Ok(RecordAt::Seed(r.to_vec())),
+        Ok(None) => Ok(RecordAt::Absent),
+        Err(e) => Err(malformed(format!("seed bucket {bucket}: {e}"))),
+    }
+}
+
+/// `id`'s record bytes as the batch sees them.
+fn get_record_bytes(
+    batch: &IndexBatch<'_>,
+    sid: &str,
+    id: &EntryId,
+) -> Result<Option<Vec<u8>>, IndexError> {
+    Ok(
+        match locate_record(sid, id, |k| batch.get(k), IndexError::Malformed)? {
+            RecordAt::Key(b) | RecordAt::Seed(b) => Some(b),
+            RecordAt::Tombstone | RecordAt::Absent => None,
+        },
+    )
+}
+
+/// Removes `id`'s record: its `e` key, or a tombstone over its seed
+/// table record.
+fn remove_record(batch: &mut IndexBatch<'_>, sid: &str, id: &EntryId) -> Result<(), IndexError> {
+    let in_seed = match batch.get(&seed_key(sid, seed_bucket(id)))? {
+        Some(v) => find_in_seed_bucket(&v, id)
+            .map_err(|e| IndexError::Malformed(format!("seed bucket of {id}: {e}")))?
+            .is_some(),
+        None => false,
+    };
+    if in_seed {
+        batch.insert(&entry_key(sid, id), &[]);
+    } else {
+        batch.remove(&entry_key(sid, id));
+    }
+    Ok(())
 }
 
 fn child_prefix(sid: &str, parent: &EntryId) -> Vec<u8> {
@@ -1109,7 +1256,7 @@ fn get_record(
     sid: &str,
     id: &EntryId,
 ) -> Result<Option<EntryRecord>, IndexError> {
-    match batch.get(&entry_key(sid, id))? {
+    match get_record_bytes(batch, sid, id)? {
         Some(b) => Ok(Some(EntryRecord::decode(&b).map_err(|e| {
             IndexError::Malformed(format!("entry record of {id}: {e}"))
         })?)),
@@ -1462,8 +1609,12 @@ fn index_entry(
     loc: &Locator,
     sub: u32,
 ) -> Result<Option<(u64, Vec<u8>)>, IndexError> {
-    let ekey = entry_key(sid, &entry.id);
-    if batch.get(&ekey)?.is_some() {
+    let exists = if meta.seed_table {
+        get_record_bytes(batch, sid, &entry.id)?.is_some()
+    } else {
+        batch.get(&entry_key(sid, &entry.id))?.is_some()
+    };
+    if exists {
         // A duplicate id (only in whole-transcript events): the first
         // occurrence stays authoritative, as in `Transcript`.
         return Ok(None);
@@ -1624,8 +1775,30 @@ fn index_seed(
             None => batch.insert(&count_key(sid, parent), &count_value(n, Some(first))),
         }
     }
+    // The records go into the seed table: a few hundred keys at most
+    // instead of one per entry (the index's memtable moves each key into
+    // sled at a cost per key).
+    let mut buckets: Vec<Vec<u8>> = vec![Vec::new(); SEED_BUCKETS as usize];
     for (id, r) in ids.iter().zip(&records) {
-        put_record(batch, sid, id, r)?;
+        let b = &mut buckets[usize::from(seed_bucket(id))];
+        if b.is_empty() {
+            b.push(SEED_BUCKET_FORMAT);
+        }
+        let rec = r.encode();
+        // Entry ids are at most 128 bytes (ENTRY_ID_LEN_MAX); a record is
+        // far below 4 GiB (its strings are bounded by the commit it
+        // indexes, at most `record_bytes_max`).
+        debug_assert!(id.as_str().len() <= usize::from(u8::MAX));
+        b.push(id.as_str().len() as u8);
+        b.extend_from_slice(id.as_str().as_bytes());
+        b.extend_from_slice(&u32::try_from(rec.len()).unwrap_or(u32::MAX).to_be_bytes());
+        b.extend_from_slice(&rec);
+    }
+    for (bucket, v) in buckets.iter().enumerate() {
+        if !v.is_empty() {
+            batch.insert(&seed_key(sid, bucket as u8), v);
+            meta.seed_table = true;
+        }
     }
     for (t, next) in custom_next {
         batch.insert(&custom_next_key(sid, &t), &next.to_be_bytes());
@@ -1843,7 +2016,7 @@ fn apply_delta_rewrite(
         // Its child count goes with its record (an entry with a record has
         // no `n` key); its kept children are relinked below (their old
         // parent is gone, so no count of a removed entry is touched again).
-        batch.remove(&entry_key(sid, id));
+        remove_record(batch, sid, id)?;
         meta.entries = meta.entries.saturating_sub(1);
     }
     for (id, new_parent) in reparented {
@@ -2074,6 +2247,7 @@ impl TranscriptIndexer {
                     clear_entries(batch, sid)?;
                     m.entries = 0;
                     m.path_len = 0;
+                    m.seed_table = false;
                     for (k, e) in entries.iter().enumerate() {
                         index_entry(batch, sid, m, e, &loc, u32::try_from(k).unwrap_or(u32::MAX))?;
                     }
@@ -2107,6 +2281,7 @@ impl TranscriptIndexer {
                     clear_entries(batch, sid)?;
                     m.entries = 0;
                     m.path_len = 0;
+                    m.seed_table = false;
                     m.generation = m.generation.saturating_add(1);
                     m.leaf = None;
                 }
@@ -2168,23 +2343,56 @@ pub fn read_meta(index: &Index, sid: &SessionId) -> Result<Option<TranscriptMeta
     }
 }
 
-/// Every entry id of a session's current generation (index order).
+/// Every entry id of a session's current generation, in id byte order.
 pub fn entry_ids(index: &Index, sid: &SessionId) -> Result<Vec<EntryId>, StoreError> {
-    let prefix = sk(TAG_ENTRY, sid.as_str());
-    let mut out = Vec::new();
-    for kv in index.scan_prefix(TRANSCRIPT_INDEXER, &prefix) {
-        let (k, _) = kv.map_err(engine_err)?;
-        let id = k
-            .get(prefix.len()..)
-            .and_then(|b| std::str::from_utf8(b).ok())
+    Ok(entry_records(index, sid)?
+        .into_iter()
+        .map(|(id, _)| id)
+        .collect())
+}
+
+/// Every entry record of a session's current generation (the encoded
+/// [`EntryRecord`]), in id byte order: the `e` keys and the seed table's
+/// records that no `e` key shadows.
+pub fn entry_records(
+    index: &Index,
+    sid: &SessionId,
+) -> Result<Vec<(EntryId, Vec<u8>)>, StoreError> {
+    let corrupt = |reason: String| StoreError::Corrupt {
+        id: sid.clone(),
+        reason,
+    };
+    let parse = |b: &[u8]| {
+        std::str::from_utf8(b)
+            .ok()
             .and_then(|s| EntryId::parse(s).ok())
-            .ok_or_else(|| StoreError::Corrupt {
-                id: sid.clone(),
-                reason: "malformed entry key in the transcript index".into(),
-            })?;
-        out.push(id);
+            .ok_or_else(|| corrupt("malformed entry id in the transcript index".into()))
+    };
+    let mut out: BTreeMap<Vec<u8>, Option<(EntryId, Vec<u8>)>> = BTreeMap::new();
+    let prefix = sk(TAG_SEED, sid.as_str());
+    for kv in index.scan_prefix(TRANSCRIPT_INDEXER, &prefix) {
+        let (k, v) = kv.map_err(engine_err)?;
+        let records = seed_bucket_records(&v)
+            .map_err(|e| corrupt(format!("seed bucket {:?}: {e}", k.get(prefix.len()..))))?;
+        for (id, record) in records {
+            // A duplicate id (damaged data): the first stays, as in `Transcript`.
+            if !out.contains_key(id) {
+                out.insert(id.to_vec(), Some((parse(id)?, record.to_vec())));
+            }
+        }
     }
-    Ok(out)
+    let prefix = sk(TAG_ENTRY, sid.as_str());
+    for kv in index.scan_prefix(TRANSCRIPT_INDEXER, &prefix) {
+        let (k, v) = kv.map_err(engine_err)?;
+        let raw = k.get(prefix.len()..).unwrap_or_default();
+        let record = if v.is_empty() {
+            None
+        } else {
+            Some((parse(raw)?, v))
+        };
+        out.insert(raw.to_vec(), record);
+    }
+    Ok(out.into_values().flatten().collect())
 }
 
 type CommitCache = Option<(LogPosition, Arc<RecordedCommit>)>;
@@ -2658,16 +2866,26 @@ impl LogTranscriptSource {
     }
 
     /// The index record of an entry, through the per-operation cache.
+    /// `id`'s record bytes: its `e` key or its seed table record.
+    fn record_bytes(&self, id: &EntryId) -> Result<Option<Vec<u8>>, StoreError> {
+        let index = self.engine.index();
+        let at = locate_record(
+            self.sid.as_str(),
+            id,
+            |k| index.get(TRANSCRIPT_INDEXER, k).map_err(engine_err),
+            |e| self.corrupt(e),
+        )?;
+        Ok(match at {
+            RecordAt::Key(b) | RecordAt::Seed(b) => Some(b),
+            RecordAt::Tombstone | RecordAt::Absent => None,
+        })
+    }
+
     fn cached_record(&self, id: &EntryId) -> Result<Option<Arc<EntryRecord>>, StoreError> {
         if let Some(r) = self.records.borrow().get(id) {
             return Ok(Some(r.clone()));
         }
-        let Some(b) = self
-            .engine
-            .index()
-            .get(TRANSCRIPT_INDEXER, &entry_key(self.sid.as_str(), id))
-            .map_err(engine_err)?
-        else {
+        let Some(b) = self.record_bytes(id)? else {
             return Ok(None);
         };
         let r: Arc<EntryRecord> = Arc::new(
@@ -3068,10 +3286,7 @@ impl EntrySource for LogTranscriptSource {
     fn children(&self, id: &EntryId, limit: usize) -> Result<ChildLinks, StoreError> {
         let sid = self.sid.as_str();
         let index = self.engine.index();
-        let in_record = match index
-            .get(TRANSCRIPT_INDEXER, &entry_key(sid, id))
-            .map_err(engine_err)?
-        {
+        let in_record = match self.record_bytes(id)? {
             Some(b) => Some(EntryRecord::decode_children(&b).map_err(|e| {
                 self.corrupt(format!(
                     "child count in the index record of entry {id}: {e}"
@@ -3486,14 +3701,7 @@ mod tests {
                 .count();
             let expect = if want.len() >= 2 { want.len() } else { 0 };
             assert_eq!(links, expect, "child links of {}", e.id);
-            let r = EntryRecord::decode(
-                &engine
-                    .index()
-                    .get(TRANSCRIPT_INDEXER, &entry_key(id.as_str(), &e.id))
-                    .unwrap()
-                    .unwrap(),
-            )
-            .unwrap();
+            let r = stored_record(engine.index(), id, &e.id);
             let only = match t.children_ids(&e.id).as_slice() {
                 [one] => Some(one.clone()),
                 _ => None,
@@ -3529,14 +3737,7 @@ mod tests {
             assert_eq!(links.len() as u64, held, "links of block {block}");
             let v = links[slot];
             let link = decode_path_link(v).unwrap();
-            let r = EntryRecord::decode(
-                &engine
-                    .index()
-                    .get(TRANSCRIPT_INDEXER, &entry_key(id.as_str(), e))
-                    .unwrap()
-                    .unwrap(),
-            )
-            .unwrap();
+            let r = stored_record(engine.index(), id, e);
             assert_eq!(&link.id, e, "depth {d}");
             assert_eq!(link.key, (r.position(), r.event, r.sub), "{e} at {d}");
             assert_eq!(link.size, r.size, "size of {e}");
@@ -3649,17 +3850,76 @@ mod tests {
         (r.children, r.only_child)
     }
 
+    /// A seed bucket value's records come back in order; a truncated value
+    /// or a length past its end is an error (never a panic or an
+    /// allocation from the damaged length), unless it ends on a record
+    /// boundary, which is a shorter bucket.
+    #[test]
+    fn a_damaged_seed_bucket_is_an_error() {
+        let records: [(&str, &[u8]); 3] = [("a", b"xyz"), ("bb", b""), ("ccc", b"0123456789")];
+        let mut v = vec![SEED_BUCKET_FORMAT];
+        let mut boundaries = vec![1];
+        for (id, rec) in records {
+            v.push(id.len() as u8);
+            v.extend_from_slice(id.as_bytes());
+            v.extend_from_slice(&(rec.len() as u32).to_be_bytes());
+            v.extend_from_slice(rec);
+            boundaries.push(v.len());
+        }
+        let got = seed_bucket_records(&v).unwrap();
+        let want: Vec<(&[u8], &[u8])> = records.iter().map(|(i, r)| (i.as_bytes(), *r)).collect();
+        assert_eq!(got, want);
+        let ccc = EntryId::parse("ccc").unwrap();
+        assert_eq!(
+            find_in_seed_bucket(&v, &ccc).unwrap(),
+            Some(&b"0123456789"[..])
+        );
+        let absent = EntryId::parse("d").unwrap();
+        assert_eq!(find_in_seed_bucket(&v, &absent).unwrap(), None);
+        for n in 0..v.len() {
+            let r = seed_bucket_records(&v[..n]);
+            if boundaries.contains(&n) {
+                assert_eq!(
+                    r.unwrap().len(),
+                    boundaries.iter().position(|&b| b == n).unwrap()
+                );
+            } else {
+                assert!(r.is_err(), "truncated at {n}: {r:?}");
+            }
+        }
+        // The first record's length byte made huge.
+        let mut bad = v.clone();
+        bad[1 + 1 + 1] = 0xff;
+        assert!(seed_bucket_records(&bad).is_err());
+        assert!(find_in_seed_bucket(&bad, &ccc).is_err());
+        // Another format.
+        let mut bad = v.clone();
+        bad[0] = SEED_BUCKET_FORMAT + 1;
+        assert!(seed_bucket_records(&bad).is_err());
+    }
+
+    /// An entry's record as the index resolves it (its `e` key or its
+    /// seed table record).
+    fn stored_record(index: &Index, sid: &SessionId, e: &EntryId) -> EntryRecord {
+        let (_, b) = entry_records(index, sid)
+            .unwrap()
+            .into_iter()
+            .find(|(id, _)| id == e)
+            .unwrap_or_else(|| panic!("no record of {e}"));
+        EntryRecord::decode(&b).unwrap()
+    }
+
     /// A chain append leaves exactly one new per-entry key (its own `e`
     /// record): its parent's child count is a rewrite of the parent's
     /// record, never an `n` or `c` key. A fork's seed of a chain is one
-    /// record per entry too.
+    /// record per entry in the seed table (at most one key per bucket).
     #[test]
-    fn chain_appends_and_chain_seeds_add_one_key_per_entry() {
+    fn chain_appends_add_one_key_per_entry_and_chain_seeds_fill_the_seed_table() {
         let dir = tempfile::tempdir().unwrap();
         let (store, rt) = open(dir.path());
         let (id, h) = writer_session(&rt);
         let per_entry = |id: &SessionId| -> std::collections::BTreeSet<Vec<u8>> {
-            [TAG_ENTRY, TAG_COUNT, TAG_CHILD]
+            [TAG_ENTRY, TAG_SEED, TAG_COUNT, TAG_CHILD]
                 .into_iter()
                 .flat_map(|tag| tag_keys(&store, id, tag))
                 .collect()
@@ -3688,10 +3948,18 @@ mod tests {
         check_path(&store, &id);
         drop(h);
         // A fork of the chain's first 50 entries: 50 records with their
-        // counts, no other per-entry key.
+        // counts in the seed table, no other per-entry key.
         let fork = rt.fork(&id, Some(chain[49].clone())).unwrap();
         let fork_id = fork.id().clone();
-        assert_eq!(tag_keys(&store, &fork_id, TAG_ENTRY).len(), 50);
+        assert!(tag_keys(&store, &fork_id, TAG_ENTRY).is_empty());
+        let buckets = tag_keys(&store, &fork_id, TAG_SEED).len();
+        assert!((1..=50).contains(&buckets), "{buckets} seed buckets");
+        let mut want = chain[..50].to_vec();
+        want.sort_by(|a, b| a.as_str().as_bytes().cmp(b.as_str().as_bytes()));
+        assert_eq!(
+            entry_ids(store.engine().unwrap().index(), &fork_id).unwrap(),
+            want
+        );
         assert!(tag_keys(&store, &fork_id, TAG_COUNT).is_empty());
         assert!(tag_keys(&store, &fork_id, TAG_CHILD).is_empty());
         assert_eq!(
@@ -3706,7 +3974,7 @@ mod tests {
         std::fs::remove_dir_all(dir.path().join("index")).unwrap();
         let (store, _rt) = open(dir.path());
         let per_entry = |id: &SessionId| -> std::collections::BTreeSet<Vec<u8>> {
-            [TAG_ENTRY, TAG_COUNT, TAG_CHILD]
+            [TAG_ENTRY, TAG_SEED, TAG_COUNT, TAG_CHILD]
                 .into_iter()
                 .flat_map(|tag| tag_keys(&store, id, tag))
                 .collect()

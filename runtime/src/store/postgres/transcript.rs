@@ -414,6 +414,8 @@ impl<'a, 't> TxIndex<'a, 't> {
             // The active-path depth index is the log store's; PostgreSQL
             // answers `ancestor_at_depth` by walking parents.
             path_len: 0,
+            // The seed table is the log store's too.
+            seed_table: false,
         })
     }
 
