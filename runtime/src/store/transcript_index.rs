@@ -1789,6 +1789,7 @@ fn index_seed(
         // far below 4 GiB (its strings are bounded by the commit it
         // indexes, at most `record_bytes_max`).
         debug_assert!(id.as_str().len() <= usize::from(u8::MAX));
+        debug_assert!(u32::try_from(rec.len()).is_ok());
         b.push(id.as_str().len() as u8);
         b.extend_from_slice(id.as_str().as_bytes());
         b.extend_from_slice(&u32::try_from(rec.len()).unwrap_or(u32::MAX).to_be_bytes());
@@ -2865,7 +2866,6 @@ impl LogTranscriptSource {
         Ok(self.cached_record(id)?.map(|r| (*r).clone()))
     }
 
-    /// The index record of an entry, through the per-operation cache.
     /// `id`'s record bytes: its `e` key or its seed table record.
     fn record_bytes(&self, id: &EntryId) -> Result<Option<Vec<u8>>, StoreError> {
         let index = self.engine.index();
@@ -2881,6 +2881,7 @@ impl LogTranscriptSource {
         })
     }
 
+    /// The index record of an entry, through the per-operation cache.
     fn cached_record(&self, id: &EntryId) -> Result<Option<Arc<EntryRecord>>, StoreError> {
         if let Some(r) = self.records.borrow().get(id) {
             return Ok(Some(r.clone()));
