@@ -22,7 +22,9 @@ use spool_runtime::session::{
     decode_snapshot, decode_snapshot_serde, encode_event, encode_snapshot, AgentDefinition,
     AgentSession, SessionEvent, SessionId,
 };
-use spool_runtime::store::transcript_index::{EntryRecord, TRANSCRIPT_INDEXER};
+use spool_runtime::store::transcript_index::{
+    push_seed_record, seed_bucket_records, EntryRecord, TRANSCRIPT_INDEXER,
+};
 use spool_runtime::store::{ListQuery, LogStore, LogStoreOptions, SessionStore};
 
 use crate::ops::{Op, Pick, Runner, StoreKind};
@@ -146,9 +148,21 @@ pub fn frame_decode(data: &[u8]) {
 /// never panics and never allocates past the input; whatever decodes
 /// re-encodes to exactly the same bytes (the encoding is canonical, so no
 /// two byte strings mean one record), and the children prefix that
-/// `children` lookups read alone agrees with the whole decode.
+/// `children` lookups read alone agrees with the whole decode. The same
+/// bytes as a seed table bucket (`E` value): parsing never panics, and a
+/// bucket that parses is rebuilt byte for byte from its records.
 pub fn index_record(data: &[u8]) {
     let data = &data[..data.len().min(INPUT_BYTES_MAX)];
+    if let Ok(records) = seed_bucket_records(data) {
+        let mut again = Vec::new();
+        for (id, record) in &records {
+            push_seed_record(&mut again, id, record);
+            let _ = EntryRecord::decode(record);
+        }
+        if !records.is_empty() {
+            assert_eq!(again, data, "a parsed seed bucket rebuilds to other bytes");
+        }
+    }
     let prefix = EntryRecord::decode_children(data);
     if let Ok(r) = EntryRecord::decode(data) {
         assert_eq!(
@@ -596,6 +610,15 @@ pub fn seed_inputs() -> Vec<(&'static str, String, Vec<u8>)> {
         "header-only".to_string(),
         [vec![0x10u8, 0], vec![0u8; 64]].concat(),
     ));
+    // The same records as one seed table bucket (ids made up: the bucket
+    // format does not tie a record to its id).
+    let mut bucket = Vec::new();
+    for (i, r) in records.iter().enumerate() {
+        push_seed_record(&mut bucket, format!("e{i}").as_bytes(), r);
+    }
+    if !bucket.is_empty() {
+        out.push(("index_record", "seed-bucket".to_string(), bucket));
+    }
     for (i, r) in records.into_iter().enumerate() {
         out.push(("index_record", format!("record-{i}"), r));
     }

@@ -607,11 +607,33 @@ fn seed_key(sid: &str, bucket: u8) -> Vec<u8> {
 }
 
 /// One record of a seed bucket: (id bytes, record bytes).
-type SeedRecord<'v> = (&'v [u8], &'v [u8]);
+pub type SeedRecord<'v> = (&'v [u8], &'v [u8]);
+
+/// Appends one record to a seed bucket value (`buf` empty: a new value,
+/// which starts with the format byte). The id is at most 255 bytes and
+/// the record at most `u32::MAX` bytes (entry ids are at most 128 bytes;
+/// a record is bounded by the commit it indexes).
+pub fn push_seed_record(buf: &mut Vec<u8>, id: &[u8], record: &[u8]) {
+    debug_assert!(id.len() <= usize::from(u8::MAX));
+    debug_assert!(u32::try_from(record.len()).is_ok());
+    if buf.is_empty() {
+        buf.push(SEED_BUCKET_FORMAT);
+    }
+    buf.push(id.len().min(usize::from(u8::MAX)) as u8);
+    buf.extend_from_slice(id);
+    buf.extend_from_slice(
+        &u32::try_from(record.len())
+            .unwrap_or(u32::MAX)
+            .to_be_bytes(),
+    );
+    buf.extend_from_slice(record);
+}
 
 /// The records of a seed bucket value, in order: (id bytes, record
-/// bytes). Every length is checked against the bytes left.
-fn seed_bucket_records(v: &[u8]) -> Result<Vec<SeedRecord<'_>>, String> {
+/// bytes), borrowed from `v`. Every length is checked against the bytes
+/// left; hostile bytes give an error naming the byte offset, never a
+/// panic or an allocation beyond one entry per record found.
+pub fn seed_bucket_records(v: &[u8]) -> Result<Vec<SeedRecord<'_>>, String> {
     let Some((&format, mut rest)) = v.split_first() else {
         return Err("empty seed bucket".into());
     };
@@ -1781,19 +1803,7 @@ fn index_seed(
     let mut buckets: Vec<Vec<u8>> = vec![Vec::new(); SEED_BUCKETS as usize];
     for (id, r) in ids.iter().zip(&records) {
         let b = &mut buckets[usize::from(seed_bucket(id))];
-        if b.is_empty() {
-            b.push(SEED_BUCKET_FORMAT);
-        }
-        let rec = r.encode();
-        // Entry ids are at most 128 bytes (ENTRY_ID_LEN_MAX); a record is
-        // far below 4 GiB (its strings are bounded by the commit it
-        // indexes, at most `record_bytes_max`).
-        debug_assert!(id.as_str().len() <= usize::from(u8::MAX));
-        debug_assert!(u32::try_from(rec.len()).is_ok());
-        b.push(id.as_str().len() as u8);
-        b.extend_from_slice(id.as_str().as_bytes());
-        b.extend_from_slice(&u32::try_from(rec.len()).unwrap_or(u32::MAX).to_be_bytes());
-        b.extend_from_slice(&rec);
+        push_seed_record(b, id.as_str().as_bytes(), &r.encode());
     }
     for (bucket, v) in buckets.iter().enumerate() {
         if !v.is_empty() {
