@@ -23,7 +23,7 @@ use spool_runtime::session::{
     AgentSession, SessionEvent, SessionId,
 };
 use spool_runtime::store::transcript_index::{
-    push_seed_record, seed_bucket_records, EntryRecord, TRANSCRIPT_INDEXER,
+    encode_seed_bucket, seed_bucket_records, EntryRecord, TRANSCRIPT_INDEXER,
 };
 use spool_runtime::store::{ListQuery, LogStore, LogStoreOptions, SessionStore};
 
@@ -154,14 +154,14 @@ pub fn frame_decode(data: &[u8]) {
 pub fn index_record(data: &[u8]) {
     let data = &data[..data.len().min(INPUT_BYTES_MAX)];
     if let Ok(records) = seed_bucket_records(data) {
-        let mut again = Vec::new();
-        for (id, record) in &records {
-            push_seed_record(&mut again, id, record);
+        for (_, record) in &records {
             let _ = EntryRecord::decode(record);
         }
-        if !records.is_empty() {
-            assert_eq!(again, data, "a parsed seed bucket rebuilds to other bytes");
-        }
+        assert_eq!(
+            encode_seed_bucket(&records),
+            data,
+            "a parsed seed bucket rebuilds to other bytes"
+        );
     }
     let prefix = EntryRecord::decode_children(data);
     if let Ok(r) = EntryRecord::decode(data) {
@@ -612,12 +612,18 @@ pub fn seed_inputs() -> Vec<(&'static str, String, Vec<u8>)> {
     ));
     // The same records as one seed table bucket (ids made up: the bucket
     // format does not tie a record to its id).
-    let mut bucket = Vec::new();
-    for (i, r) in records.iter().enumerate() {
-        push_seed_record(&mut bucket, format!("e{i}").as_bytes(), r);
-    }
+    let ids: Vec<String> = (0..records.len()).map(|i| format!("e{i}")).collect();
+    let bucket: Vec<(&[u8], &[u8])> = ids
+        .iter()
+        .zip(&records)
+        .map(|(id, r)| (id.as_bytes(), r.as_slice()))
+        .collect();
     if !bucket.is_empty() {
-        out.push(("index_record", "seed-bucket".to_string(), bucket));
+        out.push((
+            "index_record",
+            "seed-bucket".to_string(),
+            encode_seed_bucket(&bucket),
+        ));
     }
     for (i, r) in records.into_iter().enumerate() {
         out.push(("index_record", format!("record-{i}"), r));

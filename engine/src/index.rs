@@ -78,6 +78,23 @@ impl IndexBatch<'_> {
         })
     }
 
+    /// [`IndexBatch::get`] handing the value to `f` in place instead of
+    /// copying it out (for large values of which the caller reads a part).
+    /// `f` may run under a read lock of the index's memtable: it must not
+    /// use the index.
+    pub fn get_with<T>(
+        &self,
+        key: &[u8],
+        f: impl FnOnce(Option<&[u8]>) -> T,
+    ) -> Result<T, IndexError> {
+        with_joined(&[self.prefix, key], |k| {
+            if let Some(v) = self.writes.get(k) {
+                return Ok(f(v.as_deref()));
+            }
+            self.index.read_key_with(k, f)
+        })
+    }
+
     pub fn insert(&mut self, key: &[u8], value: &[u8]) {
         let k = self.full(key);
         self.writes.insert(k, Some(value.to_vec()));
@@ -800,6 +817,34 @@ impl Index {
     /// reach the frozen memtable and sled only from there, so a key the complete filter
     /// does not contain is in no layer. Asking it first spares a miss (a fresh entry
     /// id, a first child) the two memtable lookups as well as sled's.
+    /// [`Index::read_key`] handing the value to `f` in place (under the
+    /// memtable's read lock when the value is there).
+    fn read_key_with<T>(
+        &self,
+        k: &[u8],
+        f: impl FnOnce(Option<&[u8]>) -> T,
+    ) -> Result<T, IndexError> {
+        if k.first() == Some(&USER) {
+            let keys = self.keys.read().unwrap_or_else(|e| e.into_inner());
+            if keys.complete && !keys.filter.may_contain(KeyHash::of(k)) {
+                return Ok(f(None));
+            }
+        }
+        {
+            let mem = self.mem.read().unwrap_or_else(|e| e.into_inner());
+            if let Some(v) = mem.writes.get(k) {
+                return Ok(f(v.as_deref()));
+            }
+        }
+        {
+            let frozen = self.frozen.read().unwrap_or_else(|e| e.into_inner());
+            if let Some(v) = frozen.as_ref().and_then(|w| w.get(k)) {
+                return Ok(f(v.as_deref()));
+            }
+        }
+        Ok(f(self.tree.get(k)?.as_deref()))
+    }
+
     fn read_key(&self, k: &[u8]) -> Result<Option<Vec<u8>>, IndexError> {
         let user = k.first() == Some(&USER);
         if user {
@@ -1031,6 +1076,21 @@ impl Index {
         let head = [USER, ns.len().min(255) as u8];
         Ok(with_joined(&[&head, ns.as_bytes(), key], |k| {
             self.read_key(k)
+        })?)
+    }
+
+    /// [`Index::get`] handing the value to `f` in place instead of copying
+    /// it out (for large values of which the caller reads a part). `f` may
+    /// run under a read lock of the memtable: it must not use the index.
+    pub fn get_with<T>(
+        &self,
+        ns: &str,
+        key: &[u8],
+        f: impl FnOnce(Option<&[u8]>) -> T,
+    ) -> Result<T, Error> {
+        let head = [USER, ns.len().min(255) as u8];
+        Ok(with_joined(&[&head, ns.as_bytes(), key], |k| {
+            self.read_key_with(k, f)
         })?)
     }
 

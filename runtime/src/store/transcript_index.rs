@@ -131,7 +131,7 @@ use crate::transcript::{
 /// Name of the engine indexer that keeps transcripts.
 pub const TRANSCRIPT_INDEXER: &str = "transcript";
 /// Version of the transcript index layout; bumping it rebuilds the index.
-pub const TRANSCRIPT_INDEX_VERSION: u32 = 8;
+pub const TRANSCRIPT_INDEX_VERSION: u32 = 9;
 
 const TAG_META: u8 = b'm';
 const TAG_ENTRY: u8 = b'e';
@@ -581,7 +581,7 @@ fn entry_key(sid: &str, id: &EntryId) -> Vec<u8> {
 /// many `E` keys, whatever its size (a bucket is one byte of the key).
 pub const SEED_BUCKETS: u32 = 256;
 /// Format byte of a seed bucket value.
-const SEED_BUCKET_FORMAT: u8 = 1;
+const SEED_BUCKET_FORMAT: u8 = 2;
 
 /// The seed bucket of an entry id: FNV-1a (64-bit) over the id's bytes,
 /// mixed by the SplitMix64 finalizer, top 8 bits. Stored data depends on
@@ -609,32 +609,50 @@ fn seed_key(sid: &str, bucket: u8) -> Vec<u8> {
 /// One record of a seed bucket: (id bytes, record bytes).
 pub type SeedRecord<'v> = (&'v [u8], &'v [u8]);
 
-/// Appends one record to a seed bucket value (`buf` empty: a new value,
-/// which starts with the format byte). The id is at most 255 bytes and
-/// the record at most `u32::MAX` bytes (entry ids are at most 128 bytes;
-/// a record is bounded by the commit it indexes).
-pub fn push_seed_record(buf: &mut Vec<u8>, id: &[u8], record: &[u8]) {
-    debug_assert!(id.len() <= usize::from(u8::MAX));
-    debug_assert!(u32::try_from(record.len()).is_ok());
-    if buf.is_empty() {
-        buf.push(SEED_BUCKET_FORMAT);
+/// Encodes a seed bucket value from its records: format byte (2), u32 BE
+/// record count, one u32 BE offset per record (where it starts in the
+/// value), then the records sorted by id bytes, each a u8 id length, the
+/// id, a u32 BE record length and the record. The sorted offset table
+/// lets a lookup binary-search the bucket instead of walking it (a new
+/// id, which every append checks, is a miss that would read the whole
+/// bucket). Ids are at most 255 bytes and records at most `u32::MAX`
+/// bytes (entry ids are at most 128 bytes; a record is bounded by the
+/// commit it indexes); a duplicate id keeps its first record.
+pub fn encode_seed_bucket(records: &[SeedRecord<'_>]) -> Vec<u8> {
+    let mut sorted: Vec<SeedRecord<'_>> = Vec::with_capacity(records.len());
+    for r in records {
+        debug_assert!(r.0.len() <= usize::from(u8::MAX));
+        debug_assert!(u32::try_from(r.1.len()).is_ok());
+        sorted.push(*r);
     }
-    buf.push(id.len().min(usize::from(u8::MAX)) as u8);
-    buf.extend_from_slice(id);
-    buf.extend_from_slice(
-        &u32::try_from(record.len())
-            .unwrap_or(u32::MAX)
-            .to_be_bytes(),
-    );
-    buf.extend_from_slice(record);
+    // Stable: the first of equal ids stays first, and is the one kept.
+    sorted.sort_by(|a, b| a.0.cmp(b.0));
+    sorted.dedup_by(|later, first| later.0 == first.0);
+    let n = sorted.len();
+    let dir_end = 1 + 4 + 4 * n;
+    let body: usize = sorted.iter().map(|(id, r)| 5 + id.len() + r.len()).sum();
+    let mut v = Vec::with_capacity(dir_end + body);
+    v.push(SEED_BUCKET_FORMAT);
+    v.extend_from_slice(&(n as u32).to_be_bytes());
+    let mut at = dir_end;
+    for (id, r) in &sorted {
+        v.extend_from_slice(&(at as u32).to_be_bytes());
+        at += 5 + id.len() + r.len();
+    }
+    for (id, r) in &sorted {
+        v.push(id.len().min(usize::from(u8::MAX)) as u8);
+        v.extend_from_slice(id);
+        v.extend_from_slice(&u32::try_from(r.len()).unwrap_or(u32::MAX).to_be_bytes());
+        v.extend_from_slice(r);
+    }
+    debug_assert_eq!(v.len(), at);
+    v
 }
 
-/// The records of a seed bucket value, in order: (id bytes, record
-/// bytes), borrowed from `v`. Every length is checked against the bytes
-/// left; hostile bytes give an error naming the byte offset, never a
-/// panic or an allocation beyond one entry per record found.
-pub fn seed_bucket_records(v: &[u8]) -> Result<Vec<SeedRecord<'_>>, String> {
-    let Some((&format, mut rest)) = v.split_first() else {
+/// A seed bucket's header: its record count and offset table, checked
+/// against the value's length before anything is read through them.
+fn seed_bucket_dir(v: &[u8]) -> Result<(usize, &[u8]), String> {
+    let Some((&format, rest)) = v.split_first() else {
         return Err("empty seed bucket".into());
     };
     if format != SEED_BUCKET_FORMAT {
@@ -642,30 +660,87 @@ pub fn seed_bucket_records(v: &[u8]) -> Result<Vec<SeedRecord<'_>>, String> {
             "seed bucket format {format}, expected {SEED_BUCKET_FORMAT}"
         ));
     }
-    let mut out = Vec::new();
-    while let Some((&id_len, tail)) = rest.split_first() {
-        let at = v.len() - rest.len();
-        let id_len = usize::from(id_len);
-        let (Some(id), Some(len)) = (tail.get(..id_len), tail.get(id_len..id_len + 4)) else {
-            return Err(format!("seed bucket truncated at byte {at}"));
-        };
-        let len = u32::from_be_bytes([len[0], len[1], len[2], len[3]]) as usize;
-        let start = id_len + 4;
-        let Some(record) = start.checked_add(len).and_then(|end| tail.get(start..end)) else {
-            return Err(format!("seed bucket record truncated at byte {at}"));
-        };
-        out.push((id, record));
-        rest = &tail[start + len..];
+    let n = rest
+        .get(..4)
+        .map(|b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]) as usize)
+        .ok_or("seed bucket truncated in its record count")?;
+    // Every record takes at least 5 bytes besides its 4-byte offset.
+    if n > rest.len().saturating_sub(4) / 9 {
+        return Err(format!(
+            "seed bucket of {} bytes claims {n} records",
+            v.len()
+        ));
+    }
+    Ok((n, &rest[4..4 + 4 * n]))
+}
+
+/// The record starting at byte `at` of a seed bucket value, and where the
+/// next one starts.
+fn seed_record_at(v: &[u8], at: usize) -> Result<(SeedRecord<'_>, usize), String> {
+    let truncated = || format!("seed bucket record truncated at byte {at}");
+    let id_len = usize::from(*v.get(at).ok_or_else(truncated)?);
+    let id = v.get(at + 1..at + 1 + id_len).ok_or_else(truncated)?;
+    let len = v
+        .get(at + 1 + id_len..at + 5 + id_len)
+        .map(|b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]) as usize)
+        .ok_or_else(truncated)?;
+    let start = at + 5 + id_len;
+    let end = start.checked_add(len).ok_or_else(truncated)?;
+    let record = v.get(start..end).ok_or_else(truncated)?;
+    Ok(((id, record), end))
+}
+
+fn dir_offset(dir: &[u8], i: usize) -> usize {
+    let b = &dir[4 * i..4 * i + 4];
+    u32::from_be_bytes([b[0], b[1], b[2], b[3]]) as usize
+}
+
+/// The records of a seed bucket value, in order: (id bytes, record
+/// bytes), borrowed from `v`. The whole value is checked: the offsets
+/// name the records in sequence, the ids strictly increase and nothing
+/// follows the last record. Hostile bytes give an error naming the byte
+/// offset, never a panic or an allocation the value's length does not
+/// bound.
+pub fn seed_bucket_records(v: &[u8]) -> Result<Vec<SeedRecord<'_>>, String> {
+    let (n, dir) = seed_bucket_dir(v)?;
+    let mut out: Vec<SeedRecord<'_>> = Vec::with_capacity(n);
+    let mut at = 5 + 4 * n;
+    for i in 0..n {
+        if dir_offset(dir, i) != at {
+            return Err(format!("seed bucket offset {i} does not name byte {at}"));
+        }
+        let (r, next) = seed_record_at(v, at)?;
+        if out.last().is_some_and(|p| p.0 >= r.0) {
+            return Err(format!("seed bucket ids out of order at byte {at}"));
+        }
+        out.push(r);
+        at = next;
+    }
+    if at != v.len() {
+        return Err(format!(
+            "seed bucket has {} bytes past its last record",
+            v.len() - at
+        ));
     }
     Ok(out)
 }
 
-/// The record bytes of `id` in a seed bucket value.
+/// The record bytes of `id` in a seed bucket value: a binary search over
+/// its offset table (only the records it visits are read and checked).
 fn find_in_seed_bucket<'v>(v: &'v [u8], id: &EntryId) -> Result<Option<&'v [u8]>, String> {
-    Ok(seed_bucket_records(v)?
-        .into_iter()
-        .find(|(k, _)| *k == id.as_str().as_bytes())
-        .map(|(_, r)| r))
+    let id = id.as_str().as_bytes();
+    let (n, dir) = seed_bucket_dir(v)?;
+    let (mut lo, mut hi) = (0, n);
+    while lo < hi {
+        let mid = lo + (hi - lo) / 2;
+        let ((k, r), _) = seed_record_at(v, dir_offset(dir, mid))?;
+        match k.cmp(id) {
+            std::cmp::Ordering::Equal => return Ok(Some(r)),
+            std::cmp::Ordering::Less => lo = mid + 1,
+            std::cmp::Ordering::Greater => hi = mid,
+        }
+    }
+    Ok(None)
 }
 
 /// Where an entry's record lives. An `e` key shadows the seed table: a
@@ -678,11 +753,28 @@ enum RecordAt {
     Absent,
 }
 
-/// Resolves `id`'s record through `get` (a batch's or the index's).
+/// What a seed bucket holds for one id: its record (copied out), or an
+/// error naming what is wrong with the bucket.
+type SeedLookup = Result<Option<Vec<u8>>, String>;
+
+/// The lookup of `id` in a seed bucket value handed over in place
+/// (`None`: no such bucket).
+fn seed_lookup(v: Option<&[u8]>, id: &EntryId) -> SeedLookup {
+    match v {
+        None => Ok(None),
+        Some(v) => find_in_seed_bucket(v, id).map(|r| r.map(<[u8]>::to_vec)),
+    }
+}
+
+/// Resolves `id`'s record through `get` (a batch's or the index's) and,
+/// when its `e` key is absent, `in_seed` (the same store's in-place read
+/// of the id's seed bucket, through [`seed_lookup`]: buckets are large,
+/// so only the record is copied out).
 fn locate_record<E>(
     sid: &str,
     id: &EntryId,
     get: impl Fn(&[u8]) -> Result<Option<Vec<u8>>, E>,
+    in_seed: impl Fn(&[u8]) -> Result<SeedLookup, E>,
     malformed: impl Fn(String) -> E,
 ) -> Result<RecordAt, E> {
     match get(&entry_key(sid, id))? {
@@ -691,11 +783,8 @@ fn locate_record<E>(
         None => {}
     }
     let bucket = seed_bucket(id);
-    let Some(v) = get(&seed_key(sid, bucket))? else {
-        return Ok(RecordAt::Absent);
-    };
-    match find_in_seed_bucket(&v, id) {
-        Ok(Some(r)) => Ok(RecordAt::Seed(r.to_vec())),
+    match in_seed(&seed_key(sid, bucket))? {
+        Ok(Some(r)) => Ok(RecordAt::Seed(r)),
         Ok(None) => Ok(RecordAt::Absent),
         Err(e) => Err(malformed(format!("seed bucket {bucket}: {e}"))),
     }
@@ -708,7 +797,13 @@ fn get_record_bytes(
     id: &EntryId,
 ) -> Result<Option<Vec<u8>>, IndexError> {
     Ok(
-        match locate_record(sid, id, |k| batch.get(k), IndexError::Malformed)? {
+        match locate_record(
+            sid,
+            id,
+            |k| batch.get(k),
+            |k| batch.get_with(k, |v| seed_lookup(v, id)),
+            IndexError::Malformed,
+        )? {
             RecordAt::Key(b) | RecordAt::Seed(b) => Some(b),
             RecordAt::Tombstone | RecordAt::Absent => None,
         },
@@ -718,12 +813,12 @@ fn get_record_bytes(
 /// Removes `id`'s record: its `e` key, or a tombstone over its seed
 /// table record.
 fn remove_record(batch: &mut IndexBatch<'_>, sid: &str, id: &EntryId) -> Result<(), IndexError> {
-    let in_seed = match batch.get(&seed_key(sid, seed_bucket(id)))? {
-        Some(v) => find_in_seed_bucket(&v, id)
-            .map_err(|e| IndexError::Malformed(format!("seed bucket of {id}: {e}")))?
-            .is_some(),
-        None => false,
-    };
+    let in_seed = batch
+        .get_with(&seed_key(sid, seed_bucket(id)), |v| match v {
+            Some(v) => find_in_seed_bucket(v, id).map(|r| r.is_some()),
+            None => Ok(false),
+        })?
+        .map_err(|e| IndexError::Malformed(format!("seed bucket of {id}: {e}")))?;
     if in_seed {
         batch.insert(&entry_key(sid, id), &[]);
     } else {
@@ -1800,14 +1895,14 @@ fn index_seed(
     // The records go into the seed table: a few hundred keys at most
     // instead of one per entry (the index's memtable moves each key into
     // sled at a cost per key).
-    let mut buckets: Vec<Vec<u8>> = vec![Vec::new(); SEED_BUCKETS as usize];
-    for (id, r) in ids.iter().zip(&records) {
-        let b = &mut buckets[usize::from(seed_bucket(id))];
-        push_seed_record(b, id.as_str().as_bytes(), &r.encode());
+    let encoded: Vec<Vec<u8>> = records.iter().map(EntryRecord::encode).collect();
+    let mut buckets: Vec<Vec<SeedRecord<'_>>> = vec![Vec::new(); SEED_BUCKETS as usize];
+    for (id, r) in ids.iter().zip(&encoded) {
+        buckets[usize::from(seed_bucket(id))].push((id.as_str().as_bytes(), r));
     }
-    for (bucket, v) in buckets.iter().enumerate() {
-        if !v.is_empty() {
-            batch.insert(&seed_key(sid, bucket as u8), v);
+    for (bucket, records) in buckets.iter().enumerate() {
+        if !records.is_empty() {
+            batch.insert(&seed_key(sid, bucket as u8), &encode_seed_bucket(records));
             meta.seed_table = true;
         }
     }
@@ -2883,6 +2978,11 @@ impl LogTranscriptSource {
             self.sid.as_str(),
             id,
             |k| index.get(TRANSCRIPT_INDEXER, k).map_err(engine_err),
+            |k| {
+                index
+                    .get_with(TRANSCRIPT_INDEXER, k, |v| seed_lookup(v, id))
+                    .map_err(engine_err)
+            },
             |e| self.corrupt(e),
         )?;
         Ok(match at {
@@ -3861,52 +3961,63 @@ mod tests {
         (r.children, r.only_child)
     }
 
-    /// A seed bucket value's records come back in order; a truncated value
-    /// or a length past its end is an error (never a panic or an
-    /// allocation from the damaged length), unless it ends on a record
-    /// boundary, which is a shorter bucket.
+    /// A seed bucket value keeps its records sorted by id behind an offset
+    /// table; lookups binary-search it. Any truncation, an offset or
+    /// length past the end, ids out of order or another format is an
+    /// error (never a panic or an allocation from a damaged length).
     #[test]
-    fn a_damaged_seed_bucket_is_an_error() {
-        let records: [(&str, &[u8]); 3] = [("a", b"xyz"), ("bb", b""), ("ccc", b"0123456789")];
-        let mut v = vec![SEED_BUCKET_FORMAT];
-        let mut boundaries = vec![1];
-        for (id, rec) in records {
-            v.push(id.len() as u8);
-            v.extend_from_slice(id.as_bytes());
-            v.extend_from_slice(&(rec.len() as u32).to_be_bytes());
-            v.extend_from_slice(rec);
-            boundaries.push(v.len());
-        }
+    fn seed_buckets_are_sorted_searched_and_checked() {
+        let records: [SeedRecord<'_>; 4] = [
+            (b"ccc", b"0123456789"),
+            (b"a", b"xyz"),
+            (b"bb", b""),
+            (b"a", b"second a, dropped"),
+        ];
+        let v = encode_seed_bucket(&records);
         let got = seed_bucket_records(&v).unwrap();
-        let want: Vec<(&[u8], &[u8])> = records.iter().map(|(i, r)| (i.as_bytes(), *r)).collect();
+        let want: Vec<SeedRecord<'_>> = vec![(b"a", b"xyz"), (b"bb", b""), (b"ccc", b"0123456789")];
         assert_eq!(got, want);
-        let ccc = EntryId::parse("ccc").unwrap();
+        for (id, r) in &want {
+            let id = EntryId::parse(std::str::from_utf8(id).unwrap()).unwrap();
+            assert_eq!(find_in_seed_bucket(&v, &id).unwrap(), Some(*r));
+        }
+        for absent in ["0", "b", "bbb", "d"] {
+            let id = EntryId::parse(absent).unwrap();
+            assert_eq!(find_in_seed_bucket(&v, &id).unwrap(), None, "{absent}");
+        }
         assert_eq!(
-            find_in_seed_bucket(&v, &ccc).unwrap(),
-            Some(&b"0123456789"[..])
+            seed_bucket_records(&encode_seed_bucket(&[])).unwrap(),
+            vec![]
         );
-        let absent = EntryId::parse("d").unwrap();
-        assert_eq!(find_in_seed_bucket(&v, &absent).unwrap(), None);
         for n in 0..v.len() {
             let r = seed_bucket_records(&v[..n]);
-            if boundaries.contains(&n) {
-                assert_eq!(
-                    r.unwrap().len(),
-                    boundaries.iter().position(|&b| b == n).unwrap()
-                );
-            } else {
-                assert!(r.is_err(), "truncated at {n}: {r:?}");
-            }
+            assert!(r.is_err(), "truncated at {n}: {r:?}");
         }
-        // The first record's length byte made huge.
+        let ccc = EntryId::parse("ccc").unwrap();
+        // A huge record count.
         let mut bad = v.clone();
-        bad[1 + 1 + 1] = 0xff;
+        bad[1] = 0xff;
         assert!(seed_bucket_records(&bad).is_err());
         assert!(find_in_seed_bucket(&bad, &ccc).is_err());
+        // The last offset past the end.
+        let mut bad = v.clone();
+        bad[5 + 8..5 + 12].copy_from_slice(&u32::MAX.to_be_bytes());
+        assert!(seed_bucket_records(&bad).is_err());
+        assert!(find_in_seed_bucket(&bad, &ccc).is_err());
+        // The first record's length made huge.
+        let mut bad = v.clone();
+        let first = 5 + 4 * 3;
+        bad[first + 2..first + 6].copy_from_slice(&u32::MAX.to_be_bytes());
+        assert!(seed_bucket_records(&bad).is_err());
+        // Ids out of order (the first id changed to sort after the second).
+        let mut bad = v.clone();
+        bad[first + 1] = b'z';
+        assert!(seed_bucket_records(&bad).is_err());
         // Another format.
         let mut bad = v.clone();
         bad[0] = SEED_BUCKET_FORMAT + 1;
         assert!(seed_bucket_records(&bad).is_err());
+        assert!(find_in_seed_bucket(&bad, &ccc).is_err());
     }
 
     /// An entry's record as the index resolves it (its `e` key or its
