@@ -817,34 +817,6 @@ impl Index {
     /// reach the frozen memtable and sled only from there, so a key the complete filter
     /// does not contain is in no layer. Asking it first spares a miss (a fresh entry
     /// id, a first child) the two memtable lookups as well as sled's.
-    /// [`Index::read_key`] handing the value to `f` in place (under the
-    /// memtable's read lock when the value is there).
-    fn read_key_with<T>(
-        &self,
-        k: &[u8],
-        f: impl FnOnce(Option<&[u8]>) -> T,
-    ) -> Result<T, IndexError> {
-        if k.first() == Some(&USER) {
-            let keys = self.keys.read().unwrap_or_else(|e| e.into_inner());
-            if keys.complete && !keys.filter.may_contain(KeyHash::of(k)) {
-                return Ok(f(None));
-            }
-        }
-        {
-            let mem = self.mem.read().unwrap_or_else(|e| e.into_inner());
-            if let Some(v) = mem.writes.get(k) {
-                return Ok(f(v.as_deref()));
-            }
-        }
-        {
-            let frozen = self.frozen.read().unwrap_or_else(|e| e.into_inner());
-            if let Some(v) = frozen.as_ref().and_then(|w| w.get(k)) {
-                return Ok(f(v.as_deref()));
-            }
-        }
-        Ok(f(self.tree.get(k)?.as_deref()))
-    }
-
     fn read_key(&self, k: &[u8]) -> Result<Option<Vec<u8>>, IndexError> {
         let user = k.first() == Some(&USER);
         if user {
@@ -873,6 +845,34 @@ impl Index {
             }
         }
         Ok(self.tree.get(k)?.map(|v| v.to_vec()))
+    }
+
+    /// [`Index::read_key`] handing the value to `f` in place (under the
+    /// memtable's read lock when the value is there).
+    fn read_key_with<T>(
+        &self,
+        k: &[u8],
+        f: impl FnOnce(Option<&[u8]>) -> T,
+    ) -> Result<T, IndexError> {
+        if k.first() == Some(&USER) {
+            let keys = self.keys.read().unwrap_or_else(|e| e.into_inner());
+            if keys.complete && !keys.filter.may_contain(KeyHash::of(k)) {
+                return Ok(f(None));
+            }
+        }
+        {
+            let mem = self.mem.read().unwrap_or_else(|e| e.into_inner());
+            if let Some(v) = mem.writes.get(k) {
+                return Ok(f(v.as_deref()));
+            }
+        }
+        {
+            let frozen = self.frozen.read().unwrap_or_else(|e| e.into_inner());
+            if let Some(v) = frozen.as_ref().and_then(|w| w.get(k)) {
+                return Ok(f(v.as_deref()));
+            }
+        }
+        Ok(f(self.tree.get(k)?.as_deref()))
     }
 
     /// Entries with keys starting with `prefix`, memtables
