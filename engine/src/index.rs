@@ -818,33 +818,7 @@ impl Index {
     /// does not contain is in no layer. Asking it first spares a miss (a fresh entry
     /// id, a first child) the two memtable lookups as well as sled's.
     fn read_key(&self, k: &[u8]) -> Result<Option<Vec<u8>>, IndexError> {
-        let user = k.first() == Some(&USER);
-        if user {
-            let keys = self.keys.read().unwrap_or_else(|e| e.into_inner());
-            if keys.complete && !keys.filter.may_contain(KeyHash::of(k)) {
-                return Ok(None);
-            }
-        }
-        if let Some(v) = self
-            .mem
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .writes
-            .get(k)
-        {
-            return Ok(v.clone());
-        }
-        if let Some(f) = self
-            .frozen
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .as_ref()
-        {
-            if let Some(v) = f.get(k) {
-                return Ok(v.clone());
-            }
-        }
-        Ok(self.tree.get(k)?.map(|v| v.to_vec()))
+        self.read_key_with(k, |v| v.map(<[u8]>::to_vec))
     }
 
     /// [`Index::read_key`] handing the value to `f` in place (under the

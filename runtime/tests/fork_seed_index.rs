@@ -215,16 +215,21 @@ fn kind(sel: u8, target: usize) -> EntryKind {
     }
 }
 
-#[test]
-fn a_linear_fork_seed_is_indexed_like_its_entries_one_by_one() {
-    let entries: Vec<Entry> = (0..300)
+/// A chain of `n` entries `e0 → e1 → …`, entry `i` of kind `kind_of(i)`.
+fn chain(n: usize, kind_of: impl Fn(usize) -> EntryKind) -> Vec<Entry> {
+    (0..n)
         .map(|i| Entry {
             id: eid(i),
             parent_id: i.checked_sub(1).map(eid),
             timestamp_ms: i as i64,
-            kind: kind((i * 7 % 11) as u8, i / 2),
+            kind: kind_of(i),
         })
-        .collect();
+        .collect()
+}
+
+#[test]
+fn a_linear_fork_seed_is_indexed_like_its_entries_one_by_one() {
+    let entries = chain(300, |i| kind((i * 7 % 11) as u8, i / 2));
     check(entries, Some(eid(299)));
 }
 
@@ -344,14 +349,7 @@ fn a_seed_changed_after_the_fork_stays_indexed_like_its_entries_one_by_one() {
     // child), a rewrite of a seeded entry, removals of seeded entries (a
     // tombstone over the seed table), a leaf move onto a removed entry's
     // sibling, and an append reusing a removed id.
-    let entries: Vec<Entry> = (0..100)
-        .map(|i| Entry {
-            id: eid(i),
-            parent_id: i.checked_sub(1).map(eid),
-            timestamp_ms: i as i64,
-            kind: kind((i % 9) as u8, i / 2),
-        })
-        .collect();
+    let entries = chain(100, |i| kind((i % 9) as u8, i / 2));
     let then = vec![
         follow_up(0, 0, 40, 0, 100, 0),
         follow_up(2, 41, 39, 42, 100, 1),
