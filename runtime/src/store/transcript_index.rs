@@ -10,7 +10,7 @@
 //! | --- | --- | --- |
 //! | `m` | — | [`TranscriptMeta`]: generation, raw seq, updated at, leaf, counters |
 //! | `e` | entry id | [`EntryRecord`] in its binary encoding ([`EntryRecord::encode`]): number of children and the only child's id when there is exactly one, where the entry is in the log, size, kind, parent, [`PathMarker`], [`PathFacts`], append seq, summary; empty: a tombstone over the entry's seed table record (the entry was removed) |
-//! | `E` | u8 bucket | the seed table: the records of a `created` event's seed transcript, spread over at most [`SEED_BUCKETS`] (256) keys by a hash of the id (`seed_bucket`): a format byte (1), then per record a u8 id length, the id, a u32 BE record length and the record. An `e` key shadows a seed record: any later change to a seeded entry writes its record there |
+//! | `E` | u8 bucket | the seed table: the records of a `created` event's seed transcript, spread over at most [`SEED_BUCKETS`] (256) keys by a hash of the id (`seed_bucket`), as [`encode_seed_bucket`] writes it: a format byte (2), a u32 BE record count, a u32 BE offset per record, then the records sorted by id, each a u8 id length, the id, a u32 BE record length and the record. An `e` key shadows a seed record: any later change to a seeded entry writes its record there |
 //! | `c` | u8 len ++ parent id ++ u64 BE seq | child id (children in append order), only for a parent with two or more children |
 //! | `n` | parent id | only for a parent without an `e` record (an orphan's absent parent): u64 BE number of children, then the only child's id when there is exactly one |
 //! | `t` | u32 BE len ++ custom type ++ u64 BE ordinal | custom entry id (empty = removed) |
@@ -743,16 +743,6 @@ fn find_in_seed_bucket<'v>(v: &'v [u8], id: &EntryId) -> Result<Option<&'v [u8]>
     Ok(None)
 }
 
-/// Where an entry's record lives. An `e` key shadows the seed table: a
-/// record written after the seed (any change) is an `e` key, and an
-/// entry removed from a seed leaves an empty `e` value (a tombstone).
-enum RecordAt {
-    Key(Vec<u8>),
-    Seed(Vec<u8>),
-    Tombstone,
-    Absent,
-}
-
 /// What a seed bucket holds for one id: its record (copied out), or an
 /// error naming what is wrong with the bucket.
 type SeedLookup = Result<Option<Vec<u8>>, String>;
@@ -766,28 +756,25 @@ fn seed_lookup(v: Option<&[u8]>, id: &EntryId) -> SeedLookup {
     }
 }
 
-/// Resolves `id`'s record through `get` (a batch's or the index's) and,
-/// when its `e` key is absent, `in_seed` (the same store's in-place read
-/// of the id's seed bucket, through [`seed_lookup`]: buckets are large,
-/// so only the record is copied out).
+/// `id`'s record bytes, resolved through `get` (a batch's or the
+/// index's) and, when its `e` key is absent, `in_seed` (the same store's
+/// in-place read of the id's seed bucket, through [`seed_lookup`]:
+/// buckets are large, so only the record is copied out). An `e` key
+/// shadows the seed table: a record written after the seed (any change)
+/// is an `e` key, and an entry removed from a seed leaves an empty `e`
+/// value (a tombstone: no record).
 fn locate_record<E>(
     sid: &str,
     id: &EntryId,
     get: impl Fn(&[u8]) -> Result<Option<Vec<u8>>, E>,
     in_seed: impl Fn(&[u8]) -> Result<SeedLookup, E>,
     malformed: impl Fn(String) -> E,
-) -> Result<RecordAt, E> {
-    match get(&entry_key(sid, id))? {
-        Some(b) if b.is_empty() => return Ok(RecordAt::Tombstone),
-        Some(b) => return Ok(RecordAt::Key(b)),
-        None => {}
+) -> Result<Option<Vec<u8>>, E> {
+    if let Some(b) = get(&entry_key(sid, id))? {
+        return Ok((!b.is_empty()).then_some(b));
     }
     let bucket = seed_bucket(id);
-    match in_seed(&seed_key(sid, bucket))? {
-        Ok(Some(r)) => Ok(RecordAt::Seed(r)),
-        Ok(None) => Ok(RecordAt::Absent),
-        Err(e) => Err(malformed(format!("seed bucket {bucket}: {e}"))),
-    }
+    in_seed(&seed_key(sid, bucket))?.map_err(|e| malformed(format!("seed bucket {bucket}: {e}")))
 }
 
 /// `id`'s record bytes as the batch sees them.
@@ -796,17 +783,12 @@ fn get_record_bytes(
     sid: &str,
     id: &EntryId,
 ) -> Result<Option<Vec<u8>>, IndexError> {
-    Ok(
-        match locate_record(
-            sid,
-            id,
-            |k| batch.get(k),
-            |k| batch.get_with(k, |v| seed_lookup(v, id)),
-            IndexError::Malformed,
-        )? {
-            RecordAt::Key(b) | RecordAt::Seed(b) => Some(b),
-            RecordAt::Tombstone | RecordAt::Absent => None,
-        },
+    locate_record(
+        sid,
+        id,
+        |k| batch.get(k),
+        |k| batch.get_with(k, |v| seed_lookup(v, id)),
+        IndexError::Malformed,
     )
 }
 
@@ -2974,7 +2956,7 @@ impl LogTranscriptSource {
     /// `id`'s record bytes: its `e` key or its seed table record.
     fn record_bytes(&self, id: &EntryId) -> Result<Option<Vec<u8>>, StoreError> {
         let index = self.engine.index();
-        let at = locate_record(
+        locate_record(
             self.sid.as_str(),
             id,
             |k| index.get(TRANSCRIPT_INDEXER, k).map_err(engine_err),
@@ -2984,11 +2966,7 @@ impl LogTranscriptSource {
                     .map_err(engine_err)
             },
             |e| self.corrupt(e),
-        )?;
-        Ok(match at {
-            RecordAt::Key(b) | RecordAt::Seed(b) => Some(b),
-            RecordAt::Tombstone | RecordAt::Absent => None,
-        })
+        )
     }
 
     /// The index record of an entry, through the per-operation cache.
