@@ -13,7 +13,7 @@
 use crate::bloom::{KeyFilter, KeyHash};
 use crate::error::{Error, IndexError};
 use crate::types::{CommitInfo, LogPosition, RecordedCommit};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::ops::Bound;
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
@@ -355,6 +355,23 @@ fn scan_keys(tree: &sled::Tree, keys: &RwLock<Keys>, stop: &AtomicBool) {
 }
 
 type Writes = BTreeMap<Vec<u8>, Option<Vec<u8>>>;
+
+/// The text of a caught panic's payload.
+fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".into())
+}
+
+/// The indexers' writes for a group of commits, computed by [`Index::prepare`] and not
+/// yet visible to readers, with the version blocks the group extends that the memtable
+/// did not hold (key to value; empty when absent).
+pub(crate) struct PreparedWrites {
+    writes: Writes,
+    blocks: HashMap<Vec<u8>, Vec<u8>>,
+}
 /// A key and its new value (`None` = removed).
 type PendingWrite = (Vec<u8>, Option<Vec<u8>>);
 
@@ -623,10 +640,18 @@ impl Index {
     /// Apply `commits` (consecutive, in seq order) to the memtable, together with the
     /// new applied seq; a full memtable moves into sled in one atomic batch.
     pub(crate) fn apply(&self, commits: &[RecordedCommit]) -> Result<(), IndexError> {
-        let Some(last) = commits.last() else {
-            return Ok(());
-        };
-        // The indexers' writes, in a batch that sees its own pending writes.
+        let writes = self.prepare(commits)?;
+        self.publish(commits, writes)
+    }
+
+    /// The registered indexers' writes for `commits` (consecutive, in seq order, the
+    /// next after everything published), computed without changing what readers see:
+    /// the indexers read the index through a batch that shows its own pending writes
+    /// first. Only [`Index::publish`] makes them visible, so this may run while the
+    /// commits are not yet durable (during their fdatasync); the caller must not
+    /// publish anything else in between, or the writes would be computed from a
+    /// stale index.
+    pub(crate) fn prepare(&self, commits: &[RecordedCommit]) -> Result<PreparedWrites, IndexError> {
         let mut writes: Writes = BTreeMap::new();
         let prefixes: Vec<Vec<u8>> = self
             .indexers
@@ -640,9 +665,66 @@ impl Index {
                     writes: &mut writes,
                     prefix,
                 };
-                ix.apply(c, &mut batch)?;
+                // A panicking indexer becomes the group's error (which poisons the
+                // store's writes) instead of unwinding through the group's leader,
+                // which would leave the writers behind it waiting for an
+                // acknowledgement that never comes. Nothing shared is half-changed:
+                // the batch's writes are this call's own and are dropped.
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| ix.apply(c, &mut batch)))
+                    .unwrap_or_else(|panic| {
+                        Err(IndexError::indexer(
+                            ix.name(),
+                            format!(
+                                "panicked on commit {} of stream {:?}: {}",
+                                c.info.seq,
+                                c.info.stream,
+                                panic_message(panic.as_ref())
+                            ),
+                        ))
+                    })?;
             }
         }
+        // The version blocks `publish` extends that only sled or the frozen memtable
+        // hold: read here, off the memtable's write lock (a sled read waits for a move
+        // into sled to finish). A block's first version needs no read.
+        let mut blocks: HashMap<Vec<u8>, Vec<u8>> = HashMap::new();
+        let mut key = Vec::with_capacity(64);
+        for c in commits {
+            let i = &c.info;
+            if (i.version - 1) % VERSIONS_PER_BLOCK == 0 {
+                continue;
+            }
+            write_version_block_key(&mut key, &i.stream, i.version);
+            if blocks.contains_key(&key) {
+                continue;
+            }
+            let in_mem = self
+                .mem
+                .read()
+                .unwrap_or_else(|e| e.into_inner())
+                .writes
+                .contains_key(key.as_slice());
+            if !in_mem {
+                let block = self.read_below_mem(&key)?.unwrap_or_default();
+                blocks.insert(key.clone(), block);
+            }
+        }
+        Ok(PreparedWrites { writes, blocks })
+    }
+
+    /// Make `commits` visible: their engine keys (stream heads, version blocks), the
+    /// indexers' `writes` from [`Index::prepare`] of the same commits, and the new
+    /// applied seq go into the memtable under one lock; a full memtable moves into
+    /// sled in one atomic batch.
+    pub(crate) fn publish(
+        &self,
+        commits: &[RecordedCommit],
+        writes: PreparedWrites,
+    ) -> Result<(), IndexError> {
+        let Some(last) = commits.last() else {
+            return Ok(());
+        };
+        let PreparedWrites { writes, mut blocks } = writes;
         let full = {
             let mut guard = self.mem.write().unwrap_or_else(|e| e.into_inner());
             let mem = &mut *guard;
@@ -674,7 +756,16 @@ impl Index {
                     block.extend_from_slice(&entry);
                     mem.bytes += block.len().saturating_sub(before);
                 } else {
-                    let mut block = self.read_below_mem(&key)?.unwrap_or_default();
+                    // The first version of a block has no earlier ones to keep; the
+                    // others were read by `prepare`.
+                    let mut block = if slot == 0 {
+                        Vec::new()
+                    } else {
+                        match blocks.remove(key.as_slice()) {
+                            Some(b) => b,
+                            None => self.read_below_mem(&key)?.unwrap_or_default(),
+                        }
+                    };
                     block.resize(slot, 0);
                     block.extend_from_slice(&entry);
                     mem.bytes += key.len() + block.len();

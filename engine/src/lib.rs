@@ -29,6 +29,7 @@ pub mod format;
 mod gc;
 mod index;
 mod log;
+mod prepare;
 mod salvage;
 mod store;
 mod types;

@@ -4,7 +4,8 @@ use super::{Mapped, OpenMode, Vfs, VfsFile, VfsLock};
 use std::io;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
 
 /// Which calls a [`FaultVfs`] plan counts and fails.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -38,6 +39,16 @@ struct State {
     // Calls seen per kind (indexes follow `slot`), plus all calls.
     counts: [AtomicU64; 7],
     injected: AtomicU64,
+    pause: Mutex<Pause>,
+    pause_cond: Condvar,
+}
+
+/// A planned pause: the call of `kind` whose count reaches `at` blocks until resumed.
+#[derive(Debug, Default)]
+struct Pause {
+    plan: Option<(FaultKind, u64)>,
+    /// A call is blocked in the pause now.
+    paused: bool,
 }
 
 fn slot(kind: FaultKind) -> usize {
@@ -57,6 +68,7 @@ impl State {
     fn check(&self, kind: FaultKind, what: &str) -> io::Result<()> {
         let n_kind = self.counts[slot(kind)].fetch_add(1, Ordering::SeqCst) + 1;
         let n_any = self.counts[slot(FaultKind::Any)].fetch_add(1, Ordering::SeqCst) + 1;
+        self.maybe_pause(kind, n_kind, n_any);
         let plan = *self.plan.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(p) = plan {
             let n = if p.kind == FaultKind::Any {
@@ -75,6 +87,25 @@ impl State {
             }
         }
         Ok(())
+    }
+
+    /// Block this call while a pause planned for it lasts.
+    fn maybe_pause(&self, kind: FaultKind, n_kind: u64, n_any: u64) {
+        let mut p = self.pause.lock().unwrap_or_else(|e| e.into_inner());
+        let hit = match p.plan {
+            Some((FaultKind::Any, at)) => n_any == at,
+            Some((k, at)) => k == kind && n_kind == at,
+            None => false,
+        };
+        if !hit {
+            return;
+        }
+        p.paused = true;
+        self.pause_cond.notify_all();
+        while p.plan.is_some() {
+            p = self.pause_cond.wait(p).unwrap_or_else(|e| e.into_inner());
+        }
+        p.paused = false;
     }
 }
 
@@ -125,6 +156,46 @@ impl FaultVfs {
     /// How many faults were injected so far.
     pub fn injected(&self) -> u64 {
         self.state.injected.load(Ordering::SeqCst)
+    }
+
+    /// Block the `nth` call of `kind` from now on (1-based, counted on the current
+    /// counters) until [`FaultVfs::resume`]: a test holds a writer inside, say, its
+    /// fdatasync while other threads line up behind it. The call then proceeds (or
+    /// fails, if a fault is planned for it).
+    pub fn pause_nth(&self, kind: FaultKind, nth: u64) {
+        let at = self.count(kind) + nth;
+        let mut p = self.state.pause.lock().unwrap_or_else(|e| e.into_inner());
+        p.plan = Some((kind, at));
+        p.paused = false;
+    }
+
+    /// Wait until a call is blocked in the planned pause; `false` after `timeout`.
+    pub fn wait_paused(&self, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        let mut p = self.state.pause.lock().unwrap_or_else(|e| e.into_inner());
+        while !p.paused {
+            let now = Instant::now();
+            if now >= deadline {
+                return false;
+            }
+            p = self
+                .state
+                .pause_cond
+                .wait_timeout(p, deadline - now)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+        true
+    }
+
+    /// End the planned pause, letting a blocked call proceed.
+    pub fn resume(&self) {
+        self.state
+            .pause
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .plan = None;
+        self.state.pause_cond.notify_all();
     }
 }
 
