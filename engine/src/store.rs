@@ -1694,6 +1694,18 @@ mod prepare_tests {
         (first, rest)
     }
 
+    /// The seqs of the test's commits (1 to 9) whose chain key the index shows.
+    fn indexed(s: &Store) -> Vec<u64> {
+        (1..=1 + LINED_UP as u64)
+            .filter(|seq| {
+                s.index()
+                    .get("chain", &seq.to_be_bytes())
+                    .unwrap()
+                    .is_some()
+            })
+            .collect()
+    }
+
     const STREAMS: [&str; LINED_UP] = ["s1", "s2", "s3", "s4", "s5", "s6", "s7", "s8"];
 
     #[test]
@@ -1711,15 +1723,7 @@ mod prepare_tests {
         // The second group went through the index thread, which is kept for the next.
         assert!(lock(&s.inner.w).preparer.is_some());
         assert_eq!(s.stats().write_groups, 2);
-        for seq in 1..=1 + LINED_UP as u64 {
-            assert!(
-                s.index()
-                    .get("chain", &seq.to_be_bytes())
-                    .unwrap()
-                    .is_some(),
-                "commit {seq} is not in the index"
-            );
-        }
+        assert_eq!(indexed(&s), (1..=1 + LINED_UP as u64).collect::<Vec<_>>());
         for name in STREAMS {
             assert_eq!(s.read_stream(name, 1, 10).unwrap().len(), 1, "{name}");
         }
@@ -1748,18 +1752,7 @@ mod prepare_tests {
         assert_eq!(vfs.injected(), 1);
         // The index thread prepared the group (the chain indexer saw commit 1), but
         // none of it is visible: not its keys, not its versions, not its applied seq.
-        assert!(s
-            .index()
-            .get("chain", &1u64.to_be_bytes())
-            .unwrap()
-            .is_some());
-        for seq in 2..=1 + LINED_UP as u64 {
-            assert!(s
-                .index()
-                .get("chain", &seq.to_be_bytes())
-                .unwrap()
-                .is_none());
-        }
+        assert_eq!(indexed(&s), vec![1]);
         for name in STREAMS {
             assert!(s.read_stream(name, 1, 10).unwrap().is_empty(), "{name}");
         }
@@ -1811,12 +1804,6 @@ mod prepare_tests {
         );
         assert!(s.is_poisoned());
         assert_eq!(s.index().applied_seq().unwrap(), 1);
-        for seq in 2..=1 + LINED_UP as u64 {
-            assert!(s
-                .index()
-                .get("chain", &seq.to_be_bytes())
-                .unwrap()
-                .is_none());
-        }
+        assert_eq!(indexed(&s), vec![1]);
     }
 }
