@@ -372,6 +372,7 @@ pub(crate) struct PreparedWrites {
     writes: Writes,
     blocks: HashMap<Vec<u8>, Vec<u8>>,
 }
+
 /// A key and its new value (`None` = removed).
 type PendingWrite = (Vec<u8>, Option<Vec<u8>>);
 
