@@ -99,8 +99,8 @@ pub(crate) struct Writer {
     /// Threads waiting on `Inner::cond` (see `wait_writer`).
     pub(crate) waiters: usize,
     /// The index thread that prepares a durable group's index writes during its
-    /// fdatasync; started by the first durable group that uses it, taken by its leader for the
-    /// group. `None` also when it could not be started.
+    /// fdatasync; started by the first group that uses it, taken by that group's
+    /// leader for the group. `None` also when it could not be started.
     preparer: Option<Preparer>,
     /// Starting the index thread failed once: durable groups prepare on the leader.
     preparer_failed: bool,
@@ -693,49 +693,43 @@ impl Store {
         active: Arc<Segment>,
         buf: &[u8],
         chunks: &[Chunk],
-        batch: Vec<RecordedCommit>,
+        mut batch: Vec<RecordedCommit>,
         preparer: &Option<Preparer>,
     ) -> (
         Result<(Arc<Segment>, Vec<(Arc<Segment>, u64, u64)>), Error>,
         Vec<RecordedCommit>,
     ) {
         let inner = &*self.inner;
-        let sync = inner.opts.durability == Durability::Immediate;
-        let wg = self.write_group(active, buf, chunks);
-        let (seg, ends) = match wg {
+        let (seg, ends) = match self.write_group(active, buf, chunks) {
             Ok(r) => r,
             Err(e) => return (Err(e), batch),
         };
-        let (batch, prepared, synced) = if !sync {
-            (batch, None, Ok(()))
-        } else {
-            let started = match preparer {
+        let mut prepared = None;
+        if inner.opts.durability == Durability::Immediate {
+            let handed = match preparer {
                 Some(p) => p.start(batch),
                 None => Err(batch),
             };
-            match started {
-                Ok(()) => {
-                    let synced = self.sync_group(&seg);
-                    let fin = preparer.as_ref().and_then(Preparer::finish);
-                    match fin {
-                        Some((batch, prepared)) => (batch, Some(prepared), synced),
-                        None => {
-                            let stopped = IndexError::indexer(
-                                "(index thread)",
-                                "the index thread stopped before answering",
-                            );
-                            return (Err(Error::Index(stopped)), Vec::new());
-                        }
+            let synced = self.sync_group(&seg);
+            match handed {
+                Ok(()) => match preparer.as_ref().and_then(Preparer::finish) {
+                    Some((back, writes)) => {
+                        batch = back;
+                        prepared = Some(writes);
                     }
-                }
-                Err(batch) => {
-                    let synced = self.sync_group(&seg);
-                    (batch, None, synced)
-                }
+                    None => {
+                        let stopped = IndexError::indexer(
+                            "(index thread)",
+                            "the index thread stopped before answering",
+                        );
+                        return (Err(Error::Index(stopped)), Vec::new());
+                    }
+                },
+                Err(back) => batch = back,
             }
-        };
-        if let Err(e) = synced {
-            return (Err(e), batch);
+            if let Err(e) = synced {
+                return (Err(e), batch);
+            }
         }
         // Publish the readable end of each written segment before the index names
         // the new positions: a reader that finds a position in the index must be
