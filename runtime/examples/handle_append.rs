@@ -17,6 +17,11 @@ use spool_runtime::store::{LogStore, LogStoreOptions};
 use spool_runtime::transcript::{ContentBlock, EntryKind, Message};
 use spool_runtime::{AgentDefinition, SessionRuntime};
 
+/// The allocator of the `spool` binary (see its `main.rs`), so this
+/// profile is of what `spool bench` runs.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let n: usize = std::env::args()
         .nth(1)

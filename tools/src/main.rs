@@ -18,6 +18,16 @@ use std::process::ExitCode;
 
 use clap::Parser;
 
+/// The binary's allocator. The engine and runtime allocate per commit (an
+/// event's buffers, index keys, the snapshot's new entries) from several
+/// threads; with the C library's allocator a fifth to a third of the
+/// appending thread's samples were `malloc`/`free` (BENCHMARKS.md gives the
+/// figures with both). The libraries do not choose an allocator: an
+/// embedding application picks its own. C code in the process (the bundled
+/// SQLite of `spool bench`) keeps the C library's `malloc`.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> ExitCode {
     let args = cli::Cli::parse();
     match cmd::run(args) {

@@ -461,7 +461,10 @@ pub fn to_markdown(report: &Report) -> String {
          `SessionRuntime::fork` at the middle entry, then the open. List = the log store's \
          header index with a status filter (one prefix scan of header records). Tool \
          results are custom messages (`tool_output`): the data has no tool calls, and the \
-         context builder drops a tool result that answers no call.",
+         context builder drops a tool result that answers no call. The `spool` binary's \
+         Rust code allocates with mimalloc (its global allocator; the JSONL and JSON-file \
+         peers, which run in the same binary, use it too); SQLite and PostgreSQL use their \
+         own defaults (the C library's `malloc`).",
         pb = PAGE_BUDGET,
         pe = super::spool::PAGE_EVENTS_MAX,
     );
