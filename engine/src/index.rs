@@ -1257,6 +1257,39 @@ impl Index {
         }
     }
 
+    /// Whether the memtable and the frozen memtable are both empty (`None` if a move
+    /// into sled is running).
+    #[cfg(test)]
+    pub(crate) fn mem_is_empty_for_tests(&self) -> Option<bool> {
+        if self
+            .moving
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_some()
+        {
+            return None;
+        }
+        let mem = self
+            .mem
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .writes
+            .is_empty();
+        let frozen = self
+            .frozen
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_none();
+        Some(mem && frozen)
+    }
+
+    /// The applied seq as sled alone holds it (without the memtable).
+    #[cfg(test)]
+    pub(crate) fn sled_applied_seq_for_tests(&self) -> Option<u64> {
+        let v = self.tree.get(META_APPLIED).ok()??;
+        be_u64(&v)
+    }
+
     /// Flush sled's buffers (a courtesy on close: correctness never depends on it).
     pub(crate) fn flush(&self) -> Result<(), Error> {
         self.flush_mem()?;

@@ -974,6 +974,35 @@ impl Store {
         flush_inner(&self.inner)
     }
 
+    /// Move every index write still held in memory into sled, and wait for a
+    /// background move in progress: a checkpoint of the derived indexes, which
+    /// afterwards hold every acknowledged commit in sled and have no background
+    /// work pending. Waits for a write group in flight and holds new groups
+    /// back while it runs (appends wait; reads go on). The log is not synced:
+    /// that is [`Store::flush`]. A failure poisons the store, as a failed
+    /// index write on the write path does. A no-op on a read-only store.
+    pub fn flush_index(&self) -> Result<(), Error> {
+        let inner = &*self.inner;
+        if inner.read_only {
+            return Ok(());
+        }
+        let mut w = lock(&inner.w);
+        while w.leader {
+            w = wait_writer(inner, w);
+        }
+        if inner.poisoned.load(Ordering::Acquire) {
+            return Err(Error::Poisoned);
+        }
+        // With the writer lock held and no leader, nothing publishes into the
+        // memtable, which makes this thread its only applier (`flush_mem`'s rule).
+        let res = inner.index.flush_mem();
+        if res.is_err() {
+            inner.poisoned.store(true, Ordering::Release);
+        }
+        drop(w);
+        res.map_err(Error::Index)
+    }
+
     /// Flush, stop background work and release the lock.
     pub fn close(self) -> Result<(), Error> {
         shutdown(&self.inner)
@@ -1635,6 +1664,37 @@ mod prepare_tests {
             .vfs(Arc::new(vfs.clone()))
             .indexer(Arc::new(Chain));
         (Arc::new(Store::open(dir, opts).unwrap()), vfs)
+    }
+
+    #[test]
+    fn flush_index_leaves_nothing_in_memory_and_the_applied_marker_in_sled() {
+        let dir = tempfile::tempdir().unwrap();
+        let (s, _vfs) = open(dir.path());
+        for i in 0..20 {
+            append(&s, &format!("s{i}")).unwrap();
+        }
+        let index = &s.inner.index;
+        assert!(index.mem_is_empty_for_tests() == Some(false));
+        s.flush_index().unwrap();
+        assert_eq!(index.mem_is_empty_for_tests(), Some(true));
+        assert_eq!(index.sled_applied_seq_for_tests(), Some(20));
+        // Everything stays readable, and appends go on.
+        assert_eq!(
+            index.get("chain", &20u64.to_be_bytes()).unwrap().as_deref(),
+            Some(&b"s19"[..])
+        );
+        append(&s, "after").unwrap();
+        assert_eq!(index.applied_seq().unwrap(), 21);
+    }
+
+    #[test]
+    fn flush_index_on_a_poisoned_store_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let (s, vfs) = open(dir.path());
+        append(&s, "a").unwrap();
+        vfs.fail_nth(FaultKind::Sync, 1, false);
+        assert!(append(&s, "b").is_err());
+        assert!(matches!(s.flush_index(), Err(Error::Poisoned)));
     }
 
     fn append(s: &Store, stream: &str) -> Result<AppendOutcome, Error> {
