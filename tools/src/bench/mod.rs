@@ -4,7 +4,8 @@
 //! Every subject — spool and each peer — implements [`SpoolSubject`], so all
 //! of them go through the same harness code: the same generated records
 //! ([`data`]), the same threads, the same timer, the same repetitions
-//! ([`stats`]) and the same answer checks. The spool subject
+//! ([`stats`]), interleaved across subjects ([`rounds`]), and the same
+//! answer checks. The spool subject
 //! ([`spool::Spool`]) drives the runtime's public handle API over the log
 //! store; each subject's budgets count its own unit
 //! ([`SubjectStore::entry_cost`]).
@@ -405,6 +406,14 @@ pub trait SubjectStore: Send + Sync {
         Err(self.unsupported("fork_and_open"))
     }
 
+    /// Finishes the background work the timed operations left behind
+    /// (untimed, after each repetition), so that it is not done during
+    /// another subject's repetition. The default does nothing: the peers
+    /// leave none (SQLite checkpoints inside its commits).
+    fn settle(&self) -> Result<(), BenchError> {
+        Ok(())
+    }
+
     /// Flushes and closes the store (untimed).
     fn close(self: Box<Self>) -> Result<(), BenchError>;
 
@@ -658,10 +667,51 @@ pub fn expected_first_page(
     page
 }
 
-/// Figures of one subject for one row.
-struct Measured {
-    name: String,
-    samples: Samples,
+/// A subject's store, loaded for a read workload.
+struct Loaded<'s> {
+    subject: &'s dyn SpoolSubject,
+    dir: PathBuf,
+    store: Box<dyn SubjectStore>,
+}
+
+impl Loaded<'_> {
+    fn name(&self) -> &str {
+        self.subject.name()
+    }
+}
+
+/// Closes every loaded store and removes its directory.
+fn close_all(loaded: Vec<Loaded<'_>>) -> Result<(), BenchError> {
+    for l in loaded {
+        l.store.close()?;
+        remove_dir(&l.dir)?;
+    }
+    Ok(())
+}
+
+/// Interleaved repetitions: round `r` runs repetition `r` of every subject
+/// in turn, each followed by its [`SubjectStore::settle`] (untimed). On a
+/// shared machine a slow stretch then falls on every subject's samples
+/// alike instead of on all of one subject's, which would move the ratio.
+/// `rep(i, loaded)` times one repetition of subject `i`.
+fn rounds(
+    reps: usize,
+    loaded: &[Loaded<'_>],
+    mut rep: impl FnMut(usize, &Loaded<'_>) -> Result<f64, BenchError>,
+) -> Result<Vec<(String, Samples)>, BenchError> {
+    let mut samples: Vec<Samples> = loaded.iter().map(|_| Samples::default()).collect();
+    for _ in 0..reps {
+        for (i, (l, out)) in loaded.iter().zip(samples.iter_mut()).enumerate() {
+            let r = rep(i, l)?;
+            l.store.settle()?;
+            out.rates.push(r);
+        }
+    }
+    Ok(loaded
+        .iter()
+        .zip(samples)
+        .map(|(l, s)| (l.name().to_string(), s))
+        .collect())
 }
 
 struct Harness<'a> {
@@ -681,27 +731,37 @@ impl Harness<'_> {
         self.dir.join(format!("{subject}-{v}"))
     }
 
-    /// Appends per-writer records with `writers` threads; returns the
-    /// commit rate and the payload byte rate of each repetition.
-    fn append_reps(
+    /// Appends per-writer records with `writers` threads into a fresh
+    /// store of each subject, in interleaved rounds (see [`rounds`]);
+    /// returns each subject's commit rates and payload byte rates.
+    fn append_rounds(
         &mut self,
-        subject: &dyn SpoolSubject,
+        subjects: &[&dyn SpoolSubject],
         durability: Durability,
         variant: &str,
         per_writer: &[Vec<Record>],
-    ) -> Result<(Samples, Samples), BenchError> {
-        (self.progress)(&format!("  {} {variant}", subject.name()));
-        let mut commits = Samples::default();
-        let mut bytes = Samples::default();
+    ) -> Result<Vec<(String, Samples, Samples)>, BenchError> {
+        let mut out: Vec<(String, Samples, Samples)> = subjects
+            .iter()
+            .map(|s| (s.name().to_string(), Samples::default(), Samples::default()))
+            .collect();
         for rep in 0..self.sizes.repetitions {
-            let dir = self.subject_dir(subject.name(), &format!("{variant}-{rep}"));
-            create_dir(&dir)?;
-            let (c, b) = append_once(subject, &dir, durability, per_writer)?;
-            remove_dir(&dir)?;
-            commits.rates.push(c);
-            bytes.rates.push(b / MB);
+            (self.progress)(&format!(
+                "  {variant} round {}/{}",
+                rep + 1,
+                self.sizes.repetitions
+            ));
+            for (s, (_, commits, bytes)) in subjects.iter().zip(out.iter_mut()) {
+                let dir = self.subject_dir(s.name(), &format!("{variant}-{rep}"));
+                create_dir(&dir)?;
+                // The store is closed inside: nothing of it runs on.
+                let (c, b) = append_once(*s, &dir, durability, per_writer)?;
+                remove_dir(&dir)?;
+                commits.rates.push(c);
+                bytes.rates.push(b / MB);
+            }
         }
-        Ok((commits, bytes))
+        Ok(out)
     }
 
     fn append_durable(&mut self, spool: &dyn SpoolSubject) -> Result<Vec<ResultRow>, BenchError> {
@@ -726,21 +786,14 @@ impl Harness<'_> {
                 subjects.push(self.pg);
             }
             subjects.extend([&jsonl as &dyn SpoolSubject, &raw, &raw_append]);
-            let mut measured = Vec::new();
-            for s in subjects {
-                if s.supports(Workload::AppendDurable) {
-                    let (c, _) = self.append_reps(s, Durability::Durable, &variant, &per_writer)?;
-                    measured.push(Measured {
-                        name: s.name().to_string(),
-                        samples: c,
-                    });
-                }
-            }
+            subjects.retain(|s| s.supports(Workload::AppendDurable));
+            let measured =
+                self.append_rounds(&subjects, Durability::Durable, &variant, &per_writer)?;
             let mut row = ResultRow::from_measured(
                 Workload::AppendDurable.name(),
                 &variant,
                 "commits/s",
-                measured.into_iter().map(|m| (m.name, m.samples)),
+                measured.into_iter().map(|(name, c, _)| (name, c)),
             );
             if let Some(note) = pg_missing {
                 row.missing_peer(self.pg.name(), &note);
@@ -760,15 +813,15 @@ impl Harness<'_> {
         let sqlite = peers::sqlite::SqlitePeer;
         let jsonl = peers::jsonl::JsonlPeer;
         let raw = peers::raw::RawPeer::sequential_buffered();
-        let subjects: [&dyn SpoolSubject; 4] = [spool, &sqlite, &jsonl, &raw];
+        let mut subjects: Vec<&dyn SpoolSubject> = vec![spool, &sqlite, &jsonl, &raw];
+        subjects.retain(|s| s.supports(Workload::AppendBuffered));
         let mut commits = Vec::new();
         let mut mbs = Vec::new();
-        for s in subjects {
-            if s.supports(Workload::AppendBuffered) {
-                let (c, b) = self.append_reps(s, Durability::Buffered, &variant, &records)?;
-                commits.push((s.name().to_string(), c));
-                mbs.push((s.name().to_string(), b));
-            }
+        for (name, c, b) in
+            self.append_rounds(&subjects, Durability::Buffered, &variant, &records)?
+        {
+            commits.push((name.clone(), c));
+            mbs.push((name, b));
         }
         let w = Workload::AppendBuffered.name();
         Ok(vec![
@@ -779,13 +832,13 @@ impl Harness<'_> {
 
     /// Loads `sessions` into a fresh store of `subject`, closes it and
     /// opens it again for the timed part.
-    fn loaded_store(
+    fn loaded_store<'s>(
         &mut self,
-        subject: &dyn SpoolSubject,
+        subject: &'s dyn SpoolSubject,
         variant: &str,
         durability: Durability,
         sessions: &[SessionData<'_>],
-    ) -> Result<(PathBuf, Box<dyn SubjectStore>), BenchError> {
+    ) -> Result<Loaded<'s>, BenchError> {
         (self.progress)(&format!("  {} {variant}", subject.name()));
         let dir = self.subject_dir(subject.name(), variant);
         create_dir(&dir)?;
@@ -794,7 +847,26 @@ impl Harness<'_> {
         store.load(sessions)?;
         store.close()?;
         let store = subject.open_store(&dir, durability, 1)?;
-        Ok((dir, store))
+        Ok(Loaded {
+            subject,
+            dir,
+            store,
+        })
+    }
+
+    /// [`Harness::loaded_store`] for every subject that supports `workload`.
+    fn load_all<'s>(
+        &mut self,
+        subjects: &[&'s dyn SpoolSubject],
+        workload: Workload,
+        variant: &str,
+        sessions: &[SessionData<'_>],
+    ) -> Result<Vec<Loaded<'s>>, BenchError> {
+        let mut loaded = Vec::new();
+        for s in subjects.iter().filter(|s| s.supports(workload)) {
+            loaded.push(self.loaded_store(*s, variant, Durability::Durable, sessions)?);
+        }
+        Ok(loaded)
     }
 
     fn peers_for(&self, workload: Workload) -> Vec<Box<dyn SpoolSubject>> {
@@ -819,39 +891,36 @@ impl Harness<'_> {
             if pg_missing.is_none() {
                 subjects.push(self.pg);
             }
-            let mut measured = Vec::new();
+            let sessions = [SessionData {
+                spec: &spec,
+                records: &records,
+            }];
+            let loaded = self.load_all(&subjects, Workload::Open, &variant, &sessions)?;
+            // Each subject's answer in its own unit.
+            let expected: Vec<ContextSummary> = loaded
+                .iter()
+                .map(|l| {
+                    expected_context(&records, CONTEXT_BUDGET, |r, q| l.store.entry_cost(r, q))
+                })
+                .collect();
             let mut resident = None;
+            let (min_time, max_iters) = (self.sizes.min_time, self.sizes.max_iters);
+            let measured = rounds(self.sizes.repetitions, &loaded, |i, l| {
+                stats::rate_loop(min_time, max_iters, || {
+                    let got = l.store.open_context(&spec, CONTEXT_BUDGET)?;
+                    check_context(l.name(), Workload::Open, &variant, got, expected[i])?;
+                    if got.resident_bytes.is_some() {
+                        resident = got.resident_bytes;
+                    }
+                    Ok(1)
+                })
+            })?;
             let mut first_page = None;
-            for s in subjects {
-                if !s.supports(Workload::Open) {
-                    continue;
-                }
-                let sessions = [SessionData {
-                    spec: &spec,
-                    records: &records,
-                }];
-                let (dir, store) =
-                    self.loaded_store(s, &variant, Durability::Durable, &sessions)?;
-                // Each subject's answer in its own unit.
-                let expected =
-                    expected_context(&records, CONTEXT_BUDGET, |r, q| store.entry_cost(r, q));
-                let samples = stats::repeat(self.sizes.repetitions, |_| {
-                    stats::rate_loop(self.sizes.min_time, self.sizes.max_iters, || {
-                        let got = store.open_context(&spec, CONTEXT_BUDGET)?;
-                        check_context(s.name(), Workload::Open, &variant, got, expected)?;
-                        if got.resident_bytes.is_some() {
-                            resident = got.resident_bytes;
-                        }
-                        Ok(1)
-                    })
-                })?;
-                if s.name() == "spool" {
-                    first_page = self.first_page(s, store.as_ref(), &spec, &records, &variant)?;
-                }
-                store.close()?;
-                remove_dir(&dir)?;
-                measured.push((s.name().to_string(), samples));
+            for l in loaded.iter().filter(|l| l.name() == "spool") {
+                first_page =
+                    self.first_page(l.subject, l.store.as_ref(), &spec, &records, &variant)?;
             }
+            close_all(loaded)?;
             let mut row =
                 ResultRow::from_measured(Workload::Open.name(), &variant, "opens/s", measured);
             if let Some(note) = pg_missing {
@@ -916,36 +985,29 @@ impl Harness<'_> {
         let peers = self.peers_for(Workload::Page);
         let mut subjects: Vec<&dyn SpoolSubject> = vec![spool];
         subjects.extend(peers.iter().map(|p| p.as_ref()));
-        let mut measured = Vec::new();
-        for s in subjects {
-            if !s.supports(Workload::Page) {
-                continue;
-            }
-            let sessions = [SessionData {
-                spec: &spec,
-                records: &records,
-            }];
-            let (dir, store) = self.loaded_store(s, &variant, Durability::Durable, &sessions)?;
-            let samples = stats::repeat(self.sizes.repetitions, |_| {
-                let r = stats::rate_loop(self.sizes.min_time, self.sizes.max_iters, || {
-                    let got = store.read_branch(&spec, PAGE_BUDGET)?;
-                    if got.entries != n as u64 || got.bytes != total || got.pages == 0 {
-                        return Err(wrong(
-                            s.name(),
-                            Workload::Page,
-                            &variant,
-                            format!("{got:?}"),
-                            format!("{n} entries, {total} bytes"),
-                        ));
-                    }
-                    Ok(got.bytes)
-                })?;
-                Ok(r / MB)
+        let sessions = [SessionData {
+            spec: &spec,
+            records: &records,
+        }];
+        let loaded = self.load_all(&subjects, Workload::Page, &variant, &sessions)?;
+        let (min_time, max_iters) = (self.sizes.min_time, self.sizes.max_iters);
+        let measured = rounds(self.sizes.repetitions, &loaded, |_, l| {
+            let r = stats::rate_loop(min_time, max_iters, || {
+                let got = l.store.read_branch(&spec, PAGE_BUDGET)?;
+                if got.entries != n as u64 || got.bytes != total || got.pages == 0 {
+                    return Err(wrong(
+                        l.name(),
+                        Workload::Page,
+                        &variant,
+                        format!("{got:?}"),
+                        format!("{n} entries, {total} bytes"),
+                    ));
+                }
+                Ok(got.bytes)
             })?;
-            store.close()?;
-            remove_dir(&dir)?;
-            measured.push((s.name().to_string(), samples));
-        }
+            Ok(r / MB)
+        })?;
+        close_all(loaded)?;
         Ok(vec![ResultRow::from_measured(
             Workload::Page.name(),
             &variant,
@@ -970,31 +1032,24 @@ impl Harness<'_> {
         let peers = self.peers_for(Workload::List);
         let mut subjects: Vec<&dyn SpoolSubject> = vec![spool];
         subjects.extend(peers.iter().map(|p| p.as_ref()));
-        let mut measured = Vec::new();
-        for s in subjects {
-            if !s.supports(Workload::List) {
-                continue;
-            }
-            let (dir, store) = self.loaded_store(s, &variant, Durability::Durable, &sessions)?;
-            let samples = stats::repeat(self.sizes.repetitions, |_| {
-                stats::rate_loop(self.sizes.min_time, self.sizes.max_iters, || {
-                    let got = store.list_by_status(Status::Active)?;
-                    if got != expected {
-                        return Err(wrong(
-                            s.name(),
-                            Workload::List,
-                            &variant,
-                            got.to_string(),
-                            expected.to_string(),
-                        ));
-                    }
-                    Ok(1)
-                })
-            })?;
-            store.close()?;
-            remove_dir(&dir)?;
-            measured.push((s.name().to_string(), samples));
-        }
+        let loaded = self.load_all(&subjects, Workload::List, &variant, &sessions)?;
+        let (min_time, max_iters) = (self.sizes.min_time, self.sizes.max_iters);
+        let measured = rounds(self.sizes.repetitions, &loaded, |_, l| {
+            stats::rate_loop(min_time, max_iters, || {
+                let got = l.store.list_by_status(Status::Active)?;
+                if got != expected {
+                    return Err(wrong(
+                        l.name(),
+                        Workload::List,
+                        &variant,
+                        got.to_string(),
+                        expected.to_string(),
+                    ));
+                }
+                Ok(1)
+            })
+        })?;
+        close_all(loaded)?;
         Ok(vec![ResultRow::from_measured(
             Workload::List.name(),
             &variant,
@@ -1013,38 +1068,34 @@ impl Harness<'_> {
         let peers = self.peers_for(Workload::Fork);
         let mut subjects: Vec<&dyn SpoolSubject> = vec![spool];
         subjects.extend(peers.iter().map(|p| p.as_ref()));
-        let mut measured = Vec::new();
-        for s in subjects {
-            if !s.supports(Workload::Fork) {
-                continue;
-            }
-            let sessions = [SessionData {
-                spec: &source,
-                records: &records,
-            }];
-            let (dir, store) = self.loaded_store(s, &variant, Durability::Durable, &sessions)?;
-            let expected = expected_context(forked, CONTEXT_BUDGET, |r, q| store.entry_cost(r, q));
-            let mut next_key = 1u64;
-            // Every fork copies half the history; cap the count so the
-            // store stays within a few times the source's size per
-            // repetition.
-            let max_iters = self.sizes.max_iters.min(FORKS_PER_REPETITION_MAX);
-            let samples = stats::repeat(self.sizes.repetitions, |_| {
-                stats::rate_loop(self.sizes.min_time, max_iters, || {
-                    let fork = SessionSpec {
-                        parent: Some(source.key),
-                        ..SessionSpec::new(next_key)
-                    };
-                    next_key += 1;
-                    let got = store.fork_and_open(&source, at, &fork, CONTEXT_BUDGET)?;
-                    check_context(s.name(), Workload::Fork, &variant, got, expected)?;
-                    Ok(1)
-                })
-            })?;
-            store.close()?;
-            remove_dir(&dir)?;
-            measured.push((s.name().to_string(), samples));
-        }
+        let sessions = [SessionData {
+            spec: &source,
+            records: &records,
+        }];
+        let loaded = self.load_all(&subjects, Workload::Fork, &variant, &sessions)?;
+        let expected: Vec<ContextSummary> = loaded
+            .iter()
+            .map(|l| expected_context(forked, CONTEXT_BUDGET, |r, q| l.store.entry_cost(r, q)))
+            .collect();
+        // Fork keys are unique across the run (each store only sees its own).
+        let mut next_key = 1u64;
+        // Every fork copies half the history; cap the count so the store
+        // stays within a few times the source's size per repetition.
+        let max_iters = self.sizes.max_iters.min(FORKS_PER_REPETITION_MAX);
+        let min_time = self.sizes.min_time;
+        let measured = rounds(self.sizes.repetitions, &loaded, |i, l| {
+            stats::rate_loop(min_time, max_iters, || {
+                let fork = SessionSpec {
+                    parent: Some(source.key),
+                    ..SessionSpec::new(next_key)
+                };
+                next_key += 1;
+                let got = l.store.fork_and_open(&source, at, &fork, CONTEXT_BUDGET)?;
+                check_context(l.name(), Workload::Fork, &variant, got, expected[i])?;
+                Ok(1)
+            })
+        })?;
+        close_all(loaded)?;
         Ok(vec![ResultRow::from_measured(
             Workload::Fork.name(),
             &variant,
@@ -1171,6 +1222,72 @@ fn wrong(
 mod tests {
     use super::*;
     use serde_json::Value;
+    use std::sync::{Arc, Mutex};
+
+    /// A store that only records its `settle` calls into a shared log.
+    struct Recorder {
+        name: &'static str,
+        log: Arc<Mutex<Vec<String>>>,
+    }
+
+    impl SubjectStore for Recorder {
+        fn create_session(&self, _: usize, _: &SessionSpec) -> Result<(), BenchError> {
+            Ok(())
+        }
+        fn append(&self, _: usize, _: &SessionSpec, _: u64, _: &Record) -> Result<u64, BenchError> {
+            Ok(0)
+        }
+        fn settle(&self) -> Result<(), BenchError> {
+            self.log
+                .lock()
+                .unwrap()
+                .push(format!("settle {}", self.name));
+            Ok(())
+        }
+        fn close(self: Box<Self>) -> Result<(), BenchError> {
+            Ok(())
+        }
+        fn subject(&self) -> &str {
+            self.name
+        }
+    }
+
+    #[test]
+    fn rounds_interleave_the_subjects_and_settle_each_after_its_repetition() {
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let loaded: Vec<Loaded<'_>> = ["a", "b"]
+            .into_iter()
+            .map(|name| Loaded {
+                subject: &NoSpool,
+                dir: PathBuf::from(name),
+                store: Box::new(Recorder {
+                    name,
+                    log: log.clone(),
+                }),
+            })
+            .collect();
+        let mut next = 0.0;
+        let out = rounds(3, &loaded, |i, l| {
+            log.lock()
+                .unwrap()
+                .push(format!("rep {}", l.store.subject()));
+            next += 1.0;
+            Ok(next * 10.0 + i as f64)
+        })
+        .unwrap();
+        let order: Vec<String> = log.lock().unwrap().clone();
+        let mut want = Vec::new();
+        for _ in 0..3 {
+            for s in ["a", "b"] {
+                want.push(format!("rep {s}"));
+                want.push(format!("settle {s}"));
+            }
+        }
+        assert_eq!(order, want);
+        // Each subject's samples are its own repetitions, in round order.
+        assert_eq!(out[0].1.rates, vec![10.0, 30.0, 50.0]);
+        assert_eq!(out[1].1.rates, vec![21.0, 41.0, 61.0]);
+    }
 
     fn quick_config(dir: &Path, workloads: &[&str]) -> BenchConfig {
         BenchConfig {

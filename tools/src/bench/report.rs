@@ -433,6 +433,11 @@ pub fn to_markdown(report: &Report) -> String {
          at the middle entry, then opening the fork.\n\
          - Read workloads repeat their operation for a fixed minimum time per repetition \
          with a warm page cache.\n\
+         - Repetitions are interleaved: round r runs repetition r of every subject in turn \
+         (every store of a read workload is loaded first), so a slow stretch of a shared \
+         machine falls on every subject alike. After each repetition the subject finishes \
+         its background work untimed (spool: `Store::flush_index`, the move of the \
+         memtable into sled; the peers leave none).\n\
          - Peak RSS: {rss}",
         seed = r.seed,
         cb = CONTEXT_BUDGET,

@@ -436,6 +436,16 @@ impl SubjectStore for SpoolStore {
         self.open_id(fork.id(), budget)
     }
 
+    /// The index writes of a repetition's commits (a fork's seed table)
+    /// move into sled in the background: finish that now.
+    fn settle(&self) -> Result<(), BenchError> {
+        self.store
+            .engine()
+            .map_err(subject_err)?
+            .flush_index()
+            .map_err(subject_err)
+    }
+
     fn close(self: Box<Self>) -> Result<(), BenchError> {
         let SpoolStore {
             store,
