@@ -108,6 +108,11 @@ fn cpu_secs() -> f64 {
     }
 }
 
+/// The allocator of the `spool` binary (see its `main.rs`), so this
+/// profile is of what `spool bench` runs.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);
     let forks: usize = args.next().map(|s| s.parse()).transpose()?.unwrap_or(20);
