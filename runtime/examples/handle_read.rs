@@ -68,6 +68,11 @@ fn load(store: &LogStore, n: u64) -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
+/// The allocator of the `spool` binary (see its `main.rs`), so this
+/// profile is of what `spool bench` runs.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);
     let dir = std::path::PathBuf::from(args.next().ok_or("usage: handle_read DIR [N] [SECONDS]")?);
