@@ -408,8 +408,10 @@ pub trait SubjectStore: Send + Sync {
 
     /// Finishes the background work the timed operations left behind
     /// (untimed, after each repetition), so that it is not done during
-    /// another subject's repetition. The default does nothing: the peers
-    /// leave none (SQLite checkpoints inside its commits).
+    /// another subject's repetition. The default does nothing: SQLite and
+    /// the file peers leave none (SQLite checkpoints inside its commits);
+    /// PostgreSQL's server processes write in the background on their own
+    /// schedule, which a client cannot wait for.
     fn settle(&self) -> Result<(), BenchError> {
         Ok(())
     }

@@ -437,7 +437,8 @@ pub fn to_markdown(report: &Report) -> String {
          (every store of a read workload is loaded first), so a slow stretch of a shared \
          machine falls on every subject alike. After each repetition the subject finishes \
          its background work untimed (spool: `Store::flush_index`, the move of the \
-         memtable into sled; the peers leave none).\n\
+         memtable into sled; SQLite and the file peers leave none; PostgreSQL's server \
+         processes write in the background on their own schedule).\n\
          - Peak RSS: {rss}",
         seed = r.seed,
         cb = CONTEXT_BUDGET,
