@@ -986,13 +986,7 @@ impl Store {
         if inner.read_only {
             return Ok(());
         }
-        let mut w = lock(&inner.w);
-        while w.leader {
-            w = wait_writer(inner, w);
-        }
-        if inner.poisoned.load(Ordering::Acquire) {
-            return Err(Error::Poisoned);
-        }
+        let w = lock_idle(inner)?;
         // With the writer lock held and no leader, nothing publishes into the
         // memtable, which makes this thread its only applier (`flush_mem`'s rule).
         let res = inner.index.flush_mem();
@@ -1059,10 +1053,9 @@ fn check_retry_stream(info: &CommitInfo, c: &NewCommit) -> Result<(), Error> {
     Ok(())
 }
 
-fn flush_inner(inner: &Inner) -> Result<(), Error> {
-    if inner.read_only {
-        return Ok(());
-    }
+/// The writer lock once no write group is in flight (no leader); `Poisoned` when
+/// the store refuses writes.
+fn lock_idle(inner: &Inner) -> Result<MutexGuard<'_, Writer>, Error> {
     let mut w = lock(&inner.w);
     while w.leader {
         w = wait_writer(inner, w);
@@ -1070,6 +1063,14 @@ fn flush_inner(inner: &Inner) -> Result<(), Error> {
     if inner.poisoned.load(Ordering::Acquire) {
         return Err(Error::Poisoned);
     }
+    Ok(w)
+}
+
+fn flush_inner(inner: &Inner) -> Result<(), Error> {
+    if inner.read_only {
+        return Ok(());
+    }
+    let mut w = lock_idle(inner)?;
     if !w.dirty {
         return Ok(());
     }
