@@ -1068,10 +1068,11 @@ mod tests {
     use super::*;
     use crate::transcript::{ContentBlock, Entry, EntryId, EntryKind, Message, StopReason, Usage};
 
-    /// Long texts are checked with vector instructions: every kind of
-    /// invalid UTF-8 at every place in one (start, middle, the last bytes,
-    /// across a 32-byte block boundary) is refused exactly as the serde
-    /// decoder refuses it, and valid multi-byte text is accepted.
+    /// Long texts are checked with vector instructions: six kinds of
+    /// invalid UTF-8 put at nine places in one (the start, around 32- and
+    /// 64-byte block boundaries, the middle, the last bytes) are refused
+    /// exactly as the serde decoder refuses them, and valid multi-byte
+    /// text is accepted.
     #[test]
     fn long_texts_with_invalid_utf8_are_refused_like_serde_refuses_them() {
         let base: String = "ab\u{e9}c\u{20ac}d\u{1f600}".repeat(40);
