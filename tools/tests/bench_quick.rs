@@ -91,6 +91,22 @@ fn quick_bench_reports_every_workload_with_every_peer() {
             let spread = r["spread"][k].as_array().unwrap();
             let (lo, hi) = (spread[0].as_f64().unwrap(), spread[1].as_f64().unwrap());
             assert!(lo <= f && f <= hi, "{what} {k}: {lo} <= {f} <= {hi}");
+            // Each round's ratio pairs one spool rate with one of the
+            // peer's, so it lies within what the two spreads allow.
+            let rr = r["round_ratios"][k].as_array().expect("round_ratios");
+            let (rlo, rhi) = (rr[0].as_f64().unwrap(), rr[1].as_f64().unwrap());
+            let s = r["spread"]["spool"].as_array().unwrap();
+            let (slo, shi) = (s[0].as_f64().unwrap(), s[1].as_f64().unwrap());
+            let tol = 1e-9;
+            assert!(
+                0.0 < rlo
+                    && rlo <= rhi
+                    && rlo >= slo / hi * (1.0 - tol)
+                    && rhi <= shi / lo * (1.0 + tol),
+                "{what} {k}: round ratios {rlo}..{rhi} outside {}..{}",
+                slo / hi,
+                shi / lo
+            );
         }
         if w == "open" {
             // Issue 4's fields, one object per size.

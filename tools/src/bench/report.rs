@@ -78,6 +78,10 @@ pub struct ResultRow {
     pub spread: BTreeMap<String, [f64; 2]>,
     /// spool's median over each peer's median (absent without spool).
     pub ratios: BTreeMap<String, f64>,
+    /// `[min, max]` of spool's rate over each peer's in the same
+    /// interleaved round (see [`stats::round_ratios`]), by peer key: how far
+    /// the machine's drift moved the ratio during the run.
+    pub round_ratios: BTreeMap<String, [f64; 2]>,
     pub repetitions: usize,
     /// Peak resident set of the process during this workload (see
     /// [`RunInfo::peak_rss_per_workload`]); includes the generated data and
@@ -120,6 +124,7 @@ impl ResultRow {
             spread: BTreeMap::new(),
             notes: BTreeMap::new(),
             ratios: BTreeMap::new(),
+            round_ratios: BTreeMap::new(),
             repetitions: 0,
             peak_rss_bytes: None,
             history: None,
@@ -128,7 +133,9 @@ impl ResultRow {
             first_page_us: None,
             jsonl_open_us: None,
         };
-        for (name, samples) in measured {
+        let measured: Vec<(String, Samples)> = measured.into_iter().collect();
+        for (name, samples) in &measured {
+            let name = name.clone();
             row.repetitions = row.repetitions.max(samples.rates.len());
             let Some(s) = samples.summary() else { continue };
             row.spread.insert(name.clone(), [s.min, s.max]);
@@ -142,6 +149,14 @@ impl ResultRow {
             for (name, p) in &row.peers {
                 if let Some(r) = p.and_then(|p| stats::ratio(sp, p)) {
                     row.ratios.insert(name.clone(), r);
+                }
+            }
+        }
+        let samples_of = |want: &str| measured.iter().find(|(n, _)| n == want).map(|m| &m.1);
+        if let Some(spool) = samples_of("spool") {
+            for name in row.ratios.keys() {
+                if let Some(r) = samples_of(name).and_then(|p| stats::round_ratios(spool, p)) {
+                    row.round_ratios.insert(name.clone(), r);
                 }
             }
         }
@@ -301,7 +316,9 @@ pub fn to_markdown(report: &Report) -> String {
     let _ = writeln!(
         out,
         "Rates, higher is better: median of {} repetitions, (min–max) in brackets. \
-         Ratios are spool's median over each peer's, from the same run.{}\n",
+         Ratios are spool's median over each peer's, from the same run; in brackets, \
+         the lowest and highest ratio of spool's rate to the peer's within one \
+         interleaved round.{}\n",
         r.repetitions,
         if r.quick {
             " **Quick run: small sizes, for checking only.**"
@@ -331,7 +348,13 @@ pub fn to_markdown(report: &Report) -> String {
         }
         let ratios: Vec<String> = PEER_ORDER
             .iter()
-            .filter_map(|p| row.ratios.get(*p).map(|v| format!("{p} {v:.2}×")))
+            .filter_map(|p| {
+                let v = row.ratios.get(*p)?;
+                Some(match row.round_ratios.get(*p) {
+                    Some([lo, hi]) => format!("{p} {v:.2}× ({lo:.2}–{hi:.2})"),
+                    None => format!("{p} {v:.2}×"),
+                })
+            })
             .collect();
         let ratios = if ratios.is_empty() {
             "—".to_string()

@@ -3,7 +3,9 @@
 //! Every figure is a rate (units per second, higher is better). A figure is
 //! the median over several repetitions; the spread is the minimum and
 //! maximum rate seen. Ratios are spool's median over a peer's median, both
-//! from the same run.
+//! from the same run; the per-round ratios (spool's rate over the peer's in
+//! the same interleaved round, see [`round_ratios`]) show how far the
+//! machine's drift moves that ratio.
 
 use std::time::{Duration, Instant};
 
@@ -69,6 +71,23 @@ pub fn ratio(spool: f64, peer: f64) -> Option<f64> {
     }
 }
 
+/// The spread (`[min, max]`) of spool's rate over a peer's, round by
+/// round: repetition `r` of every subject runs in the same interleaved
+/// round, so a pair shares that stretch of the machine's speed. Rounds
+/// where either rate is not a positive finite figure are left out; `None`
+/// when no round pairs up.
+pub fn round_ratios(spool: &Samples, peer: &Samples) -> Option<[f64; 2]> {
+    let ratios = Samples {
+        rates: spool
+            .rates
+            .iter()
+            .zip(&peer.rates)
+            .filter_map(|(&s, &p)| ratio(s, p))
+            .collect(),
+    };
+    ratios.summary().map(|s| [s.min, s.max])
+}
+
 /// Runs `rep` `reps` times; each call returns one rate. Stops at the first
 /// error.
 pub fn repeat<E>(reps: usize, mut rep: impl FnMut(usize) -> Result<f64, E>) -> Result<Samples, E> {
@@ -125,6 +144,24 @@ mod tests {
         assert_eq!(ratio(10.0, 4.0), Some(2.5));
         assert_eq!(ratio(10.0, 0.0), None);
         assert_eq!(ratio(f64::NAN, 1.0), None);
+    }
+
+    #[test]
+    fn round_ratios_pair_rounds_by_index() {
+        let spool = Samples {
+            rates: vec![10.0, 30.0, 20.0, f64::INFINITY],
+        };
+        let peer = Samples {
+            rates: vec![5.0, 10.0, 40.0, 1.0, 7.0],
+        };
+        // Rounds 0..=2 pair up (2, 3, 0.5); round 3's infinite spool rate
+        // and the peer's unpaired fifth round are left out. Pairing by
+        // round differs from sorting each side: the medians' ratio is
+        // 20 / 10 = 2.
+        assert_eq!(round_ratios(&spool, &peer), Some([0.5, 3.0]));
+        let zero = Samples { rates: vec![0.0] };
+        assert_eq!(round_ratios(&spool, &zero), None);
+        assert_eq!(round_ratios(&Samples::default(), &peer), None);
     }
 
     #[test]
