@@ -135,14 +135,13 @@ impl ResultRow {
         };
         let measured: Vec<(String, Samples)> = measured.into_iter().collect();
         for (name, samples) in &measured {
-            let name = name.clone();
             row.repetitions = row.repetitions.max(samples.rates.len());
             let Some(s) = samples.summary() else { continue };
             row.spread.insert(name.clone(), [s.min, s.max]);
             if name == "spool" {
                 row.spool = Some(s.median);
             } else {
-                row.peers.insert(name, Some(s.median));
+                row.peers.insert(name.clone(), Some(s.median));
             }
         }
         if let Some(sp) = row.spool {

@@ -155,9 +155,9 @@ mod tests {
             rates: vec![5.0, 10.0, 40.0, 1.0, 7.0],
         };
         // Rounds 0..=2 pair up (2, 3, 0.5); round 3's infinite spool rate
-        // and the peer's unpaired fifth round are left out. Pairing by
-        // round differs from sorting each side: the medians' ratio is
-        // 20 / 10 = 2.
+        // and the peer's unpaired fifth round are left out. The ratio of
+        // the medians (20 over 7) is another figure: each side is sorted
+        // on its own there.
         assert_eq!(round_ratios(&spool, &peer), Some([0.5, 3.0]));
         let zero = Samples { rates: vec![0.0] };
         assert_eq!(round_ratios(&spool, &zero), None);
