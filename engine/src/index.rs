@@ -1233,10 +1233,22 @@ impl Index {
         Ok(())
     }
 
+    /// A cache entry's value, copied out (see [`Index::with_cache`]).
     pub fn get_cache(&self, ns: &str, key: &[u8]) -> Result<Option<Vec<u8>>, Error> {
+        self.with_cache(ns, key, <[u8]>::to_vec)
+    }
+
+    /// `read` of a cache entry's value in place, without copying it: a
+    /// cached snapshot can be megabytes that the caller only decodes.
+    pub fn with_cache<R>(
+        &self,
+        ns: &str,
+        key: &[u8],
+        read: impl FnOnce(&[u8]) -> R,
+    ) -> Result<Option<R>, Error> {
         let mut k = cache_prefix(ns);
         k.extend_from_slice(key);
-        Ok(self.cache.get(k).map_err(sled_err)?.map(|v| v.to_vec()))
+        Ok(self.cache.get(k).map_err(sled_err)?.map(|v| read(&v)))
     }
 
     pub fn remove_cache(&self, ns: &str, key: &[u8]) -> Result<(), Error> {

@@ -139,6 +139,14 @@ fn indexer_version_bump_rebuilds_and_drops_cache() {
         s.index().get_cache("snap", b"k").unwrap(),
         Some(b"v".to_vec())
     );
+    assert_eq!(
+        s.index().with_cache("snap", b"k", |v| v == b"v").unwrap(),
+        Some(true)
+    );
+    assert_eq!(
+        s.index().with_cache("snap", b"x", <[u8]>::len).unwrap(),
+        None
+    );
     let c = count(&s, "s1");
     s.close().unwrap();
     // Same version: the cache survives a reopen.

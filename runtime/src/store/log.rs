@@ -856,18 +856,22 @@ impl LogStore {
         base: u64,
         head: u64,
     ) -> Option<(u64, i64, AgentSession)> {
-        let bytes = self
+        let decoded = |bytes: &[u8]| {
+            let version = be_u64(bytes.get(..8)?)?;
+            let updated = i64::from_be_bytes(bytes.get(8..16)?.try_into().ok()?);
+            if version <= base || version > head {
+                return None;
+            }
+            let session = decode_snapshot(bytes.get(16..)?).ok()?;
+            Some((version, updated, session))
+        };
+        let (version, updated, session) = self
             .engine()
             .ok()?
             .index()
-            .get_cache(SESSION_INDEXER, &key(CACHE_SNAPSHOT, id.as_str()))
-            .ok()??;
-        let version = be_u64(bytes.get(..8)?)?;
-        let updated = i64::from_be_bytes(bytes.get(8..16)?.try_into().ok()?);
-        if version <= base || version > head {
-            return None;
-        }
-        let session = decode_snapshot(bytes.get(16..)?).ok()?;
+            .with_cache(SESSION_INDEXER, &key(CACHE_SNAPSHOT, id.as_str()), decoded)
+            .ok()?
+            .flatten()?;
         if session.id() != id {
             return None;
         }
