@@ -291,6 +291,13 @@ mod fast {
     /// refuse for its depth in place.
     pub(super) const SKIP_DEPTH_MAX: u32 = 128;
 
+    /// Whether `b` is UTF-8: a short id or name is mostly ASCII, which is
+    /// checked without `from_utf8`'s per-call setup (a page read checks
+    /// ~10 short strings per entry).
+    fn utf8(b: &[u8]) -> bool {
+        b.is_ascii() || simdutf8::basic::from_utf8(b).is_ok()
+    }
+
     struct Reader<'a> {
         b: &'a [u8],
     }
@@ -368,7 +375,35 @@ mod fast {
                 self.byte()?;
                 return Some(());
             }
-            self.str().map(|_| ())
+            utf8(self.str_bytes()?).then_some(())
+        }
+
+        /// A string compared, not converted: the tag of an enum variant,
+        /// matched against byte literals. Every tag is ASCII, so bytes
+        /// equal to one are UTF-8, and anything else (invalid UTF-8
+        /// included) matches no arm and goes to serde, as a `str` would.
+        fn tag(&mut self) -> Option<&'a [u8]> {
+            self.str_bytes()
+        }
+
+        /// An entry id, as [`EntryId::from_decoded_str`] of the string.
+        fn entry_id(&mut self) -> Option<EntryId> {
+            let b = self.str_bytes()?;
+            if b.is_ascii() {
+                return EntryId::from_decoded_ascii(b);
+            }
+            simdutf8::basic::from_utf8(b)
+                .ok()
+                .map(EntryId::from_decoded_str)
+        }
+
+        /// A nil or an entry id ([`Reader::entry_id`]).
+        fn opt_entry_id(&mut self) -> Option<Option<EntryId>> {
+            if self.peek_nil() {
+                self.byte()?;
+                return Some(None);
+            }
+            self.entry_id().map(Some)
         }
 
         /// A nil or a string, borrowed.
@@ -532,8 +567,8 @@ mod fast {
         let r = &mut Reader { b: body };
         let n = r.map_len()?;
         r.key("type")?;
-        let ev = match (r.str()?, n) {
-            ("created", 8) => {
+        let ev = match (r.tag()?, n) {
+            (b"created", 8) => {
                 r.key("id")?;
                 let id = r.serde()?;
                 r.key("parent_id")?;
@@ -559,7 +594,7 @@ mod fast {
                 };
                 return Some((ev, parts));
             }
-            ("history_rewritten", 4) => {
+            (b"history_rewritten", 4) => {
                 r.key("generation")?;
                 let generation = r.u64()?;
                 r.key("entries")?;
@@ -568,7 +603,7 @@ mod fast {
                 SessionEvent::HistoryRewritten {
                     generation,
                     entries,
-                    leaf: r.opt_str()?.map(EntryId::from_decoded_str),
+                    leaf: r.opt_entry_id()?,
                 }
             }
             _ => return None,
@@ -605,7 +640,7 @@ mod fast {
         r.key("entries")?;
         let entries = entries(r, keep != Keep::Nothing)?;
         r.key("leaf")?;
-        let leaf = r.opt_str()?.map(EntryId::from_decoded_str);
+        let leaf = r.opt_entry_id()?;
         let mut transcript = Transcript::new();
         let mut parts = None;
         match keep {
@@ -660,8 +695,8 @@ mod fast {
             }
             Some(())
         };
-        let offsets = match (r.str()?, n) {
-            ("created", 8) => {
+        let offsets = match (r.tag()?, n) {
+            (b"created", 8) => {
                 skip_fields(
                     r,
                     &[
@@ -701,7 +736,7 @@ mod fast {
                 )?;
                 offsets
             }
-            ("history_rewritten", 4) => {
+            (b"history_rewritten", 4) => {
                 skip_fields(r, &["generation"])?;
                 r.key("entries")?;
                 let offsets = entry_starts(r, body.len())?;
@@ -786,10 +821,10 @@ mod fast {
             return None;
         }
         r.key("id")?;
-        let id = EntryId::from_decoded_str(r.str()?);
+        let id = r.entry_id()?;
         r.key("parent_id")?;
         let parent_id = if keep_parent {
-            r.opt_str()?.map(EntryId::from_decoded_str)
+            r.opt_entry_id()?
         } else {
             r.skip_opt_str()?;
             None
@@ -809,14 +844,14 @@ mod fast {
     fn kind(r: &mut Reader<'_>) -> Option<EntryKind> {
         let n = r.map_len()?;
         r.key("type")?;
-        Some(match (r.str()?, n) {
-            ("message", 2) => {
+        Some(match (r.tag()?, n) {
+            (b"message", 2) => {
                 r.key("message")?;
                 EntryKind::Message {
                     message: message(r)?,
                 }
             }
-            ("custom_message", 5) => {
+            (b"custom_message", 5) => {
                 r.key("custom_type")?;
                 let custom_type = r.string()?;
                 r.key("content")?;
@@ -836,20 +871,20 @@ mod fast {
                     details: None,
                 }
             }
-            ("branch_summary", 3) => {
+            (b"branch_summary", 3) => {
                 r.key("from_id")?;
-                let from_id = r.opt_str()?.map(EntryId::from_decoded_str);
+                let from_id = r.opt_entry_id()?;
                 r.key("summary")?;
                 EntryKind::BranchSummary {
                     from_id,
                     summary: r.string()?,
                 }
             }
-            ("compaction", 4) => {
+            (b"compaction", 4) => {
                 r.key("summary")?;
                 let summary = r.string()?;
                 r.key("first_kept_entry_id")?;
-                let first_kept_entry_id = EntryId::from_decoded_str(r.str()?);
+                let first_kept_entry_id = r.entry_id()?;
                 r.key("tokens_before")?;
                 EntryKind::Compaction {
                     summary,
@@ -857,8 +892,8 @@ mod fast {
                     tokens_before: r.u64()?,
                 }
             }
-            ("reset", 1) => EntryKind::Reset,
-            ("model_change", 3) => {
+            (b"reset", 1) => EntryKind::Reset,
+            (b"model_change", 3) => {
                 r.key("provider")?;
                 let provider = r.string()?;
                 r.key("model_id")?;
@@ -867,22 +902,22 @@ mod fast {
                     model_id: r.string()?,
                 }
             }
-            ("thinking_level_change", 2) => {
+            (b"thinking_level_change", 2) => {
                 r.key("thinking_level")?;
                 EntryKind::ThinkingLevelChange {
                     thinking_level: r.string()?,
                 }
             }
-            ("label", 3) => {
+            (b"label", 3) => {
                 r.key("target_id")?;
-                let target_id = EntryId::from_decoded_str(r.str()?);
+                let target_id = r.entry_id()?;
                 r.key("label")?;
                 EntryKind::Label {
                     target_id,
                     label: r.opt_string()?,
                 }
             }
-            ("session_info", 2) => {
+            (b"session_info", 2) => {
                 r.key("name")?;
                 EntryKind::SessionInfo {
                     name: r.opt_string()?,
@@ -896,23 +931,23 @@ mod fast {
     fn message(r: &mut Reader<'_>) -> Option<Message> {
         let n = r.map_len()?;
         r.key("role")?;
-        Some(match (r.str()?, n) {
-            ("user", 2) => {
+        Some(match (r.tag()?, n) {
+            (b"user", 2) => {
                 r.key("content")?;
                 Message::User {
                     content: blocks(r)?,
                 }
             }
-            ("assistant", 6) => {
+            (b"assistant", 6) => {
                 r.key("content")?;
                 let content = blocks(r)?;
                 r.key("stop_reason")?;
-                let stop_reason = match r.str()? {
-                    "stop" => StopReason::Stop,
-                    "length" => StopReason::Length,
-                    "tool_use" => StopReason::ToolUse,
-                    "error" => StopReason::Error,
-                    "aborted" => StopReason::Aborted,
+                let stop_reason = match r.tag()? {
+                    b"stop" => StopReason::Stop,
+                    b"length" => StopReason::Length,
+                    b"tool_use" => StopReason::ToolUse,
+                    b"error" => StopReason::Error,
+                    b"aborted" => StopReason::Aborted,
                     _ => return None,
                 };
                 r.key("usage")?;
@@ -943,7 +978,7 @@ mod fast {
                     error_message: r.opt_string()?,
                 }
             }
-            ("tool_result", 5) => {
+            (b"tool_result", 5) => {
                 r.key("tool_call_id")?;
                 let tool_call_id = r.string()?;
                 r.key("tool_name")?;
@@ -975,18 +1010,18 @@ mod fast {
         for _ in 0..n {
             let fields = r.map_len()?;
             r.key("type")?;
-            out.push(match (r.str()?, fields) {
-                ("text", 2) => {
+            out.push(match (r.tag()?, fields) {
+                (b"text", 2) => {
                     r.key("text")?;
                     ContentBlock::Text { text: r.string()? }
                 }
-                ("thinking", 2) => {
+                (b"thinking", 2) => {
                     r.key("thinking")?;
                     ContentBlock::Thinking {
                         thinking: r.string()?,
                     }
                 }
-                ("image", 3) => {
+                (b"image", 3) => {
                     r.key("mime_type")?;
                     let mime_type = r.string()?;
                     r.key("data")?;
@@ -1324,6 +1359,45 @@ mod tests {
                 assert_eq!(decode_appended_entry(b).ok(), serde, "{b:?}");
             };
             for_each_damage(&bytes, check);
+        }
+    }
+
+    /// Ids are read as bytes with an ASCII fast path; serde takes any
+    /// UTF-8 string as a decoded id (ids are validated where they are
+    /// made, not where they are read). Non-ASCII ids, short (inline) and
+    /// long (shared), read by hand as serde reads them, and a non-ASCII
+    /// byte that breaks the UTF-8 is refused by both.
+    #[test]
+    fn non_ascii_ids_decode_as_serde_decodes_them() {
+        let cases: [(String, String); 2] = [
+            ("\u{e9}1".into(), "\u{fc}".repeat(20)),
+            ("x".repeat(30), "p\u{e9}".into()),
+        ];
+        for (own, parent) in cases {
+            let entry = Entry {
+                id: EntryId::from_decoded_str(&own),
+                parent_id: Some(EntryId::from_decoded_str(&parent)),
+                timestamp_ms: 1,
+                kind: EntryKind::Reset,
+            };
+            let bytes = encode_event(&SessionEvent::EntryAppended {
+                entry: entry.clone(),
+            })
+            .unwrap();
+            assert_eq!(fast::appended_entry(&bytes[1..], true), Some(entry.clone()));
+            assert_eq!(decode_appended_entry(&bytes).unwrap(), entry);
+            assert_eq!(decode_appended_entry_serde(&bytes).unwrap(), entry);
+            // The first byte of the multi-byte character, alone.
+            let at = bytes
+                .windows(2)
+                .position(|w| w == [0xc3, 0xa9] || w == [0xc3, 0xbc])
+                .unwrap();
+            let mut bad = bytes.clone();
+            bad[at + 1] = b'a';
+            assert_eq!(decode_appended_entry_serde(&bad).ok(), None);
+            assert_eq!(fast::appended_entry(&bad[1..], true), None);
+            assert_eq!(fast::appended_entry(&bad[1..], false), None);
+            assert_eq!(decode_appended_entry(&bad).ok(), None);
         }
     }
 

@@ -342,8 +342,9 @@ impl<'a> Reader<'a> {
     }
     fn id(&mut self) -> ReadRes<EntryId> {
         let at = self.at;
-        let s = self.str()?;
-        EntryId::parse(s).map_err(|_| format!("invalid entry id at byte {at}"))
+        let n = usize::try_from(self.u32()?).map_err(|_| "string length")?;
+        // A valid id is ASCII: no separate UTF-8 check (`str` would make one).
+        EntryId::parse_bytes(self.take(n)?).map_err(|_| format!("invalid entry id at byte {at}"))
     }
     fn opt_id(&mut self) -> ReadRes<Option<EntryId>> {
         Ok(if self.bool()? { Some(self.id()?) } else { None })
@@ -1246,12 +1247,12 @@ fn decode_path_link(v: &[u8]) -> Option<PathLink> {
     let size = be_u64(v.get(24..)?)?;
     let n = usize::from(*v.get(32)?);
     let id = v.get(PATH_LINK_HEADER..PATH_LINK_HEADER.checked_add(n)?)?;
-    let id = EntryId::parse(std::str::from_utf8(id).ok()?).ok()?;
+    let id = EntryId::parse_bytes(id).ok()?;
     let rest = v.get(PATH_LINK_HEADER + n..)?;
     let orphan_parent = if rest.is_empty() {
         None
     } else {
-        Some(EntryId::parse(std::str::from_utf8(rest).ok()?).ok()?)
+        Some(EntryId::parse_bytes(rest).ok()?)
     };
     Some(PathLink {
         id,
@@ -1388,7 +1389,7 @@ fn count_value(count: u64, only: Option<&EntryId>) -> Vec<u8> {
 /// The only child named by an `n` value (a count of 1 followed by an id).
 fn only_child(count: &[u8]) -> Option<EntryId> {
     let rest = count.get(8..).filter(|r| !r.is_empty())?;
-    EntryId::parse(std::str::from_utf8(rest).ok()?).ok()
+    EntryId::parse_bytes(rest).ok()
 }
 
 /// A parent's child count as a writer changes it. Every writer of child
@@ -2451,9 +2452,8 @@ pub fn entry_records(
         reason,
     };
     let parse = |b: &[u8]| {
-        std::str::from_utf8(b)
+        EntryId::parse_bytes(b)
             .ok()
-            .and_then(|s| EntryId::parse(s).ok())
             .ok_or_else(|| corrupt("malformed entry id in the transcript index".into()))
     };
     let mut out: BTreeMap<Vec<u8>, Option<(EntryId, Vec<u8>)>> = BTreeMap::new();
@@ -3015,8 +3015,7 @@ impl LogTranscriptSource {
             Ok(None) => Ok(None),
             Err(bad) => Err(self.path_damage(base + bad as u64, "malformed block value")),
             Ok(Some(link)) => path_link_id(link)
-                .and_then(|b| std::str::from_utf8(b).ok())
-                .and_then(|s| EntryId::parse(s).ok())
+                .and_then(|b| EntryId::parse_bytes(b).ok())
                 .map(Some)
                 .ok_or_else(|| self.path_damage(depth, "malformed link")),
         }
@@ -3040,9 +3039,7 @@ impl LogTranscriptSource {
                 Some(b) if b == id.as_str().as_bytes() => Ok(true),
                 // Another entry (rare: the leaf is off the active path),
                 // checked as `path_at` would.
-                Some(b) if std::str::from_utf8(b).is_ok_and(|s| EntryId::parse(s).is_ok()) => {
-                    Ok(false)
-                }
+                Some(b) if EntryId::parse_bytes(b).is_ok() => Ok(false),
                 _ => Err(self.path_damage(depth, "malformed link")),
             },
         }
@@ -3394,14 +3391,11 @@ impl EntrySource for LogTranscriptSource {
                     let total = be_u64(&b)
                         .ok_or_else(|| self.corrupt(format!("malformed child count of {id}")))?;
                     let only = match b.get(8..) {
-                        Some(rest) if !rest.is_empty() => Some(
-                            std::str::from_utf8(rest)
-                                .ok()
-                                .and_then(|s| EntryId::parse(s).ok())
-                                .ok_or_else(|| {
-                                    self.corrupt(format!("malformed only-child link of {id}"))
-                                })?,
-                        ),
+                        Some(rest) if !rest.is_empty() => {
+                            Some(EntryId::parse_bytes(rest).ok().ok_or_else(|| {
+                                self.corrupt(format!("malformed only-child link of {id}"))
+                            })?)
+                        }
                         _ => None,
                     };
                     (total, only)
@@ -3423,9 +3417,8 @@ impl EntrySource for LogTranscriptSource {
         let mut ids = Vec::new();
         for kv in index.scan_prefix(TRANSCRIPT_INDEXER, &child_prefix(sid, id)) {
             let (_, v) = kv.map_err(engine_err)?;
-            let child = std::str::from_utf8(&v)
+            let child = EntryId::parse_bytes(&v)
                 .ok()
-                .and_then(|s| EntryId::parse(s).ok())
                 .ok_or_else(|| self.corrupt(format!("malformed child link of {id}")))?;
             ids.push(child);
             if ids.len() >= limit {
@@ -3648,9 +3641,8 @@ impl EntrySource for LogTranscriptSource {
                 break;
             };
             if !v.is_empty() {
-                let id = std::str::from_utf8(&v)
+                let id = EntryId::parse_bytes(&v)
                     .ok()
-                    .and_then(|s| EntryId::parse(s).ok())
                     .ok_or_else(|| self.corrupt("malformed custom-entry link".into()))?;
                 out.push(CustomRef { seq: ordinal, id });
             }

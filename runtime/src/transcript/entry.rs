@@ -79,6 +79,28 @@ impl EntryId {
         Ok(EntryId::from_decoded_str(s))
     }
 
+    /// [`EntryId::parse`] of a string's bytes: a valid id is ASCII, so
+    /// the bytes are checked for the id's alphabet alone, without a
+    /// separate UTF-8 check (index keys and links hold ids as bytes).
+    pub fn parse_bytes(b: &[u8]) -> Result<Self, InvalidEntryId> {
+        if b.is_empty() || b.len() > ENTRY_ID_LEN_MAX {
+            return Err(InvalidEntryId {
+                reason: "length must be 1..=128 bytes",
+            });
+        }
+        if !b
+            .iter()
+            .all(|&c| c.is_ascii_alphanumeric() || c == b'_' || c == b'-')
+        {
+            return Err(InvalidEntryId {
+                reason: "only ASCII letters, digits, '_' and '-' are allowed",
+            });
+        }
+        EntryId::from_decoded_ascii(b).ok_or(InvalidEntryId {
+            reason: "only ASCII letters, digits, '_' and '-' are allowed",
+        })
+    }
+
     pub fn as_str(&self) -> &str {
         match &self.0 {
             Repr::Inline { .. } => match std::str::from_utf8(self.as_bytes()) {
@@ -108,6 +130,23 @@ impl EntryId {
             EntryId::from_decoded_str(&s)
         } else {
             EntryId(Repr::Shared(std::sync::Arc::from(s)))
+        }
+    }
+
+    /// [`EntryId::from_decoded_str`] of ASCII bytes (`None` when they are
+    /// not ASCII): a short id is copied inline without a UTF-8 check, as
+    /// ASCII is UTF-8; a longer one is checked on its way into an `Arc<str>`.
+    pub(crate) fn from_decoded_ascii(b: &[u8]) -> Option<Self> {
+        if !b.is_ascii() {
+            return None;
+        }
+        match u8::try_from(b.len()) {
+            Ok(len) if b.len() <= INLINE_LEN_MAX => {
+                let mut bytes = [0u8; INLINE_LEN_MAX];
+                bytes.get_mut(..b.len())?.copy_from_slice(b);
+                Some(EntryId(Repr::Inline { len, bytes }))
+            }
+            _ => std::str::from_utf8(b).ok().map(EntryId::from_decoded_str),
         }
     }
 
@@ -149,9 +188,12 @@ impl Ord for EntryId {
 }
 
 impl std::hash::Hash for EntryId {
-    /// The hash of the id's `str`.
+    /// The bytes `str`'s hash writes for the id's string.
     fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
-        self.as_str().hash(state)
+        // What `str`'s hash writes (its bytes, then 0xff), from the bytes:
+        // `as_str` would check an inline id's UTF-8 on every hash.
+        state.write(self.as_bytes());
+        state.write_u8(0xff);
     }
 }
 
