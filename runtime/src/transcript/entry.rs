@@ -493,6 +493,31 @@ mod tests {
         assert_eq!(std::mem::size_of::<Option<EntryId>>(), 24);
     }
 
+    /// `parse_bytes` of a string's bytes answers what `parse` answers,
+    /// across the inline boundary and for every kind of refusal; bytes
+    /// that are not UTF-8 are refused.
+    #[test]
+    fn parse_bytes_agrees_with_parse() {
+        let mut cases: Vec<String> = [0, 1, INLINE_LEN_MAX, INLINE_LEN_MAX + 1]
+            .into_iter()
+            .chain([ENTRY_ID_LEN_MAX, ENTRY_ID_LEN_MAX + 1])
+            .map(id_of)
+            .collect();
+        cases.extend(["a-b_C9", "a b", "a.b", "\u{e9}", "x\u{e9}y", "-", "_"].map(String::from));
+        for s in &cases {
+            let bytes = EntryId::parse_bytes(s.as_bytes()).map_err(|e| e.to_string());
+            let parsed = EntryId::parse(s).map_err(|e| e.to_string());
+            assert_eq!(bytes, parsed, "{s:?}");
+            if let Ok(id) = bytes {
+                assert_eq!(id.as_str(), s);
+                assert!(matches!(id.0, Repr::Inline { .. }) == (s.len() <= INLINE_LEN_MAX));
+            }
+        }
+        for bad in [&[0xffu8][..], &[b'a', 0xc3], &[0xc3, 0xa9]] {
+            assert!(EntryId::parse_bytes(bad).is_err(), "{bad:?}");
+        }
+    }
+
     #[test]
     fn entry_id_round_trips_across_the_inline_boundary() {
         for len in [1, 8, INLINE_LEN_MAX, INLINE_LEN_MAX + 1, ENTRY_ID_LEN_MAX] {
