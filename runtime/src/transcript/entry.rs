@@ -37,12 +37,13 @@ pub struct EntryId(Repr);
 /// after `len`), so equal ids have equal representations; comparisons
 /// still go through the bytes.
 ///
-/// The inline bytes are always a whole `&str` copied verbatim (every
-/// constructor takes a `str`), so they are valid UTF-8; [`EntryId::as_str`]
+/// The inline bytes are always a whole `&str` or ASCII bytes copied
+/// verbatim (every constructor takes one or the other), so they are valid
+/// UTF-8; [`EntryId::as_str`]
 /// checks that again with `std::str::from_utf8` rather than assuming it
 /// (no `unsafe` outside mmap). For ids of at most 22 bytes that check is a
-/// short loop, and the hot comparisons (`Eq`, `Ord`) use the bytes and
-/// skip it.
+/// short loop, and the hot comparisons (`Eq`, `Ord`) and `Hash` use the
+/// bytes and skip it.
 #[derive(Clone)]
 enum Repr {
     Inline {
@@ -105,7 +106,8 @@ impl EntryId {
         match &self.0 {
             Repr::Inline { .. } => match std::str::from_utf8(self.as_bytes()) {
                 Ok(s) => s,
-                // Unreachable: the bytes were copied from a `str` whole.
+                // Unreachable: the bytes were copied from a whole `str` or
+                // from ASCII bytes.
                 Err(_) => {
                     debug_assert!(false, "inline entry id is not UTF-8");
                     ""

@@ -2,7 +2,8 @@
 //! it), counted without writing it. [`entry_size`](super::entry_size) is on
 //! every append (the resident selection and the index both charge it), and
 //! most of an entry is text: `serde_json` escapes a string byte by byte,
-//! while the count here needs only one pass that the compiler vectorizes.
+//! while the count here runs a test and, where it finds anything to
+//! escape, a sum over fixed chunks, both of which the compiler vectorizes.
 //!
 //! Only the shapes transcript entries use are counted here (strings,
 //! integers, booleans, null, sequences, maps with string or integer keys,
