@@ -389,12 +389,11 @@ mod fast {
         /// An entry id, as [`EntryId::from_decoded_str`] of the string.
         fn entry_id(&mut self) -> Option<EntryId> {
             let b = self.str_bytes()?;
-            if b.is_ascii() {
-                return EntryId::from_decoded_ascii(b);
-            }
-            simdutf8::basic::from_utf8(b)
-                .ok()
-                .map(EntryId::from_decoded_str)
+            EntryId::from_decoded_ascii(b).or_else(|| {
+                simdutf8::basic::from_utf8(b)
+                    .ok()
+                    .map(EntryId::from_decoded_str)
+            })
         }
 
         /// A nil or an entry id ([`Reader::entry_id`]).

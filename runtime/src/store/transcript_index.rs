@@ -332,19 +332,22 @@ impl<'a> Reader<'a> {
             t => Err(format!("bad flag {t} at byte {}", self.at - 1)),
         }
     }
-    fn str(&mut self) -> ReadRes<&'a str> {
+    /// A u32 BE length, then that many bytes.
+    fn bytes(&mut self) -> ReadRes<&'a [u8]> {
         let n = usize::try_from(self.u32()?).map_err(|_| "string length")?;
-        let at = self.at;
-        std::str::from_utf8(self.take(n)?).map_err(|_| format!("invalid UTF-8 at byte {at}"))
+        self.take(n)
+    }
+    fn str(&mut self) -> ReadRes<&'a str> {
+        let at = self.at.saturating_add(4);
+        std::str::from_utf8(self.bytes()?).map_err(|_| format!("invalid UTF-8 at byte {at}"))
     }
     fn string(&mut self) -> ReadRes<String> {
         Ok(self.str()?.to_string())
     }
     fn id(&mut self) -> ReadRes<EntryId> {
         let at = self.at;
-        let n = usize::try_from(self.u32()?).map_err(|_| "string length")?;
         // A valid id is ASCII: no separate UTF-8 check (`str` would make one).
-        EntryId::parse_bytes(self.take(n)?).map_err(|_| format!("invalid entry id at byte {at}"))
+        EntryId::parse_bytes(self.bytes()?).map_err(|_| format!("invalid entry id at byte {at}"))
     }
     fn opt_id(&mut self) -> ReadRes<Option<EntryId>> {
         Ok(if self.bool()? { Some(self.id()?) } else { None })

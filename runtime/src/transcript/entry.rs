@@ -64,20 +64,7 @@ impl EntryId {
 
     /// Validates and wraps an id.
     pub fn parse(s: &str) -> Result<Self, InvalidEntryId> {
-        if s.is_empty() || s.len() > ENTRY_ID_LEN_MAX {
-            return Err(InvalidEntryId {
-                reason: "length must be 1..=128 bytes",
-            });
-        }
-        if !s
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
-        {
-            return Err(InvalidEntryId {
-                reason: "only ASCII letters, digits, '_' and '-' are allowed",
-            });
-        }
-        Ok(EntryId::from_decoded_str(s))
+        EntryId::parse_bytes(s.as_bytes())
     }
 
     /// [`EntryId::parse`] of a string's bytes: a valid id is ASCII, so
@@ -142,29 +129,29 @@ impl EntryId {
         if !b.is_ascii() {
             return None;
         }
-        match u8::try_from(b.len()) {
-            Ok(len) if b.len() <= INLINE_LEN_MAX => {
-                let mut bytes = [0u8; INLINE_LEN_MAX];
-                bytes.get_mut(..b.len())?.copy_from_slice(b);
-                Some(EntryId(Repr::Inline { len, bytes }))
-            }
-            _ => std::str::from_utf8(b).ok().map(EntryId::from_decoded_str),
+        match Repr::inline(b) {
+            Some(inline) => Some(EntryId(inline)),
+            None => std::str::from_utf8(b).ok().map(EntryId::from_decoded_str),
         }
     }
 
     /// [`EntryId::from_decoded`] from borrowed bytes: an id of at most
     /// [`INLINE_LEN_MAX`] bytes is copied inline, without allocating.
     pub(crate) fn from_decoded_str(s: &str) -> Self {
-        match u8::try_from(s.len()) {
-            Ok(len) if s.len() <= INLINE_LEN_MAX => {
-                let mut bytes = [0u8; INLINE_LEN_MAX];
-                if let Some(dst) = bytes.get_mut(..s.len()) {
-                    dst.copy_from_slice(s.as_bytes());
-                }
-                EntryId(Repr::Inline { len, bytes })
-            }
-            _ => EntryId(Repr::Shared(std::sync::Arc::from(s))),
-        }
+        EntryId(Repr::inline(s.as_bytes()).unwrap_or_else(|| Repr::Shared(std::sync::Arc::from(s))))
+    }
+}
+
+impl Repr {
+    /// `b` copied inline, `None` when it is longer than [`INLINE_LEN_MAX`].
+    /// Callers pass a whole `str`'s bytes or ASCII bytes (see the type).
+    fn inline(b: &[u8]) -> Option<Repr> {
+        let len = u8::try_from(b.len())
+            .ok()
+            .filter(|_| b.len() <= INLINE_LEN_MAX)?;
+        let mut bytes = [0u8; INLINE_LEN_MAX];
+        bytes.get_mut(..b.len())?.copy_from_slice(b);
+        Some(Repr::Inline { len, bytes })
     }
 }
 
