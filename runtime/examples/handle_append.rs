@@ -2,10 +2,14 @@
 //! prints the rate: the handle's append path on its own, for profiling
 //! (`perf record`), outside `spool bench`'s peers.
 //! Run it with
-//! `cargo run --release -p spool-runtime --example handle_append [N] [durable] [WRITERS]`
+//! `cargo run --release -p spool-runtime --example handle_append [N] [durable] [WRITERS] [BUDGET_BYTES]`
 //! (`durable`: engine durability `Immediate`, acknowledged after fdatasync;
 //! `WRITERS` threads, default 1, each append `N` entries to a session of
-//! their own, and the engine's group statistics are printed).
+//! their own, and the engine's group statistics are printed;
+//! `BUDGET_BYTES`: the writer handles' resident byte budget, with up to
+//! 1,000,000 events, instead of the default 64 KiB / 1024 events, to see
+//! the append cost against the size of the resident snapshot; any word
+//! but `durable` keeps the store buffered).
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -14,7 +18,10 @@ use spool_runtime::handle::HandleOptions;
 use spool_runtime::hooks::SessionHookStack;
 use spool_runtime::observer::NullSink;
 use spool_runtime::store::{LogStore, LogStoreOptions};
-use spool_runtime::transcript::{ContentBlock, EntryKind, Message};
+use spool_runtime::transcript::{Budget, ContentBlock, EntryKind, Message};
+
+/// Events allowed with `BUDGET_BYTES`: the byte budget is the bound.
+const BUDGET_EVENTS_MAX: u64 = 1_000_000;
 use spool_runtime::{AgentDefinition, SessionRuntime};
 
 /// The allocator of the `spool` binary (see its `main.rs`), so this
@@ -44,6 +51,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .transpose()?
         .unwrap_or(1)
         .max(1);
+    let budget_bytes: Option<u64> = std::env::args().nth(4).map(|s| s.parse()).transpose()?;
     let store = Arc::new(LogStore::open(dir.path(), opts)?);
     let engine = store.engine()?;
     let runtime = SessionRuntime::new(store, Arc::new(NullSink), SessionHookStack::empty());
@@ -51,7 +59,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut handles = Vec::with_capacity(writers);
     for _ in 0..writers {
         let id = runtime.create(agent.clone(), None)?.id().clone();
-        handles.push(runtime.open_handle(&id, HandleOptions::writer())?);
+        let mut o = HandleOptions::writer();
+        if let Some(bytes_max) = budget_bytes {
+            o.budget = Budget::new(bytes_max, BUDGET_EVENTS_MAX);
+        }
+        handles.push(runtime.open_handle(&id, o)?);
     }
     let before = engine.stats();
     let process_cpu0 = process_cpu_ns();
