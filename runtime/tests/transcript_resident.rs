@@ -11,7 +11,7 @@ use proptest::test_runner::{Config as ProptestConfig, RngSeed};
 use spool_runtime::transcript::{
     context_messages, context_start, entry_size, path_facts_by_walk, select_resident, Budget,
     ChildLinks, Entry, EntryFacts, EntryId, EntryKind, EntrySource, PathFacts, ResidentError,
-    Transcript, CHILD_LINKS_MAX,
+    SharedSeq, Transcript, CHILD_LINKS_MAX,
 };
 use transcript_support::{build, id, ops, render, B};
 
@@ -542,6 +542,131 @@ fn append_chain(t: &mut Transcript, kinds: Vec<EntryKind>) -> Vec<Entry> {
     out
 }
 
+/// Extends the selection of `t`'s leaf by one user entry and checks it
+/// against the selection of the new leaf, sizes included.
+fn extend_matches(t: &mut Transcript, budget: Budget, text: &str) {
+    let s = select_resident(t, t.leaf(), budget).unwrap();
+    let sizes: SharedSeq<u64> = s.entries.iter().map(|e| entry_size(e)).collect();
+    let e = Entry {
+        id: id(&format!("x{}", t.entries().len())),
+        parent_id: t.leaf().cloned(),
+        timestamp_ms: 9_000,
+        kind: user_kind(text),
+    };
+    t.append(e.clone()).unwrap();
+    let appended = vec![e];
+    let want = select_resident(t, t.leaf(), budget).unwrap();
+    let want_sizes: SharedSeq<u64> = want.entries.iter().map(|e| entry_size(e)).collect();
+    assert_eq!(s.extended(&sizes, &appended), Some((want, want_sizes)));
+}
+
+fn user_kind(text: &str) -> EntryKind {
+    EntryKind::Message {
+        message: spool_runtime::transcript::Message::User {
+            content: vec![spool_runtime::transcript::ContentBlock::text(text)],
+        },
+    }
+}
+
+/// A compaction that keeps the segment before it is pinned while older
+/// held entries are dropped around it: held before it, held as the leaf
+/// (its links gain the appended entry once everything older is gone), and
+/// among omitted records on both sides.
+#[test]
+fn extended_keeps_a_pinned_compaction_that_is_not_the_oldest_held() {
+    // The pin is the leaf with one kept entry before it; two events: the
+    // older entry goes, the pin gains its child.
+    let mut b = B::new();
+    b.user("zero");
+    let kept = b.user("kept");
+    b.compaction("summary", &kept);
+    extend_matches(&mut b.t, Budget::new(10_000, 2), "after");
+
+    // The same with room for three: nothing dropped, the pin stays second.
+    let mut b = B::new();
+    let kept = b.user("kept");
+    b.compaction("summary", &kept);
+    extend_matches(&mut b.t, Budget::new(10_000, 3), "after");
+
+    // Omitted records (oversized) before and after the pin; the byte
+    // budget drops the oldest, step after step.
+    let big = "x".repeat(700);
+    let mut b = B::new();
+    let kept = b.user(&big);
+    b.user("small one");
+    b.user(&big);
+    b.compaction("summary", &kept);
+    b.user(&big);
+    b.user("small two");
+    let budget = Budget::new(600, 6);
+    for step in 0..6 {
+        let text = if step % 2 == 0 {
+            big.clone()
+        } else {
+            format!("small {step}")
+        };
+        extend_matches(&mut b.t, budget, &text);
+    }
+
+    // An oversized compaction (pinned as an omitted record) after two
+    // oversized kept entries: the older records go, the pin's place among
+    // the omitted ones moves.
+    let mut b = B::new();
+    let kept = b.user(&big);
+    b.user(&big);
+    b.compaction(&big, &kept);
+    let budget = Budget::new(600, 4);
+    for step in 0..4 {
+        extend_matches(&mut b.t, budget, &format!("small {step}"));
+    }
+}
+
+/// An extension shares the entries it keeps instead of cloning their
+/// pointers (its cost follows the appended and dropped entries, not the
+/// resident ones), and entries that left the window are released once the
+/// dropped ones outweigh the budget: a long sliding window keeps memory
+/// bounded.
+#[test]
+fn extended_shares_kept_entries_and_releases_dropped_ones() {
+    let mut b = B::new();
+    for i in 0..200 {
+        b.user(&format!("entry {i}"));
+    }
+    let budget = Budget::new(1 << 20, 100);
+    let mut s = select_resident(&b.t, b.t.leaf(), budget).unwrap();
+    let mut sizes: SharedSeq<u64> = s.entries.iter().map(|e| entry_size(e)).collect();
+    assert_eq!(s.entries.len(), 100);
+    let oldest = s.entries[0].clone();
+    let middle = s.entries[50].clone();
+    let before = std::sync::Arc::strong_count(&middle);
+    for step in 0..1000 {
+        let e = Entry {
+            id: id(&format!("s{step}")),
+            parent_id: b.t.leaf().cloned(),
+            timestamp_ms: 9_000,
+            kind: EntryKind::Message {
+                message: spool_runtime::transcript::Message::User {
+                    content: vec![spool_runtime::transcript::ContentBlock::text("more")],
+                },
+            },
+        };
+        b.t.append(e.clone()).unwrap();
+        let (next, next_sizes) = s.extended(&sizes, &[e]).expect("extended");
+        if step == 0 {
+            // Held by the arena both selections share: not cloned.
+            assert_eq!(std::sync::Arc::strong_count(&middle), before);
+        }
+        assert_eq!(next.entries.len(), 100);
+        s = next;
+        sizes = next_sizes;
+    }
+    let want = select_resident(&b.t, b.t.leaf(), budget).unwrap();
+    assert_eq!(s, want);
+    // Only this test holds them now.
+    assert_eq!(std::sync::Arc::strong_count(&oldest), 1);
+    assert_eq!(std::sync::Arc::strong_count(&middle), 1);
+}
+
 #[test]
 fn extended_refuses_what_needs_the_source() {
     let mut b = B::new();
@@ -549,7 +674,7 @@ fn extended_refuses_what_needs_the_source() {
     b.user("two");
     let budget = Budget::new(10_000, 10);
     let s = select_resident(&b.t, b.t.leaf(), budget).unwrap();
-    let sizes: Vec<u64> = s.entries.iter().map(|e| entry_size(e)).collect();
+    let sizes: SharedSeq<u64> = s.entries.iter().map(|e| entry_size(e)).collect();
     let under = |parent: Option<EntryId>, kind: EntryKind| Entry {
         id: id("z1"),
         parent_id: parent,
@@ -575,11 +700,16 @@ fn extended_refuses_what_needs_the_source() {
         .extended(&sizes, &[under(b.t.leaf().cloned(), compaction)])
         .is_none());
     assert!(s
-        .extended(&sizes[1..], &[under(b.t.leaf().cloned(), plain())])
+        .extended(
+            &sizes.iter().skip(1).copied().collect(),
+            &[under(b.t.leaf().cloned(), plain())]
+        )
         .is_none());
     // An empty leaf has no path facts to extend.
     let empty = select_resident(&Transcript::new(), None, budget).unwrap();
-    assert!(empty.extended(&[], &[under(None, plain())]).is_none());
+    assert!(empty
+        .extended(&SharedSeq::new(), &[under(None, plain())])
+        .is_none());
     // Under the leaf: extended.
     assert!(s
         .extended(&sizes, &[under(b.t.leaf().cloned(), plain())])
@@ -607,10 +737,10 @@ proptest! {
         prop_assume!(t.leaf().is_some());
         let budget = Budget::new(bytes_max, events_max);
         let s = select_resident(&t, t.leaf(), budget).unwrap();
-        let sizes: Vec<u64> = s.entries.iter().map(|e| entry_size(e)).collect();
+        let sizes: SharedSeq<u64> = s.entries.iter().map(|e| entry_size(e)).collect();
         let appended = append_chain(&mut t, chain.into_iter().map(chain_kind).collect());
         let want = select_resident(&t, t.leaf(), budget).unwrap();
-        let want_sizes: Vec<u64> = want.entries.iter().map(|e| entry_size(e)).collect();
+        let want_sizes: SharedSeq<u64> = want.entries.iter().map(|e| entry_size(e)).collect();
         let got = s.extended(&sizes, &appended);
         // Entries held before and after are shared, not copied.
         if let Some((g, _)) = &got {

@@ -16,7 +16,7 @@ use crate::store::StoreError;
 use crate::transcript::{
     entry_size, select_resident_sized, BoundaryCounts, Budget, ChildLinks, CustomRef, Entry,
     EntryFacts, EntryId, EntrySource, ModelContext, NavLinks, PathFacts, ResidentSelection,
-    TranscriptVersion, CHILD_LINKS_MAX,
+    SharedSeq, TranscriptVersion, CHILD_LINKS_MAX,
 };
 
 /// An immutable, shared, bounded view of a session: what a live handle
@@ -47,7 +47,7 @@ pub struct ResidentSnapshot {
     /// `selection.entries`: the next publication reuses them instead of
     /// encoding every resident entry again.
     #[serde(skip)]
-    sizes: Vec<u64>,
+    sizes: SharedSeq<u64>,
 }
 
 impl ResidentSnapshot {
@@ -72,7 +72,7 @@ impl ResidentSnapshot {
     /// The [`entry_size`] kept for each resident entry (aligned with
     /// [`ResidentSnapshot::entries`]); for tests.
     #[doc(hidden)]
-    pub fn resident_sizes(&self) -> &[u64] {
+    pub fn resident_sizes(&self) -> &SharedSeq<u64> {
         &self.sizes
     }
 
@@ -97,7 +97,7 @@ impl ResidentSnapshot {
 
     /// Resident entries in path order (shared with the snapshots extended
     /// from this one).
-    pub fn entries(&self) -> &[Arc<Entry>] {
+    pub fn entries(&self) -> &SharedSeq<Arc<Entry>> {
         &self.selection.entries
     }
 
@@ -391,6 +391,6 @@ fn build_at(
         selection,
         owner,
         revision,
-        sizes,
+        sizes: SharedSeq::from(sizes),
     })
 }

@@ -15,6 +15,7 @@ mod json_size;
 pub mod path_facts;
 pub mod resident;
 pub mod rewrite;
+pub mod shared_seq;
 pub mod tree;
 
 pub use context::{
@@ -41,6 +42,7 @@ pub use rewrite::{
     redact, remove_trailing_entries, truncate_tool_results, MappedEntry, Replacement, RewriteError,
     RewritePlan, TrailingRemoval, TOOL_RESULT_TRUNCATE_BYTES_MIN, TRAILING_SCAN_ENTRIES_MAX,
 };
+pub use shared_seq::SharedSeq;
 pub use tree::{
     entry_summary, Navigation, Transcript, TranscriptError, TreeRow, TREE_SUMMARY_CHARS_MAX,
 };

@@ -57,6 +57,7 @@ use serde::Serialize;
 use super::context::{context_messages_segment, ModelContext, PathMarker};
 use super::entry::{Entry, EntryId, EntryKind};
 use super::path_facts::{path_facts_by_walk, PathFacts};
+use super::shared_seq::{MapLast, SharedSeq};
 use super::tree::{entry_summary, Transcript, TREE_SUMMARY_CHARS_MAX};
 
 /// Default resident byte budget (64 KiB).
@@ -388,13 +389,13 @@ pub struct ResidentSelection {
     /// Resident entries in path order (oldest first), byte-exact. Shared:
     /// a selection extended from this one holds the same entries.
     #[serde(serialize_with = "serialize_shared")]
-    pub entries: Vec<Arc<Entry>>,
+    pub entries: SharedSeq<Arc<Entry>>,
     /// Oversized context entries, in path order.
     pub omitted: Vec<OmittedEntry>,
     /// Navigation links of the resident entries, same order as `entries`
     /// (shared like the entries).
     #[serde(serialize_with = "serialize_shared")]
-    pub links: Vec<Arc<NavLinks>>,
+    pub links: SharedSeq<Arc<NavLinks>>,
     /// Model in force at the leaf (from the whole path).
     pub model: Option<(String, String)>,
     /// Thinking level in force at the leaf (from the whole path).
@@ -420,6 +421,11 @@ pub struct ResidentSelection {
     /// drop the oldest ones.
     #[serde(skip)]
     omitted_at: Vec<u64>,
+    /// Where the pinned compaction is held (index in `entries` or in
+    /// `omitted`): [`ResidentSelection::extended`] keeps it in place
+    /// while it drops the oldest of the other held entries.
+    #[serde(skip)]
+    pin_slot: PinSlot,
 }
 
 impl ResidentSelection {
@@ -480,9 +486,9 @@ pub(crate) fn select_resident_sized<S: EntrySource + ?Sized>(
         leaf: leaf.cloned(),
         budget,
         context_start: None,
-        entries: Vec::new(),
+        entries: SharedSeq::new(),
         omitted: Vec::new(),
-        links: Vec::new(),
+        links: SharedSeq::new(),
         model: None,
         thinking_level: None,
         counts: BoundaryCounts::default(),
@@ -491,6 +497,7 @@ pub(crate) fn select_resident_sized<S: EntrySource + ?Sized>(
         path_facts: None,
         compaction_keeps_prefix: false,
         omitted_at: Vec::new(),
+        pin_slot: PinSlot::None,
     };
     let Some(leaf) = leaf else {
         return Ok((sel, Vec::new()));
@@ -544,6 +551,7 @@ pub(crate) fn select_resident_sized<S: EntrySource + ?Sized>(
     // when the walk saw it (`Some(None)` for the leaf, which has none on
     // the path; `None` when unknown: a pinned compaction placed after
     // the walk stopped below it).
+    let mut entries: Vec<Arc<Entry>> = Vec::new();
     let mut sizes: Vec<u64> = Vec::new();
     let mut path_child: Vec<Option<Option<EntryId>>> = Vec::new();
     let mut walk = Walk::new(source, leaf, &facts);
@@ -567,7 +575,13 @@ pub(crate) fn select_resident_sized<S: EntrySource + ?Sized>(
         let cur = step.id;
         if sel.pinned.as_ref() == Some(&cur) {
             if let Some(p) = pin.take() {
-                p.place(&mut sel, &mut sizes, &mut path_child, Some(newer.clone()));
+                p.place(
+                    &mut sel,
+                    &mut entries,
+                    &mut sizes,
+                    &mut path_child,
+                    Some(newer.clone()),
+                );
             }
             pin_placed = true;
         } else {
@@ -597,7 +611,7 @@ pub(crate) fn select_resident_sized<S: EntrySource + ?Sized>(
                     kind,
                     size,
                 });
-                sel.omitted_at.push(len_u64(sel.entries.len()));
+                sel.omitted_at.push(len_u64(entries.len()));
             } else if size > bytes_left {
                 break;
             } else {
@@ -607,7 +621,7 @@ pub(crate) fn select_resident_sized<S: EntrySource + ?Sized>(
                     .ok_or_else(|| ResidentError::Vanished(cur.clone()))?;
                 bytes_left -= size;
                 sel.counts.resident_bytes = sel.counts.resident_bytes.saturating_add(size);
-                sel.entries.push(entry);
+                entries.push(entry);
                 sizes.push(size);
                 path_child.push(Some(newer.clone()));
             }
@@ -620,21 +634,21 @@ pub(crate) fn select_resident_sized<S: EntrySource + ?Sized>(
         // The walk stopped before the pinned compaction: it is the oldest
         // held entry.
         if let Some(p) = pin.take() {
-            p.place(&mut sel, &mut sizes, &mut path_child, None);
+            p.place(&mut sel, &mut entries, &mut sizes, &mut path_child, None);
         }
     }
-    sel.entries.reverse();
+    entries.reverse();
     sizes.reverse();
     path_child.reverse();
     sel.omitted.reverse();
     // Pushed newest first as "resident entries newer than it": turned into
     // "resident entries before it" in path order.
-    let resident = len_u64(sel.entries.len());
+    let resident = len_u64(entries.len());
     sel.omitted_at.reverse();
     for at in &mut sel.omitted_at {
         *at = resident.saturating_sub(*at);
     }
-    sel.counts.resident_entries = u64::try_from(sel.entries.len()).unwrap_or(u64::MAX);
+    sel.counts.resident_entries = u64::try_from(entries.len()).unwrap_or(u64::MAX);
     sel.counts.omitted_entries = u64::try_from(sel.omitted.len()).unwrap_or(u64::MAX);
     sel.counts.beyond_budget_entries = context_entries
         .saturating_sub(sel.counts.resident_entries)
@@ -644,13 +658,13 @@ pub(crate) fn select_resident_sized<S: EntrySource + ?Sized>(
     sel.path_facts = Some(facts);
 
     // Navigation links. In a single chain the walk already knows them.
-    let chain = !sel.entries.is_empty()
+    let chain = !entries.is_empty()
         && source
             .single_chain(leaf, path_entries)
             .map_err(ResidentError::Source)?
             == Some(true);
-    sel.links.reserve_exact(sel.entries.len());
-    for (e, child) in sel.entries.iter().zip(path_child) {
+    let mut links: Vec<Arc<NavLinks>> = Vec::with_capacity(entries.len());
+    for (e, child) in entries.iter().zip(path_child) {
         let kids = match (chain, child) {
             (true, Some(None)) => ChildLinks::default(),
             (true, Some(Some(c))) => ChildLinks {
@@ -661,13 +675,25 @@ pub(crate) fn select_resident_sized<S: EntrySource + ?Sized>(
                 .children(&e.id, CHILD_LINKS_MAX)
                 .map_err(ResidentError::Source)?,
         };
-        sel.links.push(Arc::new(NavLinks {
+        links.push(Arc::new(NavLinks {
             id: e.id.clone(),
             parent_id: e.parent_id.clone(),
             children: kids.ids,
             children_total: kids.total,
         }));
     }
+    if let Some(p) = &sel.pinned {
+        sel.pin_slot = match entries.iter().position(|e| &e.id == p) {
+            Some(i) => PinSlot::Resident(i),
+            None => sel
+                .omitted
+                .iter()
+                .position(|o| &o.id == p)
+                .map_or(PinSlot::None, PinSlot::Omitted),
+        };
+    }
+    sel.entries = SharedSeq::from(entries);
+    sel.links = SharedSeq::from(links);
     Ok((sel, sizes))
 }
 
@@ -814,6 +840,7 @@ impl Pinned {
     fn place(
         self,
         sel: &mut ResidentSelection,
+        entries: &mut Vec<Arc<Entry>>,
         sizes: &mut Vec<u64>,
         path_child: &mut Vec<Option<Option<EntryId>>>,
         child: Option<Option<EntryId>>,
@@ -821,13 +848,13 @@ impl Pinned {
         match self {
             Pinned::Resident(e, size) => {
                 sel.counts.resident_bytes = sel.counts.resident_bytes.saturating_add(size);
-                sel.entries.push(e);
+                entries.push(e);
                 sizes.push(size);
                 path_child.push(child);
             }
             Pinned::Omitted(o) => {
                 sel.omitted.push(o);
-                sel.omitted_at.push(len_u64(sel.entries.len()));
+                sel.omitted_at.push(len_u64(entries.len()));
             }
         }
     }
@@ -835,7 +862,7 @@ impl Pinned {
 
 /// Serializes shared values as the values themselves.
 fn serialize_shared<T: Serialize, S: serde::Serializer>(
-    v: &[Arc<T>],
+    v: &SharedSeq<Arc<T>>,
     s: S,
 ) -> Result<S::Ok, S::Error> {
     s.collect_seq(v.iter().map(|a| &**a))
@@ -843,15 +870,6 @@ fn serialize_shared<T: Serialize, S: serde::Serializer>(
 
 fn len_u64(n: usize) -> u64 {
     u64::try_from(n).unwrap_or(u64::MAX)
-}
-
-/// An entry a selection holds (see [`ResidentSelection::held`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Held {
-    /// Index in `entries`.
-    Resident(usize),
-    /// Index in `omitted`.
-    Omitted(usize),
 }
 
 /// One step of the newest-first walk of [`select_resident`]: whether an
@@ -871,35 +889,54 @@ fn charge(size: u64, budget: Budget, events_left: &mut u64, bytes_left: &mut u64
     true
 }
 
+/// `seq` without its first `passed` elements except the one at `pin`
+/// (kept first when given), then `new`: the resident parts of a selection
+/// after [`ResidentSelection::extended`] dropped the oldest held entries.
+fn reshape<T: Clone>(
+    seq: &SharedSeq<T>,
+    pin: Option<usize>,
+    passed: usize,
+    map_last: MapLast<'_, T>,
+    new: Vec<T>,
+    dropped_weight: u64,
+    live_weight_max: u64,
+) -> Option<SharedSeq<T>> {
+    match pin {
+        Some(p) => seq
+            .extended(false, p, None, Vec::new(), 0, u64::MAX)?
+            .extended(
+                true,
+                passed.checked_sub(p + 1)?,
+                map_last,
+                new,
+                dropped_weight,
+                live_weight_max,
+            ),
+        None => seq.extended(
+            false,
+            passed,
+            map_last,
+            new,
+            dropped_weight,
+            live_weight_max,
+        ),
+    }
+}
+
+/// Where a selection holds its pinned compaction. Not always the oldest
+/// held entry: when the compaction keeps the segment before it, the
+/// context starts there.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+enum PinSlot {
+    #[default]
+    None,
+    /// Index in `entries`.
+    Resident(usize),
+    /// Index in `omitted`.
+    Omitted(usize),
+}
+
 impl ResidentSelection {
-    /// The resident entries and omitted records in path order, `None` if
-    /// the positions of the omitted records are inconsistent.
-    fn held(&self) -> Option<Vec<Held>> {
-        if self.omitted_at.len() != self.omitted.len() {
-            return None;
-        }
-        let mut out = Vec::with_capacity(self.entries.len() + self.omitted.len());
-        let mut r = 0usize;
-        for (i, &at) in self.omitted_at.iter().enumerate() {
-            let at = usize::try_from(at).ok()?;
-            if at < r || at > self.entries.len() {
-                return None;
-            }
-            out.extend((r..at).map(Held::Resident));
-            r = at;
-            out.push(Held::Omitted(i));
-        }
-        out.extend((r..self.entries.len()).map(Held::Resident));
-        Some(out)
-    }
-
-    fn held_id(&self, h: Held) -> Option<&EntryId> {
-        match h {
-            Held::Resident(i) => self.entries.get(i).map(|e| &e.id),
-            Held::Omitted(i) => self.omitted.get(i).map(|o| &o.id),
-        }
-    }
-
     /// The selection [`select_resident`] gives for the last entry of
     /// `appended`, computed from this selection alone (no source reads),
     /// when `appended` is a chain of entries just appended under this
@@ -919,22 +956,47 @@ impl ResidentSelection {
     /// leaf's navigation links gain the first new entry. A reset among the
     /// new entries restarts the context at it.
     ///
+    /// The cost follows the appended and the dropped entries (and the
+    /// omitted records), not the resident ones: the new selection shares
+    /// the kept entries, links and sizes with this one ([`SharedSeq`]).
+    /// For that it trusts what it does not touch: `counts.resident_bytes`
+    /// is the sum of `sizes`, and each held entry keeps its kind
+    /// (resident entries fit the byte budget, omitted ones exceed it).
+    /// Selections from [`select_resident`] and from this method are so.
+    ///
     /// `None` when the outcome needs the source: an empty `appended` or an
     /// empty leaf, a chain not under the leaf, a compaction among the new
     /// entries (its first kept entry must be looked up), or a selection
     /// whose parts disagree. Callers then run [`select_resident`].
     pub fn extended(
         &self,
-        sizes: &[u64],
+        sizes: &SharedSeq<u64>,
         appended: &[Entry],
-    ) -> Option<(ResidentSelection, Vec<u64>)> {
+    ) -> Option<(ResidentSelection, SharedSeq<u64>)> {
         let budget = self.budget;
         let leaf = self.leaf.as_ref()?;
         let facts = self.path_facts.as_ref()?;
         let last = appended.last()?;
-        if sizes.len() != self.entries.len() || self.links.len() != self.entries.len() {
+        let resident = self.entries.len();
+        if sizes.len() != resident
+            || self.links.len() != resident
+            || self.omitted_at.len() != self.omitted.len()
+        {
             return None;
         }
+        // Omitted records sit in path order among the resident entries.
+        let mut prev_at = 0u64;
+        for &at in &self.omitted_at {
+            if at < prev_at || at > len_u64(resident) {
+                return None;
+            }
+            prev_at = at;
+        }
+        debug_assert_eq!(
+            sizes.iter().fold(0u64, |a, s| a.saturating_add(*s)),
+            self.counts.resident_bytes,
+            "resident bytes are the sum of the sizes"
+        );
         let mut parent = leaf;
         for e in appended {
             if e.parent_id.as_ref() != Some(parent)
@@ -954,9 +1016,9 @@ impl ResidentSelection {
         let restart = appended
             .iter()
             .rposition(|e| matches!(e.kind, EntryKind::Reset));
-        let (fresh, held) = match restart {
-            Some(r) => (appended.get(r..)?, Vec::new()),
-            None => (appended, self.held()?),
+        let fresh = match restart {
+            Some(r) => appended.get(r..)?,
+            None => appended,
         };
         let pinned = new_facts
             .compaction
@@ -965,20 +1027,24 @@ impl ResidentSelection {
             .map(|a| a.id.clone());
         let mut events_left = budget.events_max;
         let mut bytes_left = budget.bytes_max;
-        let mut pin_slot = None;
-        match (&pinned, restart) {
-            (None, Some(_)) => {}
-            (None, None) if self.pinned.is_none() => {}
+        let mut pin_bytes = 0u64;
+        let pin = match (&pinned, restart) {
+            (None, Some(_)) => PinSlot::None,
+            (None, None) if self.pinned.is_none() => PinSlot::None,
             (Some(p), None) if self.pinned.as_ref() == Some(p) => {
-                let slot = held.iter().position(|h| self.held_id(*h) == Some(p))?;
-                events_left -= 1;
-                if let Some(Held::Resident(i)) = held.get(slot) {
-                    bytes_left = bytes_left.checked_sub(*sizes.get(*i)?)?;
+                events_left = events_left.checked_sub(1)?;
+                match self.pin_slot {
+                    PinSlot::Resident(i) if &self.entries.get(i)?.id == p => {
+                        pin_bytes = *sizes.get(i)?;
+                        bytes_left = bytes_left.checked_sub(pin_bytes)?;
+                    }
+                    PinSlot::Omitted(i) if &self.omitted.get(i)?.id == p => {}
+                    _ => return None,
                 }
-                pin_slot = Some(slot);
+                self.pin_slot
             }
             _ => return None,
-        }
+        };
         let fresh_sizes: Vec<u64> = fresh.iter().map(entry_size).collect();
         let mut take_fresh = 0usize;
         for &size in fresh_sizes.iter().rev() {
@@ -987,63 +1053,99 @@ impl ResidentSelection {
             }
             take_fresh += 1;
         }
-        let mut take_held = 0usize;
-        let held_nonpin = held.len() - usize::from(pin_slot.is_some());
-        if take_fresh == fresh.len() {
-            for (k, h) in held.iter().enumerate().rev() {
-                if Some(k) == pin_slot {
+
+        // The held entries besides the pin, oldest first, are dropped
+        // until the rest fits what the budget has left (everything when
+        // the context restarted or not every new entry fitted): the
+        // newest-first walk keeps the longest newest part that fits.
+        let pin_res = match pin {
+            PinSlot::Resident(i) => Some(i),
+            _ => None,
+        };
+        let pin_om = match pin {
+            PinSlot::Omitted(i) => Some(i),
+            _ => None,
+        };
+        let mut held_events = len_u64(resident - usize::from(pin_res.is_some()))
+            .saturating_add(len_u64(self.omitted.len() - usize::from(pin_om.is_some())));
+        let mut held_bytes = self.counts.resident_bytes.saturating_sub(pin_bytes);
+        let drop_all = restart.is_some() || take_fresh < fresh.len();
+        // Cursors over the held entries in path order (an omitted record
+        // comes before the resident entry its `omitted_at` names); the pin
+        // is passed over, never dropped.
+        let (mut r, mut o) = (0usize, 0usize);
+        let mut dropped_bytes = 0u64;
+        while held_events > 0 && (drop_all || held_events > events_left || held_bytes > bytes_left)
+        {
+            let omitted_next = self.omitted_at.get(o).is_some_and(|&at| at <= len_u64(r));
+            if omitted_next {
+                o += 1;
+                if pin_om == Some(o - 1) {
                     continue;
                 }
-                let size = match *h {
-                    Held::Resident(i) => *sizes.get(i)?,
-                    Held::Omitted(i) => self.omitted.get(i)?.size,
-                };
-                // What was held keeps its kind: resident entries fit the
-                // byte budget, omitted ones exceed it.
-                if matches!(h, Held::Resident(_)) != (size <= budget.bytes_max) {
+                // An omitted record exceeds the byte budget.
+                if self.omitted.get(o - 1)?.size <= budget.bytes_max {
                     return None;
                 }
-                if !charge(size, budget, &mut events_left, &mut bytes_left) {
-                    break;
+            } else {
+                r += 1;
+                if pin_res == Some(r - 1) {
+                    continue;
                 }
-                take_held += 1;
+                let size = *sizes.get(r - 1)?;
+                if size > budget.bytes_max {
+                    return None;
+                }
+                held_bytes = held_bytes.saturating_sub(size);
+                dropped_bytes = dropped_bytes.saturating_add(size);
             }
+            held_events -= 1;
         }
+        // A pin the cursors passed is kept first; one they did not reach
+        // stays where it is among the kept.
+        let res_pin_passed = pin_res.filter(|&i| i < r);
+        let om_pin_passed = pin_om.filter(|&i| i < o);
+        let kept_old = resident - r + usize::from(res_pin_passed.is_some());
 
-        let mut entries = Vec::with_capacity(held.len() + fresh.len());
-        let mut out_sizes = Vec::with_capacity(held.len() + fresh.len());
-        let mut links = Vec::with_capacity(held.len() + fresh.len());
+        // The leaf's links gain the first new entry, when the leaf is the
+        // newest resident entry kept (it is the newest held entry if held
+        // at all, and only a resident one has links).
+        let first_new = &appended.first()?.id;
+        let newest_kept = if resident > r {
+            self.entries.last()
+        } else {
+            res_pin_passed.and_then(|i| self.entries.get(i))
+        };
+        let leaf_kept = newest_kept.is_some_and(|e| &e.id == leaf);
+        let add_child = |l: &Arc<NavLinks>| -> Arc<NavLinks> {
+            let mut l = l.clone();
+            let m = Arc::make_mut(&mut l);
+            if m.children_total < len_u64(CHILD_LINKS_MAX) {
+                m.children.push(first_new.clone());
+            }
+            m.children_total = m.children_total.saturating_add(1);
+            l
+        };
+        let map_links: MapLast<'_, Arc<NavLinks>> = if leaf_kept { Some(&add_child) } else { None };
+
+        // The kept old omitted records, then the new ones, with their
+        // places among the kept resident entries: everything the cursors
+        // passed is older than every kept record but the pin.
+        let before_kept = u64::from(res_pin_passed.is_some());
         let mut omitted = Vec::new();
         let mut omitted_at = Vec::new();
-        // The oldest held entries that no longer fit; never the pin.
-        let mut drop = held_nonpin - take_held;
-        for (k, h) in held.iter().enumerate() {
-            if Some(k) != pin_slot && drop > 0 {
-                drop -= 1;
-                continue;
-            }
-            match *h {
-                Held::Resident(i) => {
-                    let e = self.entries.get(i)?;
-                    let mut l = self.links.get(i)?.clone();
-                    if &e.id == leaf {
-                        // The first new entry is the leaf's newest child.
-                        let l = Arc::make_mut(&mut l);
-                        if l.children_total < len_u64(CHILD_LINKS_MAX) {
-                            l.children.push(appended.first()?.id.clone());
-                        }
-                        l.children_total = l.children_total.saturating_add(1);
-                    }
-                    entries.push(e.clone());
-                    out_sizes.push(*sizes.get(i)?);
-                    links.push(l);
-                }
-                Held::Omitted(i) => {
-                    omitted.push(self.omitted.get(i)?.clone());
-                    omitted_at.push(len_u64(entries.len()));
-                }
-            }
+        let mut kept_om: Vec<usize> = Vec::new();
+        kept_om.extend(om_pin_passed);
+        kept_om.extend(o..self.omitted.len());
+        for i in kept_om {
+            omitted.push(self.omitted.get(i)?.clone());
+            let at = *self.omitted_at.get(i)?;
+            omitted_at.push(at.saturating_sub(len_u64(r)).saturating_add(before_kept));
         }
+        let mut new_entries = Vec::with_capacity(take_fresh);
+        let mut new_links = Vec::with_capacity(take_fresh);
+        let mut new_sizes = Vec::with_capacity(take_fresh);
+        let mut fresh_bytes = 0u64;
         let first = fresh.len() - take_fresh;
         for (k, e) in fresh.iter().enumerate().skip(first) {
             let size = *fresh_sizes.get(k)?;
@@ -1053,19 +1155,46 @@ impl ResidentSelection {
                     kind: e.kind_name().to_string(),
                     size,
                 });
-                omitted_at.push(len_u64(entries.len()));
+                omitted_at.push(len_u64(kept_old + new_entries.len()));
             } else {
                 let child = fresh.get(k + 1).map(|c| c.id.clone());
-                links.push(Arc::new(NavLinks {
+                new_links.push(Arc::new(NavLinks {
                     id: e.id.clone(),
                     parent_id: e.parent_id.clone(),
                     children_total: u64::from(child.is_some()),
                     children: child.into_iter().collect(),
                 }));
-                entries.push(Arc::new(e.clone()));
-                out_sizes.push(size);
+                new_entries.push(Arc::new(e.clone()));
+                new_sizes.push(size);
+                fresh_bytes = fresh_bytes.saturating_add(size);
             }
         }
+        let pin_slot = match (pin_res, pin_om) {
+            (Some(i), _) => PinSlot::Resident(i.saturating_sub(r)),
+            (_, Some(i)) => PinSlot::Omitted(i.saturating_sub(o)),
+            _ => PinSlot::None,
+        };
+        // Entries weigh their bytes: an arena is replaced once what it
+        // keeps alive beyond the window exceeds the byte budget.
+        let entries = reshape(
+            &self.entries,
+            res_pin_passed,
+            r,
+            None,
+            new_entries,
+            dropped_bytes,
+            budget.bytes_max,
+        )?;
+        let links = reshape(
+            &self.links,
+            res_pin_passed,
+            r,
+            map_links,
+            new_links,
+            0,
+            u64::MAX,
+        )?;
+        let out_sizes = reshape(sizes, res_pin_passed, r, None, new_sizes, 0, u64::MAX)?;
 
         let context_entries = new_facts.context_entries();
         let resident_entries = len_u64(entries.len());
@@ -1074,7 +1203,11 @@ impl ResidentSelection {
             path_entries: new_facts.path_entries(),
             context_entries,
             resident_entries,
-            resident_bytes: out_sizes.iter().fold(0u64, |a, s| a.saturating_add(*s)),
+            resident_bytes: self
+                .counts
+                .resident_bytes
+                .saturating_sub(dropped_bytes)
+                .saturating_add(fresh_bytes),
             omitted_entries,
             beyond_budget_entries: context_entries
                 .saturating_sub(resident_entries)
@@ -1096,6 +1229,7 @@ impl ResidentSelection {
                 compaction_keeps_prefix: new_facts.compaction_keeps_prefix,
                 path_facts: Some(new_facts),
                 omitted_at,
+                pin_slot,
             },
             out_sizes,
         ))
