@@ -57,7 +57,7 @@ use serde::Serialize;
 use super::context::{context_messages_segment, ModelContext, PathMarker};
 use super::entry::{Entry, EntryId, EntryKind};
 use super::path_facts::{path_facts_by_walk, PathFacts};
-use super::shared_seq::{MapLast, SharedSeq};
+use super::shared_seq::{Appended, MapLast, SharedSeq};
 use super::tree::{entry_summary, Transcript, TREE_SUMMARY_CHARS_MAX};
 
 /// Default resident byte budget (64 KiB).
@@ -889,40 +889,6 @@ fn charge(size: u64, budget: Budget, events_left: &mut u64, bytes_left: &mut u64
     true
 }
 
-/// `seq` without its first `passed` elements except the one at `pin`
-/// (kept first when given), then `new`: the resident parts of a selection
-/// after [`ResidentSelection::extended`] dropped the oldest held entries.
-fn reshape<T: Clone>(
-    seq: &SharedSeq<T>,
-    pin: Option<usize>,
-    passed: usize,
-    map_last: MapLast<'_, T>,
-    new: Vec<T>,
-    dropped_weight: u64,
-    live_weight_max: u64,
-) -> Option<SharedSeq<T>> {
-    match pin {
-        Some(p) => seq
-            .extended(false, p, None, Vec::new(), 0, u64::MAX)?
-            .extended(
-                true,
-                passed.checked_sub(p + 1)?,
-                map_last,
-                new,
-                dropped_weight,
-                live_weight_max,
-            ),
-        None => seq.extended(
-            false,
-            passed,
-            map_last,
-            new,
-            dropped_weight,
-            live_weight_max,
-        ),
-    }
-}
-
 /// Where a selection holds its pinned compaction. Not always the oldest
 /// held entry: when the compaction keeps the segment before it, the
 /// context starts there.
@@ -1176,25 +1142,24 @@ impl ResidentSelection {
         };
         // Entries weigh their bytes: an arena is replaced once what it
         // keeps alive beyond the window exceeds the byte budget.
-        let entries = reshape(
-            &self.entries,
-            res_pin_passed,
+        let entries = self.entries.extended(
+            pin_res,
             r,
-            None,
-            new_entries,
-            dropped_bytes,
-            budget.bytes_max,
+            Appended {
+                dropped_weight: dropped_bytes,
+                live_weight_max: budget.bytes_max,
+                ..Appended::new(new_entries)
+            },
         )?;
-        let links = reshape(
-            &self.links,
-            res_pin_passed,
+        let links = self.links.extended(
+            pin_res,
             r,
-            map_links,
-            new_links,
-            0,
-            u64::MAX,
+            Appended {
+                map_last: map_links,
+                ..Appended::new(new_links)
+            },
         )?;
-        let out_sizes = reshape(sizes, res_pin_passed, r, None, new_sizes, 0, u64::MAX)?;
+        let out_sizes = sizes.extended(pin_res, r, Appended::new(new_sizes))?;
 
         let context_entries = new_facts.context_entries();
         let resident_entries = len_u64(entries.len());

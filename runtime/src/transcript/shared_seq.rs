@@ -43,6 +43,33 @@ use serde::{Serialize, Serializer};
 /// What replaces the last kept element in [`SharedSeq::extended`].
 pub type MapLast<'a, T> = Option<&'a dyn Fn(&T) -> T>;
 
+/// What [`SharedSeq::extended`] puts after the kept elements, and the
+/// weights that decide when they move to a fresh arena.
+pub struct Appended<'a, T> {
+    /// Replaces the last kept element (a leaf's links gain a child).
+    pub map_last: MapLast<'a, T>,
+    /// The elements that follow the kept ones.
+    pub new: Vec<T>,
+    /// Weight of the elements the extension drops (the caller's unit).
+    pub dropped_weight: u64,
+    /// The most the kept elements may weigh.
+    pub live_weight_max: u64,
+}
+
+impl<T> Appended<'_, T> {
+    /// `new` after the kept elements, nothing replaced, weights not
+    /// counted (only the count of dropped elements moves the window to a
+    /// fresh arena).
+    pub fn new(new: Vec<T>) -> Self {
+        Appended {
+            map_last: None,
+            new,
+            dropped_weight: 0,
+            live_weight_max: u64::MAX,
+        }
+    }
+}
+
 /// Slots an arena gets beyond twice its initial elements.
 const ARENA_SLACK_SLOTS: usize = 16;
 
@@ -168,27 +195,53 @@ impl<T> SharedSeq<T> {
 }
 
 impl<T: Clone> SharedSeq<T> {
-    /// The sequence `kept ++ new`, where `kept` is this one's first
-    /// element when `keep_first`, then this one's elements after it
-    /// without the first `drop` of them, with the last element of `kept`
-    /// replaced by `map_last` of it when given.
+    /// This sequence without its first `skip` elements, except the one at
+    /// `keep` when it is among them (it is then kept, first), followed by
+    /// `add.new`; the last kept element is replaced by `add.map_last` of
+    /// it when given.
     ///
-    /// `dropped_weight` is the weight of the dropped elements and
-    /// `live_weight_max` the most the kept ones may weigh: once the
+    /// `add.dropped_weight` is the weight of the dropped elements and
+    /// `add.live_weight_max` the most the kept ones may weigh: once the
     /// elements dropped since the arena was made outweigh that bound (or
     /// outnumber the live ones), the live ones move to a fresh arena, so
     /// what an arena keeps alive stays bounded by the window.
     ///
-    /// `None` when `drop` exceeds the elements there are to drop.
+    /// `None` when `skip` exceeds the length.
     pub fn extended(
+        &self,
+        keep: Option<usize>,
+        skip: usize,
+        add: Appended<'_, T>,
+    ) -> Option<SharedSeq<T>> {
+        if skip > self.len() {
+            return None;
+        }
+        match keep {
+            // Drop the elements before it, then keep it first and drop
+            // the rest of the `skip`.
+            Some(k) if k < skip => self
+                .kept_first(false, k, Appended::new(Vec::new()))?
+                .kept_first(true, skip - k - 1, add),
+            _ => self.kept_first(false, skip, add),
+        }
+    }
+
+    /// [`SharedSeq::extended`] with the kept element, if any, at the front:
+    /// `kept ++ add.new`, where `kept` is this one's first element when
+    /// `keep_first`, then this one's elements after it without the first
+    /// `drop` of them.
+    fn kept_first(
         &self,
         keep_first: bool,
         drop: usize,
-        map_last: MapLast<'_, T>,
-        new: Vec<T>,
-        dropped_weight: u64,
-        live_weight_max: u64,
+        add: Appended<'_, T>,
     ) -> Option<SharedSeq<T>> {
+        let Appended {
+            map_last,
+            new,
+            dropped_weight,
+            live_weight_max,
+        } = add;
         let len = self.len();
         let keep_first = keep_first && len > 0;
         if drop > len - usize::from(keep_first) {
@@ -441,25 +494,26 @@ impl<T> ExactSizeIterator for Iter<'_, T> {}
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+    use proptest::test_runner::{Config, RngSeed};
 
-    /// A plain-vector model of [`SharedSeq::extended`].
+    /// A plain-vector model of [`SharedSeq::extended`] (`map_last` adds
+    /// 1000).
     fn model(
         v: &[u32],
-        keep_first: bool,
-        drop: usize,
+        keep: Option<usize>,
+        skip: usize,
         map_last: bool,
         new: &[u32],
     ) -> Option<Vec<u32>> {
-        let keep_first = keep_first && !v.is_empty();
-        let rest = if keep_first { &v[1..] } else { v };
-        if drop > rest.len() {
+        if skip > v.len() {
             return None;
         }
         let mut out: Vec<u32> = Vec::new();
-        if keep_first {
-            out.push(v[0]);
+        if let Some(k) = keep.filter(|&k| k < skip) {
+            out.push(v[k]);
         }
-        out.extend_from_slice(&rest[drop..]);
+        out.extend_from_slice(&v[skip..]);
         if map_last {
             if let Some(l) = out.last_mut() {
                 *l += 1000;
@@ -469,83 +523,88 @@ mod tests {
         Some(out)
     }
 
-    /// SplitMix64, for reproducible operation sequences.
-    struct Rng(u64);
-    impl Rng {
-        fn next(&mut self) -> u64 {
-            self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-            let mut z = self.0;
-            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-            z ^ (z >> 31)
-        }
-        fn below(&mut self, n: u64) -> u64 {
-            self.next() % n.max(1)
-        }
-    }
-
-    fn check(seq: &SharedSeq<u32>, want: &[u32]) {
-        assert_eq!(seq.len(), want.len());
-        assert_eq!(seq.iter().copied().collect::<Vec<_>>(), want);
-        assert_eq!(
-            seq.iter().rev().copied().collect::<Vec<_>>(),
-            want.iter().rev().copied().collect::<Vec<_>>()
-        );
+    fn check(seq: &SharedSeq<u32>, want: &[u32]) -> Result<(), TestCaseError> {
+        prop_assert_eq!(seq.len(), want.len());
+        prop_assert_eq!(seq.iter().copied().collect::<Vec<_>>(), want);
+        let back: Vec<u32> = want.iter().rev().copied().collect();
+        prop_assert_eq!(seq.iter().rev().copied().collect::<Vec<_>>(), back);
         for (i, w) in want.iter().enumerate() {
-            assert_eq!(seq.get(i), Some(w));
+            prop_assert_eq!(seq.get(i), Some(w));
         }
-        assert_eq!(seq.get(want.len()), None);
-        assert_eq!(seq.first(), want.first());
-        assert_eq!(seq.last(), want.last());
-        assert_eq!(seq.iter().len(), want.len());
+        prop_assert_eq!(seq.get(want.len()), None);
+        prop_assert_eq!(seq.first(), want.first());
+        prop_assert_eq!(seq.last(), want.last());
+        prop_assert_eq!(seq.iter().len(), want.len());
+        Ok(())
     }
 
-    /// Random chains of extensions, each also applied to an older version
-    /// (a branch: its slots are taken, so it must not disturb the chain),
-    /// agree with the vector model; every old version keeps its elements.
-    #[test]
-    fn extensions_agree_with_a_vector_model_and_keep_old_versions_intact() {
-        for seed in 0..200u64 {
-            let mut rng = Rng(seed);
-            let mut versions: Vec<(SharedSeq<u32>, Vec<u32>)> = Vec::new();
-            let start: Vec<u32> = (0..rng.below(6) as u32).collect();
-            versions.push((SharedSeq::from(start.clone()), start));
+    /// One extension: which earlier version it extends (an index taken
+    /// modulo the versions so far, mostly the newest), the element kept,
+    /// the elements skipped, whether the last kept one is replaced, how
+    /// many new ones, the weight bound.
+    type Step = (bool, usize, Option<usize>, usize, bool, usize, u64);
+
+    fn step() -> impl Strategy<Value = Step> {
+        (
+            prop::bool::weighted(0.2),
+            0usize..64,
+            prop::option::of(0usize..8),
+            0usize..10,
+            any::<bool>(),
+            0usize..4,
+            0u64..8,
+        )
+    }
+
+    proptest! {
+        #![proptest_config(Config {
+            cases: 256,
+            rng_seed: RngSeed::Fixed(0x5eed_0005),
+            failure_persistence: None,
+            ..Config::default()
+        })]
+
+        /// Chains of extensions, some of older versions (a branch: the
+        /// slots after it are taken, so it must not disturb the chain),
+        /// agree with the vector model, and every version keeps its
+        /// elements while later ones are made.
+        #[test]
+        fn extensions_agree_with_a_vector_model_and_keep_old_versions_intact(
+            start in 0u32..6,
+            steps in prop::collection::vec(step(), 1..60),
+        ) {
+            let first: Vec<u32> = (0..start).collect();
+            let mut versions: Vec<(SharedSeq<u32>, Vec<u32>)> =
+                vec![(SharedSeq::from(first.clone()), first)];
             let mut next = 100u32;
-            for _ in 0..60 {
-                // Mostly the newest version; sometimes an older one.
-                let pick = if rng.below(5) == 0 {
-                    rng.below(versions.len() as u64) as usize
-                } else {
-                    versions.len() - 1
-                };
-                let (seq, want) = versions[pick].clone();
-                let keep_first = rng.below(3) == 0;
-                let drop = rng.below(want.len() as u64 + 2) as usize;
-                let map_last = rng.below(2) == 0;
-                let new: Vec<u32> = (0..rng.below(4))
+            for (older, pick, keep, skip, map_last, n_new, weight_max) in steps {
+                let at = if older { pick % versions.len() } else { versions.len() - 1 };
+                let (seq, want) = versions[at].clone();
+                let new: Vec<u32> = (0..n_new)
                     .map(|_| {
                         next += 1;
                         next
                     })
                     .collect();
-                let weight_max = rng.below(8);
                 let f = |x: &u32| x + 1000;
                 let got = seq.extended(
-                    keep_first,
-                    drop,
-                    if map_last { Some(&f) } else { None },
-                    new.clone(),
-                    drop as u64,
-                    weight_max,
+                    keep,
+                    skip,
+                    Appended {
+                        map_last: if map_last { Some(&f) } else { None },
+                        new: new.clone(),
+                        dropped_weight: skip as u64,
+                        live_weight_max: weight_max,
+                    },
                 );
-                let expect = model(&want, keep_first, drop, map_last, &new);
-                assert_eq!(got.is_some(), expect.is_some(), "seed {seed}");
+                let expect = model(&want, keep, skip, map_last, &new);
+                prop_assert_eq!(got.is_some(), expect.is_some());
                 if let (Some(g), Some(e)) = (got, expect) {
-                    check(&g, &e);
+                    check(&g, &e)?;
                     versions.push((g, e));
                 }
                 for (s, w) in &versions {
-                    check(s, w);
+                    check(s, w)?;
                 }
             }
         }
@@ -557,27 +616,28 @@ mod tests {
     fn a_sliding_window_keeps_its_arena_bounded() {
         let mut seq: SharedSeq<u64> = (0..10).collect();
         for i in 10..10_000u64 {
-            seq = seq.extended(false, 1, None, vec![i], 1, u64::MAX).unwrap();
+            seq = seq.extended(None, 1, Appended::new(vec![i])).unwrap();
             assert_eq!(seq.len(), 10);
             assert!(seq.arena.slots.len() <= 2 * 10 + 2 * ARENA_SLACK_SLOTS + 2);
         }
         let want: Vec<u64> = (9_990..10_000).collect();
-        check_u64(&seq, &want);
+        assert_eq!(seq, want);
     }
 
     /// Dropped weight beyond the bound moves the window to a fresh arena.
     #[test]
     fn dropped_weight_beyond_the_bound_starts_a_fresh_arena() {
+        let weighed = |n: u64| Appended {
+            dropped_weight: 30,
+            live_weight_max: 50,
+            ..Appended::new(vec![n])
+        };
         let seq: SharedSeq<u64> = (0..100).collect();
-        let a = seq.extended(false, 3, None, vec![100], 30, 50).unwrap();
+        let a = seq.extended(None, 3, weighed(100)).unwrap();
         assert!(Arc::ptr_eq(&a.arena, &seq.arena));
-        let b = a.extended(false, 3, None, vec![101], 30, 50).unwrap();
+        let b = a.extended(None, 3, weighed(101)).unwrap();
         assert!(!Arc::ptr_eq(&b.arena, &a.arena));
         assert_eq!(b.dead_weight, 0);
-        check_u64(&b, &(6..102).collect::<Vec<_>>());
-    }
-
-    fn check_u64(seq: &SharedSeq<u64>, want: &[u64]) {
-        assert_eq!(seq.iter().copied().collect::<Vec<_>>(), want);
+        assert_eq!(b, (6..102).collect::<Vec<u64>>());
     }
 }
