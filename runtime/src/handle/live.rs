@@ -530,7 +530,11 @@ impl SessionHandle {
         {
             let backend = self.inner.backend()?;
             let source = backend.source(&self.inner.id)?;
-            if exists(&snap, &*source, &entry.id)? {
+            // A new id is looked up in the index alone (its key filter
+            // answers a new id in memory): searching the resident entries
+            // first would cost a comparison per resident entry for an id
+            // that is almost never there.
+            if source.facts(&entry.id)?.is_some() {
                 return Err(HandleError::DuplicateEntry {
                     id: self.inner.id.clone(),
                     entry: entry.id.clone(),
@@ -664,7 +668,8 @@ impl SessionHandle {
 /// Whether `id` is in the transcript: the snapshot's leaf and resident
 /// entries are (the snapshot is at the version the caller's write is
 /// fenced on, so a commit based on this answer cannot land if anything
-/// changed since); any other id is looked up.
+/// changed since); any other id is looked up. For the parents and targets
+/// of writes, which are mostly the leaf or recent entries.
 fn exists(
     snap: &ResidentSnapshot,
     source: &dyn EntrySource<Error = StoreError>,

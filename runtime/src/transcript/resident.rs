@@ -442,9 +442,14 @@ impl ResidentSelection {
         }
     }
 
-    /// A resident entry by id.
+    /// A resident entry by id: a linear search, newest first (the entries
+    /// asked for are mostly recent ones).
     pub fn get(&self, id: &EntryId) -> Option<&Entry> {
-        self.entries.iter().find(|e| &e.id == id).map(|e| &**e)
+        self.entries
+            .iter()
+            .rev()
+            .find(|e| &e.id == id)
+            .map(|e| &**e)
     }
 }
 
