@@ -19,10 +19,10 @@ use spool_runtime::hooks::SessionHookStack;
 use spool_runtime::observer::NullSink;
 use spool_runtime::store::{LogStore, LogStoreOptions};
 use spool_runtime::transcript::{Budget, ContentBlock, EntryKind, Message};
+use spool_runtime::{AgentDefinition, SessionRuntime};
 
 /// Events allowed with `BUDGET_BYTES`: the byte budget is the bound.
 const BUDGET_EVENTS_MAX: u64 = 1_000_000;
-use spool_runtime::{AgentDefinition, SessionRuntime};
 
 /// The allocator of the `spool` binary (see its `main.rs`), so this
 /// profile is of what `spool bench` runs.
