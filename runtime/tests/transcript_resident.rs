@@ -542,30 +542,21 @@ fn append_chain(t: &mut Transcript, kinds: Vec<EntryKind>) -> Vec<Entry> {
     out
 }
 
-/// Extends the selection of `t`'s leaf by one user entry and checks it
+/// Extends the selection of the leaf by one user entry and checks it
 /// against the selection of the new leaf, sizes included.
-fn extend_matches(t: &mut Transcript, budget: Budget, text: &str) {
-    let s = select_resident(t, t.leaf(), budget).unwrap();
+fn extend_matches(b: &mut B, budget: Budget, text: &str) {
+    let s = select_resident(&b.t, b.t.leaf(), budget).unwrap();
     let sizes: SharedSeq<u64> = s.entries.iter().map(|e| entry_size(e)).collect();
-    let e = Entry {
-        id: id(&format!("x{}", t.entries().len())),
-        parent_id: t.leaf().cloned(),
-        timestamp_ms: 9_000,
-        kind: user_kind(text),
-    };
-    t.append(e.clone()).unwrap();
-    let appended = vec![e];
-    let want = select_resident(t, t.leaf(), budget).unwrap();
+    let appended = appended_user(b, text);
+    let want = select_resident(&b.t, b.t.leaf(), budget).unwrap();
     let want_sizes: SharedSeq<u64> = want.entries.iter().map(|e| entry_size(e)).collect();
     assert_eq!(s.extended(&sizes, &appended), Some((want, want_sizes)));
 }
 
-fn user_kind(text: &str) -> EntryKind {
-    EntryKind::Message {
-        message: spool_runtime::transcript::Message::User {
-            content: vec![spool_runtime::transcript::ContentBlock::text(text)],
-        },
-    }
+/// Appends a user entry under the leaf; the chain `extended` is given.
+fn appended_user(b: &mut B, text: &str) -> Vec<Entry> {
+    let id = b.user(text);
+    vec![b.t.get(&id).expect("just appended").clone()]
 }
 
 /// A compaction that keeps the segment before it is pinned while older
@@ -580,13 +571,13 @@ fn extended_keeps_a_pinned_compaction_that_is_not_the_oldest_held() {
     b.user("zero");
     let kept = b.user("kept");
     b.compaction("summary", &kept);
-    extend_matches(&mut b.t, Budget::new(10_000, 2), "after");
+    extend_matches(&mut b, Budget::new(10_000, 2), "after");
 
     // The same with room for three: nothing dropped, the pin stays second.
     let mut b = B::new();
     let kept = b.user("kept");
     b.compaction("summary", &kept);
-    extend_matches(&mut b.t, Budget::new(10_000, 3), "after");
+    extend_matches(&mut b, Budget::new(10_000, 3), "after");
 
     // Omitted records (oversized) before and after the pin; the byte
     // budget drops the oldest, step after step.
@@ -605,7 +596,7 @@ fn extended_keeps_a_pinned_compaction_that_is_not_the_oldest_held() {
         } else {
             format!("small {step}")
         };
-        extend_matches(&mut b.t, budget, &text);
+        extend_matches(&mut b, budget, &text);
     }
 
     // An oversized compaction (pinned as an omitted record) after two
@@ -617,15 +608,15 @@ fn extended_keeps_a_pinned_compaction_that_is_not_the_oldest_held() {
     b.compaction(&big, &kept);
     let budget = Budget::new(600, 4);
     for step in 0..4 {
-        extend_matches(&mut b.t, budget, &format!("small {step}"));
+        extend_matches(&mut b, budget, &format!("small {step}"));
     }
 }
 
 /// An extension shares the entries it keeps instead of cloning their
 /// pointers (its cost follows the appended and dropped entries, not the
 /// resident ones), and entries that left the window are released once the
-/// dropped ones outweigh the budget: a long sliding window keeps memory
-/// bounded.
+/// dropped ones outnumber the kept ones (these are far below the byte
+/// budget): a long sliding window keeps memory bounded.
 #[test]
 fn extended_shares_kept_entries_and_releases_dropped_ones() {
     let mut b = B::new();
@@ -640,18 +631,8 @@ fn extended_shares_kept_entries_and_releases_dropped_ones() {
     let middle = s.entries[50].clone();
     let before = std::sync::Arc::strong_count(&middle);
     for step in 0..1000 {
-        let e = Entry {
-            id: id(&format!("s{step}")),
-            parent_id: b.t.leaf().cloned(),
-            timestamp_ms: 9_000,
-            kind: EntryKind::Message {
-                message: spool_runtime::transcript::Message::User {
-                    content: vec![spool_runtime::transcript::ContentBlock::text("more")],
-                },
-            },
-        };
-        b.t.append(e.clone()).unwrap();
-        let (next, next_sizes) = s.extended(&sizes, &[e]).expect("extended");
+        let appended = appended_user(&mut b, "more");
+        let (next, next_sizes) = s.extended(&sizes, &appended).expect("extended");
         if step == 0 {
             // Held by the arena both selections share: not cloned.
             assert_eq!(std::sync::Arc::strong_count(&middle), before);
