@@ -239,6 +239,10 @@ pub fn encode_commit_frame(
     events: &[EventData],
     payload_len: u32,
 ) {
+    // The whole frame at once: a commit of megabytes (a fork's seed) would
+    // otherwise grow `out` by doubling, copying and faulting in its bytes
+    // again at every step.
+    out.reserve(FRAME_HEADER_BYTES as usize + payload_len as usize);
     let frame_start = out.len();
     out.extend_from_slice(&payload_len.to_le_bytes());
     out.extend_from_slice(&[0u8; 4]); // crc, filled in below
