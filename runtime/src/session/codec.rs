@@ -19,6 +19,7 @@ use super::events::SessionEvent;
 use super::info::AgentSessionInfo;
 use super::state::AgentState;
 use super::AgentSession;
+use crate::transcript::{ContentBlock, Entry, EntryKind, Message};
 
 /// Schema version of encoded events.
 pub const EVENT_SCHEMA: u8 = 1;
@@ -52,8 +53,14 @@ pub enum CodecError {
     Encode { what: &'static str, reason: String },
 }
 
-fn encode<T: Serialize>(what: &'static str, schema: u8, value: &T) -> Result<Vec<u8>, CodecError> {
-    let mut out = vec![schema];
+fn encode<T: Serialize>(
+    what: &'static str,
+    schema: u8,
+    value: &T,
+    capacity_bytes: usize,
+) -> Result<Vec<u8>, CodecError> {
+    let mut out = Vec::with_capacity(capacity_bytes.saturating_add(1));
+    out.push(schema);
     rmp_serde::encode::write_named(&mut out, value).map_err(|e| CodecError::Encode {
         what,
         reason: e.to_string(),
@@ -93,7 +100,73 @@ fn decode<'a, T: Deserialize<'a>>(
 
 /// Encodes one event: `[EVENT_SCHEMA] ++ msgpack(named)`.
 pub fn encode_event(event: &SessionEvent) -> Result<Vec<u8>, CodecError> {
-    encode("event", EVENT_SCHEMA, event)
+    encode("event", EVENT_SCHEMA, event, event_bytes_hint(event))
+}
+
+/// Bytes allowed per entry in the size hints for what is not counted
+/// string by string: ids, tags, field names, numbers (an assistant
+/// message's usage alone is about 80). Rather high than low: a hint short
+/// by one byte costs a growth, which copies the whole buffer.
+const ENTRY_OVERHEAD_BYTES_HINT: usize = 192;
+
+/// An estimate of the encoded size of an event carrying entries (a
+/// created session's transcript, a rewrite), 0 for the others: the
+/// buffer's capacity, so that a seed of megabytes (a fork's) is written
+/// without growing the buffer by doubling, which copies and faults in
+/// its bytes again at every step. The strings of the entries are counted
+/// (in MessagePack a string costs its bytes plus a short prefix), JSON
+/// values are not: a short estimate costs one late growth, never a
+/// wrong result.
+fn event_bytes_hint(event: &SessionEvent) -> usize {
+    match event {
+        SessionEvent::Created { state, .. } => entries_bytes_hint(state.transcript.entries()),
+        SessionEvent::HistoryRewritten { entries, .. } => entries_bytes_hint(entries),
+        SessionEvent::TranscriptRewritten { written, .. } => entries_bytes_hint(written),
+        _ => 0,
+    }
+}
+
+/// The size hint of `entries` (see [`event_bytes_hint`]).
+fn entries_bytes_hint(entries: &[Entry]) -> usize {
+    entries
+        .iter()
+        .map(|e| ENTRY_OVERHEAD_BYTES_HINT.saturating_add(entry_strings_bytes(e)))
+        .fold(0, usize::saturating_add)
+}
+
+/// The bytes of an entry's variable-length strings (content, summaries).
+fn entry_strings_bytes(e: &Entry) -> usize {
+    let blocks = |content: &[ContentBlock]| -> usize {
+        content
+            .iter()
+            .map(|b| match b {
+                ContentBlock::Text { text } => text.len(),
+                ContentBlock::Thinking { thinking } => thinking.len(),
+                ContentBlock::ToolCall { id, name, .. } => id.len() + name.len(),
+                ContentBlock::Image { mime_type, data } => mime_type.len() + data.len(),
+            })
+            .fold(0, usize::saturating_add)
+    };
+    match &e.kind {
+        EntryKind::Message { message } => match message {
+            Message::User { content } => blocks(content),
+            Message::Assistant { content, model, .. } => {
+                blocks(content).saturating_add(model.as_ref().map_or(0, String::len))
+            }
+            Message::ToolResult {
+                tool_name, content, ..
+            } => tool_name.len().saturating_add(blocks(content)),
+        },
+        EntryKind::CustomMessage {
+            custom_type,
+            content,
+            ..
+        } => custom_type.len().saturating_add(blocks(content)),
+        EntryKind::BranchSummary { summary, .. } | EntryKind::Compaction { summary, .. } => {
+            summary.len()
+        }
+        _ => 0,
+    }
 }
 
 /// Decodes one event written by [`encode_event`].
@@ -1062,6 +1135,7 @@ pub fn encode_snapshot(session: &AgentSession) -> Result<Vec<u8>, CodecError> {
             definition: &session.definition,
             state: &session.state,
         },
+        entries_bytes_hint(session.state.transcript.entries()),
     )
 }
 
@@ -1616,6 +1690,7 @@ mod tests {
                 state: &snap.state,
                 unknown: 7,
             },
+            0,
         )
         .unwrap();
         let reordered = encode(
@@ -1626,6 +1701,7 @@ mod tests {
                 definition: &snap.definition,
                 state: &snap.state,
             },
+            0,
         )
         .unwrap();
         for bytes in [extra, reordered] {
@@ -1659,6 +1735,7 @@ mod tests {
                 created_at_ms: *created_at_ms,
                 definition,
             },
+            0,
         )
         .unwrap();
         assert!(fast::event(&bytes[1..], true).is_none());
@@ -1802,5 +1879,62 @@ mod tests {
                 check(&b);
             }
         }
+    }
+
+    /// The capacity hint of an event carrying entries covers its encoded
+    /// size, with little to spare, for the usual mix (user 200 B,
+    /// assistant 1 KiB, tool output 4 KiB): a seed of megabytes is written
+    /// into one allocation. Every other event gets no hint.
+    #[test]
+    fn the_size_hint_of_a_seed_is_close_to_its_encoded_size() {
+        let mut entries = Vec::new();
+        for i in 0..300u32 {
+            let (kind, len) = match i % 3 {
+                0 => ("user", 200),
+                1 => ("assistant", 1024),
+                _ => ("tool", 4096),
+            };
+            let content = vec![ContentBlock::text("x".repeat(len))];
+            let kind = match kind {
+                "user" => EntryKind::Message {
+                    message: Message::User { content },
+                },
+                "assistant" => EntryKind::Message {
+                    message: Message::Assistant {
+                        content,
+                        stop_reason: StopReason::Stop,
+                        usage: Usage {
+                            input_tokens: 12_345,
+                            output_tokens: 678,
+                            cache_read_tokens: 0,
+                            cache_write_tokens: 0,
+                        },
+                        model: Some("provider/model".into()),
+                        error_message: None,
+                    },
+                },
+                _ => EntryKind::CustomMessage {
+                    custom_type: "tool_output".into(),
+                    content,
+                    display: true,
+                    details: None,
+                },
+            };
+            entries.push(Entry {
+                id: id(&format!("e{i}")),
+                parent_id: i.checked_sub(1).map(|p| id(&format!("e{p}"))),
+                timestamp_ms: 1_700_000_000_000 + i64::from(i),
+                kind,
+            });
+        }
+        let ev = created(state_of(entries), true);
+        let encoded = encode_event(&ev).unwrap().len();
+        let hint = event_bytes_hint(&ev);
+        let ratio = hint as f64 / encoded as f64;
+        assert!(
+            (1.0..=1.25).contains(&ratio),
+            "hint {hint} B for {encoded} encoded bytes ({ratio:.3})"
+        );
+        assert_eq!(event_bytes_hint(&SessionEvent::StateCleared), 0);
     }
 }
