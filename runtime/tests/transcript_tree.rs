@@ -157,6 +157,51 @@ fn parent_cycles_are_reported_not_looped() {
     assert!(t.path_to_root(&id("s")).is_err());
 }
 
+/// A replaced transcript builds its lookups on the first query that needs
+/// them: answers are those of a transcript built by appends, appends after
+/// a replacement (on a copy made before any query) keep them current, and
+/// cutting a path without the lookups keeps the first of duplicated ids.
+#[test]
+fn lookups_are_built_on_demand_and_kept_current() {
+    let mut b = branched();
+    b.label(&id("e4"), Some("four"));
+    let mut replaced = Transcript::new();
+    replaced.replace_all(b.t.entries().to_vec(), b.t.leaf().cloned());
+    let mut copy = replaced.clone();
+    assert_eq!(replaced.tree(), b.t.tree());
+    assert_eq!(replaced.labels(), b.t.labels());
+    assert_eq!(replaced.branch_points(), b.t.branch_points());
+
+    // The copy was made before any query: its own lookups, built by the
+    // append's checks, then kept current by it.
+    let leaf = b.t.leaf().cloned().unwrap();
+    let under = user_entry("new", Some(leaf.as_str()));
+    copy.append(under.clone()).unwrap();
+    b.t.append(under).unwrap();
+    assert_eq!(copy.tree(), b.t.tree());
+    assert_eq!(copy.children_ids(&leaf), [id("new")]);
+    assert!(!replaced.contains(&id("new")));
+    assert!(replaced.children_ids(&leaf).is_empty());
+
+    // Duplicated ids: the first occurrence is the path's, with or without
+    // the lookups built.
+    let mut dup = user_entry("a", None);
+    dup.timestamp_ms = 99;
+    let entries = vec![user_entry("a", None), dup, user_entry("b", Some("a"))];
+    let mut unbuilt = Transcript::new();
+    unbuilt.replace_all(entries.clone(), Some(id("b")));
+    let mut built = Transcript::new();
+    built.replace_all(entries, Some(id("b")));
+    assert!(built.contains(&id("a")));
+    for t in [unbuilt, built] {
+        let path = t.into_complete_path(&id("b")).unwrap();
+        let stamps: Vec<i64> = path.entries().iter().map(|e| e.timestamp_ms).collect();
+        assert_eq!(stamps, [0, 0]);
+        assert_eq!(path.leaf(), Some(&id("b")));
+        assert_eq!(ids(&path.current_path().unwrap()), ["a", "b"]);
+    }
+}
+
 #[test]
 fn labels_set_clear_and_last_wins() {
     let mut b = B::new();

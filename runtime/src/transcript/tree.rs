@@ -4,8 +4,10 @@
 //! in-memory indexes (id → position, parent → children in append order,
 //! resolved labels) so that lookups cost O(1) and navigation costs are
 //! proportional to what they return. The indexes are never serialized: the
-//! serialized form stays `{"entries": [...], "leaf": ...}` and the indexes are
-//! rebuilt when a transcript is deserialized or replaced.
+//! serialized form stays `{"entries": [...], "leaf": ...}`. They are built
+//! by the first query that needs them after a transcript is deserialized
+//! or replaced, so one that is only decoded, cut and encoded again (a
+//! session loaded to be forked) never builds them.
 //!
 //! Tree queries here are pure; they never mutate the transcript. Operations
 //! that change it ([`Navigation`]) are planned by pure functions and applied
@@ -13,6 +15,7 @@
 //! and apply it only once it is committed.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::OnceLock;
 
 use serde::{Deserialize, Serialize};
 
@@ -32,12 +35,63 @@ pub const TREE_SUMMARY_CHARS_MAX: usize = 80;
 pub struct Transcript {
     entries: Vec<Entry>,
     leaf: Option<EntryId>,
-    /// Derived: id → position in `entries` (first occurrence wins).
+    /// The lookups derived from `entries`, built on the first query that
+    /// needs them: a transcript that is only decoded, cut, encoded or
+    /// dropped (a snapshot loaded to be forked, a created event decoded by
+    /// an indexer) never pays for them. Once built, appends keep them
+    /// current; `replace_all` discards them.
+    derived: OnceLock<Derived>,
+}
+
+/// The lookups of a [`Transcript`], derived from its entries alone.
+#[derive(Clone, Default)]
+struct Derived {
+    /// Id → position in `entries` (first occurrence wins).
     by_id: HashMap<EntryId, usize>,
-    /// Derived: parent id → positions of its children, in append order.
+    /// Parent id → positions of its children, in append order.
     children: HashMap<EntryId, Vec<usize>>,
-    /// Derived: resolved labels (replaying label entries in append order).
+    /// Resolved labels (replaying label entries in append order).
     labels: HashMap<EntryId, String>,
+}
+
+impl Derived {
+    /// The lookups of `entries`, in one pass in append order.
+    fn build(entries: &[Entry]) -> Derived {
+        let mut d = Derived {
+            by_id: HashMap::with_capacity(entries.len()),
+            // Most entries are some entry's child (a chain: all but the root).
+            children: HashMap::with_capacity(entries.len()),
+            labels: HashMap::new(),
+        };
+        for (pos, entry) in entries.iter().enumerate() {
+            d.add(pos, entry);
+        }
+        d
+    }
+
+    /// Adds `entry`, at `pos` in `entries`, to the lookups.
+    fn add(&mut self, pos: usize, entry: &Entry) {
+        if self.by_id.contains_key(&entry.id) {
+            // A duplicate id (only via replace_all): the first one stays
+            // authoritative, the duplicate is not linked into the tree.
+            return;
+        }
+        self.by_id.insert(entry.id.clone(), pos);
+        if let Some(p) = &entry.parent_id {
+            self.children.entry(p.clone()).or_default().push(pos);
+        }
+        if let EntryKind::Label { target_id, label } = &entry.kind {
+            match label.as_deref() {
+                Some(l) if !l.is_empty() => {
+                    self.labels.insert(target_id.clone(), l.to_string());
+                }
+                // `None` or an empty label clears it.
+                _ => {
+                    self.labels.remove(target_id);
+                }
+            }
+        }
+    }
 }
 
 /// The serialized form of a [`Transcript`] (indexes are derived, not stored).
@@ -177,11 +231,14 @@ impl Transcript {
     /// The entry with this id (O(1)). If a transcript installed with
     /// `replace_all` holds an id twice, the first occurrence is returned.
     pub fn get(&self, id: &EntryId) -> Option<&Entry> {
-        self.by_id.get(id).and_then(|&i| self.entries.get(i))
+        self.derived()
+            .by_id
+            .get(id)
+            .and_then(|&i| self.entries.get(i))
     }
 
     pub fn contains(&self, id: &EntryId) -> bool {
-        self.by_id.contains_key(id)
+        self.derived().by_id.contains_key(id)
     }
 
     /// Appends an entry and makes it the leaf. Its parent must be absent
@@ -197,8 +254,11 @@ impl Transcript {
         }
         self.leaf = Some(entry.id.clone());
         let pos = self.entries.len();
+        // The checks above built the lookups: keep them current.
+        if let Some(d) = self.derived.get_mut() {
+            d.add(pos, &entry);
+        }
         self.entries.push(entry);
-        self.index_entry(pos);
         Ok(())
     }
 
@@ -221,42 +281,12 @@ impl Transcript {
     pub fn replace_all(&mut self, entries: Vec<Entry>, leaf: Option<EntryId>) {
         self.entries = entries;
         self.leaf = leaf;
-        self.by_id.clear();
-        self.children.clear();
-        self.labels.clear();
-        self.by_id.reserve(self.entries.len());
-        // Most entries are some entry's child (a chain: all but the root).
-        self.children.reserve(self.entries.len());
-        for pos in 0..self.entries.len() {
-            self.index_entry(pos);
-        }
+        self.derived = OnceLock::new();
     }
 
-    /// Adds the entry at `pos` to the derived indexes.
-    fn index_entry(&mut self, pos: usize) {
-        let Some(entry) = self.entries.get(pos) else {
-            return;
-        };
-        if self.by_id.contains_key(&entry.id) {
-            // A duplicate id (only via replace_all): the first one stays
-            // authoritative, the duplicate is not linked into the tree.
-            return;
-        }
-        self.by_id.insert(entry.id.clone(), pos);
-        if let Some(p) = &entry.parent_id {
-            self.children.entry(p.clone()).or_default().push(pos);
-        }
-        if let EntryKind::Label { target_id, label } = &entry.kind {
-            match label.as_deref() {
-                Some(l) if !l.is_empty() => {
-                    self.labels.insert(target_id.clone(), l.to_string());
-                }
-                // `None` or an empty label clears it.
-                _ => {
-                    self.labels.remove(target_id);
-                }
-            }
-        }
+    /// The derived lookups, built now if no query has needed them yet.
+    fn derived(&self) -> &Derived {
+        self.derived.get_or_init(|| Derived::build(&self.entries))
     }
 
     // ----------------------------------------------------------------
@@ -266,7 +296,8 @@ impl Transcript {
     /// The children of `id` in append order (empty for an unknown id or a
     /// leaf entry).
     pub fn children(&self, id: &EntryId) -> Vec<&Entry> {
-        self.children
+        self.derived()
+            .children
             .get(id)
             .map(|v| v.iter().filter_map(|&i| self.entries.get(i)).collect())
             .unwrap_or_default()
@@ -282,7 +313,7 @@ impl Transcript {
 
     /// Number of children of `id`.
     pub fn child_count(&self, id: &EntryId) -> usize {
-        self.children.get(id).map_or(0, Vec::len)
+        self.derived().children.get(id).map_or(0, Vec::len)
     }
 
     /// Root entries (no parent) and orphans (parent missing), append order.
@@ -291,7 +322,7 @@ impl Transcript {
             .iter()
             .enumerate()
             .filter(|(i, e)| {
-                self.by_id.get(&e.id) == Some(i)
+                self.derived().by_id.get(&e.id) == Some(i)
                     && !matches!(&e.parent_id, Some(p) if self.contains(p))
             })
             .map(|(_, e)| e)
@@ -358,14 +389,16 @@ impl Transcript {
         self.entries
             .iter()
             .enumerate()
-            .filter(|(i, e)| self.by_id.get(&e.id) == Some(i) && self.child_count(&e.id) > 1)
+            .filter(|(i, e)| {
+                self.derived().by_id.get(&e.id) == Some(i) && self.child_count(&e.id) > 1
+            })
             .map(|(_, e)| e.id.clone())
             .collect()
     }
 
     /// The resolved label of an entry, if any.
     pub fn label(&self, id: &EntryId) -> Option<&str> {
-        self.labels.get(id).map(String::as_str)
+        self.derived().labels.get(id).map(String::as_str)
     }
 
     /// All resolved labels: a label entry sets (or with `None` / an empty
@@ -373,7 +406,8 @@ impl Transcript {
     /// wins. Labels of targets that are not in the transcript are kept (a
     /// label entry may have been imported without its target).
     pub fn labels(&self) -> BTreeMap<EntryId, String> {
-        self.labels
+        self.derived()
+            .labels
             .iter()
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect()
@@ -420,7 +454,7 @@ impl Transcript {
                 kind: e.kind_name(),
                 role,
                 summary,
-                label: self.labels.get(&e.id).cloned(),
+                label: self.derived().labels.get(&e.id).cloned(),
                 timestamp_ms: e.timestamp_ms,
                 depth,
                 branch_depth,
@@ -512,10 +546,23 @@ impl Transcript {
     /// [`path_to_root`](Self::path_to_root), a missing parent is an error
     /// (`UnknownEntry` of that parent): the path must be complete.
     fn complete_path_positions(&self, id: &EntryId) -> Result<Vec<usize>, TranscriptError> {
-        let mut pos = *self
-            .by_id
-            .get(id)
-            .ok_or_else(|| TranscriptError::UnknownEntry(id.clone()))?;
+        // The built lookups; when no query has needed them yet (a
+        // transcript loaded to be cut), a map of first occurrences that
+        // borrows the ids instead: no id is copied, no children or labels
+        // derived.
+        let built = self.derived.get();
+        let mut first: HashMap<&EntryId, usize> = HashMap::new();
+        if built.is_none() {
+            first.reserve(self.entries.len());
+            for (pos, e) in self.entries.iter().enumerate() {
+                first.entry(&e.id).or_insert(pos);
+            }
+        }
+        let position = |id: &EntryId| match built {
+            Some(d) => d.by_id.get(id).copied(),
+            None => first.get(id).copied(),
+        };
+        let mut pos = position(id).ok_or_else(|| TranscriptError::UnknownEntry(id.clone()))?;
         let mut out = Vec::new();
         loop {
             out.push(pos);
@@ -526,10 +573,7 @@ impl Transcript {
             let Some(parent) = self.entries.get(pos).and_then(|e| e.parent_id.as_ref()) else {
                 break;
             };
-            pos = *self
-                .by_id
-                .get(parent)
-                .ok_or_else(|| TranscriptError::UnknownEntry(parent.clone()))?;
+            pos = position(parent).ok_or_else(|| TranscriptError::UnknownEntry(parent.clone()))?;
         }
         out.reverse();
         Ok(out)
@@ -598,7 +642,7 @@ impl Transcript {
         }
         let mut labels: Vec<(&EntryId, &String)> = on_path
             .iter()
-            .filter_map(|id| self.labels.get(*id).map(|l| (*id, l)))
+            .filter_map(|id| self.derived().labels.get(*id).map(|l| (*id, l)))
             .collect();
         labels.sort();
         for (target, label) in labels {
