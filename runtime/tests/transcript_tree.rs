@@ -159,8 +159,10 @@ fn parent_cycles_are_reported_not_looped() {
 
 /// A replaced transcript builds its lookups on the first query that needs
 /// them: answers are those of a transcript built by appends, appends after
-/// a replacement (on a copy made before any query) keep them current, and
-/// cutting a path without the lookups keeps the first of duplicated ids.
+/// a replacement (on a copy made before any query, which shares the
+/// entries until then) keep them current and leave the original alone,
+/// and cutting a path without the lookups keeps the first of duplicated
+/// ids.
 #[test]
 fn lookups_are_built_on_demand_and_kept_current() {
     let mut b = branched();
@@ -182,6 +184,13 @@ fn lookups_are_built_on_demand_and_kept_current() {
     assert_eq!(copy.children_ids(&leaf), [id("new")]);
     assert!(!replaced.contains(&id("new")));
     assert!(replaced.children_ids(&leaf).is_empty());
+    assert_eq!(replaced.len() + 1, copy.len());
+
+    // Cutting a shared transcript copies the path and leaves the other.
+    let shared = copy.clone();
+    let path = shared.into_complete_path(&id("e5")).unwrap();
+    assert_eq!(ids(&path.current_path().unwrap()), ["e1", "e2", "e4", "e5"]);
+    assert_eq!(copy.tree(), b.t.tree());
 
     // Duplicated ids: the first occurrence is the path's, with or without
     // the lookups built.

@@ -15,7 +15,7 @@
 //! and apply it only once it is committed.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
 use serde::{Deserialize, Serialize};
 
@@ -33,7 +33,10 @@ pub const TREE_SUMMARY_CHARS_MAX: usize = 80;
 #[derive(Clone, Default, Deserialize)]
 #[serde(from = "TranscriptRepr")]
 pub struct Transcript {
-    entries: Vec<Entry>,
+    /// Shared by clones until one of them changes: a session's state and
+    /// the pending `created` event that carries it (a fork's seed) hold
+    /// one copy of the entries, not two.
+    entries: Arc<Vec<Entry>>,
     leaf: Option<EntryId>,
     /// The lookups derived from `entries`, built on the first query that
     /// needs them: a transcript that is only decoded, cut, encoded or
@@ -258,7 +261,7 @@ impl Transcript {
         if let Some(d) = self.derived.get_mut() {
             d.add(pos, &entry);
         }
-        self.entries.push(entry);
+        Arc::make_mut(&mut self.entries).push(entry);
         Ok(())
     }
 
@@ -279,7 +282,7 @@ impl Transcript {
     /// path there, a cycle is reported as [`TranscriptError::ParentCycle`],
     /// and of duplicated ids only the first occurrence is indexed.
     pub fn replace_all(&mut self, entries: Vec<Entry>, leaf: Option<EntryId>) {
-        self.entries = entries;
+        self.entries = Arc::new(entries);
         self.leaf = leaf;
         self.derived = OnceLock::new();
     }
@@ -605,7 +608,9 @@ impl Transcript {
         }
         let mut path: Vec<Option<Entry>> = Vec::with_capacity(positions.len());
         path.resize_with(positions.len(), || None);
-        for (p, e) in self.entries.into_iter().enumerate() {
+        // Moved out when no clone shares them, else copied.
+        let entries = Arc::unwrap_or_clone(self.entries);
+        for (p, e) in entries.into_iter().enumerate() {
             if let Some(Some(slot)) = slot_of.get(p) {
                 if let Some(dst) = path.get_mut(*slot) {
                     *dst = Some(e);
