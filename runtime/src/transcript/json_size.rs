@@ -2,8 +2,9 @@
 //! it), counted without writing it. [`entry_size`](super::entry_size) is on
 //! every append (the resident selection and the index both charge it), and
 //! most of an entry is text: `serde_json` escapes a string byte by byte,
-//! while the count here runs a test and, where it finds anything to
-//! escape, a sum over fixed chunks, both of which the compiler vectorizes.
+//! while the count here sums the bytes to escape over fixed chunks and
+//! looks for the rare ones that take six bytes, both of which the
+//! compiler vectorizes.
 //!
 //! Only the shapes transcript entries use are counted here (strings,
 //! integers, booleans, null, sequences, maps with string or integer keys,
@@ -27,40 +28,46 @@ pub(crate) fn json_len<T: Serialize + ?Sized>(value: &T) -> Option<u64> {
 /// copy, vectorized once, instead of one per serialized type.
 #[inline(never)]
 fn str_len(s: &str) -> u64 {
-    // Per 64-byte chunk, a cheap byte-wide test for anything to escape;
-    // where it finds something, branch-free sums over each 32-byte half in
-    // byte-wide lanes (a byte adds at most 5, so a half's sum, at most
-    // 160, never wraps a `u8`), which the compiler vectorizes 16 or 32 to
-    // a register. Agent text has a newline or a quote in most chunks.
-    let mut n = s.len() as u64 + 2;
-    let mut chunks = s.as_bytes().chunks_exact(64);
+    // Every byte to escape adds at least one: counted per 64-byte chunk in
+    // byte-wide lanes (a chunk counts at most 64, so a `u8` never wraps),
+    // which the compiler vectorizes 16 or 32 to a register. A control
+    // character without a short escape adds 4 more (`\u00XX`); agent text
+    // has newlines and quotes in most chunks but almost never those, so
+    // they are only looked for (an OR over the same chunks) and counted
+    // again, byte by byte, in the rare string that has one.
+    let b = s.as_bytes();
+    let mut n = b.len() as u64 + 2;
+    let mut long_any = false;
+    let mut chunks = b.chunks_exact(64);
     for chunk in &mut chunks {
-        let any = chunk.iter().fold(0u8, |a, &c| {
-            a | u8::from(c < 0x20) | u8::from(c == b'"') | u8::from(c == b'\\')
-        });
-        if any == 0 {
-            continue;
-        }
-        let (low, high) = chunk.split_at(32);
-        n += u64::from(low.iter().fold(0u8, |a, &c| a + escape_extra(c)));
-        n += u64::from(high.iter().fold(0u8, |a, &c| a + escape_extra(c)));
+        n += u64::from(
+            chunk
+                .iter()
+                .fold(0u8, |a, &c| a.wrapping_add(u8::from(escaped(c)))),
+        );
+        long_any |= chunk.iter().fold(0u8, |a, &c| a | u8::from(long_escape(c))) != 0;
     }
     for &c in chunks.remainder() {
-        n += u64::from(escape_extra(c));
+        n += u64::from(escaped(c));
+        long_any |= long_escape(c);
+    }
+    if long_any {
+        n += 4 * b.iter().filter(|&&c| long_escape(c)).count() as u64;
     }
     n
 }
 
-/// Bytes `serde_json`'s escape of `c` adds: 1 for `\"`, `\\` and the short
-/// escapes `\b \t \n \f \r`, 5 for the other control characters
-/// (`\u00XX`), 0 for anything else.
+/// `serde_json` escapes `c`: a quote, a backslash or a control character.
 #[inline(always)]
-fn escape_extra(c: u8) -> u8 {
-    let control = u8::from(c < 0x20);
-    // A short escape is a control character: 5 - 4 = 1.
-    let short = u8::from(matches!(c, 0x08 | 0x09 | 0x0A | 0x0C | 0x0D));
-    let quoted = u8::from(c == b'"' || c == b'\\');
-    5 * control - 4 * short + quoted
+fn escaped(c: u8) -> bool {
+    c < 0x20 || c == b'"' || c == b'\\'
+}
+
+/// `c` is a control character without a short escape (`\b \t \n \f \r`):
+/// `serde_json` writes it as `\u00XX`, 6 bytes.
+#[inline(always)]
+fn long_escape(c: u8) -> bool {
+    c < 0x20 && !matches!(c, 0x08..=0x0A | 0x0C | 0x0D)
 }
 
 fn u64_len(v: u64) -> u64 {
@@ -544,6 +551,7 @@ mod tests {
                 Just('\u{c}'),
                 Just('\r'),
                 Just('\u{0}'),
+                Just('\u{b}'),
                 Just('\u{1f}'),
                 Just('\u{7f}'),
                 Just('é'),
