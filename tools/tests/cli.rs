@@ -24,10 +24,12 @@ fn run(dir: &Path, args: &[&str]) -> Output {
 }
 
 fn stdout_json(out: &Output) -> serde_json::Value {
+    // A report that found problems (verify exits 1) is on stdout.
     assert!(
         out.status.success(),
-        "spool failed: {}\nstderr: {}",
+        "spool failed: {}\nstdout: {}\nstderr: {}",
         out.status,
+        String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
     serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
