@@ -47,7 +47,7 @@ pub struct Transcript {
 }
 
 /// The lookups of a [`Transcript`], derived from its entries alone.
-#[derive(Clone, Default)]
+#[derive(Clone)]
 struct Derived {
     /// Id → position in `entries` (first occurrence wins).
     by_id: HashMap<EntryId, usize>,
