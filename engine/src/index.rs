@@ -401,6 +401,22 @@ fn is_sled_lock_error(e: &sled::Error) -> bool {
     matches!(e, sled::Error::Io(io) if io.to_string().contains("could not acquire lock"))
 }
 
+/// Remove sled's unfinished snapshot files (`snap.*.generating`) from `dir`; how many
+/// were removed (see [`Index::open_db_repairing`]).
+fn remove_unfinished_snapshots(dir: &Path) -> usize {
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    rd.flatten()
+        .filter(|e| {
+            let name = e.file_name();
+            let name = name.to_string_lossy();
+            name.starts_with("snap.") && name.ends_with(".generating")
+        })
+        .filter(|e| std::fs::remove_file(e.path()).is_ok())
+        .count()
+}
+
 fn sled_err(e: sled::Error) -> Error {
     Error::Index(IndexError::Sled(e))
 }
@@ -420,6 +436,27 @@ impl Index {
             tighten_permissions(p);
         }
         db
+    }
+
+    /// [`Index::open_db`], and once more without unfinished snapshot files if sled
+    /// failed on them. sled 0.34 writes a snapshot to `snap.<lsn>.generating`, fsyncs
+    /// it and renames it to `snap.<lsn>`, but on open takes the newest `snap.*` name,
+    /// `.generating` included: a process killed while writing one leaves an index sled
+    /// refuses as corrupt. Without it, sled recovers from the previous snapshot and its
+    /// log, as it does after any crash. Only a directory the caller owns (the store's
+    /// lock, or verify's private copy) is repaired.
+    fn open_db_repairing(path: Option<&Path>) -> Result<sled::Db, sled::Error> {
+        let first = Index::open_db(path);
+        match (&first, path) {
+            (Err(e), Some(p)) if !is_sled_lock_error(e) => {
+                if remove_unfinished_snapshots(p) > 0 {
+                    Index::open_db(path)
+                } else {
+                    first
+                }
+            }
+            _ => first,
+        }
     }
 
     fn open_db_inner(path: Option<&Path>) -> Result<sled::Db, sled::Error> {
@@ -443,7 +480,7 @@ impl Index {
         path: Option<&Path>,
         indexers: Vec<Arc<dyn Indexer>>,
     ) -> Result<(Index, bool), Error> {
-        let mut opened = Index::open_db(path);
+        let mut opened = Index::open_db_repairing(path);
         // sled's own file lock: a handle closed a moment ago (sled releases it from its
         // background threads) or, misconfigured, another store on the same directory.
         // Wait a little for the former; never wipe an index someone holds.
@@ -451,7 +488,7 @@ impl Index {
         while matches!(&opened, Err(e) if is_sled_lock_error(e)) && waited < SLED_LOCK_WAIT_TRIES {
             std::thread::sleep(std::time::Duration::from_millis(50));
             waited += 1;
-            opened = Index::open_db(path);
+            opened = Index::open_db_repairing(path);
         }
         let db = match opened {
             Ok(db) => db,
@@ -480,7 +517,7 @@ impl Index {
 
     /// Open an existing index as it is (no wipe); `None` if it has another format.
     pub(crate) fn open_existing(path: &Path) -> Result<Option<Index>, Error> {
-        let db = Index::open_db(Some(path)).map_err(sled_err)?;
+        let db = Index::open_db_repairing(Some(path)).map_err(sled_err)?;
         let ix = Index::from_db(db, Vec::new(), Some(path))?;
         let format = ix.tree.get(META_FORMAT).map_err(sled_err)?;
         if format.as_deref() != Some(&INDEX_FORMAT_VERSION.to_be_bytes()[..]) {

@@ -23,6 +23,7 @@ pub struct VerifyProblem {
 
 /// What happened to the index check.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum IndexCheck {
     /// No index directory.
     Absent,
@@ -33,6 +34,10 @@ pub enum IndexCheck {
     Outdated,
     /// Compared with the log up to its applied seq.
     Checked { applied_seq: u64 },
+    /// sled could not open it (after removing what a crash during one of its
+    /// snapshots leaves): the next open wipes and rebuilds it from the log, so no data
+    /// depends on it. Not an error of the store.
+    Unreadable { problem: String },
 }
 
 /// Result of [`verify`]; `ok` is false when corruption was found.
@@ -145,11 +150,7 @@ pub fn verify(dir: impl AsRef<Path>, opts: Options) -> Result<VerifyReport, Erro
                     Err(e) => report.errors.push(problem(INDEX_DIR, 0, e.to_string())),
                 },
                 Ok(None) => report.index = IndexCheck::Outdated,
-                Err(e) => {
-                    report
-                        .errors
-                        .push(problem(INDEX_DIR, 0, format!("index unreadable: {e}")))
-                }
+                Err(e) => report.index = IndexCheck::Unreadable { problem: e },
             }
         }
     }

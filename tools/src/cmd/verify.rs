@@ -17,7 +17,24 @@ struct Report {
     commits: u64,
     streams: u64,
     torn_tail_bytes: u64,
+    /// What the index check found (its problems are among `errors`).
+    index: String,
     errors: Vec<Problem>,
+}
+
+/// The index check in words.
+fn index_state(c: &spool_engine::IndexCheck) -> String {
+    use spool_engine::IndexCheck;
+    match c {
+        IndexCheck::Absent => "absent: the next open builds it".into(),
+        IndexCheck::Locked => "in use by the store's owner: not checked".into(),
+        IndexCheck::Outdated => "outdated: the next open rebuilds it".into(),
+        IndexCheck::Checked { applied_seq } => format!("checked up to seq {applied_seq}"),
+        IndexCheck::Unreadable { problem } => {
+            format!("unreadable ({problem}): the next open rebuilds it")
+        }
+        other => format!("{other:?}"),
+    }
 }
 
 #[derive(Serialize)]
@@ -38,6 +55,7 @@ pub fn run(dir: &Path, json: bool) -> Result<ExitCode> {
         commits: r.commits,
         streams: r.streams,
         torn_tail_bytes: r.torn_tail_bytes,
+        index: index_state(&r.index),
         errors: r
             .errors
             .iter()
@@ -60,6 +78,7 @@ pub fn run(dir: &Path, json: bool) -> Result<ExitCode> {
             report.streams,
             report.torn_tail_bytes
         );
+        crate::outln!("index: {}", report.index);
         for p in &report.errors {
             crate::outln!("  {} @ {}: {}", p.segment, p.offset, p.problem);
         }
