@@ -300,7 +300,8 @@ pub fn store_open(data: &[u8]) {
             STORE_DIR,
             LogStoreOptions::default()
                 .engine_options()
-                .vfs(Arc::new(sim.clone())),
+                .vfs(Arc::new(sim.clone()))
+                .next_segment(spool_engine::NextSegment::Inline),
         )
         .map(LogStore::from_engine)
         {
@@ -380,6 +381,7 @@ pub fn session_ops(data: &[u8]) {
         }
         .engine_options()
         .vfs(v)
+        .next_segment(spool_engine::NextSegment::Inline)
         .index_dir(ix.path().join("index"))
     };
     let mut tracker = Tracker::default();
@@ -519,6 +521,7 @@ pub fn seed_inputs() -> Vec<(&'static str, String, Vec<u8>)> {
     }
     .engine_options()
     .vfs(Arc::new(sim.clone()))
+    .next_segment(spool_engine::NextSegment::Inline)
     .index_dir(ix.path().join("index"));
     let mut events = Vec::new();
     let mut records: Vec<Vec<u8>> = Vec::new();

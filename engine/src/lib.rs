@@ -31,6 +31,7 @@ mod index;
 mod log;
 mod prepare;
 mod salvage;
+mod spare;
 mod store;
 mod types;
 mod verify;
@@ -45,10 +46,11 @@ pub use gc::{GcPlan, GcReport, GcSegment, GC_MANIFEST_IDS_MAX};
 pub use index::{Index, IndexBatch, IndexScan, Indexer, StreamHead, INDEX_FORMAT_VERSION};
 pub use log::LogSpan;
 pub use salvage::{salvage, DroppedCommit, LostRange, SalvageReport};
+pub use spare::SPARE_SEGMENT_FILE;
 pub use store::{LogScan, Store, INDEX_DIR, LOCK_FILE, LOCK_WAIT_MAX_MS, LOG_SPAN_BYTES_MAX};
 pub use types::{
     AppendOutcome, CommitInfo, Durability, EventData, ExpectedVersion, LogPosition, NewCommit,
-    Options, Preallocate, RecordedCommit, StoreStats,
+    NextSegment, Options, Preallocate, RecordedCommit, StoreStats,
 };
 pub use uuid::Uuid;
 pub use verify::{verify, IndexCheck, VerifyProblem, VerifyReport};

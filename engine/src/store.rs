@@ -6,6 +6,7 @@ use crate::format::{self, CommitHead, CommitRef, FRAME_HEADER_BYTES, SEGMENT_HEA
 use crate::index::Index;
 use crate::log::{self, HistoryCheck, LogSpan, Segment, Tail};
 use crate::prepare::Preparer;
+use crate::spare;
 use crate::types::*;
 use crate::vfs::{Mapped, OpenMode, Vfs, VfsFile, VfsLock};
 use std::collections::{BTreeMap, HashMap};
@@ -113,6 +114,7 @@ pub(crate) struct Counters {
     groups: AtomicU64,
     bytes: AtomicU64,
     segments_created: AtomicU64,
+    segments_from_spare: AtomicU64,
 }
 
 pub(crate) struct Inner {
@@ -142,6 +144,8 @@ pub(crate) struct Inner {
     pub(crate) gc_epoch: AtomicU64,
     /// Old segments of committed GCs waiting for their readers.
     pub(crate) retired: Mutex<Vec<crate::gc::Retired>>,
+    /// The next segment, built ahead ([`NextSegment`]); only the leader and close use it.
+    pub(crate) spare: Mutex<spare::Slot>,
     pub(crate) _lock: Option<Box<dyn VfsLock>>,
 }
 
@@ -291,6 +295,8 @@ impl Store {
         if !read_only {
             // Finish or roll back a GC that a crash interrupted, before reading the log.
             crate::gc::recover(&*vfs, dir)?;
+            // A spare segment of the last owner: it is rebuilt when needed.
+            spare::remove(&*vfs, dir)?;
         }
         let index_path = if read_only {
             None
@@ -401,6 +407,7 @@ impl Store {
             gc_lock: Mutex::new(()),
             gc_epoch: AtomicU64::new(0),
             retired: Mutex::new(Vec::new()),
+            spare: Mutex::new(spare::Slot::Empty),
             opts,
         });
         if !read_only && inner.opts.durability == Durability::Buffered {
@@ -604,6 +611,8 @@ impl Store {
         let mut chunks = std::mem::replace(&mut w.chunks, spare_chunks);
         let batch = std::mem::replace(&mut w.batch, spare_batch);
         let active = w.active.clone();
+        // The id the next new segment gets unless a GC takes it first.
+        let next_id = w.next_segment_id;
         let mut preparer = None;
         if sync && !w.preparer_failed && batch.len() >= PREPARE_THREAD_COMMITS_MIN {
             preparer = w
@@ -615,7 +624,7 @@ impl Store {
         drop(w);
 
         let (res, mut batch) =
-            self.write_and_index(active.clone(), &buf, &chunks, batch, &preparer);
+            self.write_and_index(active.clone(), next_id, &buf, &chunks, batch, &preparer);
 
         let mut w = lock(&inner.w);
         w.leader = false;
@@ -691,6 +700,7 @@ impl Store {
     fn write_and_index(
         &self,
         active: Arc<Segment>,
+        next_id: u64,
         buf: &[u8],
         chunks: &[Chunk],
         mut batch: Vec<RecordedCommit>,
@@ -700,6 +710,7 @@ impl Store {
         Vec<RecordedCommit>,
     ) {
         let inner = &*self.inner;
+        self.plan_spare(&active, next_id);
         let (seg, ends) = match self.write_group(active, buf, chunks) {
             Ok(r) => r,
             Err(e) => return (Err(e), batch),
@@ -762,13 +773,24 @@ impl Store {
                 // Seal the current segment: its records must be durable before a later
                 // segment exists, or recovery would find a torn segment in mid-log.
                 self.sync_segment(&seg)?;
-                let new = create_segment(
-                    &*inner.opts.vfs,
-                    &inner.dir,
-                    &inner.opts,
-                    ch.seg,
-                    ch.capacity,
-                )?;
+                let spare = lock(&inner.spare).take(ch.capacity)?;
+                let new = match spare {
+                    Some(s) => {
+                        let new = spare::install(&*inner.opts.vfs, &inner.dir, s, ch.seg)?;
+                        inner
+                            .counters
+                            .segments_from_spare
+                            .fetch_add(1, Ordering::Relaxed);
+                        new
+                    }
+                    None => create_segment(
+                        &*inner.opts.vfs,
+                        &inner.dir,
+                        &inner.opts,
+                        ch.seg,
+                        ch.capacity,
+                    )?,
+                };
                 inner
                     .counters
                     .segments_created
@@ -790,6 +812,39 @@ impl Store {
             ));
         }
         Ok((seg, ends))
+    }
+
+    /// Start building the next segment once `active` is half full (per
+    /// [`NextSegment`]), expecting it to get id `next_id`.
+    fn plan_spare(&self, active: &Segment, next_id: u64) {
+        let inner = &*self.inner;
+        let mode = inner.opts.next_segment;
+        if inner.read_only
+            || mode == NextSegment::OnDemand
+            || active.end.load(Ordering::Acquire).saturating_mul(2) < active.capacity
+        {
+            return;
+        }
+        let mut slot = lock(&inner.spare);
+        if !slot.is_empty() {
+            return;
+        }
+        let plan = spare::Plan {
+            vfs: inner.opts.vfs.clone(),
+            dir: inner.dir.clone(),
+            preallocate: inner.opts.preallocate,
+            durability: inner.opts.durability,
+            id: next_id,
+            capacity: inner.opts.segment_bytes_max,
+        };
+        *slot = match mode {
+            NextSegment::Background => match plan.clone().spawn() {
+                Some(h) => spare::Slot::Building(h),
+                // No thread: build it here (as `Inline`).
+                None => spare::Slot::Done(plan.build()),
+            },
+            _ => spare::Slot::Done(plan.build()),
+        };
     }
 
     /// The fdatasync of a durable group (timed: the next group's gather waits about
@@ -1017,6 +1072,7 @@ impl Store {
                 .unwrap_or_else(|e| e.into_inner())
                 .len() as u64,
             segments_created: c.segments_created.load(Ordering::Relaxed),
+            segments_from_spare: c.segments_from_spare.load(Ordering::Relaxed),
             last_seq: self.last_seq(),
         }
     }
@@ -1103,6 +1159,11 @@ fn shutdown(inner: &Inner) -> Result<(), Error> {
     // it). What fails here is finished by the next open's GC recovery.
     if !inner.read_only {
         let _ = crate::gc::retire(inner);
+        // An unused spare: the next open would remove it anyway.
+        let mut slot = lock(&inner.spare);
+        slot.finish();
+        *slot = spare::Slot::Empty;
+        let _ = spare::remove(&*inner.opts.vfs, &inner.dir);
     }
     let _ = inner.index.flush();
     // The lock is released when `Inner` is dropped, after the index.
@@ -1145,7 +1206,13 @@ fn create_segment(
     let file = vfs
         .open(&path, OpenMode::CreateNew)
         .map_err(|e| Error::io(&path, "create", e))?;
-    init_segment_file(&*file, &path, opts, id, capacity)?;
+    init_segment_file(
+        &*file,
+        &path,
+        opts.preallocate.resolve(opts.durability),
+        id,
+        capacity,
+    )?;
     vfs.sync_dir(dir)
         .map_err(|e| Error::io(dir, "sync_dir", e))?;
     Ok(Arc::new(Segment::new(
@@ -1157,15 +1224,15 @@ fn create_segment(
     )))
 }
 
-/// Preallocate, write the header and fsync.
-fn init_segment_file(
+/// Preallocate (`preallocate` resolved: not `Auto`), write the header and fsync.
+pub(crate) fn init_segment_file(
     file: &dyn VfsFile,
     path: &Path,
-    opts: &Options,
+    preallocate: Preallocate,
     id: u64,
     capacity: u64,
 ) -> Result<(), Error> {
-    match opts.preallocate.resolve(opts.durability) {
+    match preallocate {
         Preallocate::Sparse | Preallocate::Auto => file
             .set_len(capacity)
             .map_err(|e| Error::io(path, "set_len", e))?,
@@ -1385,7 +1452,13 @@ fn scan_log(
                 }
                 let capacity = opts.segment_bytes_max.max(map.len() as u64);
                 drop(map);
-                init_segment_file(&*file, &path, opts, id, capacity)?;
+                init_segment_file(
+                    &*file,
+                    &path,
+                    opts.preallocate.resolve(opts.durability),
+                    id,
+                    capacity,
+                )?;
                 vfs.sync_dir(dir)
                     .map_err(|e| Error::io(dir, "sync_dir", e))?;
                 segments.insert(
@@ -1663,6 +1736,7 @@ mod prepare_tests {
             .durability(Durability::Immediate)
             .segment_bytes_max(1 << 20)
             .vfs(Arc::new(vfs.clone()))
+            .next_segment(NextSegment::Inline)
             .indexer(Arc::new(Chain));
         (Arc::new(Store::open(dir, opts).unwrap()), vfs)
     }

@@ -40,6 +40,7 @@ impl Indexer for PosIndexer {
 fn gc_opts() -> Options {
     Options::default()
         .segment_bytes_max(4096)
+        .next_segment(spool_engine::NextSegment::Inline)
         .indexer(Arc::new(PosIndexer))
 }
 

@@ -31,6 +31,8 @@ fn opts(sim: &SimVfs, ix: &Path, durability: Durability) -> spool_engine::Option
     }
     .engine_options()
     .vfs(Arc::new(sim.clone()))
+    // The spare segment is built at a fixed point: sync points stay reproducible.
+    .next_segment(spool_engine::NextSegment::Inline)
     .index_dir(ix.join("index"))
     // No background flushes: with Buffered, only explicit flushes sync.
     .buffered_flush_interval(std::time::Duration::from_secs(3600))

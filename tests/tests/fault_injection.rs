@@ -32,7 +32,10 @@ fn opts(fv: Option<&FaultVfs>) -> spool_engine::Options {
     }
     .engine_options();
     match fv {
-        Some(fv) => o.vfs(Arc::new(fv.clone())),
+        // Inline: the spare segment's file operations come at fixed points.
+        Some(fv) => o
+            .vfs(Arc::new(fv.clone()))
+            .next_segment(spool_engine::NextSegment::Inline),
         None => o,
     }
 }

@@ -51,5 +51,8 @@ pub fn seg_files(dir: &Path) -> Vec<std::path::PathBuf> {
 /// Default options but with 64 KiB segments: every segment is preallocated, and tests
 /// that copy or rewrite segment files should not move 64 MiB each time.
 pub fn test_opts() -> Options {
-    Options::default().segment_bytes_max(64 * 1024)
+    // Inline: the tests that count file operations see them at fixed points.
+    Options::default()
+        .segment_bytes_max(64 * 1024)
+        .next_segment(spool_engine::NextSegment::Inline)
 }

@@ -1,0 +1,267 @@
+//! The next segment built ahead (`NextSegment`): it becomes the next segment, it is
+//! never part of the log, and a crash or close leaves nothing a reader sees.
+
+mod common;
+
+use common::*;
+use spool_engine::vfs::{SimVfs, Vfs};
+use spool_engine::*;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+fn opts(mode: NextSegment) -> Options {
+    Options::default()
+        .segment_bytes_max(4096)
+        .next_segment(mode)
+}
+
+/// Appends `n` 200-byte commits to `s`, each to its own version of stream `a`.
+fn fill(s: &Store, from: u64, n: u64) {
+    for v in from..from + n {
+        let payload = format!("{v:0>200}");
+        committed(
+            s.append(commit(
+                "a",
+                ExpectedVersion::Exact(v - 1),
+                payload.as_bytes(),
+            ))
+            .unwrap(),
+        );
+    }
+}
+
+fn check_contents(s: &Store, n: u64) {
+    let all = log_contents(s);
+    assert_eq!(all.len() as u64, n);
+    for (i, (stream, v, p)) in all.iter().enumerate() {
+        assert_eq!(stream, "a");
+        assert_eq!(*v, i as u64 + 1);
+        assert_eq!(p, format!("{v:0>200}").as_bytes());
+    }
+}
+
+#[test]
+fn every_new_segment_is_the_spare_built_ahead() {
+    for mode in [NextSegment::Background, NextSegment::Inline] {
+        let dir = tempfile::tempdir().unwrap();
+        let s = Store::open(dir.path(), opts(mode)).unwrap();
+        fill(&s, 1, 100);
+        let st = s.stats();
+        // 100 frames of about 280 bytes in 4 KiB segments.
+        assert!(st.segments_created >= 5, "{mode:?}: {st:?}");
+        assert_eq!(
+            st.segments_from_spare, st.segments_created,
+            "{mode:?}: every segment after the first was half full in time: {st:?}"
+        );
+        check_contents(&s, 100);
+        drop(s);
+        assert!(
+            !dir.path().join(SPARE_SEGMENT_FILE).exists(),
+            "{mode:?}: close removes the unused spare"
+        );
+        let v = verify(dir.path(), opts(mode)).unwrap();
+        assert!(v.ok, "{mode:?}: {v:?}");
+        let s = Store::open(dir.path(), opts(mode)).unwrap();
+        check_contents(&s, 100);
+        fill(&s, 101, 20);
+        check_contents(&s, 120);
+    }
+}
+
+#[test]
+fn on_demand_builds_no_spare() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Store::open(dir.path(), opts(NextSegment::OnDemand)).unwrap();
+    fill(&s, 1, 40);
+    assert!(!dir.path().join(SPARE_SEGMENT_FILE).exists());
+    let st = s.stats();
+    assert!(st.segments_created >= 2, "{st:?}");
+    assert_eq!(st.segments_from_spare, 0);
+    check_contents(&s, 40);
+}
+
+/// A spare left by a crash (here: a file of garbage under its name) is not read as
+/// part of the log by anyone, and the next owner removes it.
+#[test]
+fn a_leftover_spare_is_ignored_by_readers_and_removed_by_the_owner() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let s = Store::open(dir.path(), opts(NextSegment::OnDemand)).unwrap();
+        fill(&s, 1, 30);
+    }
+    let spare = dir.path().join(SPARE_SEGMENT_FILE);
+    std::fs::write(&spare, vec![0xA5u8; 4096]).unwrap();
+    let v = verify(dir.path(), opts(NextSegment::Inline)).unwrap();
+    assert!(v.ok, "{v:?}");
+    let ro = Store::open_read_only(dir.path(), opts(NextSegment::Inline)).unwrap();
+    check_contents(&ro, 30);
+    drop(ro);
+    assert!(spare.exists(), "a reader writes nothing");
+    let s = Store::open(dir.path(), opts(NextSegment::Inline)).unwrap();
+    assert!(!spare.exists(), "the owner's open removes it");
+    check_contents(&s, 30);
+    fill(&s, 31, 40);
+    check_contents(&s, 70);
+    assert!(s.stats().segments_from_spare > 0);
+}
+
+/// A record too large for a normal segment gets a segment of its own, created on
+/// demand; the spare (built for a normal one) waits for the next normal segment.
+#[test]
+fn an_oversized_segment_leaves_the_spare_for_the_next_normal_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Store::open(dir.path(), opts(NextSegment::Inline)).unwrap();
+    fill(&s, 1, 10);
+    let before = s.stats();
+    assert!(
+        dir.path().join(SPARE_SEGMENT_FILE).exists(),
+        "the active segment is past half: {before:?}"
+    );
+    let big = vec![7u8; 10_000];
+    committed(
+        s.append(commit("big", ExpectedVersion::NoStream, &big))
+            .unwrap(),
+    );
+    let after_big = s.stats();
+    assert_eq!(after_big.segments_created, before.segments_created + 1);
+    assert_eq!(after_big.segments_from_spare, before.segments_from_spare);
+    fill(&s, 11, 5);
+    let after = s.stats();
+    assert_eq!(after.segments_created, after_big.segments_created + 1);
+    assert_eq!(after.segments_from_spare, after_big.segments_from_spare + 1);
+    let all = log_contents(&s);
+    assert_eq!(all.len(), 16);
+    assert_eq!(all[10].2, big);
+    drop(s);
+    let v = verify(dir.path(), opts(NextSegment::Inline)).unwrap();
+    assert!(v.ok, "{v:?}");
+}
+
+/// The spare's header is written for the id expected when it was built; a GC that
+/// takes ids in between makes the writer rewrite it for the id it gets.
+#[test]
+fn a_gc_between_build_and_use_gets_the_spare_the_right_header() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Store::open(dir.path(), opts(NextSegment::Inline)).unwrap();
+    // Two streams: GC keeps one and drops the other from the sealed segments.
+    for v in 1..=40u64 {
+        for st in ["keep", "drop"] {
+            let payload = format!("{st}{v:0>150}");
+            committed(
+                s.append(commit(
+                    st,
+                    ExpectedVersion::Exact(v - 1),
+                    payload.as_bytes(),
+                ))
+                .unwrap(),
+            );
+        }
+    }
+    // Fill the active segment past half so that a spare exists, then GC.
+    let spare = dir.path().join(SPARE_SEGMENT_FILE);
+    let mut v = 40;
+    while !spare.exists() {
+        v += 1;
+        committed(
+            s.append(commit("keep", ExpectedVersion::Exact(v - 1), b"x"))
+                .unwrap(),
+        );
+    }
+    // The spare's header names the id after the newest segment.
+    let expected_id = seg_files(dir.path())
+        .iter()
+        .filter_map(|p| format::parse_segment_file_name(p.file_name()?.to_str()?))
+        .max()
+        .unwrap()
+        + 1;
+    let plan = s
+        .plan_gc(&|c: &RecordedCommit| c.info.stream == "keep")
+        .unwrap();
+    let report = s.run_gc(plan).unwrap();
+    assert!(report.commits_removed > 0, "{report:?}");
+    assert!(
+        report.segments_written.contains(&expected_id),
+        "the GC took the spare's id {expected_id}: {report:?}"
+    );
+    let mut kept = log_contents(&s);
+    // The next segments come after the GC's: the spare gets another id.
+    let from_spare = s.stats().segments_from_spare;
+    for _ in 0..40 {
+        v += 1;
+        committed(
+            s.append(commit("keep", ExpectedVersion::Exact(v - 1), &[b'y'; 150]))
+                .unwrap(),
+        );
+        kept.push(("keep".to_string(), v, vec![b'y'; 150]));
+    }
+    assert!(s.stats().segments_from_spare > from_spare);
+    assert_eq!(log_contents(&s), kept);
+    drop(s);
+    let rep = verify(dir.path(), opts(NextSegment::Inline)).unwrap();
+    assert!(rep.ok, "{rep:?}");
+    let s = Store::open(dir.path(), opts(NextSegment::Inline)).unwrap();
+    assert_eq!(log_contents(&s), kept);
+}
+
+/// Simulated power loss at every sync point of a run that builds and installs spares:
+/// the store reopens with every acknowledged commit and verify finds it sound.
+#[test]
+fn power_loss_at_every_sync_point_around_spares_loses_nothing_acknowledged() {
+    let store = PathBuf::from("/store");
+    let sim_opts = |sim: &SimVfs, ix: &Path| {
+        opts(NextSegment::Inline)
+            .vfs(Arc::new(sim.clone()) as Arc<dyn Vfs>)
+            .index_dir(ix.join("index"))
+    };
+    let run = |sim: &SimVfs, ix: &Path| -> u64 {
+        let mut acked = 0;
+        if let Ok(s) = Store::open(&store, sim_opts(sim, ix)) {
+            for v in 1..=60u64 {
+                let payload = format!("{v:0>200}");
+                match s.append(commit(
+                    "a",
+                    ExpectedVersion::Exact(v - 1),
+                    payload.as_bytes(),
+                )) {
+                    Ok(o) => {
+                        committed(o);
+                        acked = v;
+                    }
+                    Err(_) => break,
+                }
+            }
+        }
+        acked
+    };
+    let probe = SimVfs::new();
+    let ix = tempfile::tempdir().unwrap();
+    assert_eq!(run(&probe, ix.path()), 60);
+    let syncs = probe.sync_count();
+    assert!(syncs > 60, "{syncs}");
+    for k in 1..=syncs {
+        for crash_seed in 0..2u64 {
+            let sim = SimVfs::new();
+            sim.crash_at_sync(k, crash_seed);
+            let ix = tempfile::tempdir().unwrap();
+            let acked = run(&sim, ix.path());
+            if sim.crash_count() == 0 {
+                sim.crash(crash_seed);
+            }
+            let ctx = format!("crash at sync {k} (crash seed {crash_seed})");
+            // The index is a real directory the crash did not touch: start afresh.
+            let sim = sim.after_crash();
+            let ix = tempfile::tempdir().unwrap();
+            let rep = verify(&store, sim_opts(&sim, ix.path()))
+                .unwrap_or_else(|e| panic!("{ctx}: verify: {e}"));
+            assert!(rep.ok, "{ctx}: {rep:?}");
+            let s = Store::open(&store, sim_opts(&sim, ix.path()))
+                .unwrap_or_else(|e| panic!("{ctx}: reopen: {e}"));
+            let all = log_contents(&s);
+            assert!(all.len() as u64 >= acked, "{ctx}: {} < {acked}", all.len());
+            for (i, (_, v, p)) in all.iter().enumerate() {
+                assert_eq!(*v, i as u64 + 1, "{ctx}");
+                assert_eq!(p, format!("{v:0>200}").as_bytes(), "{ctx}");
+            }
+        }
+    }
+}
