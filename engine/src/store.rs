@@ -866,6 +866,15 @@ impl Store {
             .map_err(|e| Error::io(inner.dir.join(&seg.name), "sync_data", e))
     }
 
+    /// Wait until a next segment being built ahead ([`NextSegment::Background`]) is
+    /// complete. Nothing needs this for correctness: a caller that times work (a
+    /// benchmark between two measurements) uses it so that the build does not overlap
+    /// what it measures next. A failed build stays for the writer that would use the
+    /// spare, which reports it.
+    pub fn wait_for_spare_segment(&self) {
+        lock(&self.inner.spare).finish();
+    }
+
     /// The head version of `stream`; `None` when it does not exist.
     pub fn stream_version(&self, stream: &str) -> Result<Option<u64>, Error> {
         Ok(self.inner.index.stream_head(stream)?.map(|h| h.version))

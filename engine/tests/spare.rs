@@ -265,3 +265,23 @@ fn power_loss_at_every_sync_point_around_spares_loses_nothing_acknowledged() {
         }
     }
 }
+
+#[test]
+fn waiting_for_the_spare_leaves_it_complete_for_the_next_id() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Store::open(dir.path(), opts(NextSegment::Background)).unwrap();
+    // About 250 bytes per frame: past half of 4 KiB, within the first segment.
+    fill(&s, 1, 12);
+    assert_eq!(s.stats().segments_created, 0);
+    s.wait_for_spare_segment();
+    let bytes = std::fs::read(dir.path().join(SPARE_SEGMENT_FILE)).unwrap();
+    assert_eq!(bytes.len(), 4096);
+    let header = format::check_header(&bytes, 2).expect("a header for segment 2");
+    assert!(header.compacted.is_none());
+    assert!(bytes[format::SEGMENT_HEADER_BYTES as usize..]
+        .iter()
+        .all(|&b| b == 0));
+    fill(&s, 13, 10);
+    assert_eq!(s.stats().segments_from_spare, 1);
+    check_contents(&s, 22);
+}

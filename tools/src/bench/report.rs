@@ -458,8 +458,9 @@ pub fn to_markdown(report: &Report) -> String {
          - Repetitions are interleaved: round r runs repetition r of every subject in turn \
          (every store of a read workload is loaded first), so a slow stretch of a shared \
          machine falls on every subject alike. After each repetition the subject finishes \
-         its background work untimed (spool: `Store::flush_index`, the move of the \
-         memtable into sled; SQLite and the file peers leave none; PostgreSQL's server \
+         its background work untimed (spool: a next segment being built ahead, then \
+         `Store::flush_index`, the move of the memtable into sled; SQLite and the file \
+         peers leave none; PostgreSQL's server \
          processes write in the background on their own schedule).\n\
          - Peak RSS: {rss}",
         seed = r.seed,

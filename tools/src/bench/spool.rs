@@ -439,11 +439,11 @@ impl SubjectStore for SpoolStore {
     /// The index writes of a repetition's commits (a fork's seed table)
     /// move into sled in the background: finish that now.
     fn settle(&self) -> Result<(), BenchError> {
-        self.store
-            .engine()
-            .map_err(subject_err)?
-            .flush_index()
-            .map_err(subject_err)
+        let engine = self.store.engine().map_err(subject_err)?;
+        // A segment being built ahead (zero-fill and fsync) would otherwise
+        // run on into the next subject's measurement.
+        engine.wait_for_spare_segment();
+        engine.flush_index().map_err(subject_err)
     }
 
     fn close(self: Box<Self>) -> Result<(), BenchError> {
