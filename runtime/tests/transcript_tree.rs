@@ -209,6 +209,21 @@ fn lookups_are_built_on_demand_and_kept_current() {
         assert_eq!(path.leaf(), Some(&id("b")));
         assert_eq!(ids(&path.current_path().unwrap()), ["a", "b"]);
     }
+
+    // A child stored before its parent (as an import may order them): the
+    // cut path is still root first, and only the path is kept.
+    let entries = vec![
+        user_entry("b", Some("a")),
+        user_entry("x", None),
+        user_entry("a", None),
+        user_entry("c", Some("b")),
+    ];
+    let mut t = Transcript::new();
+    t.replace_all(entries, Some(id("c")));
+    let path = t.into_complete_path(&id("c")).unwrap();
+    let order: Vec<&str> = path.entries().iter().map(|e| e.id.as_str()).collect();
+    assert_eq!(order, ["a", "b", "c"]);
+    assert_eq!(ids(&path.current_path().unwrap()), ["a", "b", "c"]);
 }
 
 #[test]

@@ -554,7 +554,7 @@ impl Transcript {
         // borrows the ids instead: no id is copied, no children or labels
         // derived.
         let built = self.derived.get();
-        let mut first: HashMap<&EntryId, usize> = HashMap::new();
+        let mut first: foldhash::HashMap<&EntryId, usize> = foldhash::HashMap::default();
         if built.is_none() {
             first.reserve(self.entries.len());
             for (pos, e) in self.entries.iter().enumerate() {
@@ -599,6 +599,20 @@ impl Transcript {
     /// nothing is returned (the transcript is consumed either way).
     pub fn into_complete_path(self, id: &EntryId) -> Result<Transcript, TranscriptError> {
         let positions = self.complete_path_positions(id)?;
+        if positions.windows(2).all(|w| w[0] < w[1]) {
+            // The usual layout (every parent before its children): the path
+            // is a subsequence of the entries, kept in one pass.
+            let mut keep = positions.iter().copied().peekable();
+            let entries: Vec<Entry> = Arc::unwrap_or_clone(self.entries)
+                .into_iter()
+                .enumerate()
+                .filter_map(|(p, e)| (keep.next_if_eq(&p).is_some()).then_some(e))
+                .collect();
+            debug_assert_eq!(entries.len(), positions.len());
+            let mut t = Transcript::new();
+            t.replace_all(entries, Some(id.clone()));
+            return Ok(t);
+        }
         // Where each kept position goes in the path (root first).
         let mut slot_of: Vec<Option<usize>> = vec![None; self.entries.len()];
         for (slot, &p) in positions.iter().enumerate() {
