@@ -33,7 +33,8 @@ pub(crate) struct Spare {
     header_id: u64,
 }
 
-/// The store's spare slot; only the group leader (and close) touch it.
+/// The store's spare slot: the group leader builds and takes the spare; close and
+/// `Store::wait_for_spare_segment` wait for a build.
 #[derive(Default)]
 pub(crate) enum Slot {
     #[default]

@@ -144,7 +144,8 @@ pub(crate) struct Inner {
     pub(crate) gc_epoch: AtomicU64,
     /// Old segments of committed GCs waiting for their readers.
     pub(crate) retired: Mutex<Vec<crate::gc::Retired>>,
-    /// The next segment, built ahead ([`NextSegment`]); only the leader and close use it.
+    /// The next segment, built ahead ([`NextSegment`]): the leader builds and takes it;
+    /// close and `wait_for_spare_segment` wait for a build.
     pub(crate) spare: Mutex<spare::Slot>,
     pub(crate) _lock: Option<Box<dyn VfsLock>>,
 }
