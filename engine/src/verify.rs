@@ -131,9 +131,16 @@ pub fn verify(dir: impl AsRef<Path>, opts: Options) -> Result<VerifyReport, Erro
                     .map(|d| d.as_nanos())
                     .unwrap_or(0)
             )));
+            // A failed copy says nothing about the index: verify could not check it.
+            enum Failed {
+                Copy(String),
+                Open(String),
+            }
             let opened = copy_dir(&index_dir, &tmp.0)
-                .map_err(|e| e.to_string())
-                .and_then(|()| Index::open_existing(&tmp.0).map_err(|e| e.to_string()));
+                .map_err(|e| Failed::Copy(format!("could not copy the index to check it: {e}")))
+                .and_then(|()| {
+                    Index::open_existing(&tmp.0).map_err(|e| Failed::Open(e.to_string()))
+                });
             match opened {
                 // Built from another arrangement of the log (before a GC): the next
                 // open rebuilds it.
@@ -150,7 +157,8 @@ pub fn verify(dir: impl AsRef<Path>, opts: Options) -> Result<VerifyReport, Erro
                     Err(e) => report.errors.push(problem(INDEX_DIR, 0, e.to_string())),
                 },
                 Ok(None) => report.index = IndexCheck::Outdated,
-                Err(e) => report.index = IndexCheck::Unreadable { problem: e },
+                Err(Failed::Open(e)) => report.index = IndexCheck::Unreadable { problem: e },
+                Err(Failed::Copy(e)) => report.errors.push(problem(INDEX_DIR, 0, e)),
             }
         }
     }
