@@ -95,38 +95,32 @@ impl Slot {
     /// `Ok(None)` when there is none of that capacity (a spare of another capacity
     /// stays). A failed build is returned once as the error and leaves the slot empty.
     pub fn take(&mut self, capacity: u64) -> Result<Option<Spare>, Error> {
-        let done = match std::mem::take(self) {
-            Slot::Empty => return Ok(None),
-            Slot::Building(h) => h.join().unwrap_or_else(|_| {
-                Err(Error::io(
-                    SPARE_SEGMENT_FILE,
-                    "build spare segment",
-                    std::io::Error::other("the spare segment's thread panicked"),
-                ))
-            }),
-            Slot::Done(r) => r,
-        };
-        match done {
-            Ok(s) if s.capacity == capacity => Ok(Some(s)),
-            Ok(s) => {
-                *self = Slot::Done(Ok(s));
+        self.finish();
+        match std::mem::take(self) {
+            Slot::Done(Ok(s)) if s.capacity == capacity => Ok(Some(s)),
+            Slot::Done(Err(e)) => Err(e),
+            // Empty, or a spare of another capacity, which stays.
+            other => {
+                *self = other;
                 Ok(None)
             }
-            Err(e) => Err(e),
         }
     }
 
-    /// Wait for a build in progress (close).
+    /// Wait for a build in progress (close, `Store::wait_for_spare_segment`, and
+    /// `take`).
     pub fn finish(&mut self) {
-        if let Slot::Building(h) = std::mem::take(self) {
-            *self = Slot::Done(h.join().unwrap_or_else(|_| {
+        // A built spare (or a failed build's error) stays in the slot.
+        *self = match std::mem::take(self) {
+            Slot::Building(h) => Slot::Done(h.join().unwrap_or_else(|_| {
                 Err(Error::io(
                     SPARE_SEGMENT_FILE,
                     "build spare segment",
                     std::io::Error::other("the spare segment's thread panicked"),
                 ))
-            }));
-        }
+            })),
+            other => other,
+        };
     }
 
     pub fn is_empty(&self) -> bool {

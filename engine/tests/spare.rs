@@ -274,6 +274,8 @@ fn waiting_for_the_spare_leaves_it_complete_for_the_next_id() {
     fill(&s, 1, 12);
     assert_eq!(s.stats().segments_created, 0);
     s.wait_for_spare_segment();
+    // Waiting again finds it built: it stays for the writer that needs it.
+    s.wait_for_spare_segment();
     let bytes = std::fs::read(dir.path().join(SPARE_SEGMENT_FILE)).unwrap();
     assert_eq!(bytes.len(), 4096);
     let header = format::check_header(&bytes, 2).expect("a header for segment 2");
@@ -284,4 +286,21 @@ fn waiting_for_the_spare_leaves_it_complete_for_the_next_id() {
     fill(&s, 13, 10);
     assert_eq!(s.stats().segments_from_spare, 1);
     check_contents(&s, 22);
+}
+
+/// Regression: waiting for a spare that was already built dropped it (its file
+/// stayed), so the next build found the name taken and the store was poisoned at the
+/// next switch. Inline builds are done when waited for.
+#[test]
+fn waiting_for_a_built_spare_keeps_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Store::open(dir.path(), opts(NextSegment::Inline)).unwrap();
+    for round in 0..5u64 {
+        fill(&s, 1 + round * 20, 20);
+        s.wait_for_spare_segment();
+    }
+    let st = s.stats();
+    assert!(st.segments_created >= 5, "{st:?}");
+    assert_eq!(st.segments_from_spare, st.segments_created, "{st:?}");
+    check_contents(&s, 100);
 }
