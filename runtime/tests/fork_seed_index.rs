@@ -19,9 +19,11 @@ use std::collections::BTreeMap;
 use proptest::prelude::*;
 use spool_engine::{EventData, ExpectedVersion, NewCommit};
 use spool_runtime::session::{encode_event, AgentDefinition, AgentState, SessionEvent, SessionId};
-use spool_runtime::store::log::SESSION_EVENT_PREFIX;
-use spool_runtime::store::transcript_index::{entry_records, EntryRecord, TRANSCRIPT_INDEXER};
-use spool_runtime::store::{LogStore, LogStoreOptions};
+use spool_runtime::store::log::{SESSION_EVENT_PREFIX, SESSION_INDEXER};
+use spool_runtime::store::transcript_index::{
+    entry_records, EntryRecord, TranscriptIndexer, TRANSCRIPT_INDEXER,
+};
+use spool_runtime::store::{LogStore, LogStoreOptions, SessionIndexer};
 use spool_runtime::transcript::{ContentBlock, Entry, EntryId, EntryKind, Message, Transcript};
 
 /// Per-entry key tags of the transcript index read key by key: everything
@@ -400,4 +402,140 @@ proptest! {
             .collect();
         check_then(entries, Some(eid(n - 1)), then);
     }
+}
+
+/// Every key and value of both runtime indexers' namespaces.
+fn dump_all(index: &spool_engine::Index) -> BTreeMap<(&'static str, Vec<u8>), Vec<u8>> {
+    let mut out = BTreeMap::new();
+    for ns in [SESSION_INDEXER, TRANSCRIPT_INDEXER] {
+        for kv in index.scan_prefix(ns, b"") {
+            let (k, v) = kv.unwrap();
+            out.insert((ns, k), v);
+        }
+    }
+    out
+}
+
+/// Copies `from`'s segments (the log alone, no index) into `to`.
+fn copy_log(from: &std::path::Path, to: &std::path::Path) {
+    for f in std::fs::read_dir(from).unwrap() {
+        let f = f.unwrap();
+        if f.file_name().to_string_lossy().ends_with(".seg") {
+            std::fs::copy(f.path(), to.join(f.file_name())).unwrap();
+        }
+    }
+}
+
+/// A store's commits: two forks' seeds, a `created` event that does not
+/// decode (its session is broken), and follow-ups on a seeded session.
+fn memo_case_commits(engine: &spool_engine::Store) {
+    let put = |id: &SessionId, expected: ExpectedVersion, events: Vec<EventData>| {
+        engine
+            .append(NewCommit {
+                stream: id.as_str().to_string(),
+                expected,
+                commit_id: spool_engine::Uuid::new_v4(),
+                events,
+            })
+            .unwrap();
+    };
+    let seeded = |n: usize| {
+        let mut transcript = Transcript::new();
+        transcript.replace_all(chain(n, |i| kind((i % 9) as u8, i / 2)), Some(eid(n - 1)));
+        AgentState {
+            transcript,
+            ..AgentState::default()
+        }
+    };
+    let a = SessionId::parse("fork-a").unwrap();
+    let b = SessionId::parse("fork-b").unwrap();
+    let broken = SessionId::parse("broken").unwrap();
+    put(
+        &a,
+        ExpectedVersion::NoStream,
+        vec![event(&created(&a, seeded(80)))],
+    );
+    put(
+        &broken,
+        ExpectedVersion::NoStream,
+        vec![EventData::new(
+            format!("{SESSION_EVENT_PREFIX}created"),
+            b"\x01not an event".to_vec(),
+        )],
+    );
+    // Two events in one commit: the second `created` starts a new
+    // generation over the first.
+    put(
+        &b,
+        ExpectedVersion::NoStream,
+        vec![
+            event(&created(&b, seeded(5))),
+            event(&created(&b, seeded(40))),
+        ],
+    );
+    for (i, (sel, x, y, z)) in [(0, 1, 30, 2), (2, 5, 7, 9), (3, 60, 20, 61), (1, 3, 0, 0)]
+        .into_iter()
+        .enumerate()
+    {
+        put(
+            &a,
+            ExpectedVersion::Exact(1 + i as u64),
+            vec![event(&follow_up(sel, x, y, z, 80, i as u64))],
+        );
+    }
+}
+
+/// The session indexer hands a `created` event's decoding to the
+/// transcript indexer (a fork's seed is decoded once per commit). The
+/// index must be the one the two indexers build decoding on their own:
+/// compared byte for byte, both ways round, over one log (so positions
+/// and timestamps agree): the log store's indexers (with the memo)
+/// indexing as they append against a rebuild by indexers without it, and
+/// the reverse.
+#[test]
+fn the_seed_memo_changes_no_index_key_or_value() {
+    use std::sync::Arc;
+    let without_memo = || {
+        spool_engine::Options::default()
+            .durability(spool_engine::Durability::Buffered)
+            .indexer(Arc::new(SessionIndexer::default()))
+            .indexer(Arc::new(TranscriptIndexer::default()))
+    };
+    let with_memo = LogStoreOptions {
+        durability: spool_engine::Durability::Buffered,
+        ..LogStoreOptions::default()
+    };
+
+    // Appended through the memo, rebuilt without it.
+    let appended = tempfile::tempdir().unwrap();
+    let rebuilt = tempfile::tempdir().unwrap();
+    {
+        let store = LogStore::open(appended.path(), with_memo.clone()).unwrap();
+        memo_case_commits(&store.engine().unwrap());
+    }
+    copy_log(appended.path(), rebuilt.path());
+    let a = LogStore::open(appended.path(), with_memo.clone()).unwrap();
+    let b = spool_engine::Store::open(rebuilt.path(), without_memo()).unwrap();
+    let memo_dump = dump_all(a.engine().unwrap().index());
+    assert!(memo_dump.len() > 100, "{} keys", memo_dump.len());
+    assert!(
+        memo_dump
+            .keys()
+            .any(|(ns, k)| *ns == SESSION_INDEXER && k.ends_with(b"broken")),
+        "the undecodable session is marked"
+    );
+    assert_eq!(memo_dump, dump_all(b.index()));
+    drop((a, b));
+
+    // Appended without the memo, rebuilt through it.
+    let appended = tempfile::tempdir().unwrap();
+    let rebuilt = tempfile::tempdir().unwrap();
+    {
+        let engine = spool_engine::Store::open(appended.path(), without_memo()).unwrap();
+        memo_case_commits(&engine);
+    }
+    copy_log(appended.path(), rebuilt.path());
+    let a = spool_engine::Store::open(appended.path(), without_memo()).unwrap();
+    let b = LogStore::open(rebuilt.path(), with_memo).unwrap();
+    assert_eq!(dump_all(a.index()), dump_all(b.engine().unwrap().index()));
 }

@@ -79,7 +79,7 @@ use spool_engine::{
     NewCommit, Options, RecordedCommit, Store,
 };
 
-use super::transcript_index::{self, LogTranscriptSource, TranscriptIndexer};
+use super::transcript_index::{self, LogTranscriptSource, SeedMemo, TranscriptIndexer};
 use super::{ListQuery, LoadCounter, SessionStore, StoreError, StoreStats};
 use crate::handle::{AppendReceipt, BoxedSource, TranscriptBackend, TranscriptHead};
 use crate::session::codec::decode_event_without_transcript;
@@ -371,8 +371,24 @@ fn be_u64(b: &[u8]) -> Option<u64> {
 }
 
 /// Maintains the session header index from the log. See the module docs.
+///
+/// [`SessionIndexer::default`] checks a `created` event's transcript
+/// without keeping it; [`SessionIndexer::with_memo`] keeps its decoding
+/// for the transcript indexer that shares the memo
+/// ([`TranscriptIndexer::with_memo`]), which then does not decode it
+/// again. Register the pair in that order, as
+/// [`LogStoreOptions::engine_options`] does.
 #[derive(Debug, Default)]
-pub struct SessionIndexer;
+pub struct SessionIndexer {
+    memo: Option<Arc<SeedMemo>>,
+}
+
+impl SessionIndexer {
+    /// A session indexer handing `created` decodings to `memo`.
+    pub fn with_memo(memo: Arc<SeedMemo>) -> Self {
+        SessionIndexer { memo: Some(memo) }
+    }
+}
 
 /// Whether an event of kind `kind` can change a session header beyond its
 /// version and update time (the indexer decodes only these).
@@ -445,7 +461,7 @@ impl SessionIndexer {
         let id = commit.info.stream.as_str();
         let bkey = key(KEY_BROKEN, id);
         let mut header = old.clone();
-        for ev in &commit.events {
+        for (i, ev) in commit.events.iter().enumerate() {
             if ev.kind == PURGE_EVENT_KIND {
                 header = None;
                 broken = false;
@@ -459,8 +475,15 @@ impl SessionIndexer {
                 continue;
             }
             // Only a `created` event's header is read here: its
-            // transcript (most of a fork's bytes) is checked, not kept.
-            let decoded = match decode_event_without_transcript(&ev.payload) {
+            // transcript (most of a fork's bytes) is checked, and kept only
+            // for the transcript indexer of this commit.
+            let is_created = ev.kind.strip_prefix(SESSION_EVENT_PREFIX) == Some("created");
+            let result = match &self.memo {
+                // Decoded whole once, for the transcript indexer too.
+                Some(memo) if is_created => memo.decode_created(commit, i, &ev.payload),
+                _ => decode_event_without_transcript(&ev.payload),
+            };
+            let decoded = match result {
                 Ok(d) => d,
                 Err(e) => {
                     // One undecodable event (a foreign writer, a newer
@@ -564,6 +587,9 @@ impl Indexer for SessionIndexer {
             .events
             .iter()
             .any(|e| e.kind == PURGE_EVENT_KIND || e.kind.starts_with(SESSION_EVENT_PREFIX));
+        if let Some(memo) = &self.memo {
+            memo.clear();
+        }
         if !is_session {
             return Ok(());
         }
@@ -604,10 +630,12 @@ impl Default for LogStoreOptions {
 impl LogStoreOptions {
     /// Engine options with the session and transcript indexers registered.
     pub fn engine_options(&self) -> Options {
+        // One memo per store: a fork's seed is decoded once per commit.
+        let memo = Arc::new(SeedMemo::default());
         let mut o = Options::default()
             .durability(self.durability)
-            .indexer(Arc::new(SessionIndexer))
-            .indexer(Arc::new(TranscriptIndexer));
+            .indexer(Arc::new(SessionIndexer::with_memo(memo.clone())))
+            .indexer(Arc::new(TranscriptIndexer::with_memo(memo)));
         if let Some(s) = self.segment_bytes_max {
             o = o.segment_bytes_max(s);
         }

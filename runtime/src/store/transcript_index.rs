@@ -118,7 +118,7 @@ use super::log::{PURGE_EVENT_KIND, SESSION_EVENT_PREFIX};
 use super::StoreError;
 use crate::session::codec::{
     decode_appended_entry, decode_appended_entry_as, decode_entry_at, decode_event_split,
-    event_entry_offsets,
+    event_entry_offsets, TranscriptParts,
 };
 use crate::session::{decode_event, SessionEvent, SessionId};
 use crate::transcript::entry::ENTRY_ID_LEN_MAX;
@@ -1314,9 +1314,124 @@ fn custom_type(entry: &Entry) -> Option<&str> {
 // The indexer
 // ---------------------------------------------------------------------------
 
-/// Maintains the transcript index from the log. See the module docs.
+/// A `created` event's decoding, handed from the session indexer to the
+/// transcript indexer of the same commit, so that a fork's seed (most of
+/// its bytes) is decoded once per commit instead of twice: the session
+/// indexer must decode it whole anyway, to mark a session whose event does
+/// not decode broken, and the transcript indexer needs its entries.
+///
+/// The engine runs a store's indexers one after the other on each commit,
+/// on one thread, in registration order (session, then transcript), so
+/// the slot holds at most one decoding, from the commit being indexed.
+/// A decoding is taken only for the very bytes it came from (the
+/// commit's log position, the event's index, the payload's address and
+/// length): anything else makes the transcript indexer decode the event
+/// itself, with the same function the session indexer uses, so the index
+/// is the same with or without the memo (a rebuild replays the log through
+/// the same pair).
 #[derive(Debug, Default)]
-pub struct TranscriptIndexer;
+pub struct SeedMemo {
+    slot: Mutex<Option<SeedDecoded>>,
+}
+
+/// The session indexer's decoding of one `created` event (`None`: the
+/// event did not decode).
+#[derive(Debug)]
+struct SeedDecoded {
+    key: SeedKey,
+    decoded: Option<(SessionEvent, Option<TranscriptParts>)>,
+}
+
+/// What identifies the bytes a [`SeedDecoded`] came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct SeedKey {
+    position: LogPosition,
+    event: usize,
+    payload_addr: usize,
+    payload_len: usize,
+}
+
+impl SeedKey {
+    fn of(commit: &RecordedCommit, event: usize, payload: &[u8]) -> Self {
+        SeedKey {
+            position: commit.info.position,
+            event,
+            payload_addr: payload.as_ptr() as usize,
+            payload_len: payload.len(),
+        }
+    }
+}
+
+impl SeedMemo {
+    /// Empties the slot (the session indexer, before each commit: a
+    /// decoding never outlives the commit it came from).
+    pub(crate) fn clear(&self) {
+        *self.slot.lock().unwrap_or_else(|p| p.into_inner()) = None;
+    }
+
+    /// Decodes `payload`, event `event` of `commit` (a `created` event), as
+    /// the transcript indexer will need it, keeps the decoding for it, and
+    /// returns the event without its transcript, as
+    /// [`decode_event_without_transcript`](crate::session::codec::decode_event_without_transcript)
+    /// does: both fail exactly when [`decode_event`] fails.
+    pub(crate) fn decode_created(
+        &self,
+        commit: &RecordedCommit,
+        event: usize,
+        payload: &[u8],
+    ) -> Result<SessionEvent, crate::session::CodecError> {
+        let key = SeedKey::of(commit, event, payload);
+        let (decoded, result) = match decode_event_split(payload) {
+            Ok((ev, parts)) => {
+                // The event's state holds an empty transcript here: the
+                // copy is the header's few fields.
+                let header = ev.clone();
+                (Some((ev, parts)), Ok(header))
+            }
+            Err(e) => (None, Err(e)),
+        };
+        *self.slot.lock().unwrap_or_else(|p| p.into_inner()) = Some(SeedDecoded { key, decoded });
+        result
+    }
+
+    /// The kept decoding of `payload`, event `event` of `commit`, if the
+    /// session indexer made it from these bytes: `Some(None)` when the
+    /// event did not decode.
+    fn take(
+        &self,
+        commit: &RecordedCommit,
+        event: usize,
+        payload: &[u8],
+    ) -> Option<Option<(SessionEvent, Option<TranscriptParts>)>> {
+        let key = SeedKey::of(commit, event, payload);
+        let mut slot = self.slot.lock().unwrap_or_else(|p| p.into_inner());
+        match slot.take() {
+            Some(d) if d.key == key => Some(d.decoded),
+            other => {
+                *slot = other;
+                None
+            }
+        }
+    }
+}
+
+/// Maintains the transcript index from the log. See the module docs.
+///
+/// [`TranscriptIndexer::default`] decodes every event itself;
+/// [`TranscriptIndexer::with_memo`] takes a `created` event's decoding
+/// from a session indexer sharing the memo
+/// ([`SessionIndexer::with_memo`](super::SessionIndexer::with_memo)).
+#[derive(Debug, Default)]
+pub struct TranscriptIndexer {
+    memo: Option<Arc<SeedMemo>>,
+}
+
+impl TranscriptIndexer {
+    /// A transcript indexer taking `created` decodings from `memo`.
+    pub fn with_memo(memo: Arc<SeedMemo>) -> Self {
+        TranscriptIndexer { memo: Some(memo) }
+    }
+}
 
 /// The read side of a batch as an [`EntrySource`] of facts (for
 /// [`first_kept_depth`] at append time; payloads are never needed).
@@ -2287,10 +2402,22 @@ impl TranscriptIndexer {
                 decode_appended_entry(&ev.payload)
                     .map(|entry| SessionEvent::EntryAppended { entry })
             } else if kind == "created" {
-                decode_event_split(&ev.payload).map(|(ev, parts)| {
-                    seed = parts;
-                    ev
-                })
+                match self
+                    .memo
+                    .as_ref()
+                    .and_then(|m| m.take(commit, i, &ev.payload))
+                {
+                    // The session indexer's decoding of these bytes.
+                    Some(Some((ev, parts))) => {
+                        seed = parts;
+                        Ok(ev)
+                    }
+                    Some(None) => continue,
+                    None => decode_event_split(&ev.payload).map(|(ev, parts)| {
+                        seed = parts;
+                        ev
+                    }),
+                }
             } else {
                 decode_event(&ev.payload)
             };
@@ -3722,6 +3849,66 @@ mod tests {
         }
     }
 
+    /// A recorded commit of `events` at segment 1, offset `offset`.
+    fn recorded(offset: u64, events: Vec<spool_engine::EventData>) -> RecordedCommit {
+        RecordedCommit {
+            info: spool_engine::CommitInfo {
+                stream: "s".into(),
+                version: 1,
+                seq: 1,
+                position: LogPosition { segment: 1, offset },
+                timestamp_ms: 1,
+                commit_id: spool_engine::Uuid::nil(),
+            },
+            expected: spool_engine::ExpectedVersion::NoStream,
+            events,
+            record_bytes: 0,
+        }
+    }
+
+    #[test]
+    fn the_seed_memo_hands_a_decoding_over_once_and_only_for_its_bytes() {
+        let sid = SessionId::parse("s").unwrap();
+        let mut t = crate::transcript::Transcript::new();
+        let e0 = Entry {
+            id: EntryId::parse("e0").unwrap(),
+            parent_id: None,
+            timestamp_ms: 1,
+            kind: user("hello"),
+        };
+        t.replace_all(vec![e0.clone()], Some(e0.id.clone()));
+        let payload = crate::session::encode_event(&seeded_created(&sid, t)).unwrap();
+        let ev = |p: Vec<u8>| spool_engine::EventData::new("session.created", p);
+        let c = recorded(32, vec![ev(b"junk".to_vec()), ev(payload)]);
+        let memo = SeedMemo::default();
+
+        let header = memo.decode_created(&c, 1, &c.events[1].payload).unwrap();
+        match &header {
+            SessionEvent::Created { state, .. } => assert!(state.transcript.entries().is_empty()),
+            other => panic!("{other:?}"),
+        }
+        // Another event, or a copy of the bytes elsewhere: not these bytes.
+        assert!(memo.take(&c, 0, &c.events[1].payload).is_none());
+        let copy = c.clone();
+        assert!(memo.take(&copy, 1, &copy.events[1].payload).is_none());
+        let moved = recorded(64, c.events.clone());
+        assert!(memo.take(&moved, 1, &c.events[1].payload).is_none());
+        // The right bytes: taken once, with the seed's entries.
+        let (taken, parts) = memo.take(&c, 1, &c.events[1].payload).unwrap().unwrap();
+        assert_eq!(taken, header);
+        assert_eq!(parts, Some((vec![e0.clone()], Some(e0.id.clone()))));
+        assert!(memo.take(&c, 1, &c.events[1].payload).is_none());
+
+        // An event that does not decode is handed over as such.
+        assert!(memo.decode_created(&c, 0, &c.events[0].payload).is_err());
+        assert!(memo.take(&c, 0, &c.events[0].payload).unwrap().is_none());
+
+        // Cleared before the next commit.
+        memo.decode_created(&c, 1, &c.events[1].payload).unwrap();
+        memo.clear();
+        assert!(memo.take(&c, 1, &c.events[1].payload).is_none());
+    }
+
     fn open(dir: &std::path::Path) -> (Arc<LogStore>, SessionRuntime) {
         let store = Arc::new(
             LogStore::open(
@@ -5047,7 +5234,7 @@ mod tests {
                 let n = usize::from(u16::from_be_bytes([ev.payload[0], ev.payload[1]]));
                 batch.insert(&ev.payload[2..2 + n], &ev.payload[2 + n..]);
             }
-            TranscriptIndexer.apply(commit, batch)
+            TranscriptIndexer::default().apply(commit, batch)
         }
     }
 
