@@ -931,7 +931,10 @@ mod tests {
         /// every kind of whitespace included) and any limit.
         #[test]
         fn the_line_shortener_matches_collapse_then_cut(
-            pieces in proptest::collection::vec("[a-zé€ \\t\\n\u{a0}]{0,40}", 0..6),
+            pieces in proptest::collection::vec(
+                "[a-zé€😀 \\t\\n\\r\u{b}\u{c}\u{1f}\u{85}\u{a0}\u{2003}\u{3000}]{0,40}",
+                0..6,
+            ),
             max_chars in 0usize..100,
         ) {
             let refs: Vec<&str> = pieces.iter().map(String::as_str).collect();
