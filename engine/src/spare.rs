@@ -81,13 +81,27 @@ impl Plan {
         })
     }
 
-    /// Build on a new thread; `None` if no thread could be started.
+    /// Build on a new thread; `None` if no thread could be started. A panic
+    /// while building becomes the build's error, naming the spare's path.
     pub fn spawn(self) -> Option<JoinHandle<Result<Spare, Error>>> {
+        let path = self.dir.join(SPARE_SEGMENT_FILE);
         std::thread::Builder::new()
             .name("spool-spare".into())
-            .spawn(move || self.build())
+            .spawn(move || {
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.build()))
+                    .unwrap_or_else(|_| Err(panicked(&path)))
+            })
             .ok()
     }
+}
+
+/// The error of a spare build that panicked.
+fn panicked(path: &Path) -> Error {
+    Error::io(
+        path,
+        "build spare segment",
+        std::io::Error::other("the spare segment's thread panicked"),
+    )
 }
 
 impl Slot {
@@ -112,13 +126,12 @@ impl Slot {
     pub fn finish(&mut self) {
         // A built spare (or a failed build's error) stays in the slot.
         *self = match std::mem::take(self) {
-            Slot::Building(h) => Slot::Done(h.join().unwrap_or_else(|_| {
-                Err(Error::io(
-                    SPARE_SEGMENT_FILE,
-                    "build spare segment",
-                    std::io::Error::other("the spare segment's thread panicked"),
-                ))
-            })),
+            // The thread catches a build's panic; this is only for a panic
+            // outside it.
+            Slot::Building(h) => Slot::Done(
+                h.join()
+                    .unwrap_or_else(|_| Err(panicked(Path::new(SPARE_SEGMENT_FILE)))),
+            ),
             other => other,
         };
     }

@@ -304,3 +304,103 @@ fn waiting_for_a_built_spare_keeps_it() {
     assert_eq!(st.segments_from_spare, st.segments_created, "{st:?}");
     check_contents(&s, 100);
 }
+
+/// The OS file system, but opening the spare segment fails or panics.
+#[derive(Debug)]
+struct SpareFault {
+    os: vfs::OsVfs,
+    panic: bool,
+}
+
+impl Vfs for SpareFault {
+    fn open(&self, path: &Path, mode: vfs::OpenMode) -> std::io::Result<Arc<dyn vfs::VfsFile>> {
+        if path.file_name() == Some(SPARE_SEGMENT_FILE.as_ref()) {
+            if self.panic {
+                panic!("injected panic building the spare");
+            }
+            return Err(std::io::Error::other("injected failure"));
+        }
+        self.os.open(path, mode)
+    }
+    fn rename(&self, from: &Path, to: &Path) -> std::io::Result<()> {
+        self.os.rename(from, to)
+    }
+    fn remove(&self, path: &Path) -> std::io::Result<()> {
+        self.os.remove(path)
+    }
+    fn read_dir(&self, dir: &Path) -> std::io::Result<Vec<String>> {
+        self.os.read_dir(dir)
+    }
+    fn create_dir_all(&self, dir: &Path) -> std::io::Result<()> {
+        self.os.create_dir_all(dir)
+    }
+    fn sync_dir(&self, dir: &Path) -> std::io::Result<()> {
+        self.os.sync_dir(dir)
+    }
+    fn exists(&self, path: &Path) -> std::io::Result<bool> {
+        self.os.exists(path)
+    }
+    fn lock(&self, path: &Path, create: bool) -> std::io::Result<Option<Box<dyn vfs::VfsLock>>> {
+        self.os.lock(path, create)
+    }
+}
+
+/// A spare whose build fails, or whose thread panics, fails the append that
+/// needs it with an error naming the spare's path in the store, and poisons
+/// the store's writes; nothing acknowledged is lost, and a reopen with a
+/// working file system goes on.
+#[test]
+fn a_failed_or_panicking_spare_build_fails_its_switch_naming_the_file() {
+    for panic in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        let fault = Arc::new(SpareFault {
+            os: vfs::OsVfs::new(),
+            panic,
+        });
+        let s = Store::open(
+            dir.path(),
+            opts(NextSegment::Background).vfs(fault as Arc<dyn Vfs>),
+        )
+        .unwrap();
+        let mut acknowledged = 0u64;
+        let err = loop {
+            let v = acknowledged + 1;
+            let payload = format!("{v:0>200}");
+            match s.append(commit(
+                "a",
+                ExpectedVersion::Exact(v - 1),
+                payload.as_bytes(),
+            )) {
+                Ok(o) => {
+                    committed(o);
+                    acknowledged = v;
+                }
+                Err(e) => break e,
+            }
+            assert!(acknowledged < 100, "panic {panic}: no switch failed");
+        };
+        let text = format!("{err}: {:?}", std::error::Error::source(&err));
+        let spare = dir.path().join(SPARE_SEGMENT_FILE);
+        assert!(
+            text.contains(&spare.display().to_string()),
+            "panic {panic}: {text}"
+        );
+        let why = if panic {
+            "panicked"
+        } else {
+            "injected failure"
+        };
+        assert!(text.contains(why), "panic {panic}: {text}");
+        assert!(acknowledged >= 10, "panic {panic}: {acknowledged}");
+        let refused = s.append(commit("a", ExpectedVersion::Exact(acknowledged), b"after"));
+        assert!(
+            matches!(refused, Err(Error::Poisoned)),
+            "panic {panic}: {refused:?}"
+        );
+        drop(s);
+        let s = Store::open(dir.path(), opts(NextSegment::Inline)).unwrap();
+        check_contents(&s, acknowledged);
+        fill(&s, acknowledged + 1, 20);
+        check_contents(&s, acknowledged + 20);
+    }
+}
