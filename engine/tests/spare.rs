@@ -15,18 +15,20 @@ fn opts(mode: NextSegment) -> Options {
         .next_segment(mode)
 }
 
+/// Appends version `v` of stream `a` to `s`: a 200-byte commit.
+fn append_version(s: &Store, v: u64) -> Result<AppendOutcome, Error> {
+    let payload = format!("{v:0>200}");
+    s.append(commit(
+        "a",
+        ExpectedVersion::Exact(v - 1),
+        payload.as_bytes(),
+    ))
+}
+
 /// Appends `n` 200-byte commits to `s`, each to its own version of stream `a`.
 fn fill(s: &Store, from: u64, n: u64) {
     for v in from..from + n {
-        let payload = format!("{v:0>200}");
-        committed(
-            s.append(commit(
-                "a",
-                ExpectedVersion::Exact(v - 1),
-                payload.as_bytes(),
-            ))
-            .unwrap(),
-        );
+        committed(append_version(s, v).unwrap());
     }
 }
 
@@ -217,12 +219,7 @@ fn power_loss_at_every_sync_point_around_spares_loses_nothing_acknowledged() {
         let mut acked = 0;
         if let Ok(s) = Store::open(&store, sim_opts(sim, ix)) {
             for v in 1..=60u64 {
-                let payload = format!("{v:0>200}");
-                match s.append(commit(
-                    "a",
-                    ExpectedVersion::Exact(v - 1),
-                    payload.as_bytes(),
-                )) {
+                match append_version(&s, v) {
                     Ok(o) => {
                         committed(o);
                         acked = v;
@@ -365,12 +362,7 @@ fn a_failed_or_panicking_spare_build_fails_its_switch_naming_the_file() {
         let mut acknowledged = 0u64;
         let err = loop {
             let v = acknowledged + 1;
-            let payload = format!("{v:0>200}");
-            match s.append(commit(
-                "a",
-                ExpectedVersion::Exact(v - 1),
-                payload.as_bytes(),
-            )) {
+            match append_version(&s, v) {
                 Ok(o) => {
                     committed(o);
                     acknowledged = v;

@@ -55,9 +55,16 @@ fn created(id: &SessionId, state: AgentState) -> SessionEvent {
 }
 
 fn commit(store: &LogStore, id: &SessionId, expected: ExpectedVersion, events: Vec<EventData>) {
-    store
-        .engine()
-        .unwrap()
+    commit_to(&store.engine().unwrap(), id, expected, events);
+}
+
+fn commit_to(
+    engine: &spool_engine::Store,
+    id: &SessionId,
+    expected: ExpectedVersion,
+    events: Vec<EventData>,
+) {
+    engine
         .append(NewCommit {
             stream: id.as_str().to_string(),
             expected,
@@ -430,14 +437,7 @@ fn copy_log(from: &std::path::Path, to: &std::path::Path) {
 /// decode (its session is broken), and follow-ups on a seeded session.
 fn memo_case_commits(engine: &spool_engine::Store) {
     let put = |id: &SessionId, expected: ExpectedVersion, events: Vec<EventData>| {
-        engine
-            .append(NewCommit {
-                stream: id.as_str().to_string(),
-                expected,
-                commit_id: spool_engine::Uuid::new_v4(),
-                events,
-            })
-            .unwrap();
+        commit_to(engine, id, expected, events)
     };
     let seeded = |n: usize| {
         let mut transcript = Transcript::new();
