@@ -40,6 +40,12 @@ const VERSION: &[u8] = b"\x01v";
 const USER: u8 = 0x02;
 
 /// A derived index maintained from every commit, in seq order.
+///
+/// The store calls a commit's indexers one after the other, in the order
+/// they were registered, on one thread, and all of them before the next
+/// commit's (appends, group commits prepared on the index thread, catch-up
+/// and rebuild alike: every path goes through one preparation loop).
+/// Indexers may rely on that order to share work done for the same commit.
 pub trait Indexer: Send + Sync {
     /// Namespace of the index's keys; unique among a store's indexers.
     fn name(&self) -> &'static str;

@@ -575,3 +575,89 @@ fn an_unreadable_index_is_reported_and_rebuilt_not_an_error() {
     let v = verify(dir.path(), opts(&ix)).unwrap();
     assert!(matches!(v.index, IndexCheck::Checked { .. }), "{v:?}");
 }
+
+/// One indexer call: the commit's seq, the indexer, the calling thread.
+type Call = (u64, &'static str, std::thread::ThreadId);
+
+/// Records which indexer saw which commit, on which thread, in call order.
+struct CallLog {
+    name: &'static str,
+    calls: Arc<std::sync::Mutex<Vec<Call>>>,
+}
+
+impl Indexer for CallLog {
+    fn name(&self) -> &'static str {
+        self.name
+    }
+    fn version(&self) -> u32 {
+        1
+    }
+    fn apply(&self, c: &RecordedCommit, _: &mut IndexBatch<'_>) -> Result<(), IndexError> {
+        self.calls
+            .lock()
+            .unwrap()
+            .push((c.info.seq, self.name, std::thread::current().id()));
+        Ok(())
+    }
+}
+
+/// The order the `Indexer` trait promises (indexers may share work done
+/// for one commit on it): a commit's indexers are called one after the
+/// other in registration order, on one thread, before the next commit's,
+/// in seq order; for group commits of many writers and for a rebuild.
+#[test]
+fn a_commits_indexers_run_back_to_back_in_registration_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let calls = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let opts = || {
+        test_opts()
+            .indexer(Arc::new(CallLog {
+                name: "first",
+                calls: calls.clone(),
+            }))
+            .indexer(Arc::new(CallLog {
+                name: "second",
+                calls: calls.clone(),
+            }))
+    };
+    let check = |what: &str, n: u64| {
+        let calls = std::mem::take(&mut *calls.lock().unwrap());
+        assert_eq!(calls.len() as u64, 2 * n, "{what}");
+        for (i, pair) in calls.chunks(2).enumerate() {
+            assert_eq!(pair[0].0, i as u64 + 1, "{what}: {calls:?}");
+            assert_eq!(
+                (pair[0].0, pair[0].1, pair[1].1),
+                (pair[1].0, "first", "second"),
+                "{what}: {calls:?}"
+            );
+            assert_eq!(pair[0].2, pair[1].2, "{what}: one thread per commit");
+        }
+    };
+    {
+        let s = Arc::new(Store::open(dir.path(), opts()).unwrap());
+        // Sixteen writers: commits land in groups, some prepared on the
+        // index thread.
+        let threads: Vec<_> = (0..16)
+            .map(|w| {
+                let s = s.clone();
+                std::thread::spawn(move || {
+                    for v in 0..25u64 {
+                        let expected = match v {
+                            0 => ExpectedVersion::NoStream,
+                            _ => ExpectedVersion::Exact(v),
+                        };
+                        committed(s.append(commit(&format!("w{w}"), expected, b"x")).unwrap());
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        check("appends", 400);
+    }
+    std::fs::remove_dir_all(dir.path().join("index")).unwrap();
+    let s = Store::open(dir.path(), opts()).unwrap();
+    check("rebuild", 400);
+    drop(s);
+}

@@ -1321,8 +1321,9 @@ fn custom_type(entry: &Entry) -> Option<&str> {
 /// not decode broken, and the transcript indexer needs its entries.
 ///
 /// The engine runs a store's indexers one after the other on each commit,
-/// on one thread, in registration order (session, then transcript), so
-/// the slot holds at most one decoding, from the commit being indexed.
+/// on one thread, in registration order (session, then transcript; the
+/// [`Indexer`] trait promises it), so the slot holds at most one decoding,
+/// from the commit being indexed.
 /// A decoding is taken only for the very bytes it came from (the
 /// commit's log position, the event's index, the payload's address and
 /// length): anything else makes the transcript indexer decode the event
