@@ -58,10 +58,11 @@ pub const INPUT_BYTES_MAX: usize = 1 << 20;
 
 const STORE_DIR: &str = "/fuzz-store";
 /// Segment size of the stores `store_open` opens. A writer open that
-/// starts a segment fills it with zeros and a reopen scans it, so at the
-/// default 64 MiB one input took about a second (most of it zeroing and
-/// scanning); small segments keep an execution in milliseconds and reach
-/// a segment roll within one input. Existing segments keep their length.
+/// starts a segment (a new active one, or the spare built ahead) fills it
+/// with zeros and a reopen scans it, so at the default 64 MiB one input
+/// took about a second, most of it zeroing and scanning; small segments
+/// keep an execution in milliseconds. Segments the input holds keep their
+/// own length.
 const STORE_OPEN_SEGMENT_BYTES: u64 = 64 << 10;
 /// A path that never exists: `verify` then skips the index.
 const NO_INDEX: &str = "/nonexistent/spool-fuzz-index";
