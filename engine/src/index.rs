@@ -467,10 +467,18 @@ impl Index {
 
     fn open_db_inner(path: Option<&Path>) -> Result<sled::Db, sled::Error> {
         let cfg = sled::Config::new()
-            // The log is the source of truth: sled's periodic flush only bounds how much
-            // catch-up the next open does; it is kept infrequent so it competes little
-            // with the log's fdatasyncs.
-            .flush_every_ms(Some(1000))
+            // No flusher thread of sled's own: the index flushes sled itself, after each
+            // move of the memtable and on close, always inside an epoch pin (see
+            // `flush_sled`). sled 0.34 reads its current IO buffer through a raw pointer
+            // it bumps the count of without pinning when it flushes or rolls that buffer
+            // (its flusher thread, `Tree::flush`); another thread that seals the buffer
+            // meanwhile defers freeing it to the epoch, which can run the free before the
+            // count is bumped. The `store_open` fuzz target hit that as a heap
+            // use-after-free under AddressSanitizer: a close's `Tree::flush` read a
+            // buffer that another thread's roll had retired and sled's IO thread freed.
+            // sled's own writes pin, so flushes that pin, and no flusher thread of
+            // sled's, leave no unpinned reader of that pointer.
+            .flush_every_ms(None)
             .cache_capacity(INDEX_CACHE_BYTES_MAX)
             .mode(sled::Mode::HighThroughput);
         match path {
@@ -1348,7 +1356,7 @@ impl Index {
     /// Flush sled's buffers (a courtesy on close: correctness never depends on it).
     pub(crate) fn flush(&self) -> Result<(), Error> {
         self.flush_mem()?;
-        self.db.flush().map_err(sled_err)?;
+        flush_sled(&self.db).map_err(sled_err)?;
         Ok(())
     }
 
@@ -1416,7 +1424,20 @@ fn move_into_sled(
     }
     tree.apply_batch(b)?;
     *frozen.write().unwrap_or_else(|e| e.into_inner()) = None;
+    // Make the batch durable in sled's own log. The engine's log is the source of
+    // truth; this bounds what the next open catches up on after a crash to about one
+    // memtable, as sled's flusher thread (now off) did by time.
+    flush_sled(tree)?;
     reclaim_sled_garbage(writes.len());
+    Ok(())
+}
+
+/// `Tree::flush` (any tree flushes the whole database) inside an epoch pin: an IO
+/// buffer another thread retires meanwhile is then not freed before this flush has
+/// taken its own reference (see `open_db_inner`).
+fn flush_sled(tree: &sled::Tree) -> Result<(), sled::Error> {
+    let _pinned = sled::pin();
+    tree.flush()?;
     Ok(())
 }
 
