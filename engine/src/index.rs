@@ -474,15 +474,15 @@ impl Index {
         let cfg = sled::Config::new()
             // No flusher thread of sled's own: the index flushes sled itself, after a move
             // of the memtable at most once per `SLED_FLUSH_INTERVAL` and on close, always
-            // inside an epoch pin (see `flush_sled`). sled 0.34 reads its current IO buffer through a raw pointer
-            // it bumps the count of without pinning when it flushes or rolls that buffer
-            // (its flusher thread, `Tree::flush`); another thread that seals the buffer
-            // meanwhile defers freeing it to the epoch, which can run the free before the
-            // count is bumped. The `store_open` fuzz target hit that as a heap
-            // use-after-free under AddressSanitizer: a close's `Tree::flush` read a
-            // buffer that another thread's roll had retired and sled's IO thread freed.
-            // sled's own writes pin, so flushes that pin, and no flusher thread of
-            // sled's, leave no unpinned reader of that pointer.
+            // inside an epoch pin (see `flush_sled`). sled 0.34 reads its current IO
+            // buffer through a raw pointer it bumps the count of without pinning when it
+            // flushes or rolls that buffer (its flusher thread, `Tree::flush`); another
+            // thread that seals the buffer meanwhile defers freeing it to the epoch,
+            // which can run the free before the count is bumped. The `store_open` fuzz
+            // target hit that as a heap use-after-free under AddressSanitizer: a close's
+            // `Tree::flush` read a buffer that another thread's roll had retired and
+            // sled's IO thread freed. sled's own writes pin, so flushes that pin, and no
+            // flusher thread of sled's, leave no unpinned reader of that pointer.
             .flush_every_ms(None)
             .cache_capacity(INDEX_CACHE_BYTES_MAX)
             .mode(sled::Mode::HighThroughput);
