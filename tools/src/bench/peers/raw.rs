@@ -4,7 +4,7 @@
 //!
 //! - `raw` in `append-durable`: a preallocated file overwritten in place,
 //!   `pwrite` + `fdatasync` per commit. The file is preallocated by writing
-//!   zeros and fsyncing before the timed part (not `fallocate`, whose
+//!   zeros (`PREALLOC_CHUNK` at a time) and fsyncing before the timed part (not `fallocate`, whose
 //!   unwritten extents would make the first overwrite of each block a
 //!   metadata change). As the file's size and extents never change,
 //!   `fdatasync` has no metadata to commit: the fastest durable single
@@ -31,8 +31,12 @@ use crate::bench::{
 /// Bytes written per commit by the raw peers.
 pub const RAW_RECORD_BYTES: usize = 1024;
 
-/// Chunk size used to write the zeros of a preallocated file.
-const PREALLOC_CHUNK: usize = 1 << 20;
+/// Chunk size used to write the zeros of a preallocated file: the engine's
+/// (`ZERO_FILL_CHUNK`, 16 KiB). The page-cache folios a write creates are as large
+/// as the write, and each later small `pwrite` and its `fdatasync` walk the blocks
+/// of the folio they land in: with 1 MiB fill writes the loop spent ~21 µs of CPU
+/// per 1,900-byte commit against ~12 µs, so the smaller chunk is the faster loop.
+const PREALLOC_CHUNK: usize = 16 << 10;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Mode {
