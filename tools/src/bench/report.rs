@@ -524,13 +524,15 @@ pub fn to_markdown(report: &Report) -> String {
          transcript; listing reads and parses every file (header deserialized, the rest \
          skipped), filters and sorts.\n\
          - `raw`: durable: {rb}-byte `pwrite` + `fdatasync` overwriting a file preallocated \
-         with written zeros in 16 KiB writes, as spool's segments are (its size never changes), one file per writer; buffered: \
+         with written zeros in {chunk} KiB writes, as spool's segments are (its size never \
+         changes), one file per writer; buffered: \
          sequential {rb}-byte writes to a growing file, no sync. `raw-append`: the durable \
          loop appending to a growing file.",
         pg = settings.join(", "),
         rows = peers::postgres::TAIL_FETCH_ROWS,
         busy = peers::sqlite::BUSY_TIMEOUT.as_secs(),
         rb = peers::raw::RAW_RECORD_BYTES,
+        chunk = peers::raw::PREALLOC_CHUNK >> 10,
     );
 
     let _ = writeln!(out, "\n## Rerun\n");

@@ -4,9 +4,9 @@
 //!
 //! - `raw` in `append-durable`: a preallocated file overwritten in place,
 //!   `pwrite` + `fdatasync` per commit. The file is preallocated by writing
-//!   zeros (`PREALLOC_CHUNK` at a time) and fsyncing before the timed part (not `fallocate`, whose
-//!   unwritten extents would make the first overwrite of each block a
-//!   metadata change). As the file's size and extents never change,
+//!   zeros ([`PREALLOC_CHUNK`] at a time) and fsyncing before the timed part
+//!   (not `fallocate`, whose unwritten extents would make the first
+//!   overwrite of each block a metadata change). As the file's size and extents never change,
 //!   `fdatasync` has no metadata to commit: the fastest durable single
 //!   writer the disk allows. With N writers, each thread has its own file.
 //! - `raw-append` in `append-durable`: the same loop appending to a growing
@@ -36,7 +36,7 @@ pub const RAW_RECORD_BYTES: usize = 1024;
 /// as the write, and each later small `pwrite` and its `fdatasync` walk the blocks
 /// of the folio they land in: with 1 MiB fill writes the loop spent ~21 µs of CPU
 /// per 1,900-byte commit against ~12 µs, so the smaller chunk is the faster loop.
-const PREALLOC_CHUNK: usize = 16 << 10;
+pub const PREALLOC_CHUNK: usize = 16 << 10;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Mode {
