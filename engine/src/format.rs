@@ -585,6 +585,40 @@ mod tests {
     }
 
     #[test]
+    fn event_zero_is_the_first_event_of_the_walk() {
+        let (frame, events) = sample();
+        let pos = LogPosition {
+            segment: 3,
+            offset: 32,
+        };
+        let FrameCheck::Valid { payload, .. } = check_frame(&frame, 3, 1 << 20) else {
+            panic!("frame does not validate");
+        };
+        let c = decode_commit_ref(payload, pos).unwrap();
+        let walked: Vec<EventRef<'_>> = c.events().collect();
+        assert_eq!(walked.len(), events.len());
+        for (i, e) in walked.iter().enumerate() {
+            assert_eq!(c.event(i), Some(*e));
+            assert_eq!(e.kind, events[i].kind);
+            assert_eq!(e.payload, &events[i].payload[..]);
+        }
+        assert_eq!(c.event(events.len()), None);
+    }
+
+    #[test]
+    fn record_crc_covers_segment_id_kind_and_payload_in_that_order() {
+        let mut bytes = 7u64.to_le_bytes().to_vec();
+        bytes.push(2);
+        bytes.extend_from_slice(b"payload");
+        assert_eq!(
+            record_crc(7, 2, b"payload"),
+            mask_crc(crc32fast::hash(&bytes))
+        );
+        assert_ne!(record_crc(7, 2, b"payload"), record_crc(7, 3, b"payload"));
+        assert_ne!(record_crc(7, 2, b"payload"), record_crc(8, 2, b"payload"));
+    }
+
+    #[test]
     fn frame_round_trips() {
         let (frame, events) = sample();
         let pos = LogPosition {
