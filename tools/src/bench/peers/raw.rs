@@ -6,9 +6,9 @@
 //!   `pwrite` + `fdatasync` per commit. The file is preallocated by writing
 //!   zeros ([`PREALLOC_CHUNK`] at a time) and fsyncing before the timed part
 //!   (not `fallocate`, whose unwritten extents would make the first
-//!   overwrite of each block a metadata change). As the file's size and extents never change,
-//!   `fdatasync` has no metadata to commit: the fastest durable single
-//!   writer the disk allows. With N writers, each thread has its own file.
+//!   overwrite of each block a metadata change). As the file's size and
+//!   extents never change, `fdatasync` has no metadata to commit: the
+//!   fastest durable single writer the disk allows. With N writers, each thread has its own file.
 //! - `raw-append` in `append-durable`: the same loop appending to a growing
 //!   file, so every `fdatasync` also commits the new file size, as any
 //!   append-only log must.
