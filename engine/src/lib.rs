@@ -47,7 +47,10 @@ pub use index::{Index, IndexBatch, IndexScan, Indexer, StreamHead, INDEX_FORMAT_
 pub use log::LogSpan;
 pub use salvage::{salvage, DroppedCommit, LostRange, SalvageReport};
 pub use spare::SPARE_SEGMENT_FILE;
-pub use store::{LogScan, Store, INDEX_DIR, LOCK_FILE, LOCK_WAIT_MAX_MS, LOG_SPAN_BYTES_MAX};
+pub use store::{
+    LogScan, Store, INDEX_DIR, LOCK_FILE, LOCK_WAIT_MAX_MS, LOG_SPAN_BYTES_MAX,
+    ZERO_FILL_CHUNK_BYTES,
+};
 pub use types::{
     AppendOutcome, CommitInfo, Durability, EventData, ExpectedVersion, LogPosition, NewCommit,
     NextSegment, Options, Preallocate, RecordedCommit, StoreStats,

@@ -56,7 +56,7 @@ const PREPARE_THREAD_COMMITS_MIN: usize = 4;
 /// Filling 64 MiB takes longer (~20 ms of `pwrite` and ~50 ms of `fsync` against ~14
 /// and ~40 ms), on the spare's thread, off the commit path. 4 KiB writes measured no
 /// better than 16 KiB in a plain `pwrite` + `fdatasync` loop and fill at half the speed.
-const ZERO_FILL_CHUNK: usize = 16 << 10;
+pub const ZERO_FILL_CHUNK_BYTES: usize = 16 << 10;
 
 /// A contiguous run of frames in the pending buffer, all for one segment.
 #[derive(Debug, Clone, Copy)]
@@ -1258,7 +1258,7 @@ pub(crate) fn init_segment_file(
         Preallocate::ZeroFill => {
             file.set_len(capacity)
                 .map_err(|e| Error::io(path, "set_len", e))?;
-            let zeros = vec![0u8; ZERO_FILL_CHUNK.min(capacity as usize)];
+            let zeros = vec![0u8; ZERO_FILL_CHUNK_BYTES.min(capacity as usize)];
             let mut off = 0u64;
             while off < capacity {
                 let n = (capacity - off).min(zeros.len() as u64) as usize;
@@ -1276,7 +1276,7 @@ pub(crate) fn init_segment_file(
 /// Zero `from..to` of a segment and fdatasync: the truncation of a torn tail that keeps
 /// the preallocated size.
 fn zero_range(file: &dyn VfsFile, path: &Path, from: u64, to: u64) -> Result<(), Error> {
-    let zeros = vec![0u8; ZERO_FILL_CHUNK.min((to - from) as usize)];
+    let zeros = vec![0u8; ZERO_FILL_CHUNK_BYTES.min((to - from) as usize)];
     let mut off = from;
     while off < to {
         let n = (to - off).min(zeros.len() as u64) as usize;

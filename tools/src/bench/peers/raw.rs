@@ -8,7 +8,8 @@
 //!   (not `fallocate`, whose unwritten extents would make the first
 //!   overwrite of each block a metadata change). As the file's size and
 //!   extents never change, `fdatasync` has no metadata to commit: the
-//!   fastest durable single writer the disk allows. With N writers, each thread has its own file.
+//!   fastest durable single writer the disk allows. With N writers, each
+//!   thread has its own file.
 //! - `raw-append` in `append-durable`: the same loop appending to a growing
 //!   file, so every `fdatasync` also commits the new file size, as any
 //!   append-only log must.
@@ -31,12 +32,12 @@ use crate::bench::{
 /// Bytes written per commit by the raw peers.
 pub const RAW_RECORD_BYTES: usize = 1024;
 
-/// Chunk size used to write the zeros of a preallocated file: the engine's
-/// (`ZERO_FILL_CHUNK`, 16 KiB). The page-cache folios a write creates are as large
-/// as the write, and each later small `pwrite` and its `fdatasync` walk the blocks
-/// of the folio they land in: with 1 MiB fill writes the loop spent ~21 µs of CPU
-/// per 1,900-byte commit against ~12 µs, so the smaller chunk is the faster loop.
-pub const PREALLOC_CHUNK: usize = 16 << 10;
+/// Chunk size used to write the zeros of a preallocated file: the engine's, so the
+/// loop's file is filled as spool's segments are. The page-cache folios a write
+/// creates are as large as the write, and each later small `pwrite` and its
+/// `fdatasync` walk the blocks of the folio they land in: with 1 MiB fill writes the
+/// loop spent ~21 µs of CPU per 1,900-byte commit against ~12 µs with 16 KiB.
+pub const PREALLOC_CHUNK: usize = spool_engine::ZERO_FILL_CHUNK_BYTES;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Mode {
