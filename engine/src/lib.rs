@@ -53,7 +53,8 @@ pub use store::{
 };
 pub use types::{
     AppendOutcome, CommitInfo, Durability, EventData, ExpectedVersion, LogPosition, NewCommit,
-    NextSegment, Options, Preallocate, RecordedCommit, StoreStats,
+    NextSegment, Options, Preallocate, RecordedCommit, StoreStats, INDEX_THREAD_POLL_DEFAULT_US,
+    INDEX_THREAD_POLL_MAX_US,
 };
 pub use uuid::Uuid;
 pub use verify::{verify, IndexCheck, VerifyProblem, VerifyReport};

@@ -613,6 +613,13 @@ pub struct LogStoreOptions {
     /// (engine default, [`spool_engine::LOCK_WAIT_MAX_MS`], when `None`;
     /// zero fails at once with the engine's `Locked`).
     pub lock_wait: Option<std::time::Duration>,
+    /// How long the engine's index thread polls for a lone durable writer's
+    /// next commit before it sleeps (engine default,
+    /// [`spool_engine::INDEX_THREAD_POLL_DEFAULT_US`] µs, when `None`; zero
+    /// never polls: a lone writer's commits then index after their
+    /// fdatasync, and no second core is kept busy). See
+    /// [`spool_engine::Options::index_thread_poll`].
+    pub index_thread_poll: Option<std::time::Duration>,
 }
 
 impl Default for LogStoreOptions {
@@ -623,6 +630,7 @@ impl Default for LogStoreOptions {
             record_bytes_max: None,
             vfs: None,
             lock_wait: None,
+            index_thread_poll: None,
         }
     }
 }
@@ -647,6 +655,9 @@ impl LogStoreOptions {
         }
         if let Some(w) = self.lock_wait {
             o = o.lock_wait(w);
+        }
+        if let Some(p) = self.index_thread_poll {
+            o = o.index_thread_poll(p);
         }
         o
     }
