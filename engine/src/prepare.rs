@@ -10,7 +10,9 @@
 //! publish.
 //!
 //! Which groups are handed over:
-//! - a group of at least `PREPARE_THREAD_COMMITS_MIN` (4) commits, always;
+//! - a group of at least `PREPARE_THREAD_COMMITS_MIN` (4) commits, or of at least
+//!   `PREPARE_THREAD_BYTES_MIN` (256 KiB) of frames (a fork's one large commit, whose
+//!   fdatasync and indexers each take milliseconds), always;
 //! - a smaller one (a lone writer's group holds one commit) only when the previous
 //!   group ended at most [`Options::index_thread_poll`] ago, i.e. when commits come back
 //!   to back. Waking a sleeping thread, and being woken by it, costs about what

@@ -46,6 +46,11 @@ const MAX_GATHER_NANOS: u64 = 2_000_000;
 /// costs a thread wake-up on each side, about what preparing two or three commits
 /// costs; sixteen writers (groups of about 15) measured faster with the thread.
 pub(crate) const PREPARE_THREAD_COMMITS_MIN: usize = 4;
+/// Smallest durable group, in frame bytes, whose index writes are always prepared on
+/// the index thread: its fdatasync writes back at least this much, which takes far
+/// longer than the two wake-ups, and its indexers have as much to read (a fork's
+/// `created` event carries its whole seed transcript).
+pub(crate) const PREPARE_THREAD_BYTES_MIN: usize = 256 << 10;
 /// Bytes per `pwrite` when zero-filling a new segment (and a torn tail). The kernel
 /// sizes the page-cache folios a write creates by the write's length (ext4 with large
 /// folios), and every later commit's small `pwrite`, and the fdatasync after it, walk
@@ -632,7 +637,11 @@ impl Store {
         let mut preparer = None;
         let poll = inner.opts.index_thread_poll_window();
         let back_to_back = !poll.is_zero() && w.last_group_end.is_some_and(|t| t.elapsed() <= poll);
-        if sync && !w.preparer_failed && (batch.len() >= PREPARE_THREAD_COMMITS_MIN || back_to_back)
+        if sync
+            && !w.preparer_failed
+            && (batch.len() >= PREPARE_THREAD_COMMITS_MIN
+                || buf.len() >= PREPARE_THREAD_BYTES_MIN
+                || back_to_back)
         {
             preparer = w
                 .preparer
@@ -1859,6 +1868,30 @@ mod prepare_tests {
         );
         assert!(lock(&s.inner.w).preparer.is_none());
         assert_eq!(s.index().applied_seq().unwrap(), 20);
+    }
+
+    /// A group of at least `PREPARE_THREAD_BYTES_MIN` bytes goes to the index thread
+    /// even alone and without a poll window (a fork's one large commit).
+    #[test]
+    fn a_large_group_is_prepared_during_its_fdatasync_even_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        let (s, _vfs) = open_polling(dir.path(), Duration::ZERO);
+        append(&s, "small").unwrap();
+        let big = vec![7u8; PREPARE_THREAD_BYTES_MIN];
+        let r = s.append(NewCommit::new(
+            "big",
+            ExpectedVersion::Exact(0),
+            vec![EventData::new("e", big)],
+        ));
+        assert!(matches!(r, Ok(AppendOutcome::Committed(_))), "{r:?}");
+        let st = s.stats();
+        assert_eq!(
+            (st.groups_prepared_ahead, st.groups_polled),
+            (1, 0),
+            "{st:?}"
+        );
+        assert_eq!(s.index().applied_seq().unwrap(), 2);
+        assert_eq!(s.read_stream("big", 1, 10).unwrap().len(), 1);
     }
 
     /// A poll window past the limit is clamped to it.
