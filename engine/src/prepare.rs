@@ -17,7 +17,7 @@
 //!   group ended at most [`Options::index_thread_poll`] ago, i.e. when commits come back
 //!   to back. Waking a sleeping thread, and being woken by it, costs about what
 //!   preparing one commit does (on a virtual machine each wake-up is an interrupt to
-//!   the other core), so after a small group the thread does not sleep at once: it
+//!   the other core), so after such a group the thread does not sleep at once: it
 //!   polls the job channel for up to that long, and the next group reaches it without
 //!   a wake-up on either side. A lone durable writer's indexers then run during its
 //!   fdatasync. Five alternating pairs of `handle_append 3000 durable 1`: medians
@@ -26,10 +26,11 @@
 //!   writes back to back.
 //! - A poll that ends without a job (the writer paused, or the disk's fdatasync is
 //!   longer than the window) makes the thread skip polling after the next 2, then 4,
-//!   ... up to `POLL_BACKOFF_MAX` small groups; a poll that catches one resets that.
+//!   ... up to `POLL_BACKOFF_MAX` such groups; a poll that catches one resets that.
 //!   So a writer slower than the window, or a slow disk, costs at most one window per
-//!   `POLL_BACKOFF_MAX` groups. After a large group (many writers, every core busy
-//!   encoding commits) the thread sleeps at once: polling there measured slower.
+//!   `POLL_BACKOFF_MAX` groups. After any other group (many writers, every core busy
+//!   encoding commits; or one large commit) the thread sleeps at once: polling after
+//!   every group measured slower with 16 writers.
 //!
 //! The thread holds only a [`Weak`] reference to the store, taken for the length of
 //! one job, so it never keeps a closed store alive; it ends when the store (which owns
@@ -39,7 +40,7 @@
 
 use crate::error::IndexError;
 use crate::index::PreparedWrites;
-use crate::store::{Inner, PREPARE_THREAD_COMMITS_MIN};
+use crate::store::Inner;
 use crate::types::RecordedCommit;
 #[cfg(test)]
 use crate::types::INDEX_THREAD_POLL_MAX_US;
@@ -54,21 +55,23 @@ use std::time::{Duration, Instant};
 /// without a job (see the module docs).
 const POLL_BACKOFF_MAX: u32 = 64;
 
-type Job = Vec<RecordedCommit>;
+/// A group, and whether the thread polls for the next one after it (see
+/// [`Preparer::start`]).
+type Job = (Vec<RecordedCommit>, bool);
 
 /// A group handed back: its commits and the indexers' writes for them.
 pub(crate) type Prepared = (Vec<RecordedCommit>, Result<PreparedWrites, IndexError>);
 
 /// The leader's end of the index thread.
 pub(crate) struct Preparer {
-    jobs: Sender<Vec<RecordedCommit>>,
+    jobs: Sender<Job>,
     done: Receiver<Prepared>,
 }
 
 impl Preparer {
     /// Start the thread for the store behind `inner`; `None` when no thread can be
     /// spawned (the leader then prepares its groups itself).
-    /// `poll` is how long the thread polls for the next job after a small one (zero:
+    /// `poll` is how long the thread polls for the next job when asked to (zero:
     /// never).
     pub(crate) fn spawn(inner: Weak<Inner>, poll: Duration) -> Option<Preparer> {
         let (jobs, job_rx) = channel::<Job>();
@@ -81,8 +84,15 @@ impl Preparer {
     }
 
     /// Hand a group to the thread; gives the group back if the thread is gone.
-    pub(crate) fn start(&self, commits: Vec<RecordedCommit>) -> Result<(), Vec<RecordedCommit>> {
-        self.jobs.send(commits).map_err(|e| e.0)
+    /// `poll_after`: the thread polls for the next group once this one is done (a
+    /// small group handed over because groups come back to back), instead of
+    /// sleeping.
+    pub(crate) fn start(
+        &self,
+        commits: Vec<RecordedCommit>,
+        poll_after: bool,
+    ) -> Result<(), Vec<RecordedCommit>> {
+        self.jobs.send((commits, poll_after)).map_err(|e| e.0 .0)
     }
 
     /// Wait for the group handed over by the last [`Preparer::start`]; `None` if the
@@ -92,7 +102,7 @@ impl Preparer {
     }
 }
 
-/// How the thread waits for its next job after a small one.
+/// How the thread waits for its next job when asked to poll.
 struct Poll {
     window: Duration,
     /// Small jobs still to come before the thread polls again.
@@ -110,7 +120,7 @@ impl Poll {
         }
     }
 
-    /// Whether to poll for the job after a small one (else sleep until it comes).
+    /// Whether to poll for the next job (else sleep until it comes).
     fn polls(&mut self) -> bool {
         if self.window.is_zero() {
             return false;
@@ -133,8 +143,8 @@ impl Poll {
         }
     }
 
-    /// The next job after a small one, and whether polling took it; `None` once the
-    /// store is dropped.
+    /// The next job after one that asked for polling, and whether polling took it;
+    /// `None` once the store is dropped.
     fn next(&mut self, jobs: &Receiver<Job>) -> (Option<Job>, bool) {
         if !self.polls() {
             return (jobs.recv().ok(), false);
@@ -161,7 +171,7 @@ impl Poll {
 
 fn prepare_loop(inner: Weak<Inner>, jobs: Receiver<Job>, done: Sender<Prepared>, mut poll: Poll) {
     let (mut next, mut polled) = (jobs.recv().ok(), false);
-    while let Some(commits) = next {
+    while let Some((commits, poll_after)) = next {
         let res = {
             // Dropped before the answer is sent: while the leader waits for it, the
             // store is alive through the leader, so this is never the last reference.
@@ -175,11 +185,10 @@ fn prepare_loop(inner: Weak<Inner>, jobs: Receiver<Job>, done: Sender<Prepared>,
             // catches it); the leader treats a vanished thread as an index fault too.
             inner.index.prepare(&commits)
         };
-        let small = commits.len() < PREPARE_THREAD_COMMITS_MIN;
         if done.send((commits, res)).is_err() {
             return;
         }
-        (next, polled) = if small {
+        (next, polled) = if poll_after {
             poll.next(&jobs)
         } else {
             (jobs.recv().ok(), false)
@@ -230,14 +239,14 @@ mod tests {
     fn next_takes_a_waiting_job_by_polling_and_ends_when_the_store_is_gone() {
         let (tx, rx) = channel::<Job>();
         let mut p = Poll::new(Duration::from_micros(INDEX_THREAD_POLL_MAX_US));
-        tx.send(Vec::new()).unwrap();
+        tx.send((Vec::new(), true)).unwrap();
         assert!(matches!(p.next(&rx), (Some(_), true)));
         drop(tx);
         // Polling sees the closed channel at once (no wait for the window).
         assert!(matches!(p.next(&rx), (None, false)));
         let mut p = Poll::new(Duration::ZERO);
         let (tx, rx) = channel::<Job>();
-        tx.send(Vec::new()).unwrap();
+        tx.send((Vec::new(), true)).unwrap();
         assert!(matches!(p.next(&rx), (Some(_), false)));
     }
 }

@@ -637,12 +637,12 @@ impl Store {
         let mut preparer = None;
         let poll = inner.opts.index_thread_poll_window();
         let back_to_back = !poll.is_zero() && w.last_group_end.is_some_and(|t| t.elapsed() <= poll);
-        if sync
-            && !w.preparer_failed
-            && (batch.len() >= PREPARE_THREAD_COMMITS_MIN
-                || buf.len() >= PREPARE_THREAD_BYTES_MIN
-                || back_to_back)
-        {
+        let large =
+            batch.len() >= PREPARE_THREAD_COMMITS_MIN || buf.len() >= PREPARE_THREAD_BYTES_MIN;
+        // The thread polls for the next group only after a small one that came back to
+        // back (a lone writer's): after a large one it sleeps (see `crate::prepare`).
+        let poll_after = back_to_back && !large;
+        if sync && !w.preparer_failed && (large || back_to_back) {
             preparer = w
                 .preparer
                 .take()
@@ -651,8 +651,14 @@ impl Store {
         }
         drop(w);
 
-        let (res, mut batch) =
-            self.write_and_index(active.clone(), next_id, &buf, &chunks, batch, &preparer);
+        let (res, mut batch) = self.write_and_index(
+            active.clone(),
+            next_id,
+            &buf,
+            &chunks,
+            batch,
+            preparer.as_ref().map(|p| (p, poll_after)),
+        );
 
         let mut w = lock(&inner.w);
         w.leader = false;
@@ -721,8 +727,8 @@ impl Store {
     }
 
     /// Write a group, make it durable (`Immediate`), and publish it: pwrite, then
-    /// the fdatasync with the indexers running on the index thread (`preparer`)
-    /// meanwhile (both must finish: the writes are published only once the group is
+    /// the fdatasync with the indexers running on the index thread (`preparer`, and
+    /// whether it polls for the next group afterwards) meanwhile (both must finish: the writes are published only once the group is
     /// durable), then the segments' readable ends, then the index. Without the
     /// thread the group is prepared after its fdatasync. Returns the new active
     /// segment and, per chunk, the segment, its new end and the chunk's first seq;
@@ -735,7 +741,7 @@ impl Store {
         buf: &[u8],
         chunks: &[Chunk],
         mut batch: Vec<RecordedCommit>,
-        preparer: &Option<Preparer>,
+        preparer: Option<(&Preparer, bool)>,
     ) -> (
         Result<(Arc<Segment>, Vec<(Arc<Segment>, u64, u64)>), Error>,
         Vec<RecordedCommit>,
@@ -749,7 +755,7 @@ impl Store {
         let mut prepared = None;
         if inner.opts.durability == Durability::Immediate {
             let handed = match preparer {
-                Some(p) => p.start(batch),
+                Some((p, poll_after)) => p.start(batch, poll_after),
                 None => Err(batch),
             };
             if handed.is_ok() {
@@ -760,7 +766,7 @@ impl Store {
             }
             let synced = self.sync_group(&seg);
             match handed {
-                Ok(()) => match preparer.as_ref().and_then(Preparer::finish) {
+                Ok(()) => match preparer.and_then(|(p, _)| p.finish()) {
                     Some((back, writes)) => {
                         batch = back;
                         prepared = Some(writes);
@@ -1877,13 +1883,7 @@ mod prepare_tests {
         let dir = tempfile::tempdir().unwrap();
         let (s, _vfs) = open_polling(dir.path(), Duration::ZERO);
         append(&s, "small").unwrap();
-        let big = vec![7u8; PREPARE_THREAD_BYTES_MIN];
-        let r = s.append(NewCommit::new(
-            "big",
-            ExpectedVersion::Exact(0),
-            vec![EventData::new("e", big)],
-        ));
-        assert!(matches!(r, Ok(AppendOutcome::Committed(_))), "{r:?}");
+        append_big(&s, "big");
         let st = s.stats();
         assert_eq!(
             (st.groups_prepared_ahead, st.groups_polled),
@@ -1892,6 +1892,35 @@ mod prepare_tests {
         );
         assert_eq!(s.index().applied_seq().unwrap(), 2);
         assert_eq!(s.read_stream("big", 1, 10).unwrap().len(), 1);
+    }
+
+    /// After a large group the index thread sleeps instead of polling: the small
+    /// group right after it reaches the thread by a wake-up, not a poll (with a poll
+    /// after every group of one commit, it was taken polling).
+    #[test]
+    fn the_index_thread_does_not_poll_after_a_large_group() {
+        let dir = tempfile::tempdir().unwrap();
+        let (s, _vfs) = open_polling(
+            dir.path(),
+            Duration::from_micros(crate::INDEX_THREAD_POLL_MAX_US),
+        );
+        append(&s, "small").unwrap();
+        append_big(&s, "big");
+        append(&s, "after").unwrap();
+        let st = s.stats();
+        assert!(st.groups_prepared_ahead >= 1, "{st:?}");
+        assert_eq!(st.groups_polled, 0, "{st:?}");
+        assert_eq!(s.index().applied_seq().unwrap(), 3);
+    }
+
+    fn append_big(s: &Store, stream: &str) {
+        let big = vec![7u8; PREPARE_THREAD_BYTES_MIN];
+        let r = s.append(NewCommit::new(
+            stream,
+            ExpectedVersion::Exact(0),
+            vec![EventData::new("e", big)],
+        ));
+        assert!(matches!(r, Ok(AppendOutcome::Committed(_))), "{r:?}");
     }
 
     /// A poll window past the limit is clamped to it.
