@@ -1800,6 +1800,12 @@ mod prepare_tests {
         (Arc::new(Store::open(dir, opts).unwrap()), vfs)
     }
 
+    /// With the longest poll window allowed: a commit up to 10 ms after the one
+    /// before still counts as back to back, even on a loaded machine.
+    fn open_polling_longest(dir: &Path) -> (Arc<Store>, FaultVfs) {
+        open_polling(dir, Duration::from_micros(crate::INDEX_THREAD_POLL_MAX_US))
+    }
+
     /// A lone writer appending back to back: its one-commit groups go to the index
     /// thread, which polls for them. The window is the longest allowed, so a commit
     /// up to 10 ms after the one before keeps the thread polling even on a loaded
@@ -1807,10 +1813,7 @@ mod prepare_tests {
     #[test]
     fn a_lone_writers_back_to_back_groups_are_prepared_during_their_fdatasync() {
         let dir = tempfile::tempdir().unwrap();
-        let (s, _vfs) = open_polling(
-            dir.path(),
-            Duration::from_micros(crate::INDEX_THREAD_POLL_MAX_US),
-        );
+        let (s, _vfs) = open_polling_longest(dir.path());
         let n = 200u64;
         for i in 0..n {
             append(&s, &format!("s{i}")).unwrap();
@@ -1839,10 +1842,7 @@ mod prepare_tests {
     #[test]
     fn a_lone_writers_failed_fdatasync_publishes_nothing_while_the_thread_polls() {
         let dir = tempfile::tempdir().unwrap();
-        let (s, vfs) = open_polling(
-            dir.path(),
-            Duration::from_micros(crate::INDEX_THREAD_POLL_MAX_US),
-        );
+        let (s, vfs) = open_polling_longest(dir.path());
         for i in 0..5 {
             append(&s, &format!("s{i}")).unwrap();
         }
@@ -1900,10 +1900,7 @@ mod prepare_tests {
     #[test]
     fn the_index_thread_does_not_poll_after_a_large_group() {
         let dir = tempfile::tempdir().unwrap();
-        let (s, _vfs) = open_polling(
-            dir.path(),
-            Duration::from_micros(crate::INDEX_THREAD_POLL_MAX_US),
-        );
+        let (s, _vfs) = open_polling_longest(dir.path());
         append(&s, "small").unwrap();
         append_big(&s, "big");
         append(&s, "after").unwrap();
