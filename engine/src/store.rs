@@ -119,8 +119,8 @@ pub(crate) struct Writer {
     preparer: Option<Preparer>,
     /// Starting the index thread failed once: durable groups prepare on the leader.
     preparer_failed: bool,
-    /// When the last group was acknowledged: a small group that follows within the
-    /// index thread's poll window goes to the thread too.
+    /// When the last durable group was acknowledged: a small group that follows
+    /// within the index thread's poll window goes to the thread too.
     last_group_end: Option<std::time::Instant>,
 }
 
@@ -728,8 +728,9 @@ impl Store {
 
     /// Write a group, make it durable (`Immediate`), and publish it: pwrite, then
     /// the fdatasync with the indexers running on the index thread (`preparer`, and
-    /// whether it polls for the next group afterwards) meanwhile (both must finish: the writes are published only once the group is
-    /// durable), then the segments' readable ends, then the index. Without the
+    /// whether it polls for the next group afterwards) meanwhile (both must finish:
+    /// the writes are published only once the group is durable), then the segments'
+    /// readable ends, then the index. Without the
     /// thread the group is prepared after its fdatasync. Returns the new active
     /// segment and, per chunk, the segment, its new end and the chunk's first seq;
     /// and the group's commits (none if the index thread vanished with them).

@@ -93,11 +93,15 @@ pub struct Options {
     pub lock_wait: Duration,
     /// When the next segment is created (default [`NextSegment::Background`]).
     pub next_segment: NextSegment,
-    /// How long the index thread polls for the next small durable group before it
-    /// sleeps (default [`INDEX_THREAD_POLL_DEFAULT_US`] µs, at most
-    /// [`INDEX_THREAD_POLL_MAX_US`]; zero never polls). See [`crate::prepare`]: with
-    /// it, a lone durable writer's indexers run during its fdatasync, for one more
-    /// core kept busy while it writes back to back.
+    /// How long the index thread polls for a lone durable writer's next group before
+    /// it sleeps (default [`INDEX_THREAD_POLL_DEFAULT_US`] µs, at most
+    /// [`INDEX_THREAD_POLL_MAX_US`]). A group of fewer than 4 commits that follows the
+    /// previous group within this window goes to the index thread, which runs its
+    /// indexers during the fdatasync and then polls for the next one instead of
+    /// sleeping (no wake-up on either side); polls that end empty back off. The cost
+    /// is a second core kept busy while a writer commits back to back. Zero never
+    /// polls: such groups are indexed by their writer after the fdatasync.
+    /// ARCHITECTURE.md (the write path) has the measurements.
     pub index_thread_poll: Duration,
 }
 
@@ -375,7 +379,8 @@ pub struct StoreStats {
     /// Of those, segments that were a spare built ahead ([`NextSegment`]).
     pub segments_from_spare: u64,
     /// Durable groups whose index writes the index thread prepared during their
-    /// fdatasync ([`Options::index_thread_poll`]).
+    /// fdatasync: groups of 4 or more commits or 256 KiB or more of frames, and
+    /// back-to-back smaller ones ([`Options::index_thread_poll`]).
     pub groups_prepared_ahead: u64,
     /// Of those, groups the index thread took while polling, without being woken.
     pub groups_polled: u64,
