@@ -94,21 +94,21 @@ pub struct Options {
     /// When the next segment is created (default [`NextSegment::Background`]).
     pub next_segment: NextSegment,
     /// How long the index thread polls for a lone durable writer's next group before
-    /// it sleeps (default [`INDEX_THREAD_POLL_DEFAULT_US`] µs, at most
-    /// [`INDEX_THREAD_POLL_MAX_US`]). A group of fewer than 4 commits that follows the
-    /// previous group within this window goes to the index thread, which runs its
-    /// indexers during the fdatasync and then polls for the next one instead of
-    /// sleeping (no wake-up on either side); polls that end empty back off. The cost
-    /// is a second core kept busy while a writer commits back to back. Zero never
-    /// polls: such groups are indexed by their writer after the fdatasync.
-    /// ARCHITECTURE.md (the write path) has the measurements.
+    /// it sleeps: zero by default ([`INDEX_THREAD_POLL_DEFAULT_US`]: never), at most
+    /// [`INDEX_THREAD_POLL_MAX_US`]. With a window (200 µs was measured), a group of
+    /// fewer than 4 commits that follows the previous group within it goes to the
+    /// index thread, which runs its indexers during the fdatasync and then polls for
+    /// the next one instead of sleeping (no wake-up on either side); polls that end
+    /// empty back off. The cost is a second core kept busy while a writer commits
+    /// back to back; the gain measured from none to a third more commits/s (the
+    /// measurements are in ARCHITECTURE.md, the write path). Without a window such
+    /// groups are indexed by their writer after the fdatasync.
     pub index_thread_poll: Duration,
 }
 
-/// Default of [`Options::index_thread_poll`], in microseconds: longer than the time a
-/// lone durable writer takes between two commits on a disk whose fdatasync takes about
-/// 50 µs (the rest of its fdatasync, its publish and the caller's next append).
-pub const INDEX_THREAD_POLL_DEFAULT_US: u64 = 200;
+/// Default of [`Options::index_thread_poll`], in microseconds: zero, no polling (its
+/// gain was not clear in `spool bench`, its cost a second core; see there).
+pub const INDEX_THREAD_POLL_DEFAULT_US: u64 = 0;
 /// Largest [`Options::index_thread_poll`], in microseconds (a longer one is clamped).
 pub const INDEX_THREAD_POLL_MAX_US: u64 = 10_000;
 

@@ -2,14 +2,16 @@
 //! prints the rate: the handle's append path on its own, for profiling
 //! (`perf record`), outside `spool bench`'s peers.
 //! Run it with
-//! `cargo run --release -p spool-runtime --example handle_append [N] [durable] [WRITERS] [BUDGET_BYTES]`
+//! `cargo run --release -p spool-runtime --example handle_append [N] [durable] [WRITERS] [BUDGET_BYTES] [POLL_US]`
 //! (`durable`: engine durability `Immediate`, acknowledged after fdatasync;
 //! `WRITERS` threads, default 1, each append `N` entries to a session of
 //! their own, and the engine's group statistics are printed;
 //! `BUDGET_BYTES`: the writer handles' resident byte budget, with up to
 //! 1,000,000 events, instead of the default 64 KiB / 1024 events, to see
-//! the append cost against the size of the resident snapshot; any word
-//! but `durable` keeps the store buffered).
+//! the append cost against the size of the resident snapshot, `-` for the
+//! default; `POLL_US`: the index thread's poll window,
+//! `LogStoreOptions::index_thread_poll`, default zero; any word but
+//! `durable` keeps the store buffered).
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -37,12 +39,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .unwrap_or(20_000);
     let durable = std::env::args().nth(2).as_deref() == Some("durable");
     let dir = tempfile::tempdir()?;
+    let poll_us: Option<u64> = std::env::args().nth(5).map(|s| s.parse()).transpose()?;
     let opts = LogStoreOptions {
         durability: if durable {
             spool_engine::Durability::Immediate
         } else {
             spool_engine::Durability::Buffered
         },
+        index_thread_poll: poll_us.map(std::time::Duration::from_micros),
         ..LogStoreOptions::default()
     };
     let writers: usize = std::env::args()
@@ -51,7 +55,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .transpose()?
         .unwrap_or(1)
         .max(1);
-    let budget_bytes: Option<u64> = std::env::args().nth(4).map(|s| s.parse()).transpose()?;
+    let budget_bytes: Option<u64> = std::env::args()
+        .nth(4)
+        .filter(|s| s != "-")
+        .map(|s| s.parse())
+        .transpose()?;
     let store = Arc::new(LogStore::open(dir.path(), opts)?);
     let engine = store.engine()?;
     let runtime = SessionRuntime::new(store, Arc::new(NullSink), SessionHookStack::empty());
