@@ -15,12 +15,12 @@
 //!   fdatasync and indexers each take milliseconds), always;
 //! - a smaller one (a lone writer's group holds one commit) only when the previous
 //!   group ended at most [`Options::index_thread_poll`] ago (zero by default: never),
-//!   i.e. when commits come back to back. Waking a sleeping thread, and being woken by it, costs about what
-//!   preparing one commit does (on a virtual machine each wake-up is an interrupt to
-//!   the other core), so after such a group the thread does not sleep at once: it
-//!   polls the job channel for up to that long, and the next group reaches it without
-//!   a wake-up on either side. A lone durable writer's indexers then run during its
-//!   fdatasync. With 200 µs, five alternating pairs of `handle_append 3000 durable 1`:
+//!   i.e. when commits come back to back. Waking a sleeping thread, and being woken
+//!   by it, costs about what preparing one commit does (on a virtual machine each
+//!   wake-up is an interrupt to the other core), so after such a group the thread
+//!   does not sleep at once: it polls the job channel for up to that long, and the
+//!   next group reaches it without a wake-up on either side. A lone durable writer's
+//!   indexers then run during its fdatasync. With 200 µs, five alternating pairs of `handle_append 3000 durable 1`:
 //!   medians ~15.4 k against ~11.6 k appends/s (4 of 5 faster), for ~90–117 against
 //!   ~37–53 µs of the process's CPU per append: one more core is kept busy while the
 //!   writer writes back to back. In twelve alternating pairs of `spool bench
