@@ -694,7 +694,8 @@ impl Store {
                     w.dirty = true;
                 }
                 w.last_group = batch.len();
-                if sync {
+                // Only read when a poll window is set: no clock read per group otherwise.
+                if sync && !inner.opts.index_thread_poll_window().is_zero() {
                     w.last_group_end = Some(std::time::Instant::now());
                 }
                 let c = &inner.counters;
