@@ -12,6 +12,7 @@
 
 use crate::bloom::{KeyFilter, KeyHash};
 use crate::error::{Error, IndexError};
+use crate::memtable::MemTable;
 use crate::types::{CommitInfo, LogPosition, RecordedCommit};
 use std::collections::{BTreeMap, HashMap};
 use std::ops::Bound;
@@ -299,7 +300,7 @@ pub struct Index {
     mem: RwLock<Mem>,
     /// A full memtable being moved into sled by a background thread; it sits between
     /// `mem` and sled for readers until sled has it.
-    frozen: Arc<RwLock<Option<Arc<Writes>>>>,
+    frozen: Arc<RwLock<Option<Arc<MemTable>>>>,
     /// When sled was last flushed by a move (see [`SLED_FLUSH_INTERVAL`]).
     sled_flushed_at: Arc<Mutex<std::time::Instant>>,
     /// The background move in progress, if any.
@@ -386,7 +387,7 @@ type PendingWrite = (Vec<u8>, Option<Vec<u8>>);
 
 #[derive(Default)]
 struct Mem {
-    writes: Writes,
+    writes: MemTable,
     commits: usize,
     bytes: usize,
 }
@@ -761,7 +762,8 @@ impl Index {
                 .read()
                 .unwrap_or_else(|e| e.into_inner())
                 .writes
-                .contains_key(key.as_slice());
+                .get(key.as_slice())
+                .is_some();
             if !in_mem {
                 let block = self.read_below_mem(&key)?.unwrap_or_default();
                 blocks.insert(key.clone(), block);
@@ -798,7 +800,7 @@ impl Index {
                     Some(Some(v)) if v.len() == head.len() => v.copy_from_slice(&head),
                     _ => {
                         mem.bytes += key.len() + head.len();
-                        mem.writes.insert(key.clone(), Some(head.to_vec()));
+                        mem.writes.insert(&key, Some(head.to_vec()));
                     }
                 }
                 // Versions are contiguous (from 1, or from where GC removed a prefix of
@@ -827,7 +829,7 @@ impl Index {
                     block.resize(slot, 0);
                     block.extend_from_slice(&entry);
                     mem.bytes += key.len() + block.len();
-                    mem.writes.insert(key.clone(), Some(block));
+                    mem.writes.insert(&key, Some(block));
                 }
             }
             {
@@ -844,15 +846,12 @@ impl Index {
                 // by every append, a meta record) replaces its pending value, so only
                 // the difference is added.
                 let size = k.len() + v.as_ref().map_or(0, Vec::len);
-                let replaced = mem
-                    .writes
-                    .get(k.as_slice())
-                    .map(|old| k.len() + old.as_ref().map_or(0, Vec::len));
                 mem.bytes = mem.bytes.saturating_add(size);
-                if let Some(old) = replaced {
-                    mem.bytes = mem.bytes.saturating_sub(old);
+                if let Some(old) = mem.writes.insert(&k, v) {
+                    mem.bytes = mem
+                        .bytes
+                        .saturating_sub(k.len() + old.as_ref().map_or(0, Vec::len));
                 }
-                mem.writes.insert(k, v);
             }
             let mut marker = [0u8; 24];
             marker[..8].copy_from_slice(&last.info.seq.to_be_bytes());
@@ -860,8 +859,7 @@ impl Index {
             match mem.writes.get_mut(META_APPLIED) {
                 Some(Some(v)) if v.len() == marker.len() => v.copy_from_slice(&marker),
                 _ => {
-                    mem.writes
-                        .insert(META_APPLIED.to_vec(), Some(marker.to_vec()));
+                    mem.writes.insert(META_APPLIED, Some(marker.to_vec()));
                 }
             }
             mem.commits += commits.len();
@@ -908,11 +906,15 @@ impl Index {
     }
 
     /// Make the memtable the frozen one (the caller has joined any previous move).
-    fn freeze(&self) -> Arc<Writes> {
+    fn freeze(&self) -> Arc<MemTable> {
         let mut mem = self.mem.write().unwrap_or_else(|e| e.into_inner());
         let mut frozen = self.frozen.write().unwrap_or_else(|e| e.into_inner());
+        let keys = mem.writes.len();
         let writes = Arc::new(std::mem::take(&mut mem.writes));
-        *mem = Mem::default();
+        *mem = Mem {
+            writes: MemTable::with_capacity(keys),
+            ..Mem::default()
+        };
         *frozen = Some(writes.clone());
         writes
     }
@@ -1016,10 +1018,10 @@ impl Index {
         let mem: Vec<PendingWrite> = {
             let mem = self.mem.read().unwrap_or_else(|e| e.into_inner());
             let frozen = self.frozen.read().unwrap_or_else(|e| e.into_inner());
-            let in_range = |w: &Writes| -> Vec<PendingWrite> {
-                w.range((lo.clone(), hi.clone()))
+            let in_range = |w: &MemTable| -> Vec<PendingWrite> {
+                w.range(bound_ref(&lo), bound_ref(&hi))
                     .take_while(|(k, _)| k.starts_with(prefix))
-                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .map(|(k, v)| (k.to_vec(), v.clone()))
                     .collect()
             };
             match frozen.as_ref() {
@@ -1028,10 +1030,10 @@ impl Index {
                     let mut snap: Writes = BTreeMap::new();
                     for src in [&**f, &mem.writes] {
                         for (k, v) in src
-                            .range((lo.clone(), hi.clone()))
+                            .range(bound_ref(&lo), bound_ref(&hi))
                             .take_while(|(k, _)| k.starts_with(prefix))
                         {
-                            snap.insert(k.clone(), v.clone());
+                            snap.insert(k.to_vec(), v.clone());
                         }
                     }
                     snap.into_iter().collect()
@@ -1415,19 +1417,28 @@ fn tighten_permissions(dir: &Path) {
     }
 }
 
+/// A bound over an owned key as a bound over its bytes.
+fn bound_ref(b: &Bound<Vec<u8>>) -> Bound<&[u8]> {
+    match b {
+        Bound::Included(k) => Bound::Included(k.as_slice()),
+        Bound::Excluded(k) => Bound::Excluded(k.as_slice()),
+        Bound::Unbounded => Bound::Unbounded,
+    }
+}
+
 /// Apply `writes` to sled in one atomic batch, then stop showing them from `frozen`
 /// (sled holds identical values by then, so readers never see a gap).
 fn move_into_sled(
     tree: &sled::Tree,
-    frozen: &RwLock<Option<Arc<Writes>>>,
+    frozen: &RwLock<Option<Arc<MemTable>>>,
     flushed_at: &Mutex<std::time::Instant>,
-    writes: &Writes,
+    writes: &MemTable,
 ) -> Result<(), IndexError> {
     let mut b = sled::Batch::default();
-    for (k, v) in writes {
+    for (k, v) in writes.iter_unordered() {
         match v {
-            Some(v) => b.insert(k.as_slice(), v.as_slice()),
-            None => b.remove(k.as_slice()),
+            Some(v) => b.insert(k, v.as_slice()),
+            None => b.remove(k),
         }
     }
     tree.apply_batch(b)?;

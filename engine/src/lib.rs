@@ -29,6 +29,7 @@ pub mod format;
 mod gc;
 mod index;
 mod log;
+mod memtable;
 mod prepare;
 mod salvage;
 mod spare;
