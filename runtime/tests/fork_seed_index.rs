@@ -539,3 +539,78 @@ fn the_seed_memo_changes_no_index_key_or_value() {
     let b = LogStore::open(rebuilt.path(), with_memo).unwrap();
     assert_eq!(dump_all(a.index()), dump_all(b.engine().unwrap().index()));
 }
+
+/// A log store's writer hands each appended entry, its size and its
+/// encoding to the transcript indexer, which then neither decodes nor
+/// measures it. The index must be the one indexers build decoding every
+/// event: appended through handles (single and batched appends, a
+/// branch, labels, kinds with escapes, control characters and JSON
+/// data), then rebuilt from the same log by indexers without the memo,
+/// compared byte for byte.
+#[test]
+fn handed_over_entries_change_no_index_key_or_value() {
+    use spool_runtime::handle::HandleOptions;
+    use spool_runtime::hooks::SessionHookStack;
+    use spool_runtime::observer::NullSink;
+    use spool_runtime::SessionRuntime;
+    use std::sync::Arc;
+
+    let opts = LogStoreOptions {
+        durability: spool_engine::Durability::Buffered,
+        ..LogStoreOptions::default()
+    };
+    let appended = tempfile::tempdir().unwrap();
+    let rebuilt = tempfile::tempdir().unwrap();
+    {
+        let store = Arc::new(LogStore::open(appended.path(), opts.clone()).unwrap());
+        let rt = SessionRuntime::new(store, Arc::new(NullSink), SessionHookStack::empty());
+        let agent = AgentDefinition::new("a", "memo test", "");
+        for s in 0..2usize {
+            let id = rt.create(agent.clone(), None).unwrap().id().clone();
+            let h = rt.open_handle(&id, HandleOptions::writer()).unwrap();
+            let mut ids = Vec::new();
+            for i in 0..40usize {
+                let k = match (i + s) % 6 {
+                    0 => text(&format!(
+                        "line {i}\n\t\"quoted\" \\ \u{1}\u{1f} é {}",
+                        "y".repeat(i * 37)
+                    )),
+                    1 => kind(2, i),
+                    2 => kind(3, i),
+                    3 => kind(7, i),
+                    4 => kind(8, i),
+                    _ => kind(0, i),
+                };
+                if i % 7 == 3 {
+                    ids.extend(
+                        h.append_entries(vec![k, kind(0, i + 1), kind(3, i + 2)])
+                            .unwrap(),
+                    );
+                } else {
+                    ids.push(h.append(k).unwrap());
+                }
+                if i % 9 == 4 {
+                    h.set_label(&ids[i / 2], Some(format!("label {i}")))
+                        .unwrap();
+                }
+                if i == 20 {
+                    // A branch: the next append is not under the old leaf.
+                    h.move_leaf(Some(ids[10].clone())).unwrap();
+                }
+            }
+        }
+    }
+    copy_log(appended.path(), rebuilt.path());
+    let a = LogStore::open(appended.path(), opts).unwrap();
+    let b = spool_engine::Store::open(
+        rebuilt.path(),
+        spool_engine::Options::default()
+            .durability(spool_engine::Durability::Buffered)
+            .indexer(Arc::new(SessionIndexer::default()))
+            .indexer(Arc::new(TranscriptIndexer::default())),
+    )
+    .unwrap();
+    let live = dump_all(a.engine().unwrap().index());
+    assert!(live.len() > 100, "{} keys", live.len());
+    assert_eq!(live, dump_all(b.index()));
+}

@@ -723,6 +723,11 @@ proptest! {
         let want = select_resident(&t, t.leaf(), budget).unwrap();
         let want_sizes: SharedSeq<u64> = want.entries.iter().map(|e| entry_size(e)).collect();
         let got = s.extended(&sizes, &appended);
+        // Given the appended entries' sizes (as a store's receipt gives
+        // them), the same; sizes not one per entry are refused.
+        let appended_sizes: Vec<u64> = appended.iter().map(entry_size).collect();
+        prop_assert_eq!(&s.extended_measured(&sizes, &appended, &appended_sizes), &got);
+        prop_assert_eq!(s.extended_measured(&sizes, &appended, &appended_sizes[1..]), None);
         // Entries held before and after are shared, not copied.
         if let Some((g, _)) = &got {
             for e in &g.entries {

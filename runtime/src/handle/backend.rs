@@ -33,7 +33,7 @@ pub struct TranscriptHead {
 }
 
 /// What a committed append of transcript events produced.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct AppendReceipt {
     /// The session version the commit produced.
     pub session_version: u64,
@@ -44,6 +44,11 @@ pub struct AppendReceipt {
     /// when it does not (e.g. a retried write found already landed, or the
     /// log store called without the transcript version at the fence).
     pub transcript: Option<TranscriptVersion>,
+    /// The JSON sizes ([`entry_size`](crate::transcript::resident::entry_size))
+    /// of the commit's appended entries, in order, when the store measured
+    /// them (the log store does, for its index); empty otherwise. A
+    /// handle's snapshot counts them instead of measuring the entries again.
+    pub entry_sizes: Vec<u64>,
 }
 
 /// An entry source bound to one session, reading through a backend.
@@ -215,6 +220,7 @@ impl TranscriptBackend for FullLoadBackend {
                 raw_seq: saved.version(),
                 updated_at_ms: saved.info().updated_at_ms,
             }),
+            entry_sizes: Vec::new(),
         };
         *self.cache.lock().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(saved));
         Ok(receipt)

@@ -274,7 +274,13 @@ pub(crate) fn extend(
         return None;
     }
     let transcript_entries = prev.transcript_entries.checked_add(added)?;
-    let (selection, sizes) = prev.selection.extended(&prev.sizes, appended)?;
+    let (selection, sizes) = if receipt.entry_sizes.len() == appended.len() {
+        // Measured by the store for its index.
+        prev.selection
+            .extended_measured(&prev.sizes, appended, &receipt.entry_sizes)?
+    } else {
+        prev.selection.extended(&prev.sizes, appended)?
+    };
     let mut header = prev.header.clone();
     header.version = receipt.session_version;
     header.updated_at_ms = receipt.updated_at_ms;

@@ -79,7 +79,7 @@ use spool_engine::{
     NewCommit, Options, RecordedCommit, Store,
 };
 
-use super::transcript_index::{self, LogTranscriptSource, SeedMemo, TranscriptIndexer};
+use super::transcript_index::{self, DecodeMemo, LogTranscriptSource, TranscriptIndexer};
 use super::{ListQuery, LoadCounter, SessionStore, StoreError, StoreStats};
 use crate::handle::{AppendReceipt, BoxedSource, TranscriptBackend, TranscriptHead};
 use crate::session::codec::decode_event_without_transcript;
@@ -87,6 +87,7 @@ use crate::session::{
     decode_event, decode_snapshot, encode_event, encode_snapshot, AgentSession, AgentSessionInfo,
     SessionEvent, SessionId, SessionInfoList, SessionStatus, SkippedSession,
 };
+use crate::transcript::resident::entry_size;
 use crate::transcript::{EntryId, TranscriptVersion};
 
 /// Name of the engine indexer that keeps session headers.
@@ -380,12 +381,12 @@ fn be_u64(b: &[u8]) -> Option<u64> {
 /// [`LogStoreOptions::engine_options`] does.
 #[derive(Debug, Default)]
 pub struct SessionIndexer {
-    memo: Option<Arc<SeedMemo>>,
+    memo: Option<Arc<DecodeMemo>>,
 }
 
 impl SessionIndexer {
     /// A session indexer handing `created` decodings to `memo`.
-    pub fn with_memo(memo: Arc<SeedMemo>) -> Self {
+    pub fn with_memo(memo: Arc<DecodeMemo>) -> Self {
         SessionIndexer { memo: Some(memo) }
     }
 }
@@ -637,8 +638,14 @@ impl Default for LogStoreOptions {
 impl LogStoreOptions {
     /// Engine options with the session and transcript indexers registered.
     pub fn engine_options(&self) -> Options {
-        // One memo per store: a fork's seed is decoded once per commit.
-        let memo = Arc::new(SeedMemo::default());
+        self.engine_options_with(Arc::new(DecodeMemo::default()))
+    }
+
+    /// [`LogStoreOptions::engine_options`] with the indexers sharing
+    /// `memo`: a [`LogStore`] keeps it to hand its appended entries over.
+    fn engine_options_with(&self, memo: Arc<DecodeMemo>) -> Options {
+        // One memo per store: a fork's seed is decoded once per commit, an
+        // appended entry not at all.
         let mut o = Options::default()
             .durability(self.durability)
             .indexer(Arc::new(SessionIndexer::with_memo(memo.clone())))
@@ -673,6 +680,9 @@ pub struct LogStore {
     opts: LogStoreOptions,
     read_only: bool,
     loads: LoadCounter,
+    /// The memo the engine's indexers share (a fresh one, unused by them,
+    /// for an engine opened by the caller: [`LogStore::from_engine`]).
+    memo: Arc<DecodeMemo>,
 }
 
 impl std::fmt::Debug for LogStore {
@@ -690,15 +700,19 @@ fn engine_err(e: spool_engine::Error) -> StoreError {
 impl LogStore {
     /// Opens (creating if needed) the store in `dir` as its single owner.
     pub fn open(dir: impl AsRef<Path>, opts: LogStoreOptions) -> Result<LogStore, StoreError> {
-        let engine = Store::open(dir.as_ref(), opts.engine_options()).map_err(engine_err)?;
-        Ok(LogStore::wrap(engine, opts, false))
+        let memo = Arc::new(DecodeMemo::default());
+        let engine = Store::open(dir.as_ref(), opts.engine_options_with(memo.clone()))
+            .map_err(engine_err)?;
+        Ok(LogStore::wrap(engine, opts, false, memo))
     }
 
     /// Opens the store read-only from the log alone (no lock, nothing written).
     pub fn open_read_only(dir: impl AsRef<Path>) -> Result<LogStore, StoreError> {
         let opts = LogStoreOptions::default();
-        let engine = Store::open_read_only(dir, opts.engine_options()).map_err(engine_err)?;
-        Ok(LogStore::wrap(engine, opts, true))
+        let memo = Arc::new(DecodeMemo::default());
+        let engine = Store::open_read_only(dir, opts.engine_options_with(memo.clone()))
+            .map_err(engine_err)?;
+        Ok(LogStore::wrap(engine, opts, true, memo))
     }
 
     /// Wraps an engine opened with [`LogStoreOptions::engine_options`] (it
@@ -706,16 +720,27 @@ impl LogStore {
     /// registered). [`LogStore::recover`] reopens it with default options.
     pub fn from_engine(engine: Store) -> LogStore {
         let read_only = engine.is_read_only();
-        LogStore::wrap(engine, LogStoreOptions::default(), read_only)
+        LogStore::wrap(
+            engine,
+            LogStoreOptions::default(),
+            read_only,
+            Arc::new(DecodeMemo::default()),
+        )
     }
 
-    fn wrap(engine: Store, opts: LogStoreOptions, read_only: bool) -> LogStore {
+    fn wrap(
+        engine: Store,
+        opts: LogStoreOptions,
+        read_only: bool,
+        memo: Arc<DecodeMemo>,
+    ) -> LogStore {
         LogStore {
             dir: engine.dir().to_path_buf(),
             engine: RwLock::new(Some(Arc::new(engine))),
             opts,
             read_only,
             loads: LoadCounter::default(),
+            memo,
         }
     }
 
@@ -768,10 +793,11 @@ impl LogStore {
                 }
             }
         }
+        let options = self.opts.engine_options_with(self.memo.clone());
         let engine = if self.read_only {
-            Store::open_read_only(&self.dir, self.opts.engine_options())
+            Store::open_read_only(&self.dir, options)
         } else {
-            Store::open(&self.dir, self.opts.engine_options())
+            Store::open(&self.dir, options)
         }
         .map_err(engine_err)?;
         *guard = Some(Arc::new(engine));
@@ -1118,31 +1144,52 @@ impl TranscriptBackend for LogStore {
     }
 }
 
-/// The transcript version the transcript indexer records after `events`
-/// commit at `timestamp_ms` onto a session whose transcript version was
-/// `at`: every appended entry, leaf move and rewrite counts one raw event
-/// and stamps the commit time; a rewrite sets its generation. `None` for
-/// commits with other transcript events (their effect is left to a head
-/// read).
-fn transcript_after(
-    at: TranscriptVersion,
-    events: &[SessionEvent],
-    timestamp_ms: i64,
-) -> Option<TranscriptVersion> {
-    let mut v = at;
-    for ev in events {
-        match ev {
-            SessionEvent::EntryAppended { .. } | SessionEvent::LeafMoved { .. } => {}
-            SessionEvent::TranscriptRewritten { generation, .. } => v.generation = *generation,
-            SessionEvent::Created { .. }
-            | SessionEvent::HistoryRewritten { .. }
-            | SessionEvent::StateCleared => return None,
-            _ => continue,
+/// What a commit of `events` does to a session's transcript version, as
+/// the transcript indexer records it: every appended entry, leaf move and
+/// rewrite counts one raw event and stamps the commit time; a rewrite sets
+/// its generation. `None` for commits with other transcript events (their
+/// effect is left to a head read).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct TranscriptStep {
+    raw_events: u64,
+    generation: Option<u64>,
+}
+
+impl TranscriptStep {
+    fn of(events: &[SessionEvent]) -> Option<TranscriptStep> {
+        let mut step = TranscriptStep {
+            raw_events: 0,
+            generation: None,
+        };
+        for ev in events {
+            match ev {
+                SessionEvent::EntryAppended { .. } | SessionEvent::LeafMoved { .. } => {}
+                SessionEvent::TranscriptRewritten { generation, .. } => {
+                    step.generation = Some(*generation)
+                }
+                SessionEvent::Created { .. }
+                | SessionEvent::HistoryRewritten { .. }
+                | SessionEvent::StateCleared => return None,
+                _ => continue,
+            }
+            step.raw_events = step.raw_events.saturating_add(1);
         }
-        v.raw_seq = v.raw_seq.saturating_add(1);
-        v.updated_at_ms = timestamp_ms;
+        Some(step)
     }
-    Some(v)
+
+    /// The transcript version after the commit, at `timestamp_ms`, onto a
+    /// session whose transcript version was `at`.
+    fn after(self, at: TranscriptVersion, timestamp_ms: i64) -> TranscriptVersion {
+        let mut v = at;
+        if let Some(g) = self.generation {
+            v.generation = g;
+        }
+        if self.raw_events > 0 {
+            v.raw_seq = v.raw_seq.saturating_add(self.raw_events);
+            v.updated_at_ms = timestamp_ms;
+        }
+        v
+    }
 }
 
 impl LogStore {
@@ -1164,18 +1211,37 @@ impl LogStore {
         super::check_append(id, record.as_ref().map(|(h, _)| h), events.is_empty())?;
         let base = record.map_or(0, |(_, base)| base);
         let data = Self::encode_event_list(id, &events)?;
+        let step = TranscriptStep::of(&events);
+        // The appended entries go to the transcript indexer with their
+        // sizes and encodings (see `DecodeMemo`): it indexes them without
+        // decoding or measuring them again. The registration is withdrawn
+        // when `_handed` drops, whatever the append's outcome.
+        let mut entry_sizes = Vec::new();
+        let mut handed = Vec::new();
+        for (ev, d) in events.into_iter().zip(&data) {
+            if let SessionEvent::EntryAppended { entry } = ev {
+                let size = entry_size(&entry);
+                entry_sizes.push(size);
+                handed.push((d.payload.clone(), entry, size));
+            }
+        }
+        let _handed = self.memo.hand_over(id.as_str(), handed);
         match self.append(id, ExpectedVersion::Exact(base + expected_version), data)? {
             AppendOutcome::Committed(info) => Ok(AppendReceipt {
                 session_version: info.version - base,
                 updated_at_ms: info.timestamp_ms,
                 // The fence held: the commit applied to the state at
                 // `expected_version`, whose transcript version was `at`.
-                transcript: at.and_then(|at| transcript_after(at, &events, info.timestamp_ms)),
+                transcript: at
+                    .zip(step)
+                    .map(|(at, step)| step.after(at, info.timestamp_ms)),
+                entry_sizes,
             }),
             AppendOutcome::AlreadyCommitted(info) => Ok(AppendReceipt {
                 session_version: info.version - base,
                 updated_at_ms: info.timestamp_ms,
                 transcript: None,
+                entry_sizes,
             }),
             AppendOutcome::Conflict { actual, .. } => match actual {
                 Some(a) if a > base => Err(StoreError::Conflict {

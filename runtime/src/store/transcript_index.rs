@@ -1314,9 +1314,29 @@ fn custom_type(entry: &Entry) -> Option<&str> {
 // The indexer
 // ---------------------------------------------------------------------------
 
-/// A `created` event's decoding, handed from the session indexer to the
-/// transcript indexer of the same commit, so that a fork's seed (most of
-/// its bytes) is decoded once per commit instead of twice: the session
+/// Decodings handed to the transcript indexer so that it does not make
+/// them again: a `created` event's from the session indexer, and an
+/// appended entry from the writer that encoded it.
+///
+/// **Appended entries.** The log store's writer hands each
+/// `entry_appended` event's entry, its JSON size ([`entry_size`]) and the
+/// bytes it was encoded to ([`DecodeMemo::hand_over`]) before it commits,
+/// and withdraws what is left once the append returns, whatever its
+/// outcome ([`HandedOver`]'s drop). The transcript indexer takes an entry
+/// only for the very bytes it is indexing, of the same session
+/// ([`DecodeMemo::take_appended`]): it then neither decodes the event nor
+/// measures the entry (~10 % of an append's instructions). Anything else
+/// (a rebuild, a replay, bytes that differ) decodes as before. The bytes
+/// are the entry's encoding, and decoding an encoding gives the entry
+/// back (the codec's round-trip tests and fuzz target), so the index is
+/// the same either way; debug builds decode anyway and assert it. The
+/// memo holds at most the entries of the appends in flight, one list per
+/// writer.
+///
+/// **Seeds.** A `created` event's decoding is handed from the session
+/// indexer to the transcript indexer of the same commit, so that a fork's
+/// seed (most of its bytes) is decoded once per commit instead of twice:
+/// the session
 /// indexer must decode it whole anyway, to mark a session whose event does
 /// not decode broken, and the transcript indexer needs its entries.
 ///
@@ -1331,8 +1351,48 @@ fn custom_type(entry: &Entry) -> Option<&str> {
 /// is the same with or without the memo (a rebuild replays the log through
 /// the same pair).
 #[derive(Debug, Default)]
-pub struct SeedMemo {
+pub struct DecodeMemo {
     slot: Mutex<Option<SeedDecoded>>,
+    appends: Mutex<HandedAppends>,
+}
+
+/// The appended entries writers handed over, per append in flight.
+#[derive(Debug, Default)]
+struct HandedAppends {
+    next_ticket: u64,
+    commits: Vec<HandedCommit>,
+}
+
+/// One append's handed entries.
+#[derive(Debug)]
+struct HandedCommit {
+    ticket: u64,
+    stream: String,
+    entries: Vec<HandedEntry>,
+}
+
+/// An appended entry, its JSON size and the payload it was encoded to
+/// (`entry` is `None` once the indexer took it).
+#[derive(Debug)]
+struct HandedEntry {
+    payload: Vec<u8>,
+    entry: Option<Entry>,
+    size: u64,
+}
+
+/// An append's registration in a [`DecodeMemo`]: dropping it withdraws
+/// the entries the indexer did not take.
+#[derive(Debug)]
+pub(crate) struct HandedOver<'a> {
+    memo: &'a DecodeMemo,
+    ticket: u64,
+}
+
+impl Drop for HandedOver<'_> {
+    fn drop(&mut self) {
+        let mut appends = self.memo.appends.lock().unwrap_or_else(|p| p.into_inner());
+        appends.commits.retain(|c| c.ticket != self.ticket);
+    }
 }
 
 /// The session indexer's decoding of one `created` event (`None`: the
@@ -1363,7 +1423,7 @@ impl SeedKey {
     }
 }
 
-impl SeedMemo {
+impl DecodeMemo {
     /// Empties the slot (the session indexer, before each commit: a
     /// decoding never outlives the commit it came from).
     pub(crate) fn clear(&self) {
@@ -1395,6 +1455,55 @@ impl SeedMemo {
         result
     }
 
+    /// Hands the entries of one append to `stream` to the transcript
+    /// indexer: each with its JSON size and the event payload it was
+    /// encoded to. They stay until the returned registration drops.
+    pub(crate) fn hand_over(
+        &self,
+        stream: &str,
+        entries: impl IntoIterator<Item = (Vec<u8>, Entry, u64)>,
+    ) -> HandedOver<'_> {
+        let entries: Vec<HandedEntry> = entries
+            .into_iter()
+            .map(|(payload, entry, size)| HandedEntry {
+                payload,
+                entry: Some(entry),
+                size,
+            })
+            .collect();
+        let mut appends = self.appends.lock().unwrap_or_else(|p| p.into_inner());
+        let ticket = appends.next_ticket;
+        appends.next_ticket = appends.next_ticket.wrapping_add(1);
+        if !entries.is_empty() {
+            appends.commits.push(HandedCommit {
+                ticket,
+                stream: stream.to_string(),
+                entries,
+            });
+        }
+        HandedOver { memo: self, ticket }
+    }
+
+    /// The entry a writer handed over for `stream` with exactly these
+    /// payload bytes, and its JSON size; taken, so it serves one event.
+    fn take_appended(&self, stream: &str, payload: &[u8]) -> Option<(Entry, u64)> {
+        let mut appends = self.appends.lock().unwrap_or_else(|p| p.into_inner());
+        appends
+            .commits
+            .iter_mut()
+            .filter(|c| c.stream == stream)
+            .flat_map(|c| c.entries.iter_mut())
+            .find(|e| e.entry.is_some() && e.payload == payload)
+            .and_then(|e| Some((e.entry.take()?, e.size)))
+    }
+
+    /// Entries handed over and not withdrawn (tests).
+    #[cfg(test)]
+    fn handed_entries(&self) -> usize {
+        let appends = self.appends.lock().unwrap_or_else(|p| p.into_inner());
+        appends.commits.iter().map(|c| c.entries.len()).sum()
+    }
+
     /// The kept decoding of `payload`, event `event` of `commit`, if the
     /// session indexer made it from these bytes: `Some(None)` when the
     /// event did not decode.
@@ -1424,12 +1533,12 @@ impl SeedMemo {
 /// ([`SessionIndexer::with_memo`](super::SessionIndexer::with_memo)).
 #[derive(Debug, Default)]
 pub struct TranscriptIndexer {
-    memo: Option<Arc<SeedMemo>>,
+    memo: Option<Arc<DecodeMemo>>,
 }
 
 impl TranscriptIndexer {
     /// A transcript indexer taking `created` decodings from `memo`.
-    pub fn with_memo(memo: Arc<SeedMemo>) -> Self {
+    pub fn with_memo(memo: Arc<DecodeMemo>) -> Self {
         TranscriptIndexer { memo: Some(memo) }
     }
 }
@@ -1777,6 +1886,7 @@ fn new_entry_record(
     loc: &Locator,
     sub: u32,
     facts: PathFacts,
+    size: u64,
     next_ordinal: &mut dyn FnMut(&mut IndexBatch<'_>, &str) -> Result<u64, IndexError>,
 ) -> Result<EntryRecord, IndexError> {
     let seq = meta.next_seq;
@@ -1806,7 +1916,7 @@ fn new_entry_record(
         offset: loc.position.offset,
         event: loc.event,
         sub,
-        size: entry_size(entry),
+        size,
         kind: entry.kind_name().to_string(),
         parent: entry.parent_id.clone(),
         marker: PathMarker::of(entry),
@@ -1827,6 +1937,7 @@ fn index_entry(
     entry: &Entry,
     loc: &Locator,
     sub: u32,
+    known_size: Option<u64>,
 ) -> Result<Option<(u64, Vec<u8>)>, IndexError> {
     let exists = if meta.seed_table {
         get_record_bytes(batch, sid, &entry.id)?.is_some()
@@ -1853,13 +1964,23 @@ fn index_entry(
         // key, which the record then takes over like any orphan's count.
         add_child(batch, sid, p, parent, &entry.id, meta.next_seq)?;
     }
-    let mut record =
-        new_entry_record(batch, sid, meta, entry, loc, sub, facts, &mut |batch, t| {
+    let size = known_size.unwrap_or_else(|| entry_size(entry));
+    let mut record = new_entry_record(
+        batch,
+        sid,
+        meta,
+        entry,
+        loc,
+        sub,
+        facts,
+        size,
+        &mut |batch, t| {
             let nk = custom_next_key(sid, t);
             let ordinal = batch.get(&nk)?.and_then(|b| be_u64(&b)).unwrap_or(0);
             batch.insert(&nk, &ordinal.saturating_add(1).to_be_bytes());
             Ok(ordinal)
-        })?;
+        },
+    )?;
     // Children that arrived first (orphans whose absent parent this entry
     // is): their count moves from the `n` key into the record.
     (record.children, record.only_child) = take_absent_count(batch, sid, &entry.id)?;
@@ -1965,12 +2086,23 @@ fn index_seed(
             }
         };
         let sub = u32::try_from(k).unwrap_or(u32::MAX);
-        let record = new_entry_record(batch, sid, meta, entry, loc, sub, facts, &mut |_, t| {
-            let next = custom_next.entry(t.to_string()).or_insert(0);
-            let ordinal = *next;
-            *next = next.saturating_add(1);
-            Ok(ordinal)
-        })?;
+        let size = entry_size(entry);
+        let record = new_entry_record(
+            batch,
+            sid,
+            meta,
+            entry,
+            loc,
+            sub,
+            facts,
+            size,
+            &mut |_, t| {
+                let next = custom_next.entry(t.to_string()).or_insert(0);
+                let ordinal = *next;
+                *next = next.saturating_add(1);
+                Ok(ordinal)
+            },
+        )?;
         if let Some(p) = &entry.parent_id {
             let n = child_counts.entry(p).or_insert((0, &entry.id, record.seq));
             if n.0 == 1 {
@@ -2399,9 +2531,27 @@ impl TranscriptIndexer {
             // A created event's seed is walked, never queried: it comes
             // back as entries, without the transcript's in-memory indexes.
             let mut seed = None;
+            let mut known_size = None;
             let decoded = if kind == "entry_appended" {
-                decode_appended_entry(&ev.payload)
-                    .map(|entry| SessionEvent::EntryAppended { entry })
+                match self
+                    .memo
+                    .as_ref()
+                    .and_then(|m| m.take_appended(sid, &ev.payload))
+                {
+                    // The writer's entry, encoded to these bytes.
+                    Some((entry, size)) => {
+                        debug_assert_eq!(
+                            decode_appended_entry(&ev.payload).ok().as_ref(),
+                            Some(&entry),
+                            "a handed entry is the decoding of its bytes"
+                        );
+                        debug_assert_eq!(size, entry_size(&entry));
+                        known_size = Some(size);
+                        Ok(SessionEvent::EntryAppended { entry })
+                    }
+                    None => decode_appended_entry(&ev.payload)
+                        .map(|entry| SessionEvent::EntryAppended { entry }),
+                }
             } else if kind == "created" {
                 match self
                     .memo
@@ -2446,7 +2596,7 @@ impl TranscriptIndexer {
                 }
                 SessionEvent::EntryAppended { entry } => {
                     let under_leaf = entry.parent_id == m.leaf;
-                    let indexed = index_entry(batch, sid, m, entry, &loc, 0)?;
+                    let indexed = index_entry(batch, sid, m, entry, &loc, 0, known_size)?;
                     m.leaf = Some(entry.id.clone());
                     match indexed {
                         // The common case, O(1): the new leaf extends the
@@ -2472,7 +2622,15 @@ impl TranscriptIndexer {
                     m.path_len = 0;
                     m.seed_table = false;
                     for (k, e) in entries.iter().enumerate() {
-                        index_entry(batch, sid, m, e, &loc, u32::try_from(k).unwrap_or(u32::MAX))?;
+                        index_entry(
+                            batch,
+                            sid,
+                            m,
+                            e,
+                            &loc,
+                            u32::try_from(k).unwrap_or(u32::MAX),
+                            None,
+                        )?;
                     }
                     m.generation = *generation;
                     m.leaf = leaf.clone();
@@ -3868,6 +4026,45 @@ mod tests {
     }
 
     #[test]
+    fn a_handed_entry_is_taken_once_for_its_session_and_bytes_until_withdrawn() {
+        let entry = |id: &str, text: &str| Entry {
+            id: EntryId::parse(id).unwrap(),
+            parent_id: None,
+            timestamp_ms: 1,
+            kind: user(text),
+        };
+        let (a, b) = (entry("a", "first"), entry("b", "second"));
+        let memo = DecodeMemo::default();
+        let handed = memo.hand_over(
+            "s",
+            vec![
+                (b"pa".to_vec(), a.clone(), 11),
+                (b"pb".to_vec(), b.clone(), 22),
+            ],
+        );
+        assert_eq!(memo.handed_entries(), 2);
+        // Another session's bytes, or other bytes: not handed over.
+        assert!(memo.take_appended("t", b"pa").is_none());
+        assert!(memo.take_appended("s", b"pc").is_none());
+        assert!(memo.take_appended("s", b"p").is_none());
+        // The right ones, in any order, each once.
+        assert_eq!(memo.take_appended("s", b"pb"), Some((b, 22)));
+        assert!(memo.take_appended("s", b"pb").is_none());
+        // A second append in flight keeps its own entries.
+        let other = memo.hand_over("t", vec![(b"pa".to_vec(), a.clone(), 33)]);
+        assert_eq!(memo.take_appended("t", b"pa"), Some((a.clone(), 33)));
+        drop(other);
+        // Withdrawn when the append returns, taken or not.
+        drop(handed);
+        assert_eq!(memo.handed_entries(), 0);
+        assert!(memo.take_appended("s", b"pa").is_none());
+        // An append without entries registers nothing.
+        let none = memo.hand_over("s", Vec::new());
+        assert_eq!(memo.handed_entries(), 0);
+        drop(none);
+    }
+
+    #[test]
     fn the_seed_memo_hands_a_decoding_over_once_and_only_for_its_bytes() {
         let sid = SessionId::parse("s").unwrap();
         let mut t = crate::transcript::Transcript::new();
@@ -3881,7 +4078,7 @@ mod tests {
         let payload = crate::session::encode_event(&seeded_created(&sid, t)).unwrap();
         let ev = |p: Vec<u8>| spool_engine::EventData::new("session.created", p);
         let c = recorded(32, vec![ev(b"junk".to_vec()), ev(payload)]);
-        let memo = SeedMemo::default();
+        let memo = DecodeMemo::default();
 
         let header = memo.decode_created(&c, 1, &c.events[1].payload).unwrap();
         match &header {

@@ -944,6 +944,30 @@ impl ResidentSelection {
         sizes: &SharedSeq<u64>,
         appended: &[Entry],
     ) -> Option<(ResidentSelection, SharedSeq<u64>)> {
+        let appended_sizes: Vec<u64> = appended.iter().map(entry_size).collect();
+        self.extended_measured(sizes, appended, &appended_sizes)
+    }
+
+    /// [`ResidentSelection::extended`] given the appended entries' sizes
+    /// ([`entry_size`] of each, in order; a store that measured them for
+    /// its index reports them in its receipt), so they are not measured
+    /// twice. `None` as there, and when the sizes are not one per entry.
+    pub fn extended_measured(
+        &self,
+        sizes: &SharedSeq<u64>,
+        appended: &[Entry],
+        appended_sizes: &[u64],
+    ) -> Option<(ResidentSelection, SharedSeq<u64>)> {
+        if appended_sizes.len() != appended.len() {
+            return None;
+        }
+        debug_assert!(
+            appended
+                .iter()
+                .zip(appended_sizes)
+                .all(|(e, &n)| entry_size(e) == n),
+            "appended sizes are the entries' sizes"
+        );
         let budget = self.budget;
         let leaf = self.leaf.as_ref()?;
         let facts = self.path_facts.as_ref()?;
@@ -1016,7 +1040,7 @@ impl ResidentSelection {
             }
             _ => return None,
         };
-        let fresh_sizes: Vec<u64> = fresh.iter().map(entry_size).collect();
+        let fresh_sizes = appended_sizes.get(appended.len() - fresh.len()..)?;
         let mut take_fresh = 0usize;
         for &size in fresh_sizes.iter().rev() {
             if !charge(size, budget, &mut events_left, &mut bytes_left) {

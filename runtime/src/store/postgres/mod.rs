@@ -1073,6 +1073,7 @@ impl TranscriptBackend for PostgresStore {
             session_version: landed.version,
             updated_at_ms: landed.updated_at_ms,
             transcript: landed.transcript,
+            entry_sizes: Vec::new(),
         })
     }
 }
