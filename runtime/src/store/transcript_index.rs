@@ -1356,6 +1356,10 @@ pub struct DecodeMemo {
     appends: Mutex<HandedAppends>,
 }
 
+/// The memo's name before it carried appended entries too.
+#[deprecated(note = "renamed `DecodeMemo`: it also carries appended entries")]
+pub type SeedMemo = DecodeMemo;
+
 /// The appended entries writers handed over, per append in flight.
 #[derive(Debug, Default)]
 struct HandedAppends {
