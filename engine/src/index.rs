@@ -12,7 +12,7 @@
 
 use crate::bloom::{KeyFilter, KeyHash};
 use crate::error::{Error, IndexError};
-use crate::memtable::MemTable;
+use crate::memtable::{bound_ref, MemTable};
 use crate::types::{CommitInfo, LogPosition, RecordedCommit};
 use std::collections::{BTreeMap, HashMap};
 use std::ops::Bound;
@@ -1416,15 +1416,6 @@ fn tighten_permissions(dir: &Path) {
                 stack.extend(rd.filter_map(|e| e.ok()).map(|e| e.path()));
             }
         }
-    }
-}
-
-/// A bound over an owned key as a bound over its bytes.
-fn bound_ref(b: &Bound<Vec<u8>>) -> Bound<&[u8]> {
-    match b {
-        Bound::Included(k) => Bound::Included(k.as_slice()),
-        Bound::Excluded(k) => Bound::Excluded(k.as_slice()),
-        Bound::Unbounded => Bound::Unbounded,
     }
 }
 
