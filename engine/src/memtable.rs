@@ -5,9 +5,10 @@
 //! served both, but its point lookups were slow here: a memtable holds up
 //! to ~25k keys that share long prefixes (a tag and a 36-byte session id),
 //! so a lookup compared ~28 keys byte by byte, ~930 instructions under
-//! callgrind, and such lookups were ~10 % of an append's instructions. Point reads and writes now go through a hash map of
-//! the keys, and only a key that is new to the memtable enters the
-//! ordered key set that range reads walk. Both hold the same shared key
+//! callgrind, and such lookups were ~10 % of an append's instructions.
+//! Point reads and writes now go through a hash map of the keys, and only
+//! a key that is new to the memtable enters the ordered key set that range
+//! reads walk. Both hold the same shared key
 //! bytes. The map hashes with foldhash (seeded per map): std's SipHash
 //! took ~300 instructions per key here.
 
