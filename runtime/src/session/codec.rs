@@ -110,7 +110,7 @@ pub fn encode_event(event: &SessionEvent) -> Result<Vec<u8>, CodecError> {
 const ENTRY_OVERHEAD_BYTES_HINT: usize = 192;
 
 /// An estimate of the encoded size of an event carrying entries (a
-/// created session's transcript, a rewrite), 0 for the others: the
+/// created session's transcript, a rewrite, an append), 0 for the others: the
 /// buffer's capacity, so that a seed of megabytes (a fork's) is written
 /// without growing the buffer by doubling, which copies and faults in
 /// its bytes again at every step. The strings of the entries are counted
@@ -122,6 +122,8 @@ fn event_bytes_hint(event: &SessionEvent) -> usize {
         SessionEvent::Created { state, .. } => entries_bytes_hint(state.transcript.entries()),
         SessionEvent::HistoryRewritten { entries, .. } => entries_bytes_hint(entries),
         SessionEvent::TranscriptRewritten { written, .. } => entries_bytes_hint(written),
+        // An append's buffer grew ~8 times by doubling for a 1.5 KB entry.
+        SessionEvent::EntryAppended { entry } => entries_bytes_hint(std::slice::from_ref(entry)),
         _ => 0,
     }
 }

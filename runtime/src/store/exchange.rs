@@ -54,7 +54,7 @@ use spool_engine::{
     AppendOutcome, EventData, ExpectedVersion, NewCommit, Uuid, EVENTS_PER_COMMIT_MAX,
 };
 
-use super::log::{LogStore, PURGE_EVENT_KIND, SESSION_EVENT_PREFIX};
+use super::log::{stored_kind, LogStore, PURGE_EVENT_KIND, SESSION_EVENT_PREFIX};
 use super::{SessionStore, StoreError};
 use crate::session::{
     decode_event, encode_event, AgentSession, SessionEvent, SessionId, EVENT_SCHEMA,
@@ -794,10 +794,7 @@ fn append_commit(
     let mut events = Vec::with_capacity(c.events.len());
     for ev in &c.events {
         let payload = encode_event(ev).map_err(|e| format!("encoding {}: {e}", ev.kind()))?;
-        events.push(EventData::new(
-            format!("{SESSION_EVENT_PREFIX}{}", ev.kind()),
-            payload,
-        ));
+        events.push(EventData::new(stored_kind(ev), payload));
     }
     let commit = NewCommit {
         stream: s.id.as_str().to_string(),
