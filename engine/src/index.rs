@@ -14,7 +14,7 @@ use crate::bloom::{KeyFilter, KeyHash};
 use crate::error::{Error, IndexError};
 use crate::memtable::{bound_ref, MemTable};
 use crate::types::{CommitInfo, LogPosition, RecordedCommit};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::ops::Bound;
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
@@ -379,7 +379,7 @@ fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
 /// did not hold (key to value; empty when absent).
 pub(crate) struct PreparedWrites {
     writes: Writes,
-    blocks: HashMap<Vec<u8>, Vec<u8>>,
+    blocks: foldhash::HashMap<Vec<u8>, Vec<u8>>,
 }
 
 /// A key and its new value (`None` = removed).
@@ -746,7 +746,7 @@ impl Index {
         // The version blocks `publish` extends that only sled or the frozen memtable
         // hold: read here, off the memtable's write lock (a sled read waits for a move
         // into sled to finish). A block's first version needs no read.
-        let mut blocks: HashMap<Vec<u8>, Vec<u8>> = HashMap::new();
+        let mut blocks: foldhash::HashMap<Vec<u8>, Vec<u8>> = foldhash::HashMap::default();
         let mut key = Vec::with_capacity(64);
         for c in commits {
             let i = &c.info;

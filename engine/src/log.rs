@@ -5,7 +5,6 @@ use crate::format::CommitRef;
 use crate::format::{self, FrameCheck, FRAME_HEADER_BYTES, SEGMENT_HEADER_BYTES};
 use crate::types::{LogPosition, RecordedCommit};
 use crate::vfs::{Mapped, VfsFile};
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -489,7 +488,7 @@ pub(crate) fn scan_segment(
 #[derive(Debug, Default)]
 pub(crate) struct HistoryCheck {
     pub last_seq: u64,
-    pub heads: HashMap<String, u64>,
+    pub heads: foldhash::HashMap<String, u64>,
     /// The seq range of the compacted segment being checked.
     range: Option<(u64, u64)>,
     /// A compacted segment came before (stream prefixes may be missing).

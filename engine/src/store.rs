@@ -9,7 +9,7 @@ use crate::prepare::Preparer;
 use crate::spare;
 use crate::types::*;
 use crate::vfs::{Mapped, OpenMode, Vfs, VfsFile, VfsLock};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock, Weak};
@@ -99,9 +99,11 @@ pub(crate) struct Writer {
     pub(crate) leader: bool,
     /// Head version of every stream, including commits sequenced but not yet
     /// acknowledged: version checks never touch the index. Built by the open scan.
-    pub(crate) heads: HashMap<String, u64>,
+    /// (foldhash, as the per-commit maps below: std's SipHash cost ~100
+    /// instructions a lookup, several per commit.)
+    pub(crate) heads: foldhash::HashMap<String, u64>,
     /// Commit ids sequenced but not yet applied to the index.
-    pending_ids: HashMap<Uuid, CommitInfo>,
+    pending_ids: foldhash::HashMap<Uuid, CommitInfo>,
     /// Every commit id in the log (approximately): a miss skips the index lookup.
     ids: CommitIdFilter,
     last_ts: i64,
@@ -247,7 +249,7 @@ struct LogState {
     segments: BTreeMap<u64, Arc<Segment>>,
     last_seq: u64,
     last_ts: i64,
-    heads: HashMap<String, u64>,
+    heads: foldhash::HashMap<String, u64>,
     ids: CommitIdFilter,
     /// The index's applied seq names a record the log does not have (or another one).
     index_stale: bool,
@@ -398,7 +400,7 @@ impl Store {
             done_seq: state.last_seq,
             leader: false,
             heads: state.heads,
-            pending_ids: HashMap::new(),
+            pending_ids: foldhash::HashMap::default(),
             ids: state.ids,
             last_ts: state.last_ts,
             dirty: false,
@@ -1613,7 +1615,7 @@ fn scan_log(
         last_seq: hist.last_seq,
         last_ts,
         heads: if read_only {
-            HashMap::new()
+            foldhash::HashMap::default()
         } else {
             hist.heads
         },
