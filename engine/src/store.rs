@@ -587,7 +587,12 @@ impl Store {
             if !w.leader {
                 // With no leader, every unacknowledged commit is in the pending buffer,
                 // `seq` among them: the group written now acknowledges it.
-                return self.lead(w);
+                let led = self.lead(w);
+                debug_assert!(
+                    led.is_err() || inner.last_seq.load(Ordering::Acquire) >= seq,
+                    "a leader's group acknowledges the leader's own commit"
+                );
+                return led;
             }
             w = wait_writer(inner, w);
         }

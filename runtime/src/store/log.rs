@@ -96,18 +96,6 @@ pub const SESSION_INDEXER: &str = "sessions";
 pub const SESSION_INDEX_VERSION: u32 = 2;
 /// Prefix of the engine event kinds of session events.
 pub const SESSION_EVENT_PREFIX: &str = "session.";
-
-/// The engine event kind of a session event: [`SESSION_EVENT_PREFIX`] and
-/// [`SessionEvent::kind`], built without the formatting machinery (one
-/// per appended event: `format!` cost ~700 instructions of an append's
-/// ~65 thousand).
-pub(crate) fn stored_kind(ev: &SessionEvent) -> String {
-    let kind = ev.kind();
-    let mut s = String::with_capacity(SESSION_EVENT_PREFIX.len() + kind.len());
-    s.push_str(SESSION_EVENT_PREFIX);
-    s.push_str(kind);
-    s
-}
 /// Engine event kind of the store-level purge marker.
 pub const PURGE_EVENT_KIND: &str = "spool.purge";
 /// A load that replays at least this many commits writes a snapshot.
@@ -132,6 +120,18 @@ fn key(tag: u8, id: &str) -> Vec<u8> {
     k.push(tag);
     k.extend_from_slice(id.as_bytes());
     k
+}
+
+/// The engine event kind of a session event: [`SESSION_EVENT_PREFIX`] and
+/// [`SessionEvent::kind`], built without the formatting machinery (one
+/// per appended event: `format!` cost ~700 instructions of an append's
+/// ~65 thousand).
+pub(crate) fn stored_kind(ev: &SessionEvent) -> String {
+    let kind = ev.kind();
+    let mut s = String::with_capacity(SESSION_EVENT_PREFIX.len() + kind.len());
+    s.push_str(SESSION_EVENT_PREFIX);
+    s.push_str(kind);
+    s
 }
 
 fn status_byte(s: SessionStatus) -> u8 {
@@ -1509,6 +1509,22 @@ impl SessionStore for LogStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// What every reader of the log matches on: the prefix, then the kind.
+    #[test]
+    fn a_stored_kind_is_the_prefix_then_the_event_kind() {
+        for ev in [
+            SessionEvent::Touched,
+            SessionEvent::Deleted,
+            SessionEvent::StateCleared,
+        ] {
+            assert_eq!(
+                stored_kind(&ev),
+                format!("{SESSION_EVENT_PREFIX}{}", ev.kind())
+            );
+        }
+        assert_eq!(stored_kind(&SessionEvent::Touched), "session.touched");
+    }
 
     #[test]
     fn commit_ids_are_random_v4_ids_drawn_per_process() {
