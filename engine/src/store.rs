@@ -575,7 +575,7 @@ impl Store {
     }
 
     /// Wait until `seq` is acknowledged, leading a group write when no one else is.
-    fn wait_done<'a>(&'a self, mut w: MutexGuard<'a, Writer>, seq: u64) -> Result<(), Error> {
+    fn wait_done(&self, mut w: MutexGuard<'_, Writer>, seq: u64) -> Result<(), Error> {
         let inner = &*self.inner;
         loop {
             if w.done_seq >= seq {

@@ -85,12 +85,13 @@ pub(crate) fn acquire(
 pub(crate) fn release(identity: &str, session: &str, owner: u64) {
     let r = registry();
     let mut map = r.writers.lock().unwrap_or_else(|e| e.into_inner());
-    if held(&map, identity, session) == Some(owner) {
-        if let Some(sessions) = map.get_mut(identity) {
-            sessions.remove(session);
-            if sessions.is_empty() {
-                map.remove(identity);
-            }
+    let Some(sessions) = map.get_mut(identity) else {
+        return;
+    };
+    if sessions.get(session) == Some(&owner) {
+        sessions.remove(session);
+        if sessions.is_empty() {
+            map.remove(identity);
         }
         r.released.notify_all();
     }
