@@ -24,26 +24,42 @@ pub enum Durability {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub enum Preallocate {
-    /// `ZeroFill` with [`Durability::Immediate`], `Sparse` with [`Durability::Buffered`].
+    /// `ZeroFill`, with either durability (see [`Preallocate::resolve`]).
     #[default]
     Auto,
     /// Write zeros over the whole segment once: later overwrites need no block
-    /// allocation or extent conversion, so fdatasync commits no metadata. Pays off when
-    /// every commit is fdatasynced; costs a second write of every byte otherwise.
+    /// allocation or extent conversion, so fdatasync commits no metadata, and a
+    /// buffered commit's `pwrite` lands in page-cache pages and blocks that already
+    /// exist. The zeros cost a second write of every byte to the disk, and a segment
+    /// takes its whole size on disk from its creation (64 MiB by default); the spare
+    /// segment (see `NextSegment`) is filled on a background thread, the first one
+    /// when the store is created.
     /// (Plain writes only: no platform call such as fallocate(2), which would need
     /// `unsafe` and still leave unwritten extents to convert on the first overwrite.)
     ZeroFill,
     /// Only set the file's length (a sparse file reading as zeros): creating a segment
-    /// costs next to nothing, and the file system allocates blocks as records land.
+    /// costs next to nothing and writes nothing, and the file system allocates blocks
+    /// and page-cache pages as records land, in the writer's `pwrite`. For buffered
+    /// stores that are created often and hold little, or whose disk bandwidth matters
+    /// more than the writer's CPU.
     Sparse,
 }
 
 impl Preallocate {
-    /// The mode `Auto` stands for under `durability`.
+    /// The mode `Auto` stands for under `durability`: `ZeroFill` with both.
+    ///
+    /// With `Immediate`, overwriting written blocks keeps metadata out of the
+    /// commits' fdatasyncs. With `Buffered`, the kernel's page allocation and
+    /// delayed block allocation move from the writer's `pwrite` (~4 KiB of new
+    /// page cache every two or three commits) to the thread that fills the
+    /// spare: one buffered writer ran 8 % more commits/s than with `Sparse`
+    /// (`spool bench --workload append-buffered`, five alternating pairs,
+    /// faster in all five; see BENCHMARKS.md, round 15).
     pub fn resolve(self, durability: Durability) -> Preallocate {
         match (self, durability) {
-            (Preallocate::Auto, Durability::Immediate) => Preallocate::ZeroFill,
-            (Preallocate::Auto, Durability::Buffered) => Preallocate::Sparse,
+            (Preallocate::Auto, Durability::Immediate | Durability::Buffered) => {
+                Preallocate::ZeroFill
+            }
             (p, _) => p,
         }
     }
