@@ -393,3 +393,51 @@ fn visit_at_sees_what_read_at_reads() {
     let s = Store::open(dir.path(), opts()).unwrap();
     check(&s);
 }
+
+/// The writes a fresh store's creation makes, and its first segment's
+/// length, under `durability` and `preallocate`.
+fn creation_writes(durability: Durability, preallocate: Preallocate) -> (u64, u64) {
+    use spool_engine::vfs::{FaultKind, FaultVfs, OsVfs};
+    use std::sync::Arc;
+    let dir = tempfile::tempdir().unwrap();
+    let fv = FaultVfs::new(Arc::new(OsVfs));
+    let opts = test_opts()
+        .vfs(Arc::new(fv.clone()))
+        .durability(durability)
+        .preallocate(preallocate);
+    let s = Store::open(dir.path(), opts).unwrap();
+    let writes = fv.count(FaultKind::Write);
+    s.append(commit("a", ExpectedVersion::NoStream, b"x"))
+        .unwrap();
+    s.close().unwrap();
+    let seg = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|e| e == "seg"))
+        .expect("a segment");
+    (writes, std::fs::metadata(seg).unwrap().len())
+}
+
+#[test]
+fn auto_preallocation_zero_fills_buffered_segments_too() {
+    // `Auto` writes zeros over a new segment with either durability (the
+    // buffered writer's `pwrite` then lands in existing pages and blocks);
+    // `Sparse` only sets the length and writes the header.
+    let (immediate, len_i) = creation_writes(Durability::Immediate, Preallocate::Auto);
+    let (buffered, len_b) = creation_writes(Durability::Buffered, Preallocate::Auto);
+    let (zero_fill, _) = creation_writes(Durability::Buffered, Preallocate::ZeroFill);
+    let (sparse, len_s) = creation_writes(Durability::Buffered, Preallocate::Sparse);
+    assert_eq!(
+        buffered, immediate,
+        "buffered Auto zero-fills like Immediate"
+    );
+    assert_eq!(buffered, zero_fill);
+    assert!(
+        sparse < buffered,
+        "sparse creation wrote {sparse} times, zero-filled {buffered}"
+    );
+    // Every mode keeps the segment at its full preallocated length.
+    assert_eq!(len_i, 64 * 1024);
+    assert_eq!(len_b, len_i);
+    assert_eq!(len_s, len_i);
+}
