@@ -190,7 +190,7 @@ pub enum Command {
         json: bool,
     },
 
-    /// Run a durable write load (for crash testing and throughput).
+    /// Run a write load, durable by default (for crash testing and throughput).
     ///
     /// Each writer appends one-event commits to its own stream `stress-<i>`
     /// with exact version fences, continuing from the stream's head.

@@ -1,4 +1,5 @@
-//! `spool stress`: a durable write load, used for crash testing (kill -9
+//! `spool stress`: a write load (durable by default, `--durability buffered`
+//! to acknowledge from the page cache), used for crash testing (kill -9
 //! loops check the `--ack-file` against the store) and for throughput.
 
 use std::fs::OpenOptions;
