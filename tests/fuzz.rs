@@ -22,8 +22,9 @@ use spool_runtime::session::{
     decode_snapshot, decode_snapshot_serde, encode_event, encode_snapshot, AgentDefinition,
     AgentSession, SessionEvent, SessionId,
 };
+use spool_runtime::store::log::{header_record_reencoded, SESSION_INDEXER};
 use spool_runtime::store::transcript_index::{
-    encode_seed_bucket, seed_bucket_records, EntryRecord, TRANSCRIPT_INDEXER,
+    encode_seed_bucket, fuzzing as tx, seed_bucket_records, EntryRecord, TRANSCRIPT_INDEXER,
 };
 use spool_runtime::store::{ListQuery, LogStore, LogStoreOptions, SessionStore};
 
@@ -32,12 +33,13 @@ use crate::seed::Rng;
 use crate::workload::{capturing_runtime, check_recovered, run_workload, Tracker};
 
 /// The fuzz targets, by name (also the corpus directory names).
-pub const TARGETS: [&str; 5] = [
+pub const TARGETS: [&str; 6] = [
     "frame_decode",
     "event_decode",
     "store_open",
     "session_ops",
     "index_record",
+    "index_values",
 ];
 
 /// Runs the target `name` on `data`. Unknown names panic (a test bug).
@@ -48,6 +50,7 @@ pub fn run_target(name: &str, data: &[u8]) {
         "store_open" => store_open(data),
         "session_ops" => session_ops(data),
         "index_record" => index_record(data),
+        "index_values" => index_values(data),
         other => panic!("unknown fuzz target {other}"),
     }
 }
@@ -182,6 +185,86 @@ pub fn index_record(data: &[u8]) {
             Ok((r.children, r.only_child.clone())),
             "the children prefix disagrees with the record"
         );
+    }
+}
+
+/// `index_values`: the decoders of the sled index's other values that the
+/// runtime reads back, on arbitrary bytes (each takes the same bytes):
+/// - an active-path block (`p`): the framing is read alike by every reader
+///   (the links, their count, a point read of each slot, a writer's
+///   decoding) and a block that frames re-frames to the same bytes; each
+///   link that decodes re-encodes to the same bytes and names the id a
+///   leaf check reads in place;
+/// - an orphan parent's child count (`n`): a count with exactly the bytes
+///   the writer would give it re-encodes to them;
+/// - a session header record (the sessions index): what decodes re-encodes
+///   to the same bytes;
+/// - the transcript meta record (`m`, MessagePack): what decodes encodes
+///   and decodes to the same value.
+///
+/// None of them may panic or allocate past the input.
+pub fn index_values(data: &[u8]) {
+    let data = &data[..data.len().min(INPUT_BYTES_MAX)];
+    // Active-path block and links.
+    let links = tx::path_block_links(data);
+    match &links {
+        Ok(links) => {
+            assert_eq!(tx::path_block_len(data), Ok(links.len() as u64));
+            assert_eq!(tx::path_block_decoded(data), Ok(links.len()));
+            for slot in 0..=links.len() {
+                assert_eq!(
+                    tx::path_block_link(data, slot),
+                    Ok(links.get(slot).copied()),
+                    "a point read of slot {slot} disagrees with the scan"
+                );
+            }
+            let mut framed = Vec::with_capacity(data.len());
+            for l in links {
+                framed.extend_from_slice(&(l.len() as u16).to_be_bytes());
+                framed.extend_from_slice(l);
+            }
+            assert_eq!(framed, data, "a framed block re-frames to other bytes");
+            for l in links {
+                check_path_link(l);
+            }
+        }
+        Err(slot) => {
+            assert!(tx::path_block_len(data).is_err(), "slot {slot} is bad");
+            assert!(tx::path_block_decoded(data).is_err(), "slot {slot} is bad");
+            assert_eq!(tx::path_block_link(data, 0), Err(*slot));
+        }
+    }
+    check_path_link(data);
+    // Child count of an absent parent.
+    let (count, only) = tx::count_value_parts(data);
+    if let Some(count) = count {
+        let canonical = tx::count_value_bytes(count, only.as_ref());
+        if (count != 1 || only.is_some()) && data.len() == canonical.len() {
+            assert_eq!(canonical, data, "a count value re-encodes to other bytes");
+        }
+    }
+    // Session header record.
+    if let Ok(again) = header_record_reencoded(data) {
+        assert_eq!(again, data, "a header record re-encodes to other bytes");
+    }
+    // Transcript meta record.
+    if let Ok(m) = tx::decode_meta(data) {
+        let again = tx::encode_meta(&m).expect("a decoded meta re-encodes");
+        assert_eq!(
+            tx::decode_meta(&again),
+            Ok(m),
+            "meta round trip changed the value"
+        );
+    }
+}
+
+/// One active-path link: decoding never panics, and a link that decodes
+/// re-encodes to exactly its bytes, whose id is the one read in place.
+fn check_path_link(link: &[u8]) {
+    let id = tx::path_link_id_bytes(link);
+    if let Some(again) = tx::path_link_reencoded(link) {
+        assert_eq!(again, link, "a path link re-encodes to other bytes");
+        assert!(id.is_some(), "a decoded link has no id in place");
     }
 }
 
@@ -533,6 +616,7 @@ pub fn seed_inputs() -> Vec<(&'static str, String, Vec<u8>)> {
     .index_dir(ix.path().join("index"));
     let mut events = Vec::new();
     let mut records: Vec<Vec<u8>> = Vec::new();
+    let mut values: Vec<(String, Vec<u8>)> = Vec::new();
     let snapshot;
     {
         let store = Arc::new(LogStore::from_engine(
@@ -565,6 +649,22 @@ pub fn seed_inputs() -> Vec<(&'static str, String, Vec<u8>)> {
             let (_, v) = kv.expect("index scan");
             if lens.len() < 12 && lens.insert(v.len()) {
                 records.push(v.to_vec());
+            }
+        }
+        // index_values: real values of the other kinds the runtime reads
+        // back: active-path blocks, metas, child counts, header records.
+        for (ns, tag, name, most) in [
+            (TRANSCRIPT_INDEXER, b'p', "path-block", 4),
+            (TRANSCRIPT_INDEXER, b'm', "meta", 2),
+            (TRANSCRIPT_INDEXER, b'n', "count", 2),
+            (SESSION_INDEXER, b'h', "header", 2),
+        ] {
+            let mut lens = std::collections::BTreeSet::new();
+            for kv in engine.index().scan_prefix(ns, &[tag]) {
+                let (_, v) = kv.expect("index scan");
+                if lens.len() < most && lens.insert(v.len()) {
+                    values.push((format!("{name}-{}", lens.len()), v.to_vec()));
+                }
             }
         }
         snapshot = tracker
@@ -638,6 +738,9 @@ pub fn seed_inputs() -> Vec<(&'static str, String, Vec<u8>)> {
     }
     for (i, r) in records.into_iter().enumerate() {
         out.push(("index_record", format!("record-{i}"), r));
+    }
+    for (name, v) in values {
+        out.push(("index_values", name, v));
     }
     // event_decode: every kind of event the workload wrote, and a snapshot.
     for (kind, payload) in events {
@@ -716,5 +819,14 @@ mod tests {
         assert!(decode_snapshot(&get("event_decode", "snapshot")).is_ok());
         assert!(decode_event(&get("event_decode", "session-created")).is_ok());
         assert!(ops_from_bytes(&get("session_ops", "sends-and-forks")[4..]).len() > 5);
+        let block = get("index_values", "path-block-1");
+        let links = tx::path_block_links(&block).expect("a real path block frames");
+        assert!(!links.is_empty());
+        for l in links {
+            assert_eq!(tx::path_link_reencoded(l).as_deref(), Some(l));
+        }
+        let header = get("index_values", "header-1");
+        assert_eq!(header_record_reencoded(&header), Ok(header));
+        assert!(tx::decode_meta(&get("index_values", "meta-1")).is_ok());
     }
 }

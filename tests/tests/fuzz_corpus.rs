@@ -3,7 +3,8 @@
 //! target calls (`spool_tests::fuzz`), as do the generated seed inputs.
 //!
 //! `SPOOL_WRITE_FUZZ_SEEDS=1 cargo test -p spool-tests --test fuzz_corpus`
-//! (re)writes the generated seed inputs into the corpora.
+//! (re)writes the generated seed inputs into the corpora;
+//! `SPOOL_WRITE_FUZZ_SEEDS=<target>` only those of one target.
 
 use std::path::PathBuf;
 
@@ -62,6 +63,11 @@ fn index_record_corpus_replays() {
 }
 
 #[test]
+fn index_values_corpus_replays() {
+    replay("index_values");
+}
+
+#[test]
 fn generated_seed_inputs_pass_every_target() {
     let seeds = seed_inputs();
     for t in TARGETS {
@@ -70,10 +76,11 @@ fn generated_seed_inputs_pass_every_target() {
             "no seed input for {t}"
         );
     }
-    let write = std::env::var_os("SPOOL_WRITE_FUZZ_SEEDS").is_some();
+    // `1` writes every target's seeds; a target's name writes only its own.
+    let write = std::env::var("SPOOL_WRITE_FUZZ_SEEDS").ok();
     for (target, name, bytes) in &seeds {
         run_target(target, bytes);
-        if write {
+        if write.as_deref().is_some_and(|w| w == "1" || w == *target) {
             let dir = corpus_dir(target);
             std::fs::create_dir_all(&dir).expect("mkdir");
             std::fs::write(dir.join(format!("seed-{name}")), bytes).expect("write seed");

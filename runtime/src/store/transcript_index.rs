@@ -919,16 +919,40 @@ const PATH_BLOCK_BYTES_MAX: usize =
 /// of the entry at depth `d > 0` is the entry at `d - 1`). A block value
 /// is its depths' links in depth order, each after its u16 BE length.
 fn path_value(id: &EntryId, r: &EntryRecord) -> Vec<u8> {
+    let key = (
+        LogPosition {
+            segment: r.segment,
+            offset: r.offset,
+        },
+        r.event,
+        r.sub,
+    );
+    let orphan_parent = match (r.facts.depth, &r.parent) {
+        (0, Some(p)) => Some(p),
+        _ => None,
+    };
+    encode_path_link(key, r.size, id, orphan_parent)
+}
+
+/// The bytes of one path link ([`path_value`]'s layout; the inverse of
+/// [`decode_path_link`]).
+fn encode_path_link(
+    key: EntryKey,
+    size: u64,
+    id: &EntryId,
+    orphan_parent: Option<&EntryId>,
+) -> Vec<u8> {
+    let (position, event, sub) = key;
     let mut v = Vec::with_capacity(PATH_LINK_HEADER + 2 * id.as_str().len());
-    v.extend_from_slice(&r.segment.to_be_bytes());
-    v.extend_from_slice(&r.offset.to_be_bytes());
-    v.extend_from_slice(&r.event.to_be_bytes());
-    v.extend_from_slice(&r.sub.to_be_bytes());
-    v.extend_from_slice(&r.size.to_be_bytes());
+    v.extend_from_slice(&position.segment.to_be_bytes());
+    v.extend_from_slice(&position.offset.to_be_bytes());
+    v.extend_from_slice(&event.to_be_bytes());
+    v.extend_from_slice(&sub.to_be_bytes());
+    v.extend_from_slice(&size.to_be_bytes());
     // Entry ids are at most 128 bytes (ENTRY_ID_LEN_MAX).
     v.push(id.as_str().len().min(255) as u8);
     v.extend_from_slice(id.as_str().as_bytes());
-    if let (0, Some(p)) = (r.facts.depth, &r.parent) {
+    if let Some(p) = orphan_parent {
         v.extend_from_slice(p.as_str().as_bytes());
     }
     debug_assert!(v.len() <= PATH_LINK_BYTES_MAX);
@@ -1263,6 +1287,78 @@ fn decode_path_link(v: &[u8]) -> Option<PathLink> {
         size,
         orphan_parent,
     })
+}
+
+/// The decoders of the transcript index's other values (active-path
+/// blocks and their links, `n` child counts, the meta record), for the
+/// `index_values` fuzz body (`spool-tests`): index values are bytes on
+/// disk, read back as they are. Not an API.
+#[doc(hidden)]
+pub mod fuzzing {
+    use super::{
+        be_u64, block_len, block_link, block_links, count_value, decode, decode_block,
+        decode_path_link, encode, encode_path_link, only_child, path_link_id, EntryId,
+        TranscriptMeta,
+    };
+
+    /// The links of a `p` block value in depth order, or the slot of the
+    /// first malformed one.
+    pub fn path_block_links(v: &[u8]) -> Result<Vec<&[u8]>, usize> {
+        block_links(v).collect()
+    }
+
+    /// The number of links a writer and a reader of the block count.
+    pub fn path_block_len(v: &[u8]) -> Result<u64, String> {
+        block_len("fuzz", 0, v).map_err(|e| e.to_string())
+    }
+
+    /// The links as a writer takes them over (owned).
+    pub fn path_block_decoded(v: &[u8]) -> Result<usize, String> {
+        decode_block("fuzz", 0, v)
+            .map(|links| links.len())
+            .map_err(|e| e.to_string())
+    }
+
+    /// The link at `slot` as a point read finds it.
+    pub fn path_block_link(v: &[u8], slot: usize) -> Result<Option<&[u8]>, usize> {
+        block_link(v, slot)
+    }
+
+    /// A link decoded and encoded again (`None`: it does not decode).
+    pub fn path_link_reencoded(v: &[u8]) -> Option<Vec<u8>> {
+        let l = decode_path_link(v)?;
+        Some(encode_path_link(
+            l.key,
+            l.size,
+            &l.id,
+            l.orphan_parent.as_ref(),
+        ))
+    }
+
+    /// The id bytes a link names, as the leaf check reads them in place.
+    pub fn path_link_id_bytes(v: &[u8]) -> Option<&[u8]> {
+        path_link_id(v)
+    }
+
+    /// An `n` value's count and only child, as readers take them.
+    pub fn count_value_parts(v: &[u8]) -> (Option<u64>, Option<EntryId>) {
+        (be_u64(v), only_child(v))
+    }
+
+    /// [`count_value_parts`]'s inverse, as the writer encodes it.
+    pub fn count_value_bytes(count: u64, only: Option<&EntryId>) -> Vec<u8> {
+        count_value(count, only)
+    }
+
+    /// The `m` record decoded.
+    pub fn decode_meta(b: &[u8]) -> Result<TranscriptMeta, String> {
+        decode("transcript meta", b).map_err(|e| e.to_string())
+    }
+
+    /// The `m` record as the indexer writes it.
+    pub fn encode_meta(m: &TranscriptMeta) -> Result<Vec<u8>, String> {
+        encode("transcript meta", m).map_err(|e| e.to_string())
+    }
 }
 
 /// The entry id a path link names.
