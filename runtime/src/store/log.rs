@@ -380,8 +380,9 @@ fn decode_record(id: SessionId, b: &[u8]) -> Result<(AgentSessionInfo, u64), Str
 /// A session header record decoded and encoded again, for the
 /// `index_values` fuzz body (`spool-tests`): the record is a value of the
 /// sled index, bytes on disk, and its encoding is canonical (what decodes
-/// re-encodes to the same bytes). Also reads it as a header (its parent
-/// id must parse). Not an API.
+/// re-encodes to the same bytes). It also converts the record to a header,
+/// which parses the parent id, for panics only: a parent that does not
+/// parse fails that conversion, not this function. Not an API.
 #[doc(hidden)]
 pub fn header_record_reencoded(b: &[u8]) -> Result<Vec<u8>, String> {
     let v = decode_view(b)?;
