@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use spool_engine::format::{self, FrameCheck, SEGMENT_HEADER_BYTES};
+use spool_engine::fuzzing as engine_fz;
 use spool_engine::vfs::{FaultKind, FaultVfs, OpenMode, SimVfs, Vfs};
 use spool_engine::{
     verify, Durability, EventData, ExpectedVersion, LogPosition, NewCommit, Options, Store,
@@ -33,13 +34,14 @@ use crate::seed::Rng;
 use crate::workload::{capturing_runtime, check_recovered, run_workload, Tracker};
 
 /// The fuzz targets, by name (also the corpus directory names).
-pub const TARGETS: [&str; 6] = [
+pub const TARGETS: [&str; 7] = [
     "frame_decode",
     "event_decode",
     "store_open",
     "session_ops",
     "index_record",
     "index_values",
+    "redo_record",
 ];
 
 /// Runs the target `name` on `data`. Unknown names panic (a test bug).
@@ -51,6 +53,7 @@ pub fn run_target(name: &str, data: &[u8]) {
         "session_ops" => session_ops(data),
         "index_record" => index_record(data),
         "index_values" => index_values(data),
+        "redo_record" => redo_record(data),
         other => panic!("unknown fuzz target {other}"),
     }
 }
@@ -327,6 +330,69 @@ pub fn event_decode(data: &[u8]) {
 fn created_event() -> SessionEvent {
     let s = AgentSession::new(AgentDefinition::new("fuzz", "", "p"), None);
     s.pending_events()[0].clone()
+}
+
+/// `redo_record`: the index's redo log (`DIR/index/moves.redo`, written by
+/// every move of the memtable into sled and read by an open after a crash)
+/// on arbitrary bytes. The first byte chooses the mode.
+///
+/// - Mode 0: the rest is a record body. Decoding never panics, and a body
+///   that decodes re-encodes to the same bytes (one encoding per record).
+/// - Mode 1: the rest is a whole redo log, written into a scratch index
+///   directory and searched, as an open after a crash searches it, for the
+///   marker of every record that frames in it, for a marker made of the
+///   input's first bytes and for one of the wrong length. A body found is
+///   the one the marker names (same length and checksum), and a record
+///   whose header carries its body's checksum is always found (or an
+///   earlier record with the same header fails its checksum: an error).
+pub fn redo_record(data: &[u8]) {
+    let data = &data[..data.len().min(INPUT_BYTES_MAX)];
+    let Some((&mode, rest)) = data.split_first() else {
+        return;
+    };
+    if mode % 2 == 0 {
+        if let Ok(writes) = engine_fz::redo_body_writes(rest) {
+            assert_eq!(
+                engine_fz::redo_body(&writes),
+                rest,
+                "a redo record body re-encodes to other bytes"
+            );
+        }
+        return;
+    }
+    let dir = crate::seed::scratch_dir();
+    std::fs::write(dir.path().join(engine_fz::REDO_FILE), rest).expect("write the redo log");
+    // (marker, whether the record it was made from must be found)
+    let mut markers: Vec<(Vec<u8>, bool)> = Vec::new();
+    let mut at = 0usize;
+    while at + 8 <= rest.len() && markers.len() < 16 {
+        let len = u32::from_le_bytes([rest[at], rest[at + 1], rest[at + 2], rest[at + 3]]) as usize;
+        let body_at = at + 8;
+        let Some(body) = rest.get(body_at..body_at.saturating_add(len)) else {
+            break;
+        };
+        let marker = engine_fz::redo_marker(body);
+        let honest = marker[8..] == rest[at + 4..at + 8];
+        markers.push((marker, honest));
+        at = body_at + len;
+    }
+    markers.push((rest.iter().copied().take(12).collect(), false));
+    markers.push((vec![0; 11], false));
+    for (marker, honest) in &markers {
+        match engine_fz::redo_find(dir.path(), marker) {
+            Ok(Some(body)) => {
+                assert_eq!(
+                    &engine_fz::redo_marker(&body),
+                    marker,
+                    "the redo log gave a record the marker does not name"
+                );
+                let _ = engine_fz::redo_body_writes(&body);
+            }
+            Ok(None) => assert!(!honest, "a whole redo record was not found"),
+            // A marker of the wrong length, or a damaged record under its header.
+            Err(_) => {}
+        }
+    }
 }
 
 /// `store_open`: a store directory of 1–3 arbitrary segment files.
@@ -739,6 +805,34 @@ pub fn seed_inputs() -> Vec<(&'static str, String, Vec<u8>)> {
     for (i, r) in records.into_iter().enumerate() {
         out.push(("index_record", format!("record-{i}"), r));
     }
+    // redo_record: a body of real index values under keys of the index's
+    // shapes, alone and as a redo log of two records.
+    let mut writes: Vec<(Vec<u8>, Option<Vec<u8>>)> = values
+        .iter()
+        .take(4)
+        .map(|(name, v)| {
+            (
+                format!("\x02transcript\x00{name}").into_bytes(),
+                Some(v.clone()),
+            )
+        })
+        .collect();
+    writes.push((b"\x00meta:applied".to_vec(), Some(vec![0; 24])));
+    writes.push((b"\x02transcript\x00gone".to_vec(), None));
+    writes.sort();
+    let body = engine_fz::redo_body(&writes);
+    let mut seed = vec![0];
+    seed.extend_from_slice(&body);
+    out.push(("redo_record", "body".to_string(), seed));
+    let dir = crate::seed::scratch_dir();
+    engine_fz::redo_append(dir.path(), &body).expect("append a redo record");
+    engine_fz::redo_append(dir.path(), &engine_fz::redo_body(&writes[..1]))
+        .expect("append a redo record");
+    let mut seed = vec![1];
+    seed.extend_from_slice(
+        &std::fs::read(dir.path().join(engine_fz::REDO_FILE)).expect("read the redo log"),
+    );
+    out.push(("redo_record", "log-two-records".to_string(), seed));
     for (name, v) in values {
         out.push(("index_values", name, v));
     }
@@ -804,6 +898,18 @@ mod tests {
                 .map(|(_, _, b)| b.clone())
                 .unwrap_or_else(|| panic!("no seed {t}/{n}"))
         };
+        let body = get("redo_record", "body");
+        let writes = engine_fz::redo_body_writes(&body[1..]).expect("the body seed decodes");
+        assert_eq!(writes.len(), 6, "writes in the redo body seed");
+        assert!(
+            writes.iter().any(|(_, v)| v.is_none()),
+            "no removal in the seed"
+        );
+        let log = get("redo_record", "log-two-records");
+        let dir = crate::seed::scratch_dir();
+        std::fs::write(dir.path().join(engine_fz::REDO_FILE), &log[1..]).unwrap();
+        let found = engine_fz::redo_find(dir.path(), &engine_fz::redo_marker(&body[1..]));
+        assert_eq!(found, Ok(Some(body[1..].to_vec())));
         let so = get("store_open", "real-store");
         let files = usize::from(so[0] % 3) + 1;
         assert!(files >= 2, "the real store has {files} segments");

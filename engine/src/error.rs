@@ -96,9 +96,36 @@ pub enum IndexError {
     /// The index disagrees with the log.
     #[error("index disagrees with the log: {0}")]
     Mismatch(String),
+    /// A move into sled too large for one redo record (`REDO_RECORD_BYTES_MAX`, 1 GiB:
+    /// one memtable's writes, about 8 MiB, plus one group's).
+    #[error("a move of {writes} index writes needs a {bytes}-byte redo record, over the {max}-byte limit")]
+    MoveTooLarge { writes: u64, bytes: u64, max: u64 },
+    /// The redo log of the index's moves into sled could not be read or written.
+    #[error("{op} {} at offset {offset}: {source}", path.display())]
+    Redo {
+        path: std::path::PathBuf,
+        op: &'static str,
+        offset: u64,
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 impl IndexError {
+    pub(crate) fn redo(
+        path: &std::path::Path,
+        op: &'static str,
+        offset: u64,
+        source: std::io::Error,
+    ) -> IndexError {
+        IndexError::Redo {
+            path: path.to_path_buf(),
+            op,
+            offset,
+            source,
+        }
+    }
+
     /// Convenience for indexers: an error carrying the indexer's name and a message.
     pub fn indexer(name: &str, message: impl Into<String>) -> IndexError {
         IndexError::Indexer {

@@ -92,7 +92,7 @@ impl MemTable {
             .filter_map(move |k| Some((&**k, self.values.get(&**k)?)))
     }
 
-    /// Every write, in no particular order (a sled batch orders its own).
+    /// Every write, in no particular order (a move into sled sorts them).
     pub(crate) fn iter_unordered(&self) -> impl Iterator<Item = (&[u8], &Value)> {
         self.values.iter().map(|(k, v)| (&**k, v))
     }

@@ -33,7 +33,7 @@ pub const INDEX_DIR: &str = "index";
 /// Most bytes one [`Store::read_span`] reads (or borrows): 4 MiB.
 pub const LOG_SPAN_BYTES_MAX: u64 = 4 << 20;
 
-/// Commits applied to the index per sled batch while catching up on open.
+/// Commits applied to the index per call while catching up on open.
 pub(crate) const CATCH_UP_BATCH: usize = 1024;
 /// How often a read-only open rescans a log that looked corrupt (see `open_impl`).
 const READ_ONLY_RESCANS: u32 = 3;

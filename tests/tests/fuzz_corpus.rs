@@ -68,6 +68,11 @@ fn index_values_corpus_replays() {
 }
 
 #[test]
+fn redo_record_corpus_replays() {
+    replay("redo_record");
+}
+
+#[test]
 fn generated_seed_inputs_pass_every_target() {
     let seeds = seed_inputs();
     for t in TARGETS {

@@ -1,8 +1,8 @@
 //! The transcript index of the log store (engine indexer `transcript`)
 //! and the [`EntrySource`] that reads entries through it.
 //!
-//! Maintained from the log by [`TranscriptIndexer`] in the same atomic
-//! sled batch as the engine's own indexes, and rebuilt from the log like
+//! Maintained from the log by [`TranscriptIndexer`] in the same memtable
+//! (and move into sled) as the engine's own indexes, and rebuilt from the log like
 //! them (deleting `DIR/index/` loses nothing). Every key starts with a tag
 //! byte, the session id's length (u8) and the session id:
 //!
