@@ -639,19 +639,26 @@ impl Index {
                 redo.path().display()
             )))
         })?;
-        let writes = redo::decode_body(&body).map_err(|(at, what)| {
+        let malformed = |(at, what): (u64, String)| {
             Error::Index(IndexError::Malformed(format!(
                 "{}: the record of the move cut short, offset {at} of its body: {what}",
                 redo.path().display()
             )))
-        })?;
-        for (k, v) in &writes {
-            match v {
-                Some(v) => self.tree.insert(k.as_slice(), v.as_slice()),
-                None => self.tree.remove(k.as_slice()),
+        };
+        // Checked whole before anything is applied, then applied from the body in
+        // place (no copy of the writes: the body is all the memory this takes).
+        redo::for_each_write(&body, |_, _| {}).map_err(malformed)?;
+        let mut applied = Ok(());
+        redo::for_each_write(&body, |k, v| {
+            if applied.is_ok() {
+                applied = match v {
+                    Some(v) => self.tree.insert(k, v).map(|_| ()),
+                    None => self.tree.remove(k).map(|_| ()),
+                };
             }
-            .map_err(sled_err)?;
-        }
+        })
+        .map_err(malformed)?;
+        applied.map_err(sled_err)?;
         self.tree.remove(META_MOVING).map_err(sled_err)?;
         // Durable before the record goes: a crash in between finds the marker again.
         flush_sled(&self.tree).map_err(sled_err)?;

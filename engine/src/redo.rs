@@ -114,9 +114,15 @@ pub(crate) fn encode_body(writes: &[(&[u8], &Value)]) -> Result<Vec<u8>, IndexEr
 /// One write of a record: a key and its new value (`None`: removed).
 pub(crate) type RedoWrite = (Vec<u8>, Value);
 
-/// The writes of a record body; `Err` names what is wrong and where in the
-/// body (an offset from its start).
-pub(crate) fn decode_body(b: &[u8]) -> Result<Vec<RedoWrite>, (u64, String)> {
+/// Calls `f` with each write of a record body, in order, borrowing the key
+/// and the value from the body (nothing is allocated per write, so a body
+/// of many tiny writes costs no more memory than its bytes). `Err` names
+/// what is wrong and where in the body (an offset from its start); the
+/// writes before it have been handed to `f` by then.
+pub(crate) fn for_each_write(
+    b: &[u8],
+    mut f: impl FnMut(&[u8], Option<&[u8]>),
+) -> Result<(), (u64, String)> {
     let mut at = 0usize;
     let take = |at: &mut usize, n: usize| -> Result<&[u8], (u64, String)> {
         let end = at.checked_add(n).filter(|&e| e <= b.len()).ok_or_else(|| {
@@ -139,25 +145,24 @@ pub(crate) fn decode_body(b: &[u8]) -> Result<Vec<RedoWrite>, (u64, String)> {
     }
     let count = u32_at(&mut at)?;
     // Every write takes at least 5 bytes: a count the body cannot hold is
-    // refused before anything is allocated for it.
+    // refused before any write is read.
     if u64::from(count) * 5 > (b.len() - at) as u64 {
         return Err((1, format!("{count} writes cannot fit in {} bytes", b.len())));
     }
-    let mut out = Vec::with_capacity(count as usize);
     for _ in 0..count {
         let start = at as u64;
         let kind = take(&mut at, 1)?[0];
         let klen = u32_at(&mut at)? as usize;
-        let key = take(&mut at, klen)?.to_vec();
+        let key = take(&mut at, klen)?;
         let value = match kind {
             KIND_INSERT => {
                 let vlen = u32_at(&mut at)? as usize;
-                Some(take(&mut at, vlen)?.to_vec())
+                Some(take(&mut at, vlen)?)
             }
             KIND_REMOVE => None,
             other => return Err((start, format!("unknown write kind {other}"))),
         };
-        out.push((key, value));
+        f(key, value);
     }
     if at != b.len() {
         return Err((
@@ -165,6 +170,14 @@ pub(crate) fn decode_body(b: &[u8]) -> Result<Vec<RedoWrite>, (u64, String)> {
             format!("{} bytes after the last write", b.len() - at),
         ));
     }
+    Ok(())
+}
+
+/// The writes of a record body, copied out (tests and the fuzz target; an
+/// open applies them in place with [`for_each_write`]).
+pub(crate) fn decode_body(b: &[u8]) -> Result<Vec<RedoWrite>, (u64, String)> {
+    let mut out = Vec::new();
+    for_each_write(b, |k, v| out.push((k.to_vec(), v.map(<[u8]>::to_vec))))?;
     Ok(out)
 }
 
