@@ -64,15 +64,7 @@ pub fn run(dir: &Path, args: Args) -> Result<ExitCode> {
         .map_err(|e| ToolError::with_source(format!("opening {} failed", dir.display()), e))?;
     let store = Arc::new(store);
     let ack = match &args.ack_file {
-        Some(p) => Some(Arc::new(Mutex::new(
-            OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(p)
-                .map_err(|e| {
-                    ToolError::with_source(format!("opening ack file {} failed", p.display()), e)
-                })?,
-        ))),
+        Some(p) => Some(Arc::new(Mutex::new(open_ack_file(p)?))),
         None => None,
     };
     let stop = Arc::new(AtomicBool::new(false));
@@ -196,4 +188,31 @@ pub fn run(dir: &Path, args: Args) -> Result<ExitCode> {
         );
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Opens the ack file for appending, first ending a line a killed run left
+/// unfinished: a `write` of a line that straddles a page boundary of the
+/// file can be cut by SIGKILL between the pages, and this run's first line
+/// must not continue that fragment.
+fn open_ack_file(p: &Path) -> Result<std::fs::File> {
+    use std::os::unix::fs::FileExt;
+    let failed = |what: &str, e: std::io::Error| {
+        ToolError::with_source(format!("{what} ack file {} failed", p.display()), e)
+    };
+    let mut f = OpenOptions::new()
+        .create(true)
+        .read(true)
+        .append(true)
+        .open(p)
+        .map_err(|e| failed("opening", e))?;
+    let len = f.metadata().map_err(|e| failed("reading", e))?.len();
+    if len > 0 {
+        let mut last = [0u8; 1];
+        f.read_exact_at(&mut last, len - 1)
+            .map_err(|e| failed("reading", e))?;
+        if last[0] != b'\n' {
+            f.write_all(b"\n").map_err(|e| failed("writing", e))?;
+        }
+    }
+    Ok(f)
 }
