@@ -26,8 +26,11 @@
 //!
 //! The file is emptied whenever sled has been flushed (every record then
 //! describes a move sled holds whole), and sled is flushed early when the
-//! file passes [`REDO_FILE_BYTES_MAX`]. Emptied before the kernel's
-//! writeback, its pages usually never reach the disk.
+//! file passes [`REDO_FILE_BYTES_MAX`]. Under a steady stream of writes a
+//! record is emptied about a second after it is written, where the kernel
+//! (by default) writes a dirty page back once it is 30 s old or the dirty
+//! pages pass their threshold: how many of its pages reach the disk was not
+//! measured.
 //!
 //! Record layout, all integers little-endian (as in the segments): u32 body length, u32 CRC-32 of
 //! the body, then the body: u8 format (1), u32 write count, then each write:
