@@ -628,9 +628,14 @@ impl Index {
         };
         let mut redo = redo.lock().unwrap_or_else(|e| e.into_inner());
         let Some(marker) = self.tree.get(META_MOVING).map_err(sled_err)? else {
-            // Every move in sled is whole, and what sled holds was read from its files:
-            // the records describe nothing a crash could still cut.
-            redo.clear()?;
+            // Every move sled holds is whole. After a kill its files may still be only
+            // in the page cache, where a power loss could yet cut a move: the records
+            // go once sled has been flushed (nothing to do after a clean close, which
+            // empties the redo log).
+            if !redo.is_empty() {
+                flush_sled(&self.tree).map_err(sled_err)?;
+                redo.clear()?;
+            }
             return Ok(());
         };
         let body = redo.find(&marker)?.ok_or_else(|| {

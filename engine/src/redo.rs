@@ -214,6 +214,12 @@ impl RedoLog {
         &self.path
     }
 
+    /// Whether the file holds nothing (as far as this handle knows: what it
+    /// found on open, plus what it appended since).
+    pub(crate) fn is_empty(&self) -> bool {
+        self.bytes == 0
+    }
+
     /// Append one record holding `body`; whether the file has passed
     /// [`REDO_FILE_BYTES_MAX`].
     pub(crate) fn append(&mut self, body: &[u8]) -> Result<bool, IndexError> {
