@@ -19,10 +19,12 @@
 //! means the move it names was cut short, and every earlier move is whole.
 //! On open, that record's writes are applied again (each sets a key to its
 //! final value, so applying them twice is harmless), `MOVING` is removed and
-//! sled is flushed; only then is the file emptied. A record that cannot be
-//! found (a power loss that kept some of sled's pages but not this file's,
-//! which is never fsynced) leaves the index unusable as it is, and the
-//! store rebuilds it from the log.
+//! sled is flushed; only then is the file emptied. An open that finds no
+//! `MOVING` key but records (a kill between whole moves, whose sled pages
+//! may still be in the page cache only) flushes sled before emptying the
+//! file too. A record that cannot be found (a power loss that kept some of
+//! sled's pages but not this file's, which is never fsynced) leaves the
+//! index unusable as it is, and the store rebuilds it from the log.
 //!
 //! The file is emptied whenever sled has been flushed (every record then
 //! describes a move sled holds whole), and sled is flushed early when the
@@ -32,12 +34,15 @@
 //! pages pass their threshold: how many of its pages reach the disk was not
 //! measured.
 //!
-//! Record layout, all integers little-endian (as in the segments): u32 body length, u32 CRC-32 of
-//! the body, then the body: u8 format (1), u32 write count, then each write:
-//! u8 kind (0 remove, 1 insert), u32 key length, the key, and for an insert
-//! u32 value length and the value. A reader checks every length against the
-//! bytes left before using it, so hostile bytes fail the read with the file
-//! and the offset named and never allocate more than the file holds.
+//! Record layout, all integers little-endian (as in the segments): u32
+//! body length, u32 CRC-32 of the body, then the body: u8 format (1), u32
+//! write count, then each write: u8 kind (0 remove, 1 insert), u32 key
+//! length, the key, and for an insert u32 value length and the value. A
+//! reader checks every length against the bytes left before using it, so
+//! hostile bytes fail the read with the file and the offset named, and an
+//! open holds no more than one record's body (at most
+//! [`REDO_RECORD_BYTES_MAX`] and never more than the file) while it
+//! applies it in place.
 
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Seek, SeekFrom, Write};
