@@ -1802,23 +1802,7 @@ mod tests {
         let (index, _) = Index::open(None, vec![Arc::new(OneBigKey)]).unwrap();
         // 256 commits × 64 KiB = 16 MiB written, twice the memtable's bound.
         for seq in 1..=256u64 {
-            let c = RecordedCommit {
-                info: CommitInfo {
-                    stream: "s".into(),
-                    version: seq,
-                    seq,
-                    position: LogPosition {
-                        segment: 1,
-                        offset: seq * 100,
-                    },
-                    timestamp_ms: 0,
-                    commit_id: uuid::Uuid::from_u128(u128::from(seq)),
-                },
-                expected: ExpectedVersion::Any,
-                events: Vec::new(),
-                record_bytes: 100,
-            };
-            index.apply(&[c]).unwrap();
+            index.apply(&[commit_to("s", seq, seq)]).unwrap();
             let bytes = index.mem_bytes();
             // The value once, plus the stream's head and version block (~40 bytes per
             // version); counting every rewrite would pass 128 KiB at the second commit.
@@ -1849,11 +1833,12 @@ mod tests {
         }
     }
 
-    fn commit(seq: u64) -> RecordedCommit {
+    /// Commit `seq` of the log, version `version` of `stream`, without events.
+    fn commit_to(stream: &str, version: u64, seq: u64) -> RecordedCommit {
         RecordedCommit {
             info: CommitInfo {
-                stream: format!("s{}", seq % 3),
-                version: seq.div_ceil(3),
+                stream: stream.into(),
+                version,
                 seq,
                 position: LogPosition {
                     segment: 1,
@@ -1868,17 +1853,28 @@ mod tests {
         }
     }
 
+    /// Commit `seq` of three streams taking turns.
+    fn commit(seq: u64) -> RecordedCommit {
+        commit_to(&format!("s{}", seq % 3), seq.div_ceil(3), seq)
+    }
+
+    /// Applies commits `1..=n` to `index`, moving the memtable into sled after
+    /// `move_after` of them.
+    fn apply_commits(index: &Index, n: u64, move_after: u64) {
+        for seq in 1..=n {
+            index.apply(&[commit(seq)]).unwrap();
+            if seq == move_after {
+                index.flush_mem().unwrap();
+            }
+        }
+    }
+
     /// The index of commits `1..=n`, moved into sled after `first` of them and at the
     /// end; its entries.
     fn whole_index(dir: &std::path::Path, first: u64, n: u64) -> Vec<super::KeyValue> {
         let (index, created) = Index::open(Some(dir), vec![Arc::new(Churn)]).unwrap();
         assert!(created);
-        for seq in 1..=n {
-            index.apply(&[commit(seq)]).unwrap();
-            if seq == first {
-                index.flush_mem().unwrap();
-            }
-        }
+        apply_commits(&index, n, first);
         index.flush().unwrap();
         index.dump().unwrap()
     }
@@ -1895,12 +1891,7 @@ mod tests {
             let dir = tempfile::tempdir().unwrap();
             {
                 let (index, _) = Index::open(Some(dir.path()), vec![Arc::new(Churn)]).unwrap();
-                for seq in 1..=100 {
-                    index.apply(&[commit(seq)]).unwrap();
-                    if seq == 40 {
-                        index.flush_mem().unwrap();
-                    }
-                }
+                apply_commits(&index, 100, 40);
                 index.cut_move_for_tests(cut);
                 assert!(index.sled_moving_for_tests(), "cut {cut}");
             }
@@ -1923,9 +1914,7 @@ mod tests {
             let dir = tempfile::tempdir().unwrap();
             {
                 let (index, _) = Index::open(Some(dir.path()), vec![Arc::new(Churn)]).unwrap();
-                for seq in 1..=50 {
-                    index.apply(&[commit(seq)]).unwrap();
-                }
+                apply_commits(&index, 50, 0);
                 index.cut_move_for_tests(5);
             }
             let redo = dir.path().join(crate::redo::REDO_FILE);
