@@ -914,24 +914,36 @@ impl Index {
                 }
             }
             {
-                // Known to the filter before any reader can find them only in sled.
+                // Known to the filter before any reader can find them only in sled (both
+                // locks are held until every write is in). A key the memtable holds with
+                // a value is in the filter already: it went in when that value did, and
+                // keys never leave the filter. Most of an append's writes rewrite such
+                // keys (its parent's record, the session's meta, the path block), and
+                // each filter insert touches a cache line of its own.
                 let mut keys = self.keys.write().unwrap_or_else(|e| e.into_inner());
-                for (k, v) in &writes {
-                    if v.is_some() {
-                        keys.filter.insert(KeyHash::of(k));
+                for (k, v) in writes {
+                    let is_value = v.is_some();
+                    // Count what the memtable holds: a key written again (a block
+                    // rewritten by every append, a meta record) replaces its pending
+                    // value, so only the difference is added.
+                    let size = k.len() + v.as_ref().map_or(0, Vec::len);
+                    mem.bytes = mem.bytes.saturating_add(size);
+                    let had_value = match mem.writes.insert(&k, v) {
+                        Some(old) => {
+                            mem.bytes = mem
+                                .bytes
+                                .saturating_sub(k.len() + old.as_ref().map_or(0, Vec::len));
+                            old.is_some()
+                        }
+                        None => false,
+                    };
+                    if is_value && !had_value {
+                        keys.filter.insert(KeyHash::of(&k));
                     }
-                }
-            }
-            for (k, v) in writes {
-                // Count what the memtable holds: a key written again (a block rewritten
-                // by every append, a meta record) replaces its pending value, so only
-                // the difference is added.
-                let size = k.len() + v.as_ref().map_or(0, Vec::len);
-                mem.bytes = mem.bytes.saturating_add(size);
-                if let Some(old) = mem.writes.insert(&k, v) {
-                    mem.bytes = mem
-                        .bytes
-                        .saturating_sub(k.len() + old.as_ref().map_or(0, Vec::len));
+                    debug_assert!(
+                        !is_value || keys.filter.may_contain(KeyHash::of(&k)),
+                        "a key with a value in the memtable is in the filter"
+                    );
                 }
             }
             let mut marker = [0u8; 24];
