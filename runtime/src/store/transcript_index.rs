@@ -264,20 +264,25 @@ impl Writer {
     /// than `u32::MAX` bytes never reach the index: entries are bounded
     /// far below that by the log's commit limit).
     fn str(&mut self, s: &str) {
-        self.u32(u32::try_from(s.len()).unwrap_or(u32::MAX));
-        self.0.extend_from_slice(s.as_bytes());
+        self.bytes(s.as_bytes());
+    }
+    /// Bytes written as [`Writer::str`] writes a string's (an id's bytes are
+    /// its string's).
+    fn bytes(&mut self, b: &[u8]) {
+        self.u32(u32::try_from(b.len()).unwrap_or(u32::MAX));
+        self.0.extend_from_slice(b);
     }
     fn opt_id(&mut self, id: Option<&EntryId>) {
         match id {
             None => self.u8(0),
             Some(id) => {
                 self.u8(1);
-                self.str(id.as_str());
+                self.bytes(id.as_bytes());
             }
         }
     }
     fn anchor(&mut self, a: &Anchor) {
-        self.str(a.id.as_str());
+        self.bytes(a.id.as_bytes());
         self.u64(a.depth);
     }
     fn opt_anchor(&mut self, a: Option<&Anchor>) {
@@ -413,7 +418,7 @@ impl EntryRecord {
                 first_kept_entry_id,
             } => {
                 w.u8(MARKER_COMPACTION);
-                w.str(first_kept_entry_id.as_str());
+                w.bytes(first_kept_entry_id.as_bytes());
             }
             PathMarker::Model { provider, model_id } => {
                 w.u8(MARKER_MODEL);
@@ -577,7 +582,7 @@ fn meta_key(sid: &str) -> Vec<u8> {
 
 fn entry_key(sid: &str, id: &EntryId) -> Vec<u8> {
     let mut k = sk(TAG_ENTRY, sid);
-    k.extend_from_slice(id.as_str().as_bytes());
+    k.extend_from_slice(id.as_bytes());
     k
 }
 
@@ -592,7 +597,7 @@ const SEED_BUCKET_FORMAT: u8 = 2;
 /// it: changing it is a layout change.
 fn seed_bucket(id: &EntryId) -> u8 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for &b in id.as_str().as_bytes() {
+    for &b in id.as_bytes() {
         h ^= u64::from(b);
         h = h.wrapping_mul(0x0100_0000_01b3);
     }
@@ -732,7 +737,7 @@ pub fn seed_bucket_records(v: &[u8]) -> Result<Vec<SeedRecord<'_>>, String> {
 /// The record bytes of `id` in a seed bucket value: a binary search over
 /// its offset table (only the records it visits are read and checked).
 fn find_in_seed_bucket<'v>(v: &'v [u8], id: &EntryId) -> Result<Option<&'v [u8]>, String> {
-    let id = id.as_str().as_bytes();
+    let id = id.as_bytes();
     let (n, dir) = seed_bucket_dir(v)?;
     let (mut lo, mut hi) = (0, n);
     while lo < hi {
@@ -816,8 +821,8 @@ fn remove_record(batch: &mut IndexBatch<'_>, sid: &str, id: &EntryId) -> Result<
 fn child_prefix(sid: &str, parent: &EntryId) -> Vec<u8> {
     // Entry ids are at most 128 bytes (ENTRY_ID_LEN_MAX).
     let mut k = sk(TAG_CHILD, sid);
-    k.push(parent.as_str().len().min(255) as u8);
-    k.extend_from_slice(parent.as_str().as_bytes());
+    k.push(parent.as_bytes().len().min(255) as u8);
+    k.extend_from_slice(parent.as_bytes());
     k
 }
 
@@ -829,7 +834,7 @@ fn child_key(sid: &str, parent: &EntryId, seq: u64) -> Vec<u8> {
 
 fn count_key(sid: &str, parent: &EntryId) -> Vec<u8> {
     let mut k = sk(TAG_COUNT, sid);
-    k.extend_from_slice(parent.as_str().as_bytes());
+    k.extend_from_slice(parent.as_bytes());
     k
 }
 
@@ -861,8 +866,8 @@ fn custom_all_key(sid: &str, ordinal: u64) -> Vec<u8> {
 
 fn label_prefix(sid: &str, target: &EntryId) -> Vec<u8> {
     let mut k = sk(TAG_LABEL, sid);
-    k.push(target.as_str().len().min(255) as u8);
-    k.extend_from_slice(target.as_str().as_bytes());
+    k.push(target.as_bytes().len().min(255) as u8);
+    k.extend_from_slice(target.as_bytes());
     k
 }
 
@@ -943,17 +948,17 @@ fn encode_path_link(
     orphan_parent: Option<&EntryId>,
 ) -> Vec<u8> {
     let (position, event, sub) = key;
-    let mut v = Vec::with_capacity(PATH_LINK_HEADER + 2 * id.as_str().len());
+    let mut v = Vec::with_capacity(PATH_LINK_HEADER + 2 * id.as_bytes().len());
     v.extend_from_slice(&position.segment.to_be_bytes());
     v.extend_from_slice(&position.offset.to_be_bytes());
     v.extend_from_slice(&event.to_be_bytes());
     v.extend_from_slice(&sub.to_be_bytes());
     v.extend_from_slice(&size.to_be_bytes());
     // Entry ids are at most 128 bytes (ENTRY_ID_LEN_MAX).
-    v.push(id.as_str().len().min(255) as u8);
-    v.extend_from_slice(id.as_str().as_bytes());
+    v.push(id.as_bytes().len().min(255) as u8);
+    v.extend_from_slice(id.as_bytes());
     if let Some(p) = orphan_parent {
-        v.extend_from_slice(p.as_str().as_bytes());
+        v.extend_from_slice(p.as_bytes());
     }
     debug_assert!(v.len() <= PATH_LINK_BYTES_MAX);
     v
@@ -1390,7 +1395,7 @@ fn decode<'a, T: Deserialize<'a>>(what: &str, b: &'a [u8]) -> Result<T, IndexErr
 /// Bytes of a parent id in an entry's JSON encoding (`"id"` or `null`).
 fn parent_json_len(p: &Option<EntryId>) -> u64 {
     match p {
-        Some(id) => u64::try_from(id.as_str().len())
+        Some(id) => u64::try_from(id.as_bytes().len())
             .unwrap_or(u64::MAX)
             .saturating_add(2),
         None => 4,
@@ -1716,7 +1721,7 @@ fn put_record(
 fn count_value(count: u64, only: Option<&EntryId>) -> Vec<u8> {
     let mut v = count.to_be_bytes().to_vec();
     if let (1, Some(id)) = (count, only) {
-        v.extend_from_slice(id.as_str().as_bytes());
+        v.extend_from_slice(id.as_bytes());
     }
     v
 }
@@ -1819,15 +1824,12 @@ fn add_child(
     if count.total == 1 {
         if let Some(only) = &count.only {
             if let Some(r) = get_record(batch, sid, only)? {
-                batch.insert(&child_key(sid, parent, r.seq), only.as_str().as_bytes());
+                batch.insert(&child_key(sid, parent, r.seq), only.as_bytes());
             }
         }
     }
     if count.total >= 1 {
-        batch.insert(
-            &child_key(sid, parent, child_seq),
-            child.as_str().as_bytes(),
-        );
+        batch.insert(&child_key(sid, parent, child_seq), child.as_bytes());
     }
     count.total = count.total.saturating_add(1);
     count.only = Some(child.clone());
@@ -2003,8 +2005,8 @@ fn new_entry_record(
             let ordinal = next_ordinal(batch, t)?;
             let all = meta.custom_next;
             meta.custom_next = meta.custom_next.saturating_add(1);
-            batch.insert(&custom_key(sid, t, ordinal), entry.id.as_str().as_bytes());
-            batch.insert(&custom_all_key(sid, all), entry.id.as_str().as_bytes());
+            batch.insert(&custom_key(sid, t, ordinal), entry.id.as_bytes());
+            batch.insert(&custom_all_key(sid, all), entry.id.as_bytes());
             Some((t.to_string(), ordinal, all))
         }
         None => None,
@@ -2213,10 +2215,10 @@ fn index_seed(
         if let Some(p) = &entry.parent_id {
             let n = child_counts.entry(p).or_insert((0, &entry.id, record.seq));
             if n.0 == 1 {
-                batch.insert(&child_key(sid, p, n.2), n.1.as_str().as_bytes());
+                batch.insert(&child_key(sid, p, n.2), n.1.as_bytes());
             }
             if n.0 >= 1 {
-                batch.insert(&child_key(sid, p, record.seq), entry.id.as_str().as_bytes());
+                batch.insert(&child_key(sid, p, record.seq), entry.id.as_bytes());
             }
             n.0 = n.0.saturating_add(1);
         }
@@ -2242,7 +2244,7 @@ fn index_seed(
     let encoded: Vec<Vec<u8>> = records.iter().map(EntryRecord::encode).collect();
     let mut buckets: Vec<Vec<SeedRecord<'_>>> = vec![Vec::new(); SEED_BUCKETS as usize];
     for (id, r) in ids.iter().zip(&encoded) {
-        buckets[usize::from(seed_bucket(id))].push((id.as_str().as_bytes(), r));
+        buckets[usize::from(seed_bucket(id))].push((id.as_bytes(), r));
     }
     for (bucket, records) in buckets.iter().enumerate() {
         if !records.is_empty() {
@@ -2375,7 +2377,7 @@ fn refresh_path_links<'i>(
         let Some(cur) = blocks.get(batch, d)? else {
             continue;
         };
-        if path_link_id(cur) == Some(id.as_str().as_bytes()) {
+        if path_link_id(cur) == Some(id.as_bytes()) {
             let value = path_value(id, &r);
             if cur != value.as_slice() {
                 blocks.set(batch, d, value)?;
@@ -2518,8 +2520,8 @@ fn apply_delta_rewrite(
                         batch.insert(&nk, &ordinal.saturating_add(1).to_be_bytes());
                         let all = meta.custom_next;
                         meta.custom_next = meta.custom_next.saturating_add(1);
-                        batch.insert(&custom_key(sid, t, ordinal), w.id.as_str().as_bytes());
-                        batch.insert(&custom_all_key(sid, all), w.id.as_str().as_bytes());
+                        batch.insert(&custom_key(sid, t, ordinal), w.id.as_bytes());
+                        batch.insert(&custom_all_key(sid, all), w.id.as_bytes());
                         Some((t.to_string(), ordinal, all))
                     }
                     None => None,
@@ -3435,7 +3437,7 @@ impl LogTranscriptSource {
             Err(bad) => Err(self.path_damage(base + bad as u64, "malformed block value")),
             Ok(Some(link)) => match path_link_id(link) {
                 // Equal to a valid id: a valid link.
-                Some(b) if b == id.as_str().as_bytes() => Ok(true),
+                Some(b) if b == id.as_bytes() => Ok(true),
                 // Another entry (rare: the leaf is off the active path),
                 // checked as `path_at` would.
                 Some(b) if EntryId::parse_bytes(b).is_ok() => Ok(false),
@@ -3915,7 +3917,7 @@ impl EntrySource for LogTranscriptSource {
         // by link: growing them by doubling, entry by entry, cost a page
         // more than the reservation.
         hints.hints.reserve(cap);
-        hints.ids.reserve(cap.saturating_mul(leaf.as_str().len()));
+        hints.ids.reserve(cap.saturating_mul(leaf.as_bytes().len()));
         let mut damage: Option<(u64, &str)> = None;
         let mut parent: Option<EntryId> = None;
         let mut bytes = 0u64;
@@ -3961,7 +3963,7 @@ impl EntrySource for LogTranscriptSource {
                             }
                         };
                         if block == leaf_block && slot == leaf_slot {
-                            leaf_here = Some(path_link_id(link) == Some(leaf.as_str().as_bytes()));
+                            leaf_here = Some(path_link_id(link) == Some(leaf.as_bytes()));
                         }
                         if !taking || depth < from {
                             continue;
@@ -4545,7 +4547,7 @@ mod tests {
         let buckets = tag_keys(&store, &fork_id, TAG_SEED).len();
         assert!((1..=50).contains(&buckets), "{buckets} seed buckets");
         let mut want = chain[..50].to_vec();
-        want.sort_by(|a, b| a.as_str().as_bytes().cmp(b.as_str().as_bytes()));
+        want.sort_by(|a, b| a.as_bytes().cmp(b.as_bytes()));
         assert_eq!(
             entry_ids(store.engine().unwrap().index(), &fork_id).unwrap(),
             want
