@@ -188,6 +188,23 @@ pub fn index_record(data: &[u8]) {
             Ok((r.children, r.only_child.clone())),
             "the children prefix disagrees with the record"
         );
+        // An append writes its parent's count back by splicing the bytes it
+        // read: the same bytes as encoding the changed record. One more child
+        // (named by the record's parent id, or its own only child) and none.
+        let only = r.parent.clone().or_else(|| r.only_child.clone());
+        for (children, only) in [(r.children.wrapping_add(1), only), (0, None)] {
+            let mut changed = r.clone();
+            changed.children = children;
+            changed.only_child = if children == 1 { only } else { None };
+            assert_eq!(
+                tx::splice_child_count(data, children, changed.only_child.as_ref()),
+                Some(changed.encode()),
+                "a spliced child count differs from the record's encoding"
+            );
+        }
+    } else {
+        // Never panics on bytes that are not a record.
+        let _ = tx::splice_child_count(data, 1, None);
     }
 }
 
