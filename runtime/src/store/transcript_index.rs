@@ -1657,8 +1657,8 @@ impl DecodeMemo {
 #[derive(Debug, Default)]
 pub struct TranscriptIndexer {
     memo: Option<Arc<DecodeMemo>>,
-    /// The record the last append wrote, decoded (see [`LastRecord`]).
-    last_record: Mutex<Option<LastRecord>>,
+    /// What the last commit wrote, decoded (see [`WrittenMemo`]).
+    written: Mutex<WrittenMemo>,
 }
 
 impl TranscriptIndexer {
@@ -1666,16 +1666,24 @@ impl TranscriptIndexer {
     pub fn with_memo(memo: Arc<DecodeMemo>) -> Self {
         TranscriptIndexer {
             memo: Some(memo),
-            last_record: Mutex::new(None),
+            written: Mutex::new(WrittenMemo::default()),
         }
     }
 }
 
-/// The entry record an append wrote, with its bytes: the next append, whose
-/// parent it almost always is, reads those bytes back and takes this record
-/// instead of decoding them (~2k instructions of a ~55k append). Only bytes
-/// equal to `bytes` are answered from it, so it answers what decoding them
-/// would, whatever was written or discarded in between.
+/// Index values the last commit wrote, kept decoded with their bytes: the
+/// next commit reads those bytes back (the next append's parent record, the
+/// session's meta) and takes the decoded value instead of decoding them
+/// (~2k and ~0.9k instructions of a ~55k append). Only bytes equal to the
+/// kept ones are answered from it, so it answers what decoding them would,
+/// whatever was written or discarded in between.
+#[derive(Debug, Default)]
+struct WrittenMemo {
+    record: Option<LastRecord>,
+    meta: Option<(Vec<u8>, TranscriptMeta)>,
+}
+
+/// The entry record an append wrote, with its bytes (see [`WrittenMemo`]).
 #[derive(Debug)]
 struct LastRecord {
     bytes: Vec<u8>,
@@ -2743,10 +2751,25 @@ impl TranscriptIndexer {
         let mkey = meta_key(sid);
         // Commits are indexed one at a time (under the engine's writer), so this
         // lock is never contended; a poisoned one only held a memo.
-        let mut last_guard = self.last_record.lock().unwrap_or_else(|e| e.into_inner());
-        let last = &mut *last_guard;
+        let mut written = self.written.lock().unwrap_or_else(|e| e.into_inner());
+        let WrittenMemo {
+            record: last,
+            meta: last_meta,
+        } = &mut *written;
         let mut meta: Option<TranscriptMeta> = match batch.get(&mkey)? {
-            Some(b) => Some(decode("transcript meta", &b)?),
+            Some(b) => Some(match last_meta.take() {
+                Some((bytes, m)) if bytes == b => {
+                    debug_assert_eq!(
+                        decode::<TranscriptMeta>("transcript meta", &b)
+                            .ok()
+                            .as_ref(),
+                        Some(&m),
+                        "a meta is the decoding of its bytes"
+                    );
+                    m
+                }
+                _ => decode("transcript meta", &b)?,
+            }),
             None => None,
         };
         let mut dirty = false;
@@ -2922,8 +2945,10 @@ impl TranscriptIndexer {
             m.updated_at_ms = commit.info.timestamp_ms;
             dirty = true;
         }
-        if let (true, Some(m)) = (dirty, &meta) {
-            batch.insert(&mkey, &encode("transcript meta", m)?);
+        if let (true, Some(m)) = (dirty, meta) {
+            let bytes = encode("transcript meta", &m)?;
+            batch.insert(&mkey, &bytes);
+            *last_meta = Some((bytes, m));
         }
         Ok(())
     }
