@@ -109,8 +109,14 @@ impl IndexBatch<'_> {
     }
 
     pub fn insert(&mut self, key: &[u8], value: &[u8]) {
+        self.insert_vec(key, value.to_vec());
+    }
+
+    /// [`IndexBatch::insert`] of a value the caller owns (it is kept as it is,
+    /// not copied).
+    pub fn insert_vec(&mut self, key: &[u8], value: Vec<u8>) {
         let k = self.full(key);
-        self.writes.insert(k, Some(value.to_vec()));
+        self.writes.insert(k, Some(value));
     }
 
     pub fn remove(&mut self, key: &[u8]) {

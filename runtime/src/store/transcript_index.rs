@@ -1109,7 +1109,7 @@ fn append_path_link(
         v
     };
     push_block_link(&mut v, link);
-    batch.insert(&key, &v);
+    batch.insert_vec(&key, v);
     Ok(())
 }
 
@@ -1807,7 +1807,7 @@ fn put_record(
     id: &EntryId,
     r: &EntryRecord,
 ) -> Result<(), IndexError> {
-    batch.insert(&entry_key(sid, id), &r.encode());
+    batch.insert_vec(&entry_key(sid, id), r.encode());
     Ok(())
 }
 
@@ -1902,7 +1902,7 @@ impl ChildCount {
                 {
                     Some(v) => {
                         debug_assert_eq!(v, r.encode(), "a splice encodes the record");
-                        batch.insert(&entry_key(sid, parent), &v);
+                        batch.insert_vec(&entry_key(sid, parent), v);
                     }
                     None => put_record(batch, sid, parent, &r)?,
                 }
