@@ -24,6 +24,7 @@
 //! The on-disk format is in [`mod@format`] and ARCHITECTURE.md at the repository root.
 
 mod bloom;
+mod commit_id;
 mod error;
 pub mod format;
 mod gc;

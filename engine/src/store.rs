@@ -447,7 +447,35 @@ impl Store {
     }
 
     /// Append one commit. Returns when it is acknowledged per the store's durability.
+    /// A commit whose id an earlier commit has is a retry: it writes nothing and
+    /// returns [`AppendOutcome::AlreadyCommitted`] with the earlier commit.
     pub fn append(&self, commit: NewCommit) -> Result<AppendOutcome, Error> {
+        self.append_commit(commit, false)
+    }
+
+    /// [`Store::append`] under a commit id drawn here: 122 random bits from the
+    /// operating system (drawn 256 ids at a time per thread, afresh after a
+    /// `fork`), which no earlier commit has. So it cannot be a retry, and the
+    /// lookup that recognizes retries (a probe of the commit-id filter, a likely
+    /// cache miss, ~2 % of a buffered append) is skipped. The id is in the
+    /// outcome's [`CommitInfo`]; a later [`Store::append`] with it is a retry.
+    pub fn append_fresh(
+        &self,
+        stream: impl Into<String>,
+        expected: ExpectedVersion,
+        events: Vec<EventData>,
+    ) -> Result<AppendOutcome, Error> {
+        let commit = NewCommit {
+            stream: stream.into(),
+            expected,
+            commit_id: crate::commit_id::fresh(),
+            events,
+        };
+        self.append_commit(commit, true)
+    }
+
+    /// `drawn_here`: the commit id was drawn by [`Store::append_fresh`].
+    fn append_commit(&self, commit: NewCommit, drawn_here: bool) -> Result<AppendOutcome, Error> {
         let inner = &*self.inner;
         if inner.read_only {
             return Err(Error::ReadOnly);
@@ -458,12 +486,14 @@ impl Store {
         if inner.poisoned.load(Ordering::Acquire) {
             return Err(Error::Poisoned);
         }
-        if let Some(info) = w.pending_ids.get(&commit.commit_id).cloned() {
-            check_retry_stream(&info, &commit)?;
-            self.wait_done(w, info.seq)?;
-            return Ok(AppendOutcome::AlreadyCommitted(info));
+        if !drawn_here {
+            if let Some(info) = w.pending_ids.get(&commit.commit_id).cloned() {
+                check_retry_stream(&info, &commit)?;
+                self.wait_done(w, info.seq)?;
+                return Ok(AppendOutcome::AlreadyCommitted(info));
+            }
         }
-        if w.ids.may_contain(commit.commit_id) {
+        if !drawn_here && w.ids.may_contain(commit.commit_id) {
             // The filter knows the id (or it is a false positive, ~0.002% per filter): look for it
             // in the named stream's version blocks, newest first; failing that, in every
             // stream's (a retry on another stream is refused).

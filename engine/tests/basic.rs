@@ -157,6 +157,67 @@ fn idempotent_retry_also_after_reopen() {
     assert_eq!(s.last_seq(), 1);
 }
 
+/// `append_fresh` draws a new id for every commit and skips the retry lookup,
+/// but still records the id: a later `append` with it is a retry, before and
+/// after a reopen, while the commit is pending and once it is done.
+#[test]
+fn a_fresh_commits_id_is_new_and_a_retry_with_it_is_recognized() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Store::open(dir.path(), test_opts()).unwrap();
+    let mut ids = std::collections::HashSet::new();
+    let mut infos = Vec::new();
+    for v in 0..300u64 {
+        let expected = if v == 0 {
+            ExpectedVersion::NoStream
+        } else {
+            ExpectedVersion::Exact(v)
+        };
+        let info = committed(
+            s.append_fresh("a", expected, vec![EventData::new("e", vec![v as u8])])
+                .unwrap(),
+        );
+        assert_eq!(info.version, v + 1);
+        assert_eq!(info.commit_id.get_version_num(), 4);
+        assert!(ids.insert(info.commit_id), "a drawn id repeated");
+        infos.push(info);
+    }
+    // The fence still holds.
+    assert!(matches!(
+        s.append_fresh(
+            "a",
+            ExpectedVersion::Exact(1),
+            vec![EventData::new("e", vec![])]
+        )
+        .unwrap(),
+        AppendOutcome::Conflict { .. }
+    ));
+    let retry = |s: &Store, info: &CommitInfo| {
+        s.append(NewCommit {
+            stream: "a".into(),
+            expected: ExpectedVersion::Exact(info.version - 1),
+            commit_id: info.commit_id,
+            events: vec![EventData::new("e", vec![(info.version - 1) as u8])],
+        })
+        .unwrap()
+    };
+    for info in [&infos[0], &infos[150], &infos[299]] {
+        assert_eq!(
+            retry(&s, info),
+            AppendOutcome::AlreadyCommitted(info.clone())
+        );
+    }
+    assert_eq!(s.last_seq(), 300);
+    drop(s);
+    let s = Store::open(dir.path(), test_opts()).unwrap();
+    for info in [&infos[0], &infos[299]] {
+        assert_eq!(
+            retry(&s, info),
+            AppendOutcome::AlreadyCommitted(info.clone())
+        );
+    }
+    assert_eq!(s.last_seq(), 300);
+}
+
 /// Closes `s` on another thread `ms` milliseconds after that thread started
 /// (returns once it has).
 fn close_after(s: Store, ms: u64) -> std::thread::JoinHandle<()> {

@@ -76,7 +76,7 @@ use std::sync::{Arc, RwLock};
 use spool_engine::vfs::Vfs;
 use spool_engine::{
     AppendOutcome, Durability, EventData, ExpectedVersion, IndexBatch, IndexError, Indexer,
-    NewCommit, Options, RecordedCommit, Store,
+    Options, RecordedCommit, Store,
 };
 
 use super::transcript_index::{self, DecodeMemo, LogTranscriptSource, TranscriptIndexer};
@@ -933,13 +933,10 @@ impl LogStore {
         expected: ExpectedVersion,
         events: Vec<EventData>,
     ) -> Result<AppendOutcome, StoreError> {
+        // A commit id the engine draws: no retry can carry it, so the engine
+        // skips the lookup that recognizes retries.
         self.engine()?
-            .append(NewCommit {
-                stream: id.as_str().to_string(),
-                expected,
-                commit_id: fresh_commit_id(),
-                events,
-            })
+            .append_fresh(id.as_str(), expected, events)
             .map_err(engine_err)
     }
 
@@ -1171,59 +1168,6 @@ impl TranscriptBackend for LogStore {
     ) -> Result<AppendReceipt, StoreError> {
         self.append_transcript_events(id, expected_version, Some(at), events)
     }
-}
-
-/// Random bytes a thread hands out as commit ids, 16 at a time.
-struct CommitIdBytes {
-    /// The process the bytes were drawn in: a forked child draws its own.
-    pid: u32,
-    bytes: [u8; COMMIT_ID_BYTES],
-    next: usize,
-}
-
-/// Bytes drawn per `getrandom` call for commit ids: 256 ids.
-const COMMIT_ID_BYTES: usize = 4096;
-
-std::thread_local! {
-    static COMMIT_IDS: std::cell::RefCell<Option<CommitIdBytes>> =
-        const { std::cell::RefCell::new(None) };
-}
-
-/// A random (version 4) commit id. A commit id must never repeat within a
-/// stream (the engine would take a repeat for a retry of the earlier
-/// commit and write nothing), so it stays 122 bits from the operating
-/// system, drawn 256 ids per call instead of one call per commit (the
-/// call was ~3 % of a buffered append). The bytes belong to the thread
-/// and to the process that drew them: after a `fork` the child draws
-/// afresh instead of repeating the parent's next ids.
-fn fresh_commit_id() -> uuid::Uuid {
-    let pid = std::process::id();
-    COMMIT_IDS.with(|cell| {
-        let mut slot = cell.borrow_mut();
-        let usable = matches!(&*slot, Some(b) if b.pid == pid && b.next + 16 <= COMMIT_ID_BYTES);
-        if !usable {
-            let mut bytes = [0u8; COMMIT_ID_BYTES];
-            if getrandom::fill(&mut bytes).is_err() {
-                // The same source: let `new_v4` report it as before.
-                return uuid::Uuid::new_v4();
-            }
-            *slot = Some(CommitIdBytes {
-                pid,
-                bytes,
-                next: 0,
-            });
-        }
-        let Some(b) = slot.as_mut() else {
-            return uuid::Uuid::new_v4();
-        };
-        let Some(drawn) = b.bytes.get(b.next..b.next + 16) else {
-            return uuid::Uuid::new_v4();
-        };
-        let mut id = [0u8; 16];
-        id.copy_from_slice(drawn);
-        b.next += 16;
-        uuid::Builder::from_random_bytes(id).into_uuid()
-    })
 }
 
 /// What a commit of `events` does to a session's transcript version, as
@@ -1543,37 +1487,6 @@ mod tests {
             );
         }
         assert_eq!(stored_kind(&SessionEvent::Touched), "session.touched");
-    }
-
-    #[test]
-    fn commit_ids_are_random_v4_ids_drawn_per_process() {
-        // Across more than one draw of bytes: version 4, RFC variant, no
-        // repeat.
-        let n = COMMIT_ID_BYTES / 16 * 2 + 3;
-        let ids: std::collections::HashSet<uuid::Uuid> =
-            (0..n).map(|_| fresh_commit_id()).collect();
-        assert_eq!(ids.len(), n);
-        assert!(ids
-            .iter()
-            .all(|u| u.get_version_num() == 4 && u.get_variant() == uuid::Variant::RFC4122));
-        // Bytes drawn in another process (as a forked child inherits
-        // them) are never used: the next id comes from a fresh draw.
-        COMMIT_IDS.with(|c| {
-            let mut slot = c.borrow_mut();
-            let b = slot.as_mut().unwrap();
-            b.pid = b.pid.wrapping_add(1);
-            b.next = 0;
-        });
-        let stale = COMMIT_IDS.with(|c| c.borrow().as_ref().unwrap().bytes);
-        let id = fresh_commit_id();
-        let inherited =
-            uuid::Builder::from_random_bytes(stale[..16].try_into().unwrap()).into_uuid();
-        assert_ne!(id, inherited);
-        COMMIT_IDS.with(|c| {
-            let slot = c.borrow();
-            let b = slot.as_ref().unwrap();
-            assert_eq!((b.pid, b.next), (std::process::id(), 16));
-        });
     }
 
     fn fields(parent: Option<&str>) -> Fields {
