@@ -268,7 +268,8 @@ impl Inner {
 
 /// What a publication may reuse from the previous snapshot.
 pub(crate) struct ReusePlan {
-    pub fresh: Vec<Entry>,
+    /// Shared with the published snapshot, which keeps them as they are.
+    pub fresh: Vec<Arc<Entry>>,
     pub changed: HashSet<EntryId>,
     pub generation: u64,
     pub links: bool,
@@ -562,6 +563,8 @@ impl SessionHandle {
             .iter()
             .map(|e| SessionEvent::EntryAppended { entry: e.clone() })
             .collect();
+        // The snapshot keeps the entries as they are (no second copy).
+        let entries: Vec<Arc<Entry>> = entries.into_iter().map(Arc::new).collect();
         self.inner.commit_events(
             snap.session_version,
             events,

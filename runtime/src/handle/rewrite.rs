@@ -253,7 +253,7 @@ impl SessionHandle {
             head.header.version,
             vec![event],
             ReusePlan {
-                fresh: plan.written.clone(),
+                fresh: plan.written.iter().cloned().map(Arc::new).collect(),
                 changed,
                 generation: plan.generation,
                 links: false,

@@ -117,7 +117,7 @@ impl ResidentSnapshot {
 pub(crate) struct Reuse<'a> {
     pub prev: &'a ResidentSnapshot,
     /// Entries just committed (appended or rewritten), complete.
-    pub fresh: &'a [Entry],
+    pub fresh: &'a [Arc<Entry>],
     /// Previous resident entries that changed (rewritten, removed,
     /// relinked): never taken from the previous snapshot.
     pub changed: HashSet<EntryId>,
@@ -261,7 +261,7 @@ impl EntrySource for Overlay<'_> {
 pub(crate) fn extend(
     prev: &ResidentSnapshot,
     receipt: &AppendReceipt,
-    appended: &[Entry],
+    appended: &[Arc<Entry>],
     owner: u64,
     revision: u64,
 ) -> Option<ResidentSnapshot> {
@@ -279,7 +279,9 @@ pub(crate) fn extend(
         prev.selection
             .extended_measured(&prev.sizes, appended, &receipt.entry_sizes)?
     } else {
-        prev.selection.extended(&prev.sizes, appended)?
+        let measured: Vec<u64> = appended.iter().map(|e| entry_size(e)).collect();
+        prev.selection
+            .extended_measured(&prev.sizes, appended, &measured)?
     };
     let mut header = prev.header.clone();
     header.version = receipt.session_version;

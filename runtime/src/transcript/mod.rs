@@ -34,9 +34,9 @@ pub use history::{
 pub use path_facts::{first_kept_depth, path_facts_by_walk, Anchor, IndexedTranscript, PathFacts};
 pub(crate) use resident::select_resident_sized;
 pub use resident::{
-    entry_size, select_resident, BoundaryCounts, Budget, ChildLinks, CustomRef, EntryFacts,
-    EntrySource, NavLinks, OmittedEntry, ResidentError, ResidentSelection, CHILD_LINKS_MAX,
-    DEFAULT_RESIDENT_BYTES_MAX, DEFAULT_RESIDENT_EVENTS_MAX,
+    entry_size, select_resident, AppendedEntry, BoundaryCounts, Budget, ChildLinks, CustomRef,
+    EntryFacts, EntrySource, NavLinks, OmittedEntry, ResidentError, ResidentSelection,
+    CHILD_LINKS_MAX, DEFAULT_RESIDENT_BYTES_MAX, DEFAULT_RESIDENT_EVENTS_MAX,
 };
 pub use rewrite::{
     redact, remove_trailing_entries, truncate_tool_results, MappedEntry, Replacement, RewriteError,

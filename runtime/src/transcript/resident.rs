@@ -52,6 +52,33 @@ use std::borrow::Cow;
 use std::convert::Infallible;
 use std::sync::Arc;
 
+/// An entry a caller appended, as [`ResidentSelection::extended_measured`]
+/// takes it: read in place, and kept as a shared [`Arc<Entry>`] when the
+/// selection holds it (an `Arc` given is kept as it is, an [`Entry`] is
+/// copied into one).
+pub trait AppendedEntry {
+    fn entry(&self) -> &Entry;
+    fn shared(&self) -> Arc<Entry>;
+}
+
+impl AppendedEntry for Entry {
+    fn entry(&self) -> &Entry {
+        self
+    }
+    fn shared(&self) -> Arc<Entry> {
+        Arc::new(self.clone())
+    }
+}
+
+impl AppendedEntry for Arc<Entry> {
+    fn entry(&self) -> &Entry {
+        self
+    }
+    fn shared(&self) -> Arc<Entry> {
+        Arc::clone(self)
+    }
+}
+
 use serde::Serialize;
 
 use super::context::{context_messages_segment, ModelContext, PathMarker};
@@ -952,15 +979,21 @@ impl ResidentSelection {
     /// ([`entry_size`] of each, in order; a store that measured them for
     /// its index reports them in its receipt), so they are not measured
     /// twice. `None` as there, and when the sizes are not one per entry.
-    pub fn extended_measured(
+    ///
+    /// The appended entries may be shared ([`Arc<Entry>`]): the selection
+    /// then keeps them as they are instead of copying them.
+    pub fn extended_measured<E: AppendedEntry>(
         &self,
         sizes: &SharedSeq<u64>,
-        appended: &[Entry],
+        appended: &[E],
         appended_sizes: &[u64],
     ) -> Option<(ResidentSelection, SharedSeq<u64>)> {
         if appended_sizes.len() != appended.len() {
             return None;
         }
+        let shared = appended;
+        let appended: Vec<&Entry> = shared.iter().map(AppendedEntry::entry).collect();
+        let appended = appended.as_slice();
         debug_assert!(
             appended
                 .iter()
@@ -1011,10 +1044,9 @@ impl ResidentSelection {
         let restart = appended
             .iter()
             .rposition(|e| matches!(e.kind, EntryKind::Reset));
-        let fresh = match restart {
-            Some(r) => appended.get(r..)?,
-            None => appended,
-        };
+        // Where `fresh` starts in `appended` (and `shared`).
+        let fresh_at = restart.unwrap_or(0);
+        let fresh = appended.get(fresh_at..)?;
         let pinned = new_facts
             .compaction
             .as_ref()
@@ -1159,7 +1191,7 @@ impl ResidentSelection {
                     children_total: u64::from(child.is_some()),
                     children: child.into_iter().collect(),
                 }));
-                new_entries.push(Arc::new(e.clone()));
+                new_entries.push(shared.get(fresh_at + k)?.shared());
                 new_sizes.push(size);
                 fresh_bytes = fresh_bytes.saturating_add(size);
             }
