@@ -973,6 +973,43 @@ mod tests {
             let refs: Vec<&str> = pieces.iter().map(String::as_str).collect();
             prop_assert_eq!(shortened(&refs, max_chars), reference_line(&refs, max_chars));
         }
+
+        /// The same for text that is mostly short ASCII words (the byte by
+        /// byte path of `word_end`), with a non-ASCII letter or space now
+        /// and then.
+        #[test]
+        fn the_line_shortener_matches_collapse_then_cut_on_ascii_words(
+            pieces in proptest::collection::vec("[ab \n]{0,30}([é\u{a0}][ab ]{0,10})?", 0..4),
+            max_chars in 0usize..40,
+        ) {
+            let refs: Vec<&str> = pieces.iter().map(String::as_str).collect();
+            prop_assert_eq!(shortened(&refs, max_chars), reference_line(&refs, max_chars));
+        }
+    }
+
+    /// ASCII words, and words `word_end` hands to its char loop (a non-ASCII
+    /// letter in the word, a non-ASCII space after it), at and around the cut.
+    #[test]
+    fn ascii_and_other_words_shorten_like_the_reference() {
+        let cases: &[&[&str]] = &[
+            &["a b"],
+            &["  a  b  ", "c"],
+            &["ab é cd"],
+            &["abé cd ef"],
+            &["abc\u{a0}def gh"],
+            &["x\u{85}y z", "w"],
+            &["one two three four five six"],
+            &["", " ", "a"],
+        ];
+        for pieces in cases {
+            for max_chars in 0..20 {
+                assert_eq!(
+                    shortened(pieces, max_chars),
+                    reference_line(pieces, max_chars),
+                    "{pieces:?} at {max_chars}"
+                );
+            }
+        }
     }
 
     /// A `tool_output` custom message whose text blocks are `texts`.
