@@ -18,13 +18,14 @@ std::thread_local! {
         const { std::cell::RefCell::new(None) };
 }
 
-/// A random (version 4) commit id. A commit id must never repeat within a
-/// stream (the engine would take a repeat for a retry of the earlier
-/// commit and write nothing), so it stays 122 bits from the operating
-/// system, drawn 256 ids per call instead of one call per commit (the
-/// call was ~3 % of a buffered append). The bytes belong to the thread
-/// and to the process that drew them: after a `fork` the child draws
-/// afresh instead of repeating the parent's next ids.
+/// A random (version 4) commit id. A drawn id must never repeat:
+/// `Store::append_fresh` does not look for an earlier commit with it (a
+/// repeat would be a second commit with the id, which `Store::append`
+/// would take for a retry of the first). So it stays 122 bits from the
+/// operating system, drawn 256 ids per call instead of one call per commit
+/// (the call was ~3 % of a buffered append). The bytes belong to the
+/// thread and to the process that drew them: after a `fork` the child
+/// draws afresh instead of repeating the parent's next ids.
 pub(crate) fn fresh() -> Uuid {
     let pid = std::process::id();
     COMMIT_IDS.with(|cell| {
