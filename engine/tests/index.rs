@@ -45,13 +45,10 @@ fn count(s: &Store, stream: &str) -> Option<u64> {
 
 fn fill(s: &Store, from: u64, to: u64) {
     for i in from..to {
-        let stream = format!("s{}", i % 4);
-        let v = s.stream_version(&stream).unwrap().unwrap_or(0);
         let events = (0..=(i % 3))
             .map(|k| EventData::new("e", vec![k as u8; 20]))
             .collect();
-        s.append(NewCommit::new(stream, ExpectedVersion::Exact(v), events))
-            .unwrap();
+        append_next(s, &format!("s{}", i % 4), events);
     }
 }
 
@@ -305,15 +302,12 @@ fn many_commits_through_memtable_and_sled_equal_a_rebuild() {
     };
     let s = Store::open(dir.path(), opts()).unwrap();
     for i in 0..9000u64 {
-        let stream = format!("s{}", i % 5);
-        let v = s.stream_version(&stream).unwrap().unwrap_or(0);
         let kind = format!("k{i}");
-        s.append(NewCommit::new(
-            stream,
-            ExpectedVersion::Exact(v),
+        append_next(
+            &s,
+            &format!("s{}", i % 5),
             vec![EventData::new(kind, vec![1])],
-        ))
-        .unwrap();
+        );
         if i % 1000 == 999 {
             // Mid-way reads see every acknowledged commit.
             assert_eq!(s.index().scan_prefix("lastkinds", b"s0\0").count(), 2);
@@ -463,14 +457,11 @@ fn the_key_filter_never_hides_a_key_before_or_after_a_reopen() {
     // Enough commits that the memtable moves into sled more than once.
     let n = 9_000u64;
     let append = |s: &Store, i: u64| {
-        let stream = format!("s{}", i % 3);
-        let v = s.stream_version(&stream).unwrap().unwrap_or(0);
-        s.append(NewCommit::new(
-            stream,
-            ExpectedVersion::Exact(v),
+        append_next(
+            s,
+            &format!("s{}", i % 3),
             vec![EventData::new("e", vec![1])],
-        ))
-        .unwrap();
+        );
     };
     let check = |s: &Store, upto: u64| {
         for i in 0..upto {
@@ -565,14 +556,7 @@ fn a_key_set_after_its_removal_in_one_memtable_is_never_hidden_by_the_filter() {
     {
         let s = Store::open(dir.path(), opts()).unwrap();
         for i in 0..n {
-            let stream = streams(i);
-            let v = s.stream_version(&stream).unwrap().unwrap_or(0);
-            s.append(NewCommit::new(
-                stream,
-                ExpectedVersion::Exact(v),
-                vec![EventData::new("e", vec![1])],
-            ))
-            .unwrap();
+            append_next(&s, &streams(i), vec![EventData::new("e", vec![1])]);
             if i % 997 == 0 {
                 check(&s, i + 1);
             }

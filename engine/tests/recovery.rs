@@ -11,16 +11,11 @@ fn write_commits(dir: &Path, opts: Options, n: u64) -> Vec<CommitInfo> {
     let s = Store::open(dir, opts).unwrap();
     let infos = (0..n)
         .map(|i| {
-            let stream = format!("s{}", i % 3);
-            let v = s.stream_version(&stream).unwrap().unwrap_or(0);
-            committed(
-                s.append(commit(
-                    &stream,
-                    ExpectedVersion::Exact(v),
-                    format!("payload-{i}").as_bytes(),
-                ))
-                .unwrap(),
-            )
+            committed(append_next(
+                &s,
+                &format!("s{}", i % 3),
+                ev(format!("payload-{i}").as_bytes()),
+            ))
         })
         .collect();
     s.close().unwrap();

@@ -11,6 +11,14 @@ pub fn commit(stream: &str, expected: ExpectedVersion, payload: &[u8]) -> NewCom
     NewCommit::new(stream, expected, ev(payload))
 }
 
+/// Appends `events` to `stream` at its current version (a fence that holds for a
+/// single writer).
+pub fn append_next(s: &Store, stream: &str, events: Vec<EventData>) -> AppendOutcome {
+    let v = s.stream_version(stream).unwrap().unwrap_or(0);
+    s.append(NewCommit::new(stream, ExpectedVersion::Exact(v), events))
+        .unwrap()
+}
+
 pub fn small_opts() -> Options {
     Options::default().segment_bytes_max(4096)
 }
