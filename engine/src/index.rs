@@ -14,7 +14,7 @@
 
 use crate::bloom::{KeyFilter, KeyHash};
 use crate::error::{Error, IndexError};
-use crate::memtable::{bound_ref, MemTable, Value};
+use crate::memtable::{bound_ref, MemTable, Value, PENDING_SETTLE_MIN};
 use crate::redo::{self, RedoLog};
 use crate::types::{CommitInfo, LogPosition, RecordedCommit};
 use std::collections::BTreeMap;
@@ -1140,6 +1140,23 @@ impl Index {
             None => Bound::Unbounded,
         };
         let lo = Bound::Included(from.to_vec());
+        // Put the live memtable's new keys in order first when many are pending, so
+        // that range reads among appends do not sort them again and again (see
+        // `crate::memtable`). Keys written between this and the snapshot below
+        // are sorted by the snapshot's range read itself.
+        let pending = self
+            .mem
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .writes
+            .pending_len();
+        if pending > PENDING_SETTLE_MIN {
+            self.mem
+                .write()
+                .unwrap_or_else(|e| e.into_inner())
+                .writes
+                .settle();
+        }
         // Snapshot the memtable over the frozen one (lock order: mem, then frozen).
         let mem: Vec<PendingWrite> = {
             let mem = self.mem.read().unwrap_or_else(|e| e.into_inner());
