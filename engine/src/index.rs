@@ -14,7 +14,7 @@
 
 use crate::bloom::{KeyFilter, KeyHash};
 use crate::error::{Error, IndexError};
-use crate::memtable::{bound_ref, MemTable, Value, PENDING_SETTLE_MIN};
+use crate::memtable::{bound_ref, MemTable, Value};
 use crate::redo::{self, RedoLog};
 use crate::types::{CommitInfo, LogPosition, RecordedCommit};
 use std::collections::BTreeMap;
@@ -1140,17 +1140,16 @@ impl Index {
             None => Bound::Unbounded,
         };
         let lo = Bound::Included(from.to_vec());
-        // Put the live memtable's new keys in order first when many are pending, so
-        // that range reads among appends do not sort them again and again (see
-        // `crate::memtable`). Keys written between this and the snapshot below
-        // are sorted by the snapshot's range read itself.
+        // Put the live memtable's new keys in order first (see `crate::memtable`):
+        // keys written between this and the snapshot below are sorted by the
+        // snapshot's range read itself.
         let pending = self
             .mem
             .read()
             .unwrap_or_else(|e| e.into_inner())
             .writes
             .pending_len();
-        if pending > PENDING_SETTLE_MIN {
+        if pending > 0 {
             self.mem
                 .write()
                 .unwrap_or_else(|e| e.into_inner())
@@ -1617,10 +1616,11 @@ fn write_move(
     writes: &MemTable,
     cut_after: Option<usize>,
 ) -> Result<bool, IndexError> {
-    let mut sorted: Vec<(&[u8], &Value)> = writes.iter_unordered().collect();
     // Neighbouring keys share sled's tree nodes: in key order each node is found and
-    // changed while it is still in the CPU's caches.
-    sorted.sort_unstable_by(|a, b| a.0.cmp(b.0));
+    // changed while it is still in the CPU's caches. The memtable's range read sorts
+    // its pending keys once, for this move and for its readers meanwhile.
+    let sorted: Vec<(&[u8], &Value)> = writes.range(Bound::Unbounded, Bound::Unbounded).collect();
+    debug_assert_eq!(sorted.len(), writes.len());
     let mut redo_full = false;
     if let Some(redo) = redo {
         let body = redo::encode_body(&sorted)?;

@@ -16,13 +16,15 @@
 //! pending keys until a range read needs it. Appends write about one new
 //! key each and rarely read ranges, and a `BTreeSet` insert compares keys
 //! that share ~50 leading bytes at every level, on the appending thread
-//! (~3 % of its time in `spool bench`'s buffered appends). A range read
-//! sorts the pending keys once (kept until the next new key) and walks them
-//! beside the ordered set; [`MemTable::settle`] moves them into the set,
-//! which the index does before a range read of the live memtable once
-//! enough are pending, so a reader among writers never sorts more than
-//! that many again. A frozen memtable is never written again: its pending
-//! keys are sorted once, by the move into sled or its first range read.
+//! (~3 % of its time in `spool bench`'s buffered appends). Before a range
+//! read of the live memtable the index moves its pending keys into the set
+//! ([`MemTable::settle`], sorted first), so a range read among appends
+//! costs what the inserts cost before, once. A range read itself walks the
+//! pending keys beside the set, sorted once (kept until the next new key):
+//! the keys written after the settle, and a frozen memtable's, which is
+//! never written again. The move into sled reads its frozen memtable in
+//! order through that same sort, so the readers of a memtable being moved
+//! find it done.
 
 use std::collections::BTreeSet;
 use std::ops::Bound;
@@ -44,11 +46,6 @@ pub(crate) struct MemTable {
     /// dropped by the next new key.
     pending_sorted: OnceLock<Vec<Arc<[u8]>>>,
 }
-
-/// Pending keys past which the index settles the live memtable before a
-/// range read of it (see the module docs): a range read sorts at most
-/// about this many keys that a later one sorts again.
-pub(crate) const PENDING_SETTLE_MIN: usize = 64;
 
 impl MemTable {
     /// An empty memtable with room for `keys` keys (the previous one's
@@ -164,7 +161,8 @@ impl MemTable {
         .filter_map(move |k| Some((&**k, self.values.get(&**k)?)))
     }
 
-    /// Every write, in no particular order (a move into sled sorts them).
+    /// Every write, in no particular order (for the model test).
+    #[cfg(test)]
     pub(crate) fn iter_unordered(&self) -> impl Iterator<Item = (&[u8], &Value)> {
         self.values.iter().map(|(k, v)| (&**k, v))
     }
