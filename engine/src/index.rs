@@ -1521,10 +1521,16 @@ impl Index {
     }
 
     /// Every engine and indexer entry (not the cache), for comparing two indexes.
+    /// Not the marker of a move into sled in progress either: it is the move's
+    /// bookkeeping, not an entry, and a dump taken during a background move would
+    /// otherwise differ from the same index's dump after it.
     pub fn dump(&self) -> Result<Vec<KeyValue>, Error> {
         let mut out = Vec::new();
         for kv in self.merged(&[]) {
-            out.push(kv?);
+            let kv = kv?;
+            if kv.0 != META_MOVING {
+                out.push(kv);
+            }
         }
         Ok(out)
     }
@@ -1916,7 +1922,10 @@ mod tests {
 
     /// A crash inside a move into sled, at every point from before its first write to
     /// after its last (the marker still there): the next open finishes the move from
-    /// the redo log and finds exactly the index of a move that was never cut.
+    /// the redo log and finds exactly the index of a move that was never cut. Before
+    /// the crash, a dump already is that index (a dump that kept the move's marker made
+    /// `losing_the_memtable_is_caught_up_from_the_log` fail when its dump overlapped
+    /// the background move).
     #[test]
     fn a_move_cut_short_is_finished_from_the_redo_log_on_open() {
         let want = whole_index(tempfile::tempdir().unwrap().path(), 40, 100);
@@ -1929,6 +1938,9 @@ mod tests {
                 apply_commits(&index, 100, 40);
                 index.cut_move_for_tests(cut);
                 assert!(index.sled_moving_for_tests(), "cut {cut}");
+                // Mid-move (the frozen memtable still in front of sled), a dump is
+                // the whole index: the move's marker is not an entry.
+                assert_eq!(index.dump().unwrap(), want, "cut {cut}: mid-move dump");
             }
             let (index, created) = Index::open(Some(dir.path()), vec![Arc::new(Churn)]).unwrap();
             assert!(!created, "cut {cut}: the index was rebuilt, not finished");
