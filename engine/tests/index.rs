@@ -211,6 +211,20 @@ fn indexer_failure_poisons_writes_but_the_commit_is_durable() {
     assert_eq!(s.stream_version("a").unwrap(), Some(2));
 }
 
+/// The key prefix of `stream`'s entries in the indexers below: `stream \0`.
+fn stream_prefix(stream: &str) -> Vec<u8> {
+    let mut p = stream.as_bytes().to_vec();
+    p.push(0);
+    p
+}
+
+/// The key of commit `c` in the indexers below: `stream \0 version` (u64 BE).
+fn version_key(c: &RecordedCommit) -> Vec<u8> {
+    let mut k = stream_prefix(&c.info.stream);
+    k.extend_from_slice(&c.info.version.to_be_bytes());
+    k
+}
+
 /// Keeps, per stream, only the kinds of its last 2 commits: inserts and removes.
 struct LastKinds;
 impl Indexer for LastKinds {
@@ -221,12 +235,8 @@ impl Indexer for LastKinds {
         1
     }
     fn apply(&self, c: &RecordedCommit, batch: &mut IndexBatch<'_>) -> Result<(), IndexError> {
-        let mut prefix = c.info.stream.as_bytes().to_vec();
-        prefix.push(0);
-        let mut key = prefix.clone();
-        key.extend_from_slice(&c.info.version.to_be_bytes());
-        batch.insert(&key, c.events[0].kind.as_bytes());
-        let existing = batch.scan_prefix(&prefix)?;
+        batch.insert(&version_key(c), c.events[0].kind.as_bytes());
+        let existing = batch.scan_prefix(&stream_prefix(&c.info.stream))?;
         if existing.len() > 2 {
             batch.remove(&existing[0].0);
         }
@@ -302,10 +312,7 @@ impl Indexer for EveryVersion {
         1
     }
     fn apply(&self, c: &RecordedCommit, batch: &mut IndexBatch<'_>) -> Result<(), IndexError> {
-        let mut key = c.info.stream.as_bytes().to_vec();
-        key.push(0);
-        key.extend_from_slice(&c.info.version.to_be_bytes());
-        batch.insert(&key, c.events[0].kind.as_bytes());
+        batch.insert(&version_key(c), c.events[0].kind.as_bytes());
         Ok(())
     }
 }
@@ -334,8 +341,7 @@ fn scans_during_appends_and_moves_see_every_acknowledged_key_in_order() {
                 while !done.load(Ordering::Acquire) || scans < 3 {
                     let stream = format!("s{}", (scans + r) % 3);
                     let before = s.stream_version(&stream).unwrap().unwrap_or(0);
-                    let mut prefix = stream.as_bytes().to_vec();
-                    prefix.push(0);
+                    let prefix = stream_prefix(&stream);
                     let keys: Vec<Vec<u8>> = s
                         .index()
                         .scan_prefix("everyversion", &prefix)
@@ -371,7 +377,7 @@ fn scans_during_appends_and_moves_see_every_acknowledged_key_in_order() {
     for stream in ["s0", "s1", "s2"] {
         let n = s
             .index()
-            .scan_prefix("everyversion", format!("{stream}\0").as_bytes())
+            .scan_prefix("everyversion", &stream_prefix(stream))
             .count() as u64;
         assert_eq!(Some(n), s.stream_version(stream).unwrap());
     }
