@@ -97,7 +97,7 @@ pub enum IndexError {
     #[error("index disagrees with the log: {0}")]
     Mismatch(String),
     /// A move into sled too large for one redo record (`REDO_RECORD_BYTES_MAX`, 1 GiB:
-    /// one memtable's writes, about 8 MiB, plus one group's).
+    /// one memtable's writes, at most about 16 MiB, plus one group's).
     #[error("a move of {writes} index writes needs a {bytes}-byte redo record, over the {max}-byte limit")]
     MoveTooLarge { writes: u64, bytes: u64, max: u64 },
     /// The redo log of the index's moves into sled could not be read or written.
