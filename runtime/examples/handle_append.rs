@@ -76,13 +76,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let before = engine.stats();
     let process_cpu0 = process_cpu_ns();
     let start = Instant::now();
-    let per_thread_cpu: Vec<u64> = std::thread::scope(|s| {
+    let per_thread: Vec<ThreadTimes> = std::thread::scope(|s| {
         let threads: Vec<_> = handles
             .iter()
             .map(|handle| {
-                s.spawn(move || -> Result<u64, String> {
+                s.spawn(move || -> Result<ThreadTimes, String> {
                     let sizes = [200usize, 1024, 4096];
-                    let cpu0 = thread_cpu_ns();
+                    let sched0 = thread_sched_ns();
+                    let wall0 = Instant::now();
                     for i in 0..n {
                         let text = "x".repeat(sizes[i % sizes.len()]);
                         handle
@@ -93,7 +94,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                             })
                             .map_err(|e| e.to_string())?;
                     }
-                    Ok(thread_cpu_ns().saturating_sub(cpu0))
+                    let sched1 = thread_sched_ns();
+                    Ok(ThreadTimes {
+                        wall_ns: wall0.elapsed().as_nanos() as u64,
+                        cpu_ns: sched1.0.saturating_sub(sched0.0),
+                        runnable_ns: sched1.1.saturating_sub(sched0.1),
+                    })
                 })
             })
             .collect();
@@ -106,7 +112,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let process_cpu = process_cpu_ns().saturating_sub(process_cpu0);
     let after = engine.stats();
     let total = (n * writers) as f64;
-    let writer_cpu: u64 = per_thread_cpu.iter().sum();
+    let writer_cpu: u64 = per_thread.iter().map(|t| t.cpu_ns).sum();
+    let writer_wall: u64 = per_thread.iter().map(|t| t.wall_ns).sum::<u64>().max(1);
+    let writer_runnable: u64 = per_thread.iter().map(|t| t.runnable_ns).sum();
+    let writer_waiting = writer_wall.saturating_sub(writer_cpu + writer_runnable);
     let groups = after
         .write_groups
         .saturating_sub(before.write_groups)
@@ -115,7 +124,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "{writers} writer(s) x {n} appends in {secs:.3} s: {:.0} appends/s, {:.1} µs of the \
          appending threads' CPU and {:.1} µs of the process's CPU per append; {:.2} commits \
          per group, {:.1} µs per group; {} groups prepared during their fdatasync, {} of \
-         them taken by the polling index thread",
+         them taken by the polling index thread; the appending threads' wall time: {:.1} % \
+         on a CPU, {:.1} % runnable, {:.1} % waiting",
         total / secs,
         writer_cpu as f64 / 1e3 / total,
         process_cpu as f64 / 1e3 / total,
@@ -125,6 +135,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             .groups_prepared_ahead
             .saturating_sub(before.groups_prepared_ahead),
         after.groups_polled.saturating_sub(before.groups_polled),
+        100.0 * writer_cpu as f64 / writer_wall as f64,
+        100.0 * writer_runnable as f64 / writer_wall as f64,
+        100.0 * writer_waiting as f64 / writer_wall as f64,
     );
     Ok(())
 }
@@ -146,11 +159,21 @@ fn process_cpu_ns() -> u64 {
     (ticks(11) + ticks(12)) * 10_000_000
 }
 
-/// Nanoseconds this thread has run on a CPU (Linux `schedstat`; 0 elsewhere): the
-/// append path's own cost, apart from the index's background thread and from waits.
-fn thread_cpu_ns() -> u64 {
-    std::fs::read_to_string("/proc/thread-self/schedstat")
-        .ok()
-        .and_then(|s| s.split_whitespace().next()?.parse().ok())
-        .unwrap_or(0)
+/// An appending thread's time over its appends.
+struct ThreadTimes {
+    wall_ns: u64,
+    /// On a CPU: the append path's own cost, apart from the index's background
+    /// thread and from waits.
+    cpu_ns: u64,
+    /// Runnable but not running (the machine's other threads had the CPUs).
+    runnable_ns: u64,
+}
+
+/// Nanoseconds this thread has run on a CPU and waited runnable for one (Linux
+/// `schedstat`; zeros elsewhere). What its wall time holds besides is waiting: for
+/// a lock, a move into sled, an fsync.
+fn thread_sched_ns() -> (u64, u64) {
+    let s = std::fs::read_to_string("/proc/thread-self/schedstat").unwrap_or_default();
+    let mut f = s.split_whitespace().map(|v| v.parse::<u64>().unwrap_or(0));
+    (f.next().unwrap_or(0), f.next().unwrap_or(0))
 }
