@@ -443,9 +443,9 @@ const MEM_BYTES_MOVE: usize = 8 << 20;
 /// While the previous move still runs, the memtable takes more writes, up to this
 /// many commits or bytes, instead of waiting for it. Waiting at every freeze left
 /// the applier idle whenever one move ran a little longer than the commits that
-/// filled the next memtable: in `handle_append 150000` (buffered), 8-14 % of the
-/// appending thread's wall time, in one wait per freeze, with the move thread busy
-/// for 80-87 % of the run.
+/// filled the next memtable: in `handle_append 150000` (buffered, four runs), 8-14 %
+/// of the appending thread's wall time went to those waits, 12-18 of the 36 freezes
+/// waiting over a millisecond, while the move thread was busy for 78-87 % of the run.
 const MEM_COMMITS_MAX: usize = 2 * MEM_COMMITS_MOVE;
 /// See [`MEM_COMMITS_MAX`]: a memtable, live or frozen, holds at most about this many
 /// bytes of keys and values (plus one group's).
