@@ -364,7 +364,8 @@ fn scans_during_appends_and_moves_see_every_acknowledged_key_in_order() {
                 }
             });
         }
-        // More than two memtables' worth (a move every 4,096 commits).
+        // More than two memtables' worth (a memtable moves after 4,096 commits, or after
+        // up to 8,192 while the previous move runs): one or two moves during the appends.
         for i in 0..10_000u64 {
             append_next(
                 &s,
@@ -632,7 +633,7 @@ fn a_key_set_after_its_removal_in_one_memtable_is_never_hidden_by_the_filter() {
     };
     // Fresh streams keep arriving, so the first write of some keys (a removal) and
     // their first value land in every memtable, including the ones moved into sled
-    // (a memtable moves after 4,096 commits).
+    // (a memtable moves after 4,096 commits, or up to 8,192 while the previous move runs).
     let streams = |i: u64| format!("s{}", i % 7 + (i / 2_000) * 7);
     let check = |s: &Store, upto: u64| {
         let mut versions = std::collections::HashMap::new();
