@@ -1,6 +1,8 @@
 //! Appends entries through a writer handle on a buffered log store and
-//! prints the rate: the handle's append path on its own, for profiling
-//! (`perf record`), outside `spool bench`'s peers.
+//! prints the rate, the appending threads' and the process's CPU per
+//! append, and how the appending threads' wall time splits into on a CPU,
+//! runnable and waiting (Linux only): the handle's append path on its own,
+//! for profiling (`perf record`), outside `spool bench`'s peers.
 //! Run it with
 //! `cargo run --release -p spool-runtime --example handle_append [N] [durable] [WRITERS] [BUDGET_BYTES] [POLL_US]`
 //! (`durable`: engine durability `Immediate`, acknowledged after fdatasync;
