@@ -1947,6 +1947,15 @@ mod tests {
                 assert_eq!(v, Some(seq.to_be_bytes().to_vec()), "seq {seq}");
             }
         };
+        // Opens the gate however the test ends: a failed assertion with the move held
+        // would otherwise hang in the index's drop, which joins the move.
+        struct OpenOnDrop(Arc<super::MoveGate>);
+        impl Drop for OpenOnDrop {
+            fn drop(&mut self) {
+                self.0.set_closed(false);
+            }
+        }
+        let _open = OpenOnDrop(index.move_gate.clone());
         index.move_gate.set_closed(true);
         // No move runs yet: the first freeze comes at the move bound, and its move is
         // held at its start.
