@@ -24,9 +24,13 @@ pub(crate) struct Segment {
     pub data_start: u64,
     /// For a segment written by GC: the seq range it stands for.
     pub compacted: Option<(u64, u64)>,
-    /// Memory map, made on first read once the segment is sealed (or read-only).
-    map: Mutex<Option<Arc<Mapped>>>,
-    /// Whether reads may use a map: the bytes before `end` never change.
+    /// Memory map: of the whole file, made on first read once the segment is sealed (or
+    /// read-only); of a prefix below the acknowledged end while the segment is active
+    /// (see [`ACTIVE_MAP_SLACK_BYTES`]).
+    /// The flag says whether the map is of the whole file.
+    map: Mutex<Option<(Arc<Mapped>, bool)>>,
+    /// Whether the segment is sealed (or read-only): no byte of it is written again, and
+    /// reads map the whole file.
     pub mappable: std::sync::atomic::AtomicBool,
 }
 
@@ -73,26 +77,59 @@ impl Segment {
     }
 
     pub fn with_map(self, map: Arc<Mapped>) -> Segment {
-        *self.map.lock().unwrap_or_else(|e| e.into_inner()) = Some(map);
+        *self.map.lock().unwrap_or_else(|e| e.into_inner()) = Some((map, true));
         self.mappable.store(true, Ordering::Release);
         self
     }
 
-    fn mapped(&self) -> Result<Option<Arc<Mapped>>, Error> {
-        if !self.mappable.load(Ordering::Acquire) {
-            return Ok(None);
-        }
+    /// The length of the segment's map and whether it is of the whole file, if it has one.
+    #[cfg(test)]
+    pub(crate) fn map_state(&self) -> Option<(u64, bool)> {
+        let g = self.map.lock().unwrap_or_else(|e| e.into_inner());
+        g.as_ref().map(|(m, whole)| (m.len() as u64, *whole))
+    }
+
+    /// A map holding at least the bytes before `stop` (at most the acknowledged end), or
+    /// `None` when reads of them go to the file.
+    ///
+    /// A sealed segment is mapped whole, once. The active segment's bytes before its
+    /// acknowledged end never change either (the writer writes at and after the end), so
+    /// a map of exactly that prefix serves reads below it: it is made again when the end
+    /// has moved [`ACTIVE_MAP_SLACK_BYTES`] (or a quarter of the mapped length, whichever
+    /// is more) past it, and until then reads of the newest records go to the file. So a
+    /// store that appends and reads in turn maps again at most once per slack, and one
+    /// smaller than the slack is never mapped while active.
+    fn mapped_for(&self, stop: u64) -> Result<Option<Arc<Mapped>>, Error> {
+        let sealed = self.mappable.load(Ordering::Acquire);
         let mut g = self.map.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(m) = g.as_ref() {
-            return Ok(Some(m.clone()));
+        let covered = g.as_ref().map_or(0, |(m, _)| m.len() as u64);
+        if let Some((m, whole)) = g.as_ref() {
+            if *whole || covered >= stop {
+                return Ok(Some(m.clone()));
+            }
+        }
+        if sealed {
+            // The whole file (a prefix map made while the segment was active is replaced).
+            let m = Arc::new(
+                self.file
+                    .map()
+                    .map_err(|e| Error::io(&self.name, "map", e))?,
+            );
+            *g = Some((m.clone(), true));
+            return Ok(Some(m));
+        }
+        let end = self.end.load(Ordering::Acquire);
+        if end.saturating_sub(covered) < ACTIVE_MAP_SLACK_BYTES.max(covered / 4) {
+            return Ok(None);
         }
         let m = Arc::new(
             self.file
-                .map()
+                .map_prefix(end)
                 .map_err(|e| Error::io(&self.name, "map", e))?,
         );
-        *g = Some(m.clone());
-        Ok(Some(m))
+        debug_assert_eq!(m.len() as u64, end, "a prefix map is exactly the prefix");
+        *g = Some((m.clone(), false));
+        Ok((end >= stop).then_some(m))
     }
 
     /// Read and decode the record at `offset`. Lengths are checked against the segment's
@@ -119,23 +156,30 @@ impl Segment {
             segment: self.id,
             offset,
         };
-        if let Some(map) = self.mapped()? {
-            let bytes = map
-                .get(offset as usize..(end as usize).min(map.len()))
-                .ok_or_else(|| {
-                    Error::corrupt(&self.name, offset, "segment shorter than its end")
-                })?;
-            return match format::check_frame(bytes, self.id, max_len) {
-                FrameCheck::Valid { payload, .. } => format::decode_commit_ref(payload, pos)
-                    .map(f)
-                    .map_err(|p| Error::corrupt(&self.name, offset, p)),
-                FrameCheck::Zero => Err(Error::corrupt(
-                    &self.name,
-                    offset,
-                    "no record here (zero bytes)",
-                )),
-                FrameCheck::Invalid(p) => Err(Error::corrupt(&self.name, offset, p)),
-            };
+        // A map holding the frame's header; the frame is checked to lie inside it.
+        let want = end.min(offset.saturating_add(FRAME_HEADER_BYTES));
+        if let Some(map) = self.mapped_for(want)? {
+            let covered = (end as usize).min(map.len());
+            let bytes = map.get(offset as usize..covered).ok_or_else(|| {
+                Error::corrupt(&self.name, offset, "segment shorter than its end")
+            })?;
+            let check = format::check_frame(bytes, self.id, max_len);
+            // A map of the active segment's prefix may end inside the record: anything
+            // but a valid frame wholly inside it is left to the read below, which gives
+            // the answer of the file.
+            if covered as u64 >= end || matches!(check, FrameCheck::Valid { .. }) {
+                return match check {
+                    FrameCheck::Valid { payload, .. } => format::decode_commit_ref(payload, pos)
+                        .map(f)
+                        .map_err(|p| Error::corrupt(&self.name, offset, p)),
+                    FrameCheck::Zero => Err(Error::corrupt(
+                        &self.name,
+                        offset,
+                        "no record here (zero bytes)",
+                    )),
+                    FrameCheck::Invalid(p) => Err(Error::corrupt(&self.name, offset, p)),
+                };
+            }
         }
         let mut buf = READ_BUF.with(|b| std::mem::take(&mut *b.borrow_mut()));
         let res = self.visit_read(offset, end, max_len, pos, &mut buf, f);
@@ -279,7 +323,7 @@ impl Segment {
             return Err(Error::NotFound(format!("{}@{offset}", self.name)));
         }
         let stop = offset.saturating_add(len).min(end);
-        let bytes = match self.mapped()? {
+        let bytes = match self.mapped_for(stop)? {
             Some(map) => {
                 let r = offset as usize..(stop as usize).min(map.len());
                 if r.start > r.end {
@@ -314,6 +358,13 @@ impl Segment {
 /// Bytes read at once from an unmapped segment: the frame header and the payload of
 /// most records (a longer record takes a second read for the rest).
 pub const READ_AHEAD_BYTES: u64 = 8 << 10;
+
+/// How far the active segment's acknowledged end moves past its map (or a quarter of
+/// the mapped length, when that is more) before a read maps the prefix again; reads of
+/// the bytes after the map go to the file until then. Bounds the remaps of a store that
+/// appends and reads in turn (each costs a `mmap` and the page faults of what is read
+/// through it), and keeps a store smaller than this unmapped while active.
+pub const ACTIVE_MAP_SLACK_BYTES: u64 = 1 << 20;
 
 /// A thread's read buffer is kept for its next read only up to this capacity, so one
 /// large record does not pin its size in every reading thread.

@@ -1028,9 +1028,11 @@ impl Store {
 
     /// The commit recorded at `pos`, decoded in place and handed to `f`, with the checks
     /// of [`Store::read_at`] (frame checksum, every length): nothing is copied out of a
-    /// sealed (mapped) segment, and a record of the active segment is read with one
-    /// `pread` into a buffer the calling thread reuses. For reading one event of a
-    /// commit without the allocations of a [`RecordedCommit`].
+    /// sealed segment's map or from the map of the active segment's acknowledged prefix
+    /// (see [`ACTIVE_MAP_SLACK_BYTES`](crate::log::ACTIVE_MAP_SLACK_BYTES)); a record
+    /// after that map is read with one `pread` into a buffer the calling thread reuses.
+    /// For reading one event of a commit without the allocations of a
+    /// [`RecordedCommit`].
     pub fn visit_at<R>(
         &self,
         pos: LogPosition,
@@ -1042,8 +1044,9 @@ impl Store {
 
     /// The bytes of the log from `from` on in its segment, at most `len` of them (never
     /// past the acknowledged end), to read several nearby records with
-    /// [`LogSpan::visit`]: borrowed from a sealed segment's map, or read with one `pread`
-    /// from the active one. `len` is the caller's bound on what it copies
+    /// [`LogSpan::visit`]: borrowed from a segment's map when it holds them all (see
+    /// [`Store::visit_at`]), else read with one `pread`. `len` is the caller's bound on
+    /// what it copies
     /// ([`LOG_SPAN_BYTES_MAX`] at most).
     pub fn read_span(&self, from: LogPosition, len: u64) -> Result<LogSpan, Error> {
         let seg = self.segment_at(from)?;
@@ -1746,6 +1749,116 @@ mod tests {
 
     fn ev(i: u64) -> Vec<EventData> {
         vec![EventData::new("e", i.to_le_bytes().to_vec())]
+    }
+
+    /// The active segment is read through a map of its acknowledged prefix once the end
+    /// has moved a slack past the map; reads after the map, and a record that straddles
+    /// its end, go to the file; a sealed segment is then mapped whole.
+    #[test]
+    fn the_active_segment_is_read_through_a_map_of_its_acknowledged_prefix() {
+        use crate::log::ACTIVE_MAP_SLACK_BYTES;
+        let dir = tempfile::tempdir().unwrap();
+        let opts = Options::default()
+            .durability(Durability::Buffered)
+            .segment_bytes_max(8 << 20);
+        let s = Store::open(dir.path(), opts).unwrap();
+        let mut written: Vec<(LogPosition, Vec<u8>)> = Vec::new();
+        fn append(s: &Store, i: u64, written: &mut Vec<(LogPosition, Vec<u8>)>) {
+            // 3,000 to 5,000 bytes, so records straddle page and map boundaries.
+            let len = 3000 + (i * 7919 % 2000) as usize;
+            let payload: Vec<u8> = (0..len).map(|j| (i as usize * 31 + j) as u8).collect();
+            let o = s
+                .append(NewCommit::new(
+                    "s",
+                    ExpectedVersion::Exact(i),
+                    vec![EventData::new("e", payload.clone())],
+                ))
+                .unwrap();
+            let AppendOutcome::Committed(info) = o else {
+                panic!("append {i}: {o:?}")
+            };
+            written.push((info.position, payload));
+        }
+        let check = |s: &Store, written: &[(LogPosition, Vec<u8>)]| {
+            for (i, (pos, payload)) in written.iter().enumerate() {
+                let got = s
+                    .visit_at(*pos, |c| c.event(0).map(|e| e.payload.to_vec()))
+                    .unwrap();
+                assert_eq!(got.as_deref(), Some(&payload[..]), "record {i} at {pos}");
+            }
+        };
+        let active = |s: &Store| s.segment_at(written_first(s)).unwrap();
+        fn written_first(s: &Store) -> LogPosition {
+            LogPosition {
+                segment: *s.inner.segments.read().unwrap().keys().next().unwrap(),
+                offset: SEGMENT_HEADER_BYTES,
+            }
+        }
+        // Under the slack: reads go to the file, nothing is mapped.
+        let mut i = 0u64;
+        while active(&s).end.load(Ordering::Acquire) < ACTIVE_MAP_SLACK_BYTES / 2 {
+            append(&s, i, &mut written);
+            i += 1;
+        }
+        check(&s, &written);
+        assert_eq!(active(&s).map_state(), None);
+        // Past it: the first read maps exactly the acknowledged prefix.
+        while active(&s).end.load(Ordering::Acquire) < ACTIVE_MAP_SLACK_BYTES * 3 / 2 {
+            append(&s, i, &mut written);
+            i += 1;
+        }
+        let end = active(&s).end.load(Ordering::Acquire);
+        check(&s, &written);
+        assert_eq!(active(&s).map_state(), Some((end, false)));
+        // Records after the map (its end is a record boundary, in the middle of a page
+        // the writer goes on writing) are read from the file, as is a span reaching past
+        // the map; the map stays until the next slack.
+        let before = written.len();
+        for _ in 0..20 {
+            append(&s, i, &mut written);
+            i += 1;
+        }
+        check(&s, &written);
+        assert_eq!(active(&s).map_state(), Some((end, false)));
+        let span = s.read_span(written[before - 1].0, 64 << 10).unwrap();
+        for (pos, payload) in &written[before - 1..before + 5] {
+            let got = span
+                .visit(*pos, |c| c.event(0).map(|e| e.payload.to_vec()))
+                .unwrap()
+                .unwrap();
+            assert_eq!(got.as_deref(), Some(&payload[..]), "span read at {pos}");
+        }
+        // Past the next slack: mapped again, longer.
+        while active(&s).end.load(Ordering::Acquire) < end + ACTIVE_MAP_SLACK_BYTES + (end / 4) {
+            append(&s, i, &mut written);
+            i += 1;
+        }
+        let end2 = active(&s).end.load(Ordering::Acquire);
+        check(&s, &written);
+        assert_eq!(active(&s).map_state(), Some((end2, false)));
+        // Sealed (the log moved on to the next segment): the next read maps it whole.
+        let first = written_first(&s).segment;
+        while written.last().unwrap().0.segment == first {
+            append(&s, i, &mut written);
+            i += 1;
+        }
+        check(&s, &written);
+        let sealed = s.segment_at(written_first(&s)).unwrap();
+        let (len, whole) = sealed.map_state().unwrap();
+        assert!(
+            whole && len == 8 << 20,
+            "sealed map: {len} bytes, whole {whole}"
+        );
+        drop(s);
+        // And reopened, everything reads back the same.
+        let s = Store::open(
+            dir.path(),
+            Options::default()
+                .durability(Durability::Buffered)
+                .segment_bytes_max(8 << 20),
+        )
+        .unwrap();
+        check(&s, &written);
     }
 
     #[test]

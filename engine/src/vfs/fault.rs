@@ -273,4 +273,8 @@ impl VfsFile for FaultFile {
         self.state.check(FaultKind::Read, "map")?;
         self.inner.map()
     }
+    fn map_prefix(&self, len: u64) -> io::Result<Mapped> {
+        self.state.check(FaultKind::Read, "map_prefix")?;
+        self.inner.map_prefix(len)
+    }
 }

@@ -69,6 +69,18 @@ pub trait VfsFile: Send + Sync + fmt::Debug {
     }
     /// The whole file as bytes: a real memory map for [`OsVfs`], a copy elsewhere.
     fn map(&self) -> io::Result<Mapped>;
+    /// The file's first `len` bytes, exactly that many, as [`VfsFile::map`] gives them: for
+    /// a file whose first `len` bytes never change while bytes after them are still
+    /// written (the active segment below its acknowledged end). Fails when the file is
+    /// shorter than `len`.
+    fn map_prefix(&self, len: u64) -> io::Result<Mapped> {
+        let all = self.map()?;
+        let n = usize::try_from(len).map_err(|_| io::Error::other("prefix longer than memory"))?;
+        let prefix = all.get(..n).ok_or_else(|| {
+            io::Error::new(io::ErrorKind::UnexpectedEof, "file shorter than the prefix")
+        })?;
+        Ok(Mapped::from_vec(prefix.to_vec()))
+    }
 }
 
 /// A held lock; dropping it releases the lock.

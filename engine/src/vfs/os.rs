@@ -136,4 +136,26 @@ impl VfsFile for OsFile {
         let map = unsafe { memmap2::Mmap::map(&self.file)? };
         Ok(Mapped::from_mmap(map))
     }
+
+    fn map_prefix(&self, len: u64) -> io::Result<Mapped> {
+        if len == 0 {
+            return Ok(Mapped::from_vec(Vec::new()));
+        }
+        if self.file.metadata()?.len() < len {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "file shorter than the prefix",
+            ));
+        }
+        let n = usize::try_from(len).map_err(|_| io::Error::other("prefix longer than memory"))?;
+        // SAFETY: the engine maps a prefix only of the active segment, and only below its
+        // acknowledged end: the writer writes at and after that end, never before it, while
+        // the store is open (segments are append-only; a torn tail is zeroed at open,
+        // before any read), and the owner lock keeps other spool writers out. The map is
+        // exactly `len` bytes long, so no slice of it covers the bytes still being
+        // written (the kernel maps the last page whole, but nothing here reads past
+        // `len`). Lengths read from the map are validated as for `map`.
+        let map = unsafe { memmap2::MmapOptions::new().len(n).map(&self.file)? };
+        Ok(Mapped::from_mmap(map))
+    }
 }

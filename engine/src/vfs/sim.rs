@@ -486,6 +486,18 @@ impl VfsFile for SimFile {
             ))
         })
     }
+    fn map_prefix(&self, len: u64) -> io::Result<Mapped> {
+        self.with(|st, ino| {
+            let live = st.inodes.get(&ino).map_or(&[][..], |n| &n.live[..]);
+            let prefix = usize::try_from(len)
+                .ok()
+                .and_then(|n| live.get(..n))
+                .ok_or_else(|| {
+                    io::Error::new(io::ErrorKind::UnexpectedEof, "file shorter than the prefix")
+                })?;
+            Ok(Mapped::from_vec(prefix.to_vec()))
+        })
+    }
 }
 
 fn eof() -> io::Error {
