@@ -3370,9 +3370,9 @@ pub struct LogTranscriptSource {
 #[derive(Default)]
 struct PathHints {
     hints: Vec<PathHint>,
-    /// The hints' ids, concatenated in hint order (each was validated as
-    /// an [`EntryId`] when the link was decoded).
-    ids: String,
+    /// The hints' ids' bytes, concatenated in hint order (each was
+    /// validated as an [`EntryId`] when the link was decoded: ASCII).
+    ids: Vec<u8>,
     /// The parent of the first hint's entry (one depth above the range,
     /// or an orphan's parent at depth 0).
     first_parent: Option<EntryId>,
@@ -3412,7 +3412,7 @@ impl PathHints {
     /// Adds the hint of the entry one depth below the last one (the first
     /// one's parent is `first_parent`).
     fn push(&mut self, id: &EntryId, key: EntryKey, size: u64) {
-        self.ids.push_str(id.as_str());
+        self.ids.extend_from_slice(id.as_bytes());
         self.hints.push(PathHint {
             key,
             size,
@@ -3421,8 +3421,9 @@ impl PathHints {
         });
     }
 
-    /// The id of hint `i`.
-    fn id(&self, i: usize) -> Option<&str> {
+    /// The id of hint `i`, as bytes (compared and copied as bytes: no
+    /// UTF-8 check on the way).
+    fn id(&self, i: usize) -> Option<&[u8]> {
         let from = match i.checked_sub(1) {
             Some(before) => self.hints.get(before)?.id_end,
             None => 0,
@@ -3434,7 +3435,7 @@ impl PathHints {
     /// else the entry of the hint before it.
     fn parent(&self, i: usize) -> Option<Option<&str>> {
         match i.checked_sub(1) {
-            Some(before) => Some(Some(self.id(before)?)),
+            Some(before) => Some(Some(std::str::from_utf8(self.id(before)?).ok()?)),
             None => Some(self.first_parent.as_ref().map(EntryId::as_str)),
         }
     }
@@ -3447,7 +3448,7 @@ impl PathHints {
         id: &EntryId,
     ) -> Option<(EntryKey, Option<Arc<CachedEntry>>, Option<EntryId>)> {
         let i = self.taken;
-        if self.id(i)? != id.as_str() {
+        if self.id(i)? != id.as_bytes() {
             return None;
         }
         let h = self.hints.get_mut(i)?;
@@ -3455,7 +3456,7 @@ impl PathHints {
         let parent = match i {
             0 => self.first_parent.take(),
             // Validated when its link was decoded.
-            _ => Some(EntryId::from_decoded_str(self.id(i - 1)?)),
+            _ => Some(EntryId::from_decoded_ascii(self.id(i - 1)?)?),
         };
         self.taken = i + 1;
         Some((key, cached, parent))
@@ -3465,7 +3466,7 @@ impl PathHints {
     /// newest-first walk reads the range from its back), with its parent
     /// borrowed. `None` when `id` has no hint.
     fn get(&mut self, id: &EntryId) -> Option<(EntryKey, u64, Option<&str>)> {
-        let want = id.as_str();
+        let want = id.as_bytes();
         // The hint before the last one found first (a newest-first walk),
         // else any from the back.
         let guess = self

@@ -15,6 +15,18 @@ use serde::{Deserialize, Serialize};
 /// Maximum length of an entry id in bytes.
 pub const ENTRY_ID_LEN_MAX: usize = 128;
 
+/// The bytes an id may hold: ASCII letters, digits, `_` and `-`.
+const ID_BYTE: [bool; 256] = {
+    let mut t = [false; 256];
+    let mut c = 0;
+    while c < 256 {
+        let b = c as u8;
+        t[c] = b.is_ascii_alphanumeric() || b == b'_' || b == b'-';
+        c += 1;
+    }
+    t
+};
+
 /// Ids of up to this many bytes are stored inline in the [`EntryId`]
 /// value (no heap allocation; a clone is a copy). 22 bytes, the length
 /// and the variant tag fill the 24 bytes a `String` took before, so the
@@ -110,16 +122,21 @@ impl EntryId {
                 reason: "length must be 1..=128 bytes",
             });
         }
-        if !b
-            .iter()
-            .all(|&c| c.is_ascii_alphanumeric() || c == b'_' || c == b'-')
-        {
+        // One table lookup per byte (ids are read back from index keys,
+        // path links and records many times per page).
+        if !b.iter().all(|&c| ID_BYTE[usize::from(c)]) {
             return Err(InvalidEntryId {
                 reason: "only ASCII letters, digits, '_' and '-' are allowed",
             });
         }
-        EntryId::from_decoded_ascii(b).ok_or(InvalidEntryId {
-            reason: "only ASCII letters, digits, '_' and '-' are allowed",
+        // Checked: ASCII, so copied inline without a second check.
+        Ok(match Repr::inline(b) {
+            Some(inline) => EntryId(inline),
+            None => {
+                EntryId::from_decoded_str(std::str::from_utf8(b).map_err(|_| InvalidEntryId {
+                    reason: "only ASCII letters, digits, '_' and '-' are allowed",
+                })?)
+            }
         })
     }
 
@@ -540,6 +557,26 @@ mod tests {
         }
         for bad in [&[0xffu8][..], &[b'a', 0xc3], &[0xc3, 0xa9]] {
             assert!(EntryId::parse_bytes(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    /// The alphabet table against its definition: every byte value, at the
+    /// start, middle and end of an inline and of a shared id.
+    #[test]
+    fn parse_bytes_accepts_exactly_letters_digits_underscore_and_dash() {
+        for c in 0..=255u8 {
+            let allowed = c.is_ascii_alphanumeric() || c == b'_' || c == b'-';
+            for len in [1, 3, INLINE_LEN_MAX, INLINE_LEN_MAX + 5] {
+                for at in [0, len / 2, len - 1] {
+                    let mut b = vec![b'a'; len];
+                    b[at] = c;
+                    let got = EntryId::parse_bytes(&b);
+                    assert_eq!(got.is_ok(), allowed, "byte {c:#04x} at {at} of {len}");
+                    if let Ok(id) = got {
+                        assert_eq!(id.as_bytes(), &b[..]);
+                    }
+                }
+            }
         }
     }
 
