@@ -47,7 +47,7 @@ pub use format::{
 };
 pub use gc::{GcPlan, GcReport, GcSegment, GC_MANIFEST_IDS_MAX};
 pub use index::{Index, IndexBatch, IndexScan, Indexer, StreamHead, INDEX_FORMAT_VERSION};
-pub use log::LogSpan;
+pub use log::{LogSpan, ACTIVE_MAP_SLACK_BYTES};
 pub use salvage::{salvage, DroppedCommit, LostRange, SalvageReport};
 pub use spare::SPARE_SEGMENT_FILE;
 pub use store::{

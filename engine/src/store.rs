@@ -1029,7 +1029,7 @@ impl Store {
     /// The commit recorded at `pos`, decoded in place and handed to `f`, with the checks
     /// of [`Store::read_at`] (frame checksum, every length): nothing is copied out of a
     /// sealed segment's map or from the map of the active segment's acknowledged prefix
-    /// (see [`ACTIVE_MAP_SLACK_BYTES`](crate::log::ACTIVE_MAP_SLACK_BYTES)); a record
+    /// (see [`ACTIVE_MAP_SLACK_BYTES`](crate::ACTIVE_MAP_SLACK_BYTES)); a record
     /// after that map is read with one `pread` into a buffer the calling thread reuses.
     /// For reading one event of a commit without the allocations of a
     /// [`RecordedCommit`].
