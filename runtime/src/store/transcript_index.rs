@@ -1439,11 +1439,11 @@ fn custom_type(entry: &Entry) -> Option<&str> {
 ///
 /// **Appended entries.** The log store's writer hands each
 /// `entry_appended` event's entry, its JSON size ([`entry_size`]) and the
-/// bytes it was encoded to ([`DecodeMemo::hand_over`]) before it commits,
+/// bytes it was encoded to (`DecodeMemo::hand_over`) before it commits,
 /// and withdraws what is left once the append returns, whatever its
-/// outcome ([`HandedOver`]'s drop). The transcript indexer takes an entry
+/// outcome (`HandedOver`'s drop). The transcript indexer takes an entry
 /// only for the very bytes it is indexing, of the same session
-/// ([`DecodeMemo::take_appended`]): it then neither decodes the event nor
+/// (`DecodeMemo::take_appended`): it then neither decodes the event nor
 /// measures the entry (~10 % of an append's instructions). Anything else
 /// (a rebuild, a replay, bytes that differ) decodes as before. The bytes
 /// are the entry's encoding, and decoding an encoding gives the entry
