@@ -1861,6 +1861,63 @@ mod tests {
         check(&s, &written);
     }
 
+    /// A failed map of the active segment's prefix fails that read with an I/O error
+    /// naming the segment, poisons nothing (reads never do), and the next read maps it.
+    #[test]
+    fn a_failed_prefix_map_fails_the_read_and_the_next_read_maps() {
+        use crate::vfs::{FaultKind, FaultVfs, OsVfs};
+        let dir = tempfile::tempdir().unwrap();
+        let vfs = FaultVfs::new(Arc::new(OsVfs));
+        let s = Store::open(
+            dir.path(),
+            Options::default()
+                .durability(Durability::Buffered)
+                // No thread building the next segment beside the test's reads.
+                .next_segment(NextSegment::Inline)
+                .vfs(Arc::new(vfs.clone())),
+        )
+        .unwrap();
+        let mut last = None;
+        for i in 0..400u64 {
+            let o = s
+                .append(NewCommit::new(
+                    "s",
+                    ExpectedVersion::Exact(i),
+                    vec![EventData::new("e", vec![i as u8; 4000])],
+                ))
+                .unwrap();
+            last = o.info().map(|c| c.position);
+        }
+        let pos = last.unwrap();
+        let seg = s.segment_at(pos).unwrap();
+        assert!(seg.end.load(Ordering::Acquire) > crate::ACTIVE_MAP_SLACK_BYTES);
+        assert_eq!(seg.map_state(), None);
+        // The next read call is the map of the prefix.
+        vfs.reset_counts();
+        vfs.fail_nth(FaultKind::Read, 1, false);
+        let err = s.visit_at(pos, |c| c.seq).unwrap_err();
+        match &err {
+            Error::Io { path, op, .. } => {
+                assert_eq!(*op, "map");
+                assert!(path.ends_with(&seg.name), "{err}");
+            }
+            other => panic!("expected an I/O error naming the segment, got {other}"),
+        }
+        assert_eq!(vfs.injected(), 1);
+        assert_eq!(seg.map_state(), None);
+        // Not poisoned; the next read maps the prefix and reads the record.
+        assert_eq!(s.visit_at(pos, |c| c.seq).unwrap(), 400);
+        assert!(matches!(seg.map_state(), Some((_, false))));
+        let o = s
+            .append(NewCommit::new(
+                "s",
+                ExpectedVersion::Exact(400),
+                vec![EventData::new("e", vec![1])],
+            ))
+            .unwrap();
+        assert!(matches!(o, AppendOutcome::Committed(_)));
+    }
+
     #[test]
     fn losing_the_memtable_is_caught_up_from_the_log() {
         let dir = tempfile::tempdir().unwrap();
