@@ -21,7 +21,7 @@ use std::collections::BTreeMap;
 use std::ops::Bound;
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::thread::JoinHandle;
 use uuid::Uuid;
@@ -299,6 +299,40 @@ fn decode_head(b: &[u8]) -> Result<StreamHead, IndexError> {
     })
 }
 
+/// Where an index's visible entries stood, from [`Index::change_mark`]: two
+/// equal settled marks taken around a read mean no change to the engine's or
+/// the indexers' entries (not the cache) overlapped it, so whatever the read
+/// found still stands. Marks of different [`Index`] instances never compare
+/// equal (an instance is one open of the index in this process).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ChangeMark {
+    instance: u64,
+    changes: u64,
+}
+
+impl ChangeMark {
+    /// False while a change that is not made atomically under the memtable
+    /// lock (a clear of the whole index) is in progress: two such marks that
+    /// compare equal say nothing.
+    pub fn is_settled(&self) -> bool {
+        self.changes.is_multiple_of(2)
+    }
+
+    /// Which open of an index the mark is of (unique in the process).
+    pub fn instance(&self) -> u64 {
+        self.instance
+    }
+
+    /// The open's change count at the mark.
+    pub fn changes(&self) -> u64 {
+        self.changes
+    }
+}
+
+/// The next [`Index`] instance's [`ChangeMark::instance`] (process-wide, so
+/// an index reopened in place never repeats an earlier one's marks).
+static NEXT_INDEX_INSTANCE: AtomicU64 = AtomicU64::new(1);
+
 /// Read access to the derived indexes (from [`crate::Store::index`]).
 pub struct Index {
     db: sled::Db,
@@ -327,6 +361,12 @@ pub struct Index {
     /// The background scan adding sled's keys to `keys` after an open, and its stop flag.
     key_scan: Mutex<Option<JoinHandle<()>>>,
     key_scan_stop: Arc<AtomicBool>,
+    /// This open's [`ChangeMark::instance`].
+    instance: u64,
+    /// Counts changes to the visible entries for [`Index::change_mark`]: each
+    /// publish adds 2 under the memtable's write lock; a clear adds 1 before
+    /// it starts and 1 once it is done (odd = a clear in progress).
+    changes: AtomicU64,
     /// Holds background moves at their start (tests).
     #[cfg(test)]
     move_gate: Arc<MoveGate>,
@@ -630,6 +670,8 @@ impl Index {
             keys: Arc::new(RwLock::new(Keys::default())),
             key_scan: Mutex::new(None),
             key_scan_stop: Arc::new(AtomicBool::new(false)),
+            instance: NEXT_INDEX_INSTANCE.fetch_add(1, Ordering::Relaxed),
+            changes: AtomicU64::new(0),
             #[cfg(test)]
             move_gate: Arc::default(),
         })
@@ -767,6 +809,15 @@ impl Index {
     /// Drop every entry (engine, indexers and cache) and start empty, for a log with
     /// layout id `layout` (the largest id of a segment written by GC; 0 if none).
     pub(crate) fn clear(&self, layout: u64) -> Result<(), Error> {
+        // Unsettled until the clear is done, however it ends: the entries
+        // change over many steps, not under one lock.
+        self.changes.fetch_add(1, Ordering::SeqCst);
+        let cleared = self.clear_entries(layout);
+        self.changes.fetch_add(1, Ordering::SeqCst);
+        cleared
+    }
+
+    fn clear_entries(&self, layout: u64) -> Result<(), Error> {
         // A failed background move does not matter: everything is dropped.
         let _ = self.join_moving();
         *self.mem.write().unwrap_or_else(|e| e.into_inner()) = Mem::default();
@@ -1000,6 +1051,9 @@ impl Index {
                 }
             }
             mem.commits += commits.len();
+            // Under the write lock: a reader that sees any of these writes
+            // (through the read lock) sees this count too.
+            self.changes.fetch_add(2, Ordering::SeqCst);
             (
                 mem.commits >= MEM_COMMITS_MOVE || mem.bytes >= MEM_BYTES_MOVE,
                 mem.commits >= MEM_COMMITS_MAX || mem.bytes >= MEM_BYTES_MAX,
@@ -1066,7 +1120,9 @@ impl Index {
     #[cfg(test)]
     pub(crate) fn forget_memtable(&self) {
         let _ = self.join_moving();
-        *self.mem.write().unwrap_or_else(|e| e.into_inner()) = Mem::default();
+        let mut mem = self.mem.write().unwrap_or_else(|e| e.into_inner());
+        *mem = Mem::default();
+        self.changes.fetch_add(2, Ordering::SeqCst);
     }
 
     /// Make the memtable the frozen one (the caller has joined any previous move).
@@ -1392,6 +1448,18 @@ impl Index {
             out.push((name, decode_head(&v)?.version));
         }
         Ok(out)
+    }
+
+    /// Where the visible entries stand (see [`ChangeMark`]). Take one before
+    /// a read and one after: if they are equal and settled, no commit was
+    /// published and no rebuild ran in between. A commit published later
+    /// changes the mark; moving the memtable into sled does not (it changes
+    /// where entries are kept, not what they are).
+    pub fn change_mark(&self) -> ChangeMark {
+        ChangeMark {
+            instance: self.instance,
+            changes: self.changes.load(Ordering::SeqCst),
+        }
     }
 
     /// An indexer's entry.
@@ -2144,6 +2212,46 @@ mod tests {
         assert!(std::fs::metadata(&redo).unwrap().len() > 0);
         index.flush().unwrap();
         assert_eq!(std::fs::metadata(&redo).unwrap().len(), 0);
+    }
+
+    /// The change mark moves with every publish and with a clear, and only
+    /// then: a move into sled, a flush and reads leave it where it was. Two
+    /// opens never share marks.
+    #[test]
+    fn the_change_mark_moves_with_every_publish_and_clear_and_only_then() {
+        let dir = tempfile::tempdir().unwrap();
+        let (index, _) = Index::open(Some(dir.path()), vec![Arc::new(Churn)]).unwrap();
+        let mut mark = index.change_mark();
+        assert!(mark.is_settled());
+        for seq in 1..=20 {
+            index.apply(&[commit(seq)]).unwrap();
+            let now = index.change_mark();
+            assert_ne!(now, mark, "seq {seq}: a publish moves the mark");
+            assert!(now.is_settled(), "seq {seq}");
+            mark = now;
+            if seq % 5 == 0 {
+                index.flush_mem().unwrap();
+                assert_eq!(index.change_mark(), mark, "seq {seq}: a move into sled");
+            }
+            assert!(index.get("churn", b"last").unwrap().is_some());
+            assert_eq!(index.applied_seq().unwrap(), seq);
+            assert_eq!(index.change_mark(), mark, "seq {seq}: reads");
+        }
+        index.flush().unwrap();
+        assert_eq!(index.change_mark(), mark, "a flush");
+        // An empty group publishes nothing.
+        index.apply(&[]).unwrap();
+        assert_eq!(index.change_mark(), mark, "an empty group");
+        index.clear(0).unwrap();
+        let cleared = index.change_mark();
+        assert_ne!(cleared, mark, "a clear moves the mark");
+        assert!(cleared.is_settled(), "a finished clear is settled");
+        let (other, _) = Index::open(None, vec![Arc::new(Churn)]).unwrap();
+        assert_ne!(
+            other.change_mark(),
+            Index::open(None, vec![]).unwrap().0.change_mark()
+        );
+        assert_ne!(other.change_mark(), cleared);
     }
 
     #[test]

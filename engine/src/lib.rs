@@ -46,7 +46,9 @@ pub use format::{
     RECORD_BYTES_MAX_DEFAULT, SEGMENT_BYTES_MAX_DEFAULT, SEGMENT_BYTES_MIN, STREAM_ID_BYTES_MAX,
 };
 pub use gc::{GcPlan, GcReport, GcSegment, GC_MANIFEST_IDS_MAX};
-pub use index::{Index, IndexBatch, IndexScan, Indexer, StreamHead, INDEX_FORMAT_VERSION};
+pub use index::{
+    ChangeMark, Index, IndexBatch, IndexScan, Indexer, StreamHead, INDEX_FORMAT_VERSION,
+};
 pub use log::{LogSpan, ACTIVE_MAP_SLACK_BYTES};
 pub use salvage::{salvage, DroppedCommit, LostRange, SalvageReport};
 pub use spare::SPARE_SEGMENT_FILE;
