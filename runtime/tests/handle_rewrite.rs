@@ -4,13 +4,21 @@
 
 mod handle_support;
 
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use handle_support::*;
-use spool_runtime::handle::{HandleError, HandleOptions, HistorySelection, SessionHandle};
+use spool_runtime::handle::{
+    AppendReceipt, BoxedSource, ChangeMark, HandleError, HandleOptions, HistorySelection,
+    SessionHandle, TranscriptBackend, TranscriptHead,
+};
+use spool_runtime::session::{
+    AgentSession, AgentSessionInfo, SessionEvent, SessionId, SessionInfoList,
+};
+use spool_runtime::store::{ListQuery, LogStore, SessionStore, StoreError, StoreStats};
 use spool_runtime::transcript::{
-    select_resident, Budget, CancelToken, ContentBlock, EntryKind, Message, PageBudget, PageOrder,
-    ReadResult, Replacement,
+    select_resident, Budget, CancelToken, ContentBlock, Entry, EntryId, EntryKind, Message,
+    PageBudget, PageOrder, ReadResult, Replacement,
 };
 
 fn page(
@@ -309,4 +317,213 @@ fn tool_results_are_truncated_across_the_transcript() {
         .is_none());
     let t = full_transcript(&*store, &id);
     assert_eq!(t.get(&ids[1]), Some(&e));
+}
+
+/// The log store behind a wrapper that counts head reads, can hide the
+/// store's change marks, and can land a write of its own when a read takes
+/// its source (a write racing the read).
+struct Probed {
+    log: Arc<LogStore>,
+    heads: AtomicU64,
+    marks: AtomicBool,
+    /// The session to append one entry to at the next `source`.
+    race: Mutex<Option<SessionId>>,
+    raced: AtomicU64,
+}
+
+impl Probed {
+    fn new(log: Arc<LogStore>) -> Arc<Self> {
+        Arc::new(Probed {
+            log,
+            heads: AtomicU64::new(0),
+            marks: AtomicBool::new(true),
+            race: Mutex::new(None),
+            raced: AtomicU64::new(0),
+        })
+    }
+
+    fn heads(&self) -> u64 {
+        self.heads.swap(0, Ordering::SeqCst)
+    }
+
+    /// Appends an entry under the current leaf, straight through the store.
+    fn land_write(&self, id: &SessionId) -> Result<(), StoreError> {
+        let head = self.log.head(id)?.expect("the session");
+        let entry = Entry {
+            id: EntryId::parse(&format!(
+                "raced-{}",
+                self.raced.fetch_add(1, Ordering::SeqCst)
+            ))
+            .unwrap(),
+            parent_id: head.leaf,
+            timestamp_ms: 1,
+            kind: user("raced"),
+        };
+        self.log.append_events(
+            id,
+            head.header.version,
+            vec![SessionEvent::EntryAppended { entry }],
+        )?;
+        Ok(())
+    }
+}
+
+impl TranscriptBackend for Probed {
+    fn identity(&self) -> String {
+        self.log.identity()
+    }
+    fn head(&self, id: &SessionId) -> Result<Option<TranscriptHead>, StoreError> {
+        self.heads.fetch_add(1, Ordering::SeqCst);
+        self.log.head(id)
+    }
+    fn change_mark(&self) -> Option<ChangeMark> {
+        self.marks
+            .load(Ordering::SeqCst)
+            .then(|| self.log.change_mark())
+            .flatten()
+    }
+    fn source(&self, id: &SessionId) -> Result<BoxedSource<'_>, StoreError> {
+        let race = self.race.lock().unwrap().take();
+        if let Some(sid) = race {
+            self.land_write(&sid)?;
+        }
+        self.log.source(id)
+    }
+    fn entry_ids(&self, id: &SessionId) -> Result<Vec<EntryId>, StoreError> {
+        self.log.entry_ids(id)
+    }
+    fn append_events(
+        &self,
+        id: &SessionId,
+        expected_version: u64,
+        events: Vec<SessionEvent>,
+    ) -> Result<AppendReceipt, StoreError> {
+        self.log.append_events(id, expected_version, events)
+    }
+}
+
+impl SessionStore for Probed {
+    fn create(&self, session: AgentSession) -> Result<AgentSession, StoreError> {
+        self.log.create(session)
+    }
+    fn save(&self, session: AgentSession) -> Result<AgentSession, StoreError> {
+        self.log.save(session)
+    }
+    fn load(&self, id: &SessionId) -> Result<Option<AgentSession>, StoreError> {
+        self.log.load(id)
+    }
+    fn exists(&self, id: &SessionId) -> Result<bool, StoreError> {
+        self.log.exists(id)
+    }
+    fn delete(&self, id: &SessionId) -> Result<bool, StoreError> {
+        self.log.delete(id)
+    }
+    fn list_headers(&self, query: &ListQuery) -> Result<SessionInfoList, StoreError> {
+        self.log.list_headers(query)
+    }
+    fn header(&self, id: &SessionId) -> Result<Option<AgentSessionInfo>, StoreError> {
+        self.log.header(id)
+    }
+    fn stats(&self) -> StoreStats {
+        self.log.stats()
+    }
+    fn transcript_backend(&self) -> Option<&dyn TranscriptBackend> {
+        Some(self)
+    }
+}
+
+/// Reads every root-first page of `leaf` (10 entries each); the entries
+/// read.
+fn read_branch(h: &SessionHandle, leaf: &EntryId) -> usize {
+    let mut cursor = None;
+    let mut seen = 0;
+    loop {
+        let r = page(h, leaf, cursor.take());
+        seen += r.value().unwrap().as_page().unwrap().entries.len();
+        match r {
+            ReadResult::Page { continuation, .. } => cursor = Some(continuation),
+            ReadResult::Complete { .. } => return seen,
+            other => panic!("{other:?}"),
+        }
+    }
+}
+
+/// With the log store's change marks, a reader paging through a branch no
+/// one writes reads the session head once, not twice a page; a write moves
+/// the mark and the next read reads the head again. Without marks, every
+/// page reads it twice (before and after).
+#[test]
+fn paging_an_unchanged_branch_reads_the_head_once_while_the_change_mark_stands() {
+    let dir = tempfile::tempdir().unwrap();
+    let probed = Probed::new(open_log(dir.path()));
+    let (rt, _) = runtime(probed.clone());
+    let id = new_session(&rt);
+    let h = writer(&rt, &id, 4096);
+    let ids = h
+        .append_entries((0..60).map(|i| sized(i, 100)).collect())
+        .unwrap();
+    let reader = rt.open_handle(&id, HandleOptions::reader()).unwrap();
+    probed.heads();
+    assert_eq!(read_branch(&reader, &ids[59]), 60);
+    assert_eq!(probed.heads(), 1, "six pages, one head read");
+    assert_eq!(read_branch(&reader, &ids[59]), 60);
+    assert_eq!(probed.heads(), 0, "the mark still stands");
+    let more = h.append(user("more")).unwrap();
+    probed.heads();
+    assert_eq!(read_branch(&reader, &more), 61);
+    assert_eq!(probed.heads(), 1, "a write moved the mark");
+    // A prepared read at the current version answers from the same head.
+    let prepared = reader.prepare_read().unwrap();
+    assert_eq!(prepared.version(), h.snapshot().version);
+    assert_eq!(probed.heads(), 0);
+    probed.marks.store(false, Ordering::SeqCst);
+    assert_eq!(read_branch(&reader, &more), 61);
+    assert_eq!(probed.heads(), 14, "seven pages, two head reads each");
+}
+
+/// A write that lands while a read holds its source (after the version was
+/// found, before the check after the read) makes the read a version
+/// conflict, with and without change marks, whether the version came from
+/// a head read or from the handle's last one.
+#[test]
+fn a_write_landing_during_a_read_is_a_version_conflict() {
+    let dir = tempfile::tempdir().unwrap();
+    let probed = Probed::new(open_log(dir.path()));
+    let (rt, _) = runtime(probed.clone());
+    let id = new_session(&rt);
+    let h = writer(&rt, &id, 4096);
+    let ids = h
+        .append_entries((0..30).map(|i| sized(i, 100)).collect())
+        .unwrap();
+    drop(h);
+    let reader = rt.open_handle(&id, HandleOptions::reader()).unwrap();
+    for marks in [true, false] {
+        probed.marks.store(marks, Ordering::SeqCst);
+        let before = reader.prepare_read().unwrap().version();
+        // The first page's version comes from the head read just made.
+        *probed.race.lock().unwrap() = Some(id.clone());
+        match page(&reader, &ids[29], None) {
+            ReadResult::VersionConflict { expected, actual } => {
+                assert_eq!(expected, before, "marks {marks}");
+                assert_ne!(actual, before, "marks {marks}");
+            }
+            other => panic!("marks {marks}: {other:?}"),
+        }
+        // The next read finds the new version and reads it whole.
+        let r = page(&reader, &ids[29], None);
+        assert!(matches!(r, ReadResult::Page { .. }), "marks {marks}: {r:?}");
+        // A prepared read too.
+        let prepared = reader.prepare_read().unwrap();
+        *probed.race.lock().unwrap() = Some(id.clone());
+        let r = prepared
+            .read(
+                &HistorySelection::Entry { id: ids[0].clone() },
+                &CancelToken::new(),
+            )
+            .unwrap();
+        assert!(
+            matches!(r, ReadResult::VersionConflict { .. }),
+            "marks {marks}: {r:?}"
+        );
+    }
 }

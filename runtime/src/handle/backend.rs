@@ -51,6 +51,25 @@ pub struct AppendReceipt {
     pub entry_sizes: Vec<u64>,
 }
 
+/// Where a backend's stored transcripts stood, from
+/// [`TranscriptBackend::change_mark`]. Two equal marks, one taken before a
+/// head read and one after a read through a source, mean nothing those
+/// reads could see changed in between.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ChangeMark {
+    source: u64,
+    changes: u64,
+}
+
+impl ChangeMark {
+    /// The mark of change count `changes` of `source`: a number naming
+    /// the store and the open of it the count belongs to, which no other
+    /// open reuses while marks of it are held.
+    pub fn new(source: u64, changes: u64) -> Self {
+        ChangeMark { source, changes }
+    }
+}
+
 /// An entry source bound to one session, reading through a backend.
 pub type BoxedSource<'a> = Box<dyn EntrySource<Error = StoreError> + 'a>;
 
@@ -61,6 +80,20 @@ pub trait TranscriptBackend: Send + Sync {
 
     /// The session's header and transcript head; `None` if absent.
     fn head(&self, id: &SessionId) -> Result<Option<TranscriptHead>, StoreError>;
+
+    /// A mark that moves with every change a [`TranscriptBackend::head`]
+    /// or a source read could see (of any session), or `None` when the
+    /// backend cannot tell (another process may write, or a change is in
+    /// progress). The reads of a handle take one before a head read and
+    /// one after reading through the source: if the two are equal, the
+    /// head still holds and the version check after the read needs no
+    /// second head read; a handle also answers its next head read from
+    /// the last one while the mark stands. So a mark must move before any
+    /// reader can see a change's effects, and may move without one. The
+    /// default, `None`, reads the head every time.
+    fn change_mark(&self) -> Option<ChangeMark> {
+        None
+    }
 
     /// An entry source over the session's current transcript.
     fn source(&self, id: &SessionId) -> Result<BoxedSource<'_>, StoreError>;

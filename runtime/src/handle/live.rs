@@ -58,6 +58,9 @@ pub(crate) struct Inner {
     /// were built through the backend).
     extended: AtomicU64,
     subscribers: RwLock<Vec<Subscriber>>,
+    /// The last head a read found, at the backend's change mark it was
+    /// read after (see [`super::reads`]).
+    pub(crate) read_tip: Mutex<Option<super::reads::ReadTip>>,
 }
 
 impl Backend {
@@ -357,6 +360,7 @@ impl SessionHandle {
             fail_next_publication: AtomicBool::new(false),
             extended: AtomicU64::new(0),
             subscribers: RwLock::new(Vec::new()),
+            read_tip: Mutex::new(None),
         };
         // The handle's Drop releases the slot from now on.
         guard.armed = false;

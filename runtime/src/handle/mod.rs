@@ -75,7 +75,9 @@ mod snapshot;
 
 use std::time::Duration;
 
-pub use backend::{AppendReceipt, BoxedSource, FullLoadBackend, TranscriptBackend, TranscriptHead};
+pub use backend::{
+    AppendReceipt, BoxedSource, ChangeMark, FullLoadBackend, TranscriptBackend, TranscriptHead,
+};
 pub use live::{HandleEvent, SessionHandle};
 pub use navigation::{BranchWithSummary, MoveLeaf, SetLabel};
 pub use reads::{HistoryRead, HistorySelection, HistoryValue};

@@ -22,14 +22,23 @@
 //! captures is the live one, so step 2 is already answered (one head read
 //! fewer per page).
 //!
-//! Results are owned by the caller; nothing is kept in the handle, so a
-//! caller paging through a branch holds one page at a time.
+//! A backend that offers a [`ChangeMark`] (the log store) saves the other
+//! head reads while nothing changes: a mark taken before a head read and
+//! found again after the read through the source (step 4) means no change
+//! was published in between, so the version is still the captured one; and
+//! the handle keeps the last head it read with the mark taken before it,
+//! answering steps 2 and preparation from it while the mark stands. A
+//! reader paging through a branch no one writes reads the head once.
+//!
+//! Results are owned by the caller; nothing of them is kept in the handle
+//! (only the last head's version and leaf), so a caller paging through a
+//! branch holds one page at a time.
 
 use std::sync::Arc;
 
 use serde::Serialize;
 
-use super::backend::TranscriptBackend;
+use super::backend::{ChangeMark, TranscriptBackend};
 use super::live::{Inner, SessionHandle};
 use super::HandleError;
 use crate::transcript::{
@@ -114,6 +123,67 @@ impl HistoryValue {
     }
 }
 
+/// The last head a handle's read found: its version and leaf, read after
+/// the backend's change mark was `mark`.
+#[derive(Clone, Debug)]
+pub(crate) struct ReadTip {
+    mark: ChangeMark,
+    version: TranscriptVersion,
+    leaf: Option<EntryId>,
+}
+
+/// The live transcript version and leaf of the session (`None` if it is
+/// gone), with the change mark taken before they were found (`None` if
+/// the backend offers none).
+struct Tip {
+    mark: Option<ChangeMark>,
+    version: TranscriptVersion,
+    leaf: Option<EntryId>,
+}
+
+impl Inner {
+    /// The session's live version and leaf: the cached ones while the
+    /// backend's change mark is the one they were read after, else a head
+    /// read (cached under the mark taken before it).
+    ///
+    /// Why a hit is the live head: the mark is loaded under the cache's
+    /// lock, after the read that filled it. Any change that read saw moved
+    /// the mark before the read could see it, so a mark equal to the one
+    /// taken before that read means the read saw no change after it, and
+    /// none has been made since.
+    fn tip(&self, backend: &dyn TranscriptBackend) -> Result<Option<Tip>, HandleError> {
+        let mark = {
+            let cached = self.read_tip.lock().unwrap_or_else(|e| e.into_inner());
+            let mark = backend.change_mark();
+            if let (Some(m), Some(t)) = (mark, cached.as_ref()) {
+                if t.mark == m {
+                    return Ok(Some(Tip {
+                        mark,
+                        version: t.version,
+                        leaf: t.leaf.clone(),
+                    }));
+                }
+            }
+            mark
+        };
+        let Some(head) = backend.head(&self.id)? else {
+            return Ok(None);
+        };
+        if let Some(m) = mark {
+            *self.read_tip.lock().unwrap_or_else(|e| e.into_inner()) = Some(ReadTip {
+                mark: m,
+                version: head.version,
+                leaf: head.leaf.clone(),
+            });
+        }
+        Ok(Some(Tip {
+            mark,
+            version: head.version,
+            leaf: head.leaf,
+        }))
+    }
+}
+
 /// A read capability bound to one owner and one transcript version (see
 /// the module docs).
 pub struct HistoryRead {
@@ -188,25 +258,27 @@ impl HistoryRead {
             return Ok(ReadResult::OwnerLost);
         }
         let backend = inner.backend()?;
-        let Some(head) = backend.head(&inner.id)? else {
+        let Some(tip) = inner.tip(backend)? else {
             return Err(HandleError::NotFound {
                 id: inner.id.clone(),
             });
         };
-        if head.version != self.version {
+        if tip.version != self.version {
             return Ok(ReadResult::VersionConflict {
                 expected: self.version,
-                actual: head.version,
+                actual: tip.version,
             });
         }
-        self.read_checked(backend, selection, cancel)
+        self.read_checked(backend, tip.mark, selection, cancel)
     }
 
     /// Steps 3 and 4 of [`HistoryRead::read`], once the live version was
-    /// found to be the captured one.
+    /// found to be the captured one after the backend's change mark was
+    /// `mark`.
     fn read_checked(
         &self,
         backend: &dyn TranscriptBackend,
+        mark: Option<ChangeMark>,
         selection: &HistorySelection,
         cancel: &CancelToken,
     ) -> Result<ReadResult<HistoryValue>, HandleError> {
@@ -262,12 +334,16 @@ impl HistoryRead {
         };
         drop(source);
         // A write that landed during the read: its answer may mix versions.
-        let after = backend.head(&inner.id)?.map(|h| h.version);
-        if after != Some(self.version) {
-            return Ok(ReadResult::VersionConflict {
-                expected: self.version,
-                actual: after.unwrap_or_default(),
-            });
+        // An unmoved mark says none did (see `Inner::tip`); else the head
+        // tells.
+        if mark.is_none() || backend.change_mark() != mark {
+            let after = backend.head(&inner.id)?.map(|h| h.version);
+            if after != Some(self.version) {
+                return Ok(ReadResult::VersionConflict {
+                    expected: self.version,
+                    actual: after.unwrap_or_default(),
+                });
+            }
         }
         if !inner.alive() {
             return Ok(ReadResult::OwnerLost);
@@ -284,19 +360,28 @@ impl SessionHandle {
     /// to this handle (see the module docs). Fails with `OwnerLost` on a
     /// closed or invalidated handle.
     pub fn prepare_read(&self) -> Result<HistoryRead, HandleError> {
+        Ok(self.prepare_at_mark()?.0)
+    }
+
+    /// [`SessionHandle::prepare_read`], and the change mark taken before
+    /// the version was found.
+    fn prepare_at_mark(&self) -> Result<(HistoryRead, Option<ChangeMark>), HandleError> {
         if !self.inner.alive() {
             return Err(self.inner.owner_lost());
         }
-        let Some(head) = self.inner.backend()?.head(&self.inner.id)? else {
+        let Some(tip) = self.inner.tip(self.inner.backend()?)? else {
             return Err(HandleError::NotFound {
                 id: self.inner.id.clone(),
             });
         };
-        Ok(HistoryRead {
-            inner: self.inner.clone(),
-            version: head.version,
-            leaf: head.leaf,
-        })
+        Ok((
+            HistoryRead {
+                inner: self.inner.clone(),
+                version: tip.version,
+                leaf: tip.leaf,
+            },
+            tip.mark,
+        ))
     }
 
     /// Prepares a read at the live version and runs it. For a page after
@@ -317,7 +402,7 @@ impl SessionHandle {
         // the live one, so the capability's own first check (a second head
         // read) is skipped; the check after the read still catches a write
         // that landed since.
-        let read = self.prepare_read()?;
-        read.read_checked(read.inner.backend()?, selection, cancel)
+        let (read, mark) = self.prepare_at_mark()?;
+        read.read_checked(read.inner.backend()?, mark, selection, cancel)
     }
 }

@@ -81,7 +81,7 @@ use spool_engine::{
 
 use super::transcript_index::{self, DecodeMemo, LogTranscriptSource, TranscriptIndexer};
 use super::{ListQuery, LoadCounter, SessionStore, StoreError, StoreStats};
-use crate::handle::{AppendReceipt, BoxedSource, TranscriptBackend, TranscriptHead};
+use crate::handle::{AppendReceipt, BoxedSource, ChangeMark, TranscriptBackend, TranscriptHead};
 use crate::session::codec::decode_event_without_transcript;
 use crate::session::{
     decode_event, decode_snapshot, encode_event, encode_snapshot, AgentSession, AgentSessionInfo,
@@ -1132,6 +1132,16 @@ impl TranscriptBackend for LogStore {
             leaf: meta.leaf,
             entries: meta.entries,
         }))
+    }
+
+    /// The engine index's change mark: every commit's publication to the
+    /// index (before any reader can see it) and every rebuild move it, and
+    /// a recovered engine is a new open with marks of its own. `None`
+    /// while a rebuild runs or with the store closed.
+    fn change_mark(&self) -> Option<ChangeMark> {
+        let mark = self.engine().ok()?.index().change_mark();
+        mark.is_settled()
+            .then(|| ChangeMark::new(mark.instance(), mark.changes()))
     }
 
     fn source(&self, id: &SessionId) -> Result<BoxedSource<'_>, StoreError> {
