@@ -85,18 +85,7 @@ fn continuations_taken_before_a_rewrite_conflict_and_history_stays_readable() {
     let old_text = format!("{:?}", old.state().transcript.get(&ids[10]).unwrap().kind);
     assert!(old_text.contains("u10"), "{old_text}");
     // Paging the new generation from the start works to the end.
-    let mut cursor = None;
-    let mut seen = 0;
-    loop {
-        let r = page(&h, &leaf, cursor.take());
-        seen += r.value().unwrap().as_page().unwrap().entries.len();
-        match r {
-            ReadResult::Page { continuation, .. } => cursor = Some(continuation),
-            ReadResult::Complete { .. } => break,
-            other => panic!("{other:?}"),
-        }
-    }
-    assert_eq!(seen, 60);
+    assert_eq!(read_branch(&h, &leaf), 60);
 }
 
 #[test]
@@ -432,7 +421,7 @@ impl SessionStore for Probed {
     }
 }
 
-/// Reads every root-first page of `leaf` (10 entries each); the entries
+/// Reads every page of `leaf`'s branch (leaf first, 10 entries each); the entries
 /// read.
 fn read_branch(h: &SessionHandle, leaf: &EntryId) -> usize {
     let mut cursor = None;
@@ -448,20 +437,36 @@ fn read_branch(h: &SessionHandle, leaf: &EntryId) -> usize {
     }
 }
 
-/// With the log store's change marks, a reader paging through a branch no
-/// one writes reads the session head once, not twice a page; a write moves
-/// the mark and the next read reads the head again. Without marks, every
-/// page reads it twice (before and after).
-#[test]
-fn paging_an_unchanged_branch_reads_the_head_once_while_the_change_mark_stands() {
+/// A session of `n` 100-byte entries in a log store behind [`Probed`],
+/// with its writer handle and the entries' ids.
+fn probed_session(
+    n: usize,
+) -> (
+    tempfile::TempDir,
+    Arc<Probed>,
+    spool_runtime::SessionRuntime,
+    SessionId,
+    SessionHandle,
+    Vec<EntryId>,
+) {
     let dir = tempfile::tempdir().unwrap();
     let probed = Probed::new(open_log(dir.path()));
     let (rt, _) = runtime(probed.clone());
     let id = new_session(&rt);
     let h = writer(&rt, &id, 4096);
     let ids = h
-        .append_entries((0..60).map(|i| sized(i, 100)).collect())
+        .append_entries((0..n).map(|i| sized(i, 100)).collect())
         .unwrap();
+    (dir, probed, rt, id, h, ids)
+}
+
+/// With the log store's change marks, a reader paging through a branch no
+/// one writes reads the session head once, not twice a page; a write moves
+/// the mark and the next read reads the head again. Without marks, every
+/// page reads it twice (before and after).
+#[test]
+fn paging_an_unchanged_branch_reads_the_head_once_while_the_change_mark_stands() {
+    let (_dir, probed, rt, id, h, ids) = probed_session(60);
     let reader = rt.open_handle(&id, HandleOptions::reader()).unwrap();
     probed.heads();
     assert_eq!(read_branch(&reader, &ids[59]), 60);
@@ -487,14 +492,7 @@ fn paging_an_unchanged_branch_reads_the_head_once_while_the_change_mark_stands()
 /// a head read or from the handle's last one.
 #[test]
 fn a_write_landing_during_a_read_is_a_version_conflict() {
-    let dir = tempfile::tempdir().unwrap();
-    let probed = Probed::new(open_log(dir.path()));
-    let (rt, _) = runtime(probed.clone());
-    let id = new_session(&rt);
-    let h = writer(&rt, &id, 4096);
-    let ids = h
-        .append_entries((0..30).map(|i| sized(i, 100)).collect())
-        .unwrap();
+    let (_dir, probed, rt, id, h, ids) = probed_session(30);
     drop(h);
     let reader = rt.open_handle(&id, HandleOptions::reader()).unwrap();
     for marks in [true, false] {
