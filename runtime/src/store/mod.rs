@@ -25,6 +25,7 @@ pub mod memory;
 mod open;
 #[cfg(feature = "postgres")]
 pub mod postgres;
+mod read_memo;
 mod repository;
 pub mod transcript_index;
 

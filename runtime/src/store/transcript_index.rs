@@ -53,10 +53,12 @@
 //! `0..path_len` of [`TranscriptMeta`] exist: every block but the last is
 //! full, and no block lies past the path), so
 //! [`EntrySource::ancestor_at_depth`] answers with one or two `get`s and a
-//! root-first branch page costs what it returns: its depth range is one
-//! range scan of the blocks from the one holding its first depth's parent
-//! ([`EntrySource::path_range`]: two keys for up to 64 depths, where one
-//! key per depth cost a sled iterator step each), and since each link
+//! root-first branch page costs what it returns: its depth range is read
+//! from the blocks from the one holding its first depth's parent, one
+//! lookup each ([`EntrySource::path_range`]: two keys for up to 64 depths,
+//! where one key per depth cost a sled iterator step each; blocks and
+//! records are kept on the reading thread while the index is unchanged,
+//! see `store/read_memo.rs`), and since each link
 //! carries the entry's log position and size (the parent is the entry one
 //! depth up), the page's entries are read from the log without index
 //! record lookups. A block's framing (lengths, link count, size) is
@@ -115,6 +117,7 @@ use spool_engine::{
 };
 
 use super::log::{PURGE_EVENT_KIND, SESSION_EVENT_PREFIX};
+use super::read_memo;
 use super::StoreError;
 use crate::session::codec::{
     decode_appended_entry, decode_appended_entry_as, decode_entry_at, decode_event_split,
@@ -3542,13 +3545,19 @@ impl LogTranscriptSource {
         if let Some(r) = self.records.borrow().get(id) {
             return Ok(Some(r.clone()));
         }
-        let Some(b) = self.record_bytes(id)? else {
+        let index = self.engine.index();
+        let read = || -> Result<Option<Arc<EntryRecord>>, StoreError> {
+            let Some(b) = self.record_bytes(id)? else {
+                return Ok(None);
+            };
+            Ok(Some(Arc::new(EntryRecord::decode(&b).map_err(|e| {
+                self.corrupt(format!("index record of entry {id}: {e}"))
+            })?)))
+        };
+        let Some(r) = read_memo::record(|| index.change_mark(), self.sid.as_str(), id, read)?
+        else {
             return Ok(None);
         };
-        let r: Arc<EntryRecord> = Arc::new(
-            EntryRecord::decode(&b)
-                .map_err(|e| self.corrupt(format!("index record of entry {id}: {e}")))?,
-        );
         let mut cache = self.records.borrow_mut();
         if cache.len() >= SOURCE_RECORD_CACHE_MAX {
             cache.clear();
@@ -3557,15 +3566,22 @@ impl LogTranscriptSource {
         Ok(Some(r))
     }
 
-    /// The `p` block value holding depths `block << PATH_BLOCK_BITS` on.
-    fn path_block(&self, block: u64) -> Result<Option<Vec<u8>>, StoreError> {
-        self.engine
-            .index()
-            .get(
-                TRANSCRIPT_INDEXER,
-                &path_block_key(self.sid.as_str(), block),
-            )
-            .map_err(engine_err)
+    /// The `p` block value holding depths `block << PATH_BLOCK_BITS` on,
+    /// kept on this thread while the index is unchanged
+    /// (`store/read_memo.rs`).
+    fn path_block(&self, block: u64) -> Result<Option<Arc<[u8]>>, StoreError> {
+        let index = self.engine.index();
+        let sid = self.sid.as_str();
+        read_memo::path_block(
+            || index.change_mark(),
+            sid,
+            block,
+            || {
+                index
+                    .get(TRANSCRIPT_INDEXER, &path_block_key(sid, block))
+                    .map_err(engine_err)
+            },
+        )
     }
 
     /// A damaged active path: the read fails with an [`IndexError`]
@@ -4038,7 +4054,7 @@ impl EntrySource for LogTranscriptSource {
     }
 
     /// From the active-path index when `leaf` is on the current leaf's
-    /// path: one range scan of the `p` blocks from the one holding the
+    /// path: one lookup of each `p` block from the one holding the
     /// range's first depth's parent to the one holding its last (a block
     /// holds 64 depths; the links carry each entry's log position and
     /// size, and the parent is the entry one depth up), no per-entry
@@ -4059,7 +4075,6 @@ impl EntrySource for LogTranscriptSource {
         if start > end || end > leaf_depth {
             return Ok(None);
         }
-        let sid = self.sid.as_str();
         let (leaf_block, leaf_slot) = path_slot(leaf_depth);
         let (end_block, _) = path_slot(end);
         // Whether the link at the leaf's depth names the leaf: checked
@@ -4088,84 +4103,80 @@ impl EntrySource for LogTranscriptSource {
         let mut damage: Option<(u64, &str)> = None;
         let mut parent: Option<EntryId> = None;
         let mut bytes = 0u64;
-        // One range scan of the blocks from `from`'s on (keys sort by
-        // block), taking depths up to `end`, stopping after the entry that
-        // takes the sizes past `bytes_max`, or at a missing block or a
-        // short block before the last (a write raced the scan).
-        let prefix = sk(TAG_PATH, sid);
+        // The blocks from `from`'s on, one lookup each (kept on this thread
+        // while the index is unchanged: consecutive pages share blocks),
+        // taking depths up to `end`, stopping after the entry that takes
+        // the sizes past `bytes_max`, or at a missing block or a short
+        // block before the last (a write raced the read).
         let mut next = from;
-        let mut next_block = from_block;
-        self.engine
-            .index()
-            .visit_range(
-                TRANSCRIPT_INDEXER,
-                &prefix,
-                &path_block_key(sid, from_block),
-                |k, v| {
-                    let block = match k.get(prefix.len()..).map(<[u8; 8]>::try_from) {
-                        Some(Ok(b)) => u64::from_be_bytes(b),
-                        _ => {
-                            damage = Some((next, "malformed block key"));
-                            return false;
-                        }
-                    };
-                    let Some(base) = block.checked_mul(PATH_BLOCK_DEPTHS) else {
-                        damage = Some((next, "malformed block key"));
-                        return false;
-                    };
-                    if block != next_block || (block > from_block && base != next) {
+        let mut visit = |block: u64, v: &[u8]| -> bool {
+            let Some(base) = block.checked_mul(PATH_BLOCK_DEPTHS) else {
+                damage = Some((next, "block past the deepest depth"));
+                return false;
+            };
+            if block > from_block && base != next {
+                return false;
+            }
+            let mut taking = true;
+            // Every link of the block is checked (a damaged block
+            // fails the read even past the depths taken).
+            for (slot, link) in block_links(v).enumerate() {
+                let depth = base + slot as u64;
+                let link = match link {
+                    Ok(l) => l,
+                    Err(bad) => {
+                        damage = Some((base + bad as u64, "malformed block value"));
                         return false;
                     }
-                    next_block = block.saturating_add(1);
-                    let mut taking = true;
-                    // Every link of the block is checked (a damaged block
-                    // fails the read even past the depths taken).
-                    for (slot, link) in block_links(v).enumerate() {
-                        let depth = base + slot as u64;
-                        let link = match link {
-                            Ok(l) => l,
-                            Err(bad) => {
-                                damage = Some((base + bad as u64, "malformed block value"));
-                                return false;
-                            }
-                        };
-                        if block == leaf_block && slot == leaf_slot {
-                            leaf_here = Some(path_link_id(link) == Some(leaf.as_bytes()));
-                        }
-                        if !taking || depth < from {
-                            continue;
-                        }
-                        if depth > end {
-                            taking = false;
-                            continue;
-                        }
-                        let Some(link) = decode_path_link(link) else {
-                            damage = Some((depth, "malformed link"));
-                            return false;
-                        };
-                        next = depth + 1;
-                        if depth >= start {
-                            // The first entry's parent is given; every
-                            // later one's is the entry before it.
-                            if depth == 0 {
-                                hints.first_parent = link.orphan_parent;
-                            } else if depth == start {
-                                hints.first_parent = parent.take();
-                            }
-                            bytes = bytes.saturating_add(link.size);
-                            hints.push(&link.id, link.key, link.size);
-                            out.push((link.id, link.size));
-                            if bytes > bytes_max {
-                                taking = false;
-                            }
-                        } else {
-                            parent = Some(link.id);
-                        }
+                };
+                if block == leaf_block && slot == leaf_slot {
+                    leaf_here = Some(path_link_id(link) == Some(leaf.as_bytes()));
+                }
+                if !taking || depth < from {
+                    continue;
+                }
+                if depth > end {
+                    taking = false;
+                    continue;
+                }
+                let Some(link) = decode_path_link(link) else {
+                    damage = Some((depth, "malformed link"));
+                    return false;
+                };
+                next = depth + 1;
+                if depth >= start {
+                    // The first entry's parent is given; every
+                    // later one's is the entry before it.
+                    if depth == 0 {
+                        hints.first_parent = link.orphan_parent;
+                    } else if depth == start {
+                        hints.first_parent = parent.take();
                     }
-                    taking && block < end_block
-                },
-            )
-            .map_err(engine_err)?;
+                    bytes = bytes.saturating_add(link.size);
+                    hints.push(&link.id, link.key, link.size);
+                    out.push((link.id, link.size));
+                    if bytes > bytes_max {
+                        taking = false;
+                    }
+                } else {
+                    parent = Some(link.id);
+                }
+            }
+            taking && block < end_block
+        };
+        let mut block = from_block;
+        loop {
+            let Some(v) = self.path_block(block)? else {
+                break;
+            };
+            if !visit(block, &v) {
+                break;
+            }
+            block = match block.checked_add(1) {
+                Some(b) => b,
+                None => break,
+            };
+        }
         if let Some((depth, what)) = damage {
             hints.clear();
             return Err(self.path_damage(depth, what));
