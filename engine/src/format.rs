@@ -46,9 +46,14 @@ pub fn mask_crc(crc: u32) -> u32 {
 
 /// The masked record checksum over `segment_id LE ++ kind ++ payload`.
 pub fn record_crc(segment_id: u64, kind: u8, payload: &[u8]) -> u32 {
+    // The segment id and the kind in one update: a CRC of a concatenation
+    // is the same however it is split, and each update of a few bytes
+    // pays the hasher's dispatch.
+    let mut prefix = [0u8; 9];
+    prefix[..8].copy_from_slice(&segment_id.to_le_bytes());
+    prefix[8] = kind;
     let mut h = crc32fast::Hasher::new();
-    h.update(&segment_id.to_le_bytes());
-    h.update(&[kind]);
+    h.update(&prefix);
     h.update(payload);
     mask_crc(h.finalize())
 }
@@ -431,6 +436,10 @@ pub struct CommitRef<'a> {
     /// already validated.
     events: &'a [u8],
     count: usize,
+    /// Event 0, kept from the validation walk: most commits hold one event,
+    /// and a reader of one asks for it by index (walking to it again would
+    /// check its kind's UTF-8 a second time).
+    first: EventRef<'a>,
 }
 
 /// One event of a [`CommitRef`], borrowed.
@@ -458,6 +467,9 @@ impl<'a> CommitRef<'a> {
 
     /// Event `i`, `None` past the last one.
     pub fn event(&self, i: usize) -> Option<EventRef<'a>> {
+        if i == 0 {
+            return Some(self.first);
+        }
         self.events().nth(i)
     }
 
@@ -536,7 +548,9 @@ pub fn decode_commit_ref(payload: &[u8], position: LogPosition) -> Result<Commit
         ));
     }
     let events_at = r.pos;
-    for _ in 0..count {
+    // `count` is at least 1 (checked above).
+    let first = next_event(&mut r)?;
+    for _ in 1..count {
         next_event(&mut r)?;
     }
     if r.pos != payload.len() {
@@ -556,6 +570,7 @@ pub fn decode_commit_ref(payload: &[u8], position: LogPosition) -> Result<Commit
         record_bytes: u32::try_from(payload.len() as u64 + FRAME_HEADER_BYTES).unwrap_or(u32::MAX),
         events: payload.get(events_at..).unwrap_or(&[]),
         count,
+        first,
     })
 }
 
