@@ -126,44 +126,23 @@ thread_local! {
     static MEMO: RefCell<Memo> = const { RefCell::new(Memo::new()) };
 }
 
-/// `sid`'s path block `block`: the kept value while `mark()` stands, else
-/// `read()`'s, kept under the mark taken before it. `mark` is the index's
-/// current mark (called before the read).
-pub(crate) fn path_block<E>(
-    mark: impl Fn() -> ChangeMark,
+/// The value of `key` in the slots `slots` picks: the kept one while the
+/// index's mark is still `before`, else `read()`'s, kept under `before`.
+/// `before` is the index's mark taken before `read` runs.
+fn kept<K: PartialEq + Clone, V: Clone, const N: usize, E>(
+    slots: fn(&mut Memo) -> &mut Slots<K, V, N>,
+    before: ChangeMark,
     sid: &str,
-    block: u64,
-    read: impl FnOnce() -> Result<Option<Vec<u8>>, E>,
-) -> Result<Option<Arc<[u8]>>, E> {
-    let before = mark();
+    key: &K,
+    read: impl FnOnce() -> Result<V, E>,
+) -> Result<V, E> {
     if let Some(hit) = MEMO.with(|m| {
-        let m = m.borrow();
-        m.holds(before, sid).then(|| m.blocks.get(&block)).flatten()
-    }) {
-        return Ok(hit);
-    }
-    let value: Option<Arc<[u8]>> = read()?.map(Arc::from);
-    if before.is_settled() {
-        MEMO.with(|m| {
-            let mut m = m.borrow_mut();
-            m.keep_under(before, sid);
-            m.blocks.put(block, value.clone());
-        });
-    }
-    Ok(value)
-}
-
-/// `sid`'s entry record of `id`, as [`path_block`] keeps blocks.
-pub(crate) fn record<E>(
-    mark: impl Fn() -> ChangeMark,
-    sid: &str,
-    id: &EntryId,
-    read: impl FnOnce() -> Result<Option<Arc<EntryRecord>>, E>,
-) -> Result<Option<Arc<EntryRecord>>, E> {
-    let before = mark();
-    if let Some(hit) = MEMO.with(|m| {
-        let m = m.borrow();
-        m.holds(before, sid).then(|| m.records.get(id)).flatten()
+        let mut m = m.borrow_mut();
+        if m.holds(before, sid) {
+            slots(&mut m).get(key)
+        } else {
+            None
+        }
     }) {
         return Ok(hit);
     }
@@ -172,10 +151,36 @@ pub(crate) fn record<E>(
         MEMO.with(|m| {
             let mut m = m.borrow_mut();
             m.keep_under(before, sid);
-            m.records.put(id.clone(), value.clone());
+            slots(&mut m).put(key.clone(), value.clone());
         });
     }
     Ok(value)
+}
+
+/// `sid`'s path block `block`, through the memo (see [`kept`]).
+pub(crate) fn path_block<E>(
+    before: ChangeMark,
+    sid: &str,
+    block: u64,
+    read: impl FnOnce() -> Result<Option<Vec<u8>>, E>,
+) -> Result<Option<Arc<[u8]>>, E> {
+    kept(
+        |m| &mut m.blocks,
+        before,
+        sid,
+        &block,
+        || read().map(|v| v.map(Arc::from)),
+    )
+}
+
+/// `sid`'s entry record of `id`, through the memo (see [`kept`]).
+pub(crate) fn record<E>(
+    before: ChangeMark,
+    sid: &str,
+    id: &EntryId,
+    read: impl FnOnce() -> Result<Option<Arc<EntryRecord>>, E>,
+) -> Result<Option<Arc<EntryRecord>>, E> {
+    kept(|m| &mut m.records, before, sid, id, read)
 }
 
 #[cfg(test)]
@@ -186,17 +191,12 @@ mod tests {
     /// `path_block` through `read`, counting the reads that ran.
     fn block(store: &Store, sid: &str, block: u64, reads: &mut u32) -> Option<Arc<[u8]>> {
         let index = store.index();
-        path_block(
-            || index.change_mark(),
-            sid,
-            block,
-            || -> Result<_, ()> {
-                *reads += 1;
-                Ok(Some(
-                    format!("{sid}/{block}/{:?}", index.change_mark()).into_bytes(),
-                ))
-            },
-        )
+        path_block(index.change_mark(), sid, block, || -> Result<_, ()> {
+            *reads += 1;
+            Ok(Some(
+                format!("{sid}/{block}/{:?}", index.change_mark()).into_bytes(),
+            ))
+        })
         .unwrap()
     }
 

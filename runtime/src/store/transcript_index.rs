@@ -3554,8 +3554,7 @@ impl LogTranscriptSource {
                 self.corrupt(format!("index record of entry {id}: {e}"))
             })?)))
         };
-        let Some(r) = read_memo::record(|| index.change_mark(), self.sid.as_str(), id, read)?
-        else {
+        let Some(r) = read_memo::record(index.change_mark(), self.sid.as_str(), id, read)? else {
             return Ok(None);
         };
         let mut cache = self.records.borrow_mut();
@@ -3572,16 +3571,11 @@ impl LogTranscriptSource {
     fn path_block(&self, block: u64) -> Result<Option<Arc<[u8]>>, StoreError> {
         let index = self.engine.index();
         let sid = self.sid.as_str();
-        read_memo::path_block(
-            || index.change_mark(),
-            sid,
-            block,
-            || {
-                index
-                    .get(TRANSCRIPT_INDEXER, &path_block_key(sid, block))
-                    .map_err(engine_err)
-            },
-        )
+        read_memo::path_block(index.change_mark(), sid, block, || {
+            index
+                .get(TRANSCRIPT_INDEXER, &path_block_key(sid, block))
+                .map_err(engine_err)
+        })
     }
 
     /// A damaged active path: the read fails with an [`IndexError`]
