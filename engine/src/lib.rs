@@ -47,7 +47,8 @@ pub use format::{
 };
 pub use gc::{GcPlan, GcReport, GcSegment, GC_MANIFEST_IDS_MAX};
 pub use index::{
-    ChangeMark, Index, IndexBatch, IndexScan, Indexer, StreamHead, INDEX_FORMAT_VERSION,
+    ChangeMark, Index, IndexBatch, IndexScan, Indexer, StreamHead, INDEX_CACHE_BYTES_MAX,
+    INDEX_FORMAT_VERSION,
 };
 pub use log::{LogSpan, ACTIVE_MAP_SLACK_BYTES};
 pub use salvage::{salvage, DroppedCommit, LostRange, SalvageReport};
