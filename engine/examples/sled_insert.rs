@@ -8,10 +8,10 @@
 //! (default: 200,000 keys, values of 247 bytes, the mean size of an entry
 //! record in `spool bench`'s transcripts, and of 16 bytes, a bare log
 //! position). For each value size it inserts `N` keys into a fresh sled
-//! database as `Index::open_db_inner` opens one (no flusher thread, the
-//! index's cache bound, high-throughput mode), in batches of 4,096 keys sorted
-//! by key as a move writes them (`write_move`), with the epoch reclamation a
-//! move runs after each batch, and prints the wall time per key. Keys are the
+//! database opened by the index's own code (no flusher thread, the index's
+//! cache bound, high-throughput mode), in batches of 4,096 keys sorted by key
+//! as a move writes them (`write_move`), each followed by the move's own
+//! epoch reclamation, and prints the wall time per key. Keys are the
 //! entry-record key of one session: the tag `e`, the session id's length and
 //! a 36-byte session id, then the bench's 8-hex-digit entry id of the
 //! append's sequence number, so consecutive appends land far apart in key
@@ -40,12 +40,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     for value_bytes in value_sizes {
         let dir = tempfile::tempdir()?;
-        let db = sled::Config::new()
-            .path(dir.path().join("index"))
-            .flush_every_ms(None)
-            .cache_capacity(spool_engine::INDEX_CACHE_BYTES_MAX)
-            .mode(sled::Mode::HighThroughput)
-            .open()?;
+        let db = spool_engine::profiling::open_index_sled(&dir.path().join("index"))?;
         let value = vec![0x5a_u8; value_bytes];
         let mut batch: Vec<Vec<u8>> = Vec::with_capacity(BATCH_KEYS as usize);
         let start = Instant::now();
@@ -66,14 +61,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             for key in &batch {
                 db.insert(key.as_slice(), value.as_slice())?;
             }
-            // What `reclaim_sled_garbage` runs after each move.
-            for _ in 0..(batch.len() / 64 + 64) {
-                sled::pin().flush();
-            }
+            spool_engine::profiling::reclaim_after_move(batch.len());
             seq = end;
         }
         let elapsed = start.elapsed();
-        db.flush()?;
+        {
+            // Pinned, as the index flushes (see `flush_sled`).
+            let _pinned = sled::pin();
+            db.flush()?;
+        }
         assert_eq!(db.len() as u64, n, "every key is distinct");
         let per_key_us = elapsed.as_secs_f64() * 1e6 / n as f64;
         println!(

@@ -562,7 +562,7 @@ impl Index {
         }
     }
 
-    fn open_db_inner(path: Option<&Path>) -> Result<sled::Db, sled::Error> {
+    pub(crate) fn open_db_inner(path: Option<&Path>) -> Result<sled::Db, sled::Error> {
         let cfg = sled::Config::new()
             // No flusher thread of sled's own: the index flushes sled itself, after a move
             // of the memtable at most once per `SLED_FLUSH_INTERVAL` and on close, always
@@ -1795,7 +1795,7 @@ fn flush_sled(tree: &sled::Tree) -> Result<(), sled::Error> {
 /// bound instead. Each flush tries to advance the epoch and frees up to 8 bags of up to
 /// 64 deferred frees, so this bounds the loop by what the batch can have produced
 /// (a few nodes per write) plus the two epoch advances a bag must wait for.
-fn reclaim_sled_garbage(writes: usize) {
+pub(crate) fn reclaim_sled_garbage(writes: usize) {
     let rounds = writes / 64 + 64;
     for _ in 0..rounds {
         sled::pin().flush();

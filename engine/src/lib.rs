@@ -47,8 +47,7 @@ pub use format::{
 };
 pub use gc::{GcPlan, GcReport, GcSegment, GC_MANIFEST_IDS_MAX};
 pub use index::{
-    ChangeMark, Index, IndexBatch, IndexScan, Indexer, StreamHead, INDEX_CACHE_BYTES_MAX,
-    INDEX_FORMAT_VERSION,
+    ChangeMark, Index, IndexBatch, IndexScan, Indexer, StreamHead, INDEX_FORMAT_VERSION,
 };
 pub use log::{LogSpan, ACTIVE_MAP_SLACK_BYTES};
 pub use salvage::{salvage, DroppedCommit, LostRange, SalvageReport};
@@ -64,6 +63,23 @@ pub use types::{
 };
 pub use uuid::Uuid;
 pub use verify::{verify, IndexCheck, VerifyProblem, VerifyReport};
+
+/// Entry points of the profiling examples (`examples/sled_insert.rs`) into the index's
+/// own use of sled, so they measure what the index runs; not a stable API.
+#[doc(hidden)]
+pub mod profiling {
+    use std::path::Path;
+
+    /// A sled database at `path`, configured as the index opens its own.
+    pub fn open_index_sled(path: &Path) -> Result<sled::Db, sled::Error> {
+        crate::index::Index::open_db_inner(Some(path))
+    }
+
+    /// The epoch reclamation a move into sled runs after its `writes`.
+    pub fn reclaim_after_move(writes: usize) {
+        crate::index::reclaim_sled_garbage(writes)
+    }
+}
 
 /// Entry points of the fuzz targets into formats the engine keeps private (the index's
 /// redo log); not a stable API.
