@@ -9,7 +9,7 @@
 //! - [`fuzz`]: the bodies of the cargo-fuzz targets in `fuzz/`, so that the
 //!   saved corpora replay as ordinary tests on stable Rust.
 //!
-//! The tests themselves are in `tests/tests/*.rs`; RELIABILITY.md at the
+//! The tests themselves are in `tests/tests/it/` (one binary); RELIABILITY.md at the
 //! repository root says what each one establishes and how to run it longer.
 
 pub mod fuzz;

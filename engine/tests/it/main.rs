@@ -1,0 +1,13 @@
+//! The engine's integration tests, one binary with a module per area (one
+//! link instead of one per file). Shared helpers are in `common`.
+
+mod common;
+
+mod basic;
+mod faults;
+mod gc;
+mod index;
+mod process;
+mod recovery;
+mod salvage;
+mod spare;

@@ -1,0 +1,374 @@
+//! Recovery: torn tails, bit flips, crafted segments, read-only opens, verify.
+use crate::common;
+use common::*;
+use spool_engine::format::{self, SEGMENT_HEADER_BYTES};
+use spool_engine::vfs::SimVfs;
+use spool_engine::*;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+fn write_commits(dir: &Path, opts: Options, n: u64) -> Vec<CommitInfo> {
+    let s = Store::open(dir, opts).unwrap();
+    let infos = (0..n)
+        .map(|i| {
+            committed(append_next(
+                &s,
+                &format!("s{}", i % 3),
+                ev(format!("payload-{i}").as_bytes()),
+            ))
+        })
+        .collect();
+    s.close().unwrap();
+    infos
+}
+
+fn seg_path(dir: &Path, id: u64) -> PathBuf {
+    dir.join(format::segment_file_name(id))
+}
+
+#[test]
+fn truncating_last_record_at_every_offset_recovers_preceding_commits() {
+    let src = tempfile::tempdir().unwrap();
+    let infos = write_commits(src.path(), test_opts(), 6);
+    let last = infos.last().unwrap().clone();
+    let seg = seg_path(src.path(), last.position.segment);
+    let original = std::fs::read(&seg).unwrap();
+    let rec_len = {
+        let s = Store::open_read_only(src.path(), test_opts()).unwrap();
+        s.read_at(last.position).unwrap().record_bytes as u64
+    };
+    for cut in last.position.offset..last.position.offset + rec_len {
+        for zero_instead_of_truncate in [false, true] {
+            let dir = tempfile::tempdir().unwrap();
+            let mut bytes = original.clone();
+            if zero_instead_of_truncate {
+                // Keep the preallocated size; the record's bytes past `cut` are garbage.
+                for (i, b) in bytes[cut as usize..(last.position.offset + rec_len) as usize]
+                    .iter_mut()
+                    .enumerate()
+                {
+                    *b = (i as u8).wrapping_mul(37) | 1;
+                }
+            } else {
+                bytes.truncate(cut as usize);
+            }
+            std::fs::write(seg_path(dir.path(), last.position.segment), &bytes).unwrap();
+            let s = Store::open(dir.path(), test_opts())
+                .unwrap_or_else(|e| panic!("cut {cut} zero {zero_instead_of_truncate}: {e}"));
+            let seen: Vec<u64> = s.scan(1).unwrap().map(|r| r.unwrap().info.seq).collect();
+            assert_eq!(
+                seen,
+                (1..infos.len() as u64).collect::<Vec<_>>(),
+                "cut {cut}"
+            );
+            assert_eq!(
+                s.stream_version(&last.stream).unwrap(),
+                Some(last.version - 1)
+            );
+            // The store goes on from there, and reopens cleanly.
+            let again = committed(
+                s.append(commit(
+                    &last.stream,
+                    ExpectedVersion::Exact(last.version - 1),
+                    b"again",
+                ))
+                .unwrap(),
+            );
+            assert_eq!(again.seq, last.seq);
+            drop(s);
+            let s = Store::open(dir.path(), test_opts()).unwrap();
+            assert_eq!(s.last_seq(), last.seq);
+        }
+    }
+}
+
+/// A store with two sealed segments and an active one, in a SimVfs.
+fn sim_store_with_sealed_segments() -> (SimVfs, tempfile::TempDir, PathBuf) {
+    let sim = SimVfs::new();
+    let ix = tempfile::tempdir().unwrap();
+    let dir = PathBuf::from("/store");
+    let opts = test_opts()
+        .vfs(Arc::new(sim.clone()))
+        .segment_bytes_max(4096)
+        .index_dir(ix.path().join("index"));
+    let s = Store::open(&dir, opts).unwrap();
+    for i in 0..12u64 {
+        s.append(commit("a", ExpectedVersion::Exact(i), &[i as u8; 700]))
+            .unwrap();
+    }
+    assert!(s.stats().segments >= 3);
+    s.close().unwrap();
+    (sim, ix, dir)
+}
+
+#[test]
+fn every_bit_flip_in_a_sealed_segment_is_detected() {
+    let (sim, ix, dir) = sim_store_with_sealed_segments();
+    let path = dir.join(format::segment_file_name(1));
+    let original = sim.read_file(&path).unwrap();
+    let opts = || {
+        test_opts()
+            .vfs(Arc::new(sim.clone()))
+            .segment_bytes_max(4096)
+    };
+    let clean = verify(&dir, opts().index_dir(ix.path().join("none"))).unwrap();
+    assert!(clean.ok, "{clean:?}");
+    let end = log_end(&original);
+    let mut opened = 0;
+    for byte in SEGMENT_HEADER_BYTES as usize..end {
+        for bit in 0..8 {
+            let mut damaged = original.clone();
+            damaged[byte] ^= 1 << bit;
+            sim.write_file_durable(&path, damaged).unwrap();
+            let r = verify(&dir, opts().index_dir(ix.path().join("none"))).unwrap();
+            assert!(!r.ok, "flip of bit {bit} in byte {byte} not detected");
+            assert!(r
+                .errors
+                .iter()
+                .any(|e| e.segment == format::segment_file_name(1)));
+            // Opening refuses too (checked on a sample: each open also opens sled).
+            if (byte * 8 + bit) % 211 == 0 {
+                opened += 1;
+                match Store::open(&dir, opts().index_dir(ix.path().join("index"))) {
+                    Err(Error::Corrupt {
+                        segment, offset, ..
+                    }) => {
+                        assert_eq!(segment, format::segment_file_name(1));
+                        assert!(offset >= SEGMENT_HEADER_BYTES && offset <= byte as u64);
+                    }
+                    other => panic!("bit {bit} byte {byte}: expected Corrupt, got {other:?}"),
+                }
+            }
+        }
+    }
+    assert!(opened > 10);
+    sim.write_file_durable(&path, original).unwrap();
+    Store::open(&dir, opts().index_dir(ix.path().join("index"))).unwrap();
+}
+
+/// One past the last nonzero byte.
+fn log_end(b: &[u8]) -> usize {
+    b.iter().rposition(|&x| x != 0).map_or(0, |p| p + 1)
+}
+
+#[test]
+fn mid_log_corruption_in_last_segment_is_an_error_with_segment_and_offset() {
+    let dir = tempfile::tempdir().unwrap();
+    let infos = write_commits(dir.path(), test_opts(), 5);
+    let victim = &infos[2];
+    let path = seg_path(dir.path(), victim.position.segment);
+    let mut bytes = std::fs::read(&path).unwrap();
+    bytes[victim.position.offset as usize + 12] ^= 0x40;
+    std::fs::write(&path, &bytes).unwrap();
+    let err = Store::open(dir.path(), test_opts()).unwrap_err();
+    let name = format::segment_file_name(victim.position.segment);
+    match &err {
+        Error::Corrupt {
+            segment, offset, ..
+        } => {
+            assert_eq!(segment, &name);
+            assert_eq!(*offset, victim.position.offset);
+        }
+        other => panic!("expected Corrupt, got {other:?}"),
+    }
+    let msg = err.to_string();
+    assert!(
+        msg.contains(&name) && msg.contains(&victim.position.offset.to_string()),
+        "{msg}"
+    );
+    // The file was not modified by the failed open.
+    assert_eq!(std::fs::read(&path).unwrap(), bytes);
+    let r = verify(dir.path(), test_opts()).unwrap();
+    assert!(!r.ok);
+    assert_eq!(r.errors[0].segment, name);
+    assert_eq!(r.errors[0].offset, victim.position.offset);
+}
+
+fn craft_segment(id: u64, frames: &[Vec<u8>]) -> Vec<u8> {
+    let mut b = format::encode_header(id).to_vec();
+    for f in frames {
+        b.extend_from_slice(f);
+    }
+    b.resize(8192, 0);
+    b
+}
+
+fn frame(seg: u64, payload: &[u8]) -> Vec<u8> {
+    let mut f = (payload.len() as u32).to_le_bytes().to_vec();
+    f.extend_from_slice(&format::record_crc(seg, 1, payload).to_le_bytes());
+    f.push(1);
+    f.extend_from_slice(payload);
+    f
+}
+
+#[test]
+fn hostile_length_field_does_not_allocate_beyond_the_file() {
+    // A sealed segment whose first frame claims ~4 GiB.
+    let dir = tempfile::tempdir().unwrap();
+    let mut hostile = vec![0xF0, 0xFF, 0xFF, 0xFF, 1, 2, 3, 4, 1];
+    hostile.extend_from_slice(&[9u8; 40]);
+    std::fs::write(seg_path(dir.path(), 1), craft_segment(1, &[hostile])).unwrap();
+    std::fs::write(seg_path(dir.path(), 2), craft_segment(2, &[])).unwrap();
+    let opts = test_opts().record_bytes_max(RECORD_BYTES_HARD_CAP);
+    match Store::open(dir.path(), opts.clone()) {
+        Err(Error::Corrupt {
+            segment, offset, ..
+        }) => {
+            assert_eq!(segment, format::segment_file_name(1));
+            assert_eq!(offset, SEGMENT_HEADER_BYTES);
+        }
+        other => panic!("expected Corrupt, got {other:?}"),
+    }
+    // A record with a valid checksum whose event count and payload length lie.
+    let dir = tempfile::tempdir().unwrap();
+    let mut p = Vec::new();
+    p.extend_from_slice(&1u16.to_le_bytes());
+    p.push(b'a');
+    p.push(0);
+    p.extend_from_slice(&0u64.to_le_bytes());
+    p.extend_from_slice(&1u64.to_le_bytes());
+    p.extend_from_slice(&[0u8; 16]);
+    p.extend_from_slice(&0i64.to_le_bytes());
+    p.extend_from_slice(&1u64.to_le_bytes());
+    let mut huge_count = p.clone();
+    huge_count.extend_from_slice(&u32::MAX.to_le_bytes());
+    let mut huge_payload = p.clone();
+    huge_payload.extend_from_slice(&1u32.to_le_bytes());
+    huge_payload.push(1);
+    huge_payload.push(b'k');
+    huge_payload.extend_from_slice(&(u32::MAX - 1).to_le_bytes());
+    for bad in [huge_count, huge_payload] {
+        std::fs::write(seg_path(dir.path(), 1), craft_segment(1, &[frame(1, &bad)])).unwrap();
+        match Store::open(dir.path(), opts.clone()) {
+            Err(Error::Corrupt {
+                segment,
+                offset,
+                problem,
+            }) => {
+                assert_eq!(segment, format::segment_file_name(1));
+                assert_eq!(offset, SEGMENT_HEADER_BYTES, "{problem}");
+            }
+            other => panic!("expected Corrupt, got {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn future_format_version_and_wrong_segment_id() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut h = format::encode_header(1);
+    h[8..12].copy_from_slice(&(format::SEGMENT_FORMAT_VERSION + 1).to_le_bytes());
+    let crc = format::mask_crc(crc32fast_hash(&h[..28]));
+    h[28..32].copy_from_slice(&crc.to_le_bytes());
+    let mut seg = h.to_vec();
+    seg.resize(4096, 0);
+    std::fs::write(seg_path(dir.path(), 1), &seg).unwrap();
+    match Store::open(dir.path(), test_opts()) {
+        Err(Error::UnsupportedFormat {
+            path,
+            found,
+            supported,
+        }) => {
+            assert!(path.ends_with(format::segment_file_name(1)));
+            assert_eq!(found, format::SEGMENT_FORMAT_VERSION + 1);
+            assert_eq!(supported, format::SEGMENT_FORMAT_VERSION);
+        }
+        other => panic!("expected UnsupportedFormat, got {other:?}"),
+    }
+
+    let dir = tempfile::tempdir().unwrap();
+    write_commits(dir.path(), test_opts(), 2);
+    std::fs::rename(seg_path(dir.path(), 1), seg_path(dir.path(), 7)).unwrap();
+    match Store::open(dir.path(), test_opts()) {
+        Err(Error::Corrupt {
+            segment, problem, ..
+        }) => {
+            assert_eq!(segment, format::segment_file_name(7));
+            assert!(problem.contains("segment id 1"), "{problem}");
+        }
+        other => panic!("expected Corrupt, got {other:?}"),
+    }
+}
+
+fn crc32fast_hash(b: &[u8]) -> u32 {
+    // The header checksum is crc32 (IEEE) of the first 28 bytes, masked.
+    let mut crc = 0xFFFF_FFFFu32;
+    for &byte in b {
+        crc ^= u32::from(byte);
+        for _ in 0..8 {
+            crc = if crc & 1 != 0 {
+                (crc >> 1) ^ 0xEDB8_8320
+            } else {
+                crc >> 1
+            };
+        }
+    }
+    !crc
+}
+
+#[test]
+fn zeroed_tail_and_blank_last_segment_open_cleanly() {
+    let dir = tempfile::tempdir().unwrap();
+    let infos = write_commits(dir.path(), test_opts(), 3);
+    // A crash between creating the next segment and writing its header.
+    std::fs::write(seg_path(dir.path(), 2), vec![0u8; 4096]).unwrap();
+    let r = verify(dir.path(), test_opts()).unwrap();
+    assert!(r.ok, "{r:?}");
+    let s = Store::open(dir.path(), test_opts()).unwrap();
+    assert_eq!(s.last_seq(), infos.len() as u64);
+    let i = committed(
+        s.append(commit("x", ExpectedVersion::NoStream, b"y"))
+            .unwrap(),
+    );
+    assert_eq!(i.position.segment, 2);
+    drop(s);
+    let s = Store::open(dir.path(), test_opts()).unwrap();
+    assert_eq!(s.last_seq(), infos.len() as u64 + 1);
+}
+
+#[test]
+fn read_only_tolerates_torn_tail_without_writing_and_verify_reports_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let infos = write_commits(dir.path(), test_opts(), 4);
+    let last = infos.last().unwrap();
+    let path = seg_path(dir.path(), last.position.segment);
+    let mut bytes = std::fs::read(&path).unwrap();
+    let tail = log_end(&bytes);
+    bytes[tail..tail + 5].copy_from_slice(&[0x33, 0, 0, 0, 0xAB]);
+    std::fs::write(&path, &bytes).unwrap();
+    // A writer that died: no lock held. Read-only open sees the acknowledged commits.
+    let ro = Store::open_read_only(dir.path(), test_opts()).unwrap();
+    assert_eq!(ro.last_seq(), 4);
+    assert_eq!(
+        ro.read_stream(&last.stream, 1, 10).unwrap().len() as u64,
+        last.version
+    );
+    drop(ro);
+    assert_eq!(
+        std::fs::read(&path).unwrap(),
+        bytes,
+        "read-only open wrote to the store"
+    );
+    let r = verify(dir.path(), test_opts()).unwrap();
+    assert!(r.ok, "{r:?}");
+    assert_eq!(r.torn_tail_bytes, 5);
+    assert_eq!((r.commits, r.records, r.streams, r.last_seq), (4, 4, 3, 4));
+    assert_eq!(r.index, IndexCheck::Checked { applied_seq: 4 });
+    // The owner truncates it.
+    let s = Store::open(dir.path(), test_opts()).unwrap();
+    assert_eq!(s.last_seq(), 4);
+    drop(s);
+    let r = verify(dir.path(), test_opts()).unwrap();
+    assert_eq!(r.torn_tail_bytes, 0);
+}
+
+#[test]
+fn verify_skips_the_index_of_a_locked_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Store::open(dir.path(), test_opts()).unwrap();
+    s.append(commit("a", ExpectedVersion::NoStream, b"1"))
+        .unwrap();
+    let r = verify(dir.path(), test_opts()).unwrap();
+    assert!(r.ok);
+    assert_eq!(r.index, IndexCheck::Locked);
+}
