@@ -4,18 +4,12 @@
 
 use std::sync::Arc;
 
-use spool_runtime::actions::SendMessage;
-use spool_runtime::agent_loop::{ScriptedLoopFactory, ScriptedTurn};
-use spool_runtime::handle::HandleOptions;
-use spool_runtime::hooks::SessionHookStack;
-use spool_runtime::observer::NullSink;
-use spool_runtime::store::{LogStore, LogStoreOptions};
-use spool_runtime::{AgentDefinition, SessionRuntime};
+use spool_runtime::{AgentDefinition, HandleOptions, ScriptedLoopFactory, ScriptedTurn};
+use spool_runtime::{SendMessage, SessionRuntime};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let dir = tempfile::tempdir()?; // any directory: the store is created if missing
-    let store = Arc::new(LogStore::open(dir.path(), LogStoreOptions::default())?);
-    let runtime = SessionRuntime::new(store, Arc::new(NullSink), SessionHookStack::empty());
+    let runtime = SessionRuntime::open(dir.path())?; // the log store, default options
 
     let agent = AgentDefinition::new("helper", "Answers questions", "You are concise.");
     let id = runtime.create(agent, None)?.id().clone(); // version 1

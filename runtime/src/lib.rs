@@ -23,10 +23,20 @@ pub mod session;
 pub mod store;
 pub mod transcript;
 
+// The embedding API: what an application needs, at the crate root. The
+// modules above stay reachable for tools and advanced use.
+pub use actions::{SendMessage, SessionAction};
+pub use agent_loop::{
+    AgentLoop, LoopFactory, LoopInput, LoopOutput, ScriptedLoopFactory, ScriptedTurn,
+};
 pub use error::RuntimeError;
+pub use handle::{HandleError, HandleOptions, SessionHandle};
+pub use hooks::{HookStage, SessionHook, SessionHookStack};
+pub use observer::{EventSink, RuntimeEvent};
 pub use runtime::SessionRuntime;
 pub use session::{
-    AgentDefinition, AgentSession, AgentSessionInfo, AgentState, ModelConfig, SessionEvent,
-    SessionId, SessionInfoList, SessionStatus,
+    AgentDefinition, AgentSession, AgentSessionInfo, AgentState, ModelConfig, SessionId,
+    SessionStatus,
 };
-pub use store::{ListQuery, SessionStore, StoreError};
+pub use store::{open_store, ListQuery, LogStore, LogStoreOptions, SessionStore, StoreError};
+pub use transcript::{Entry, EntryId, ModelContext};

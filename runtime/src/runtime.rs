@@ -38,18 +38,19 @@
 //!   and persist nothing. `get_session` reports `SessionLoaded` /
 //!   `SessionLoadFailed`; `session_info` never loads state.
 
+use std::path::Path;
 use std::sync::Arc;
 
 use crate::actions::{ActionError, DeleteSession, ForkSession, SessionAction};
 use crate::error::RuntimeError;
 use crate::handle::{HandleError, HandleOptions, SessionHandle};
 use crate::hooks::{HookStage, SessionHookStack};
-use crate::observer::{EventSink, RuntimeEvent};
+use crate::observer::{EventSink, NullSink, RuntimeEvent};
 use crate::session::{
     AgentDefinition, AgentSession, AgentSessionInfo, AgentState, SessionFactory, SessionId,
     SessionInfoList, SessionStatus,
 };
-use crate::store::{ListQuery, SessionStore, StoreError};
+use crate::store::{ListQuery, LogStore, LogStoreOptions, SessionStore, StoreError};
 use crate::transcript::EntryId;
 
 /// Creates sessions, executes actions, applies hooks, emits events.
@@ -69,6 +70,34 @@ impl std::fmt::Debug for SessionRuntime {
 }
 
 impl SessionRuntime {
+    /// Opens the log store in `dir` (created if missing; this process
+    /// becomes its single owner) with default options, and a runtime over
+    /// it with no hooks and no observer. Add those with
+    /// [`with_hooks`](Self::with_hooks) and [`with_events`](Self::with_events);
+    /// other stores go through [`with_store`](Self::with_store).
+    pub fn open(dir: impl AsRef<Path>) -> Result<Self, RuntimeError> {
+        let store = LogStore::open(dir.as_ref(), LogStoreOptions::default())?;
+        Ok(Self::with_store(Arc::new(store)))
+    }
+
+    /// A runtime over `store` with no hooks and no observer.
+    pub fn with_store(store: Arc<dyn SessionStore>) -> Self {
+        Self::new(store, Arc::new(NullSink), SessionHookStack::empty())
+    }
+
+    /// This runtime with `events` as its observer.
+    pub fn with_events(mut self, events: Arc<dyn EventSink>) -> Self {
+        self.events = events;
+        self
+    }
+
+    /// This runtime with `hooks` as its hook stack.
+    pub fn with_hooks(mut self, hooks: SessionHookStack) -> Self {
+        self.hooks = hooks;
+        self
+    }
+
+    /// A runtime over `store` reporting to `events` and running `hooks`.
     pub fn new(
         store: Arc<dyn SessionStore>,
         events: Arc<dyn EventSink>,

@@ -591,3 +591,46 @@ fn get_session_reports_loaded_and_runs_no_hooks() {
     assert!(rt.get_session(&SessionId::generate()).is_err());
     assert_eq!(trace.take(), ["event:SessionLoadFailed"]);
 }
+
+/// The one-call open: a log store in the directory (created if missing),
+/// owned by this runtime, with hooks and an observer added by the builder
+/// methods; what it writes is there after a reopen, and a second owner is
+/// refused while the first lives.
+#[test]
+fn open_is_a_log_store_runtime_that_hooks_and_observers_can_be_added_to() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("fresh").join("store");
+    let trace = Trace::default();
+    let hooks = SessionHookStack::empty().with(
+        TraceHook {
+            name: "h".into(),
+            trace: trace.clone(),
+        },
+        0,
+    );
+    let rt = SessionRuntime::open(&path)
+        .unwrap()
+        .with_hooks(hooks)
+        .with_events(Arc::new(trace.clone()));
+    let s = rt.create(definition("a"), None).unwrap();
+    let s = rt
+        .execute(s.id(), &WriteMetadata::new("k", serde_json::json!(1)))
+        .unwrap();
+    assert_eq!(s.version(), 2);
+    let seen = trace.take();
+    assert!(seen.contains(&"h:before_create".to_string()), "{seen:?}");
+    assert!(seen.contains(&"event:SessionSaved".to_string()), "{seen:?}");
+
+    let second = SessionRuntime::open(&path).unwrap_err();
+    assert!(second.to_string().contains("lock"), "{second}");
+    drop(rt);
+
+    let rt = SessionRuntime::open(&path).unwrap();
+    let info = rt.session_info(s.id()).unwrap();
+    assert_eq!(info.version, 2);
+    assert_eq!(
+        trace.take(),
+        Vec::<String>::new(),
+        "the reopened runtime has no observer"
+    );
+}
