@@ -24,10 +24,10 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 use super::sync_dir;
-use crate::bench::data::Record;
-use crate::bench::{
-    io_err, BenchError, Durability, SessionSpec, SpoolSubject, SubjectStore, Workload,
-};
+use crate::data::Record;
+use crate::error::{io_err, BenchError};
+use crate::subject::{Durability, SessionSpec, SpoolSubject, SubjectStore};
+use crate::workloads::Workload;
 
 /// Bytes written per commit by the raw peers.
 pub const RAW_RECORD_BYTES: usize = 1024;

@@ -32,11 +32,13 @@ use std::time::Duration;
 use rusqlite::{params, Connection, OptionalExtension};
 
 use super::context;
-use crate::bench::data::{entry_id, Record, BASE_TIMESTAMP_MS};
-use crate::bench::{
-    BenchError, ContextSummary, Durability, PageSummary, SessionData, SessionSpec, SpoolSubject,
-    Status, SubjectStore, Workload,
+use crate::data::{entry_id, Record, BASE_TIMESTAMP_MS};
+use crate::error::BenchError;
+use crate::subject::{
+    ContextSummary, Durability, PageSummary, SessionData, SessionSpec, SpoolSubject, Status,
+    SubjectStore,
 };
+use crate::workloads::Workload;
 
 const NAME: &str = "sqlite";
 
@@ -211,7 +213,7 @@ impl SqliteStore {
             .and_then(|mut st| {
                 st.execute(params![
                     s.id(),
-                    s.parent.map(crate::bench::session_id),
+                    s.parent.map(crate::subject::session_id),
                     s.status.as_str(),
                     s.agent(),
                     0i64,
