@@ -17,8 +17,7 @@
 //!   each write transaction. SQLite admits one writer at a time anyway;
 //!   without the mutex, concurrent connections meet through the busy
 //!   handler, which sleeps with a millisecond backoff, and 16 writers
-//!   commit some 30 times slower than one (about 220 against 6,400
-//!   commits/s when this was written). The busy timeout stays as the
+//!   commit many times slower than one. The busy timeout stays as the
 //!   guard against other processes.
 //! - Open: a tail query newest first, stepping until the 64 KiB budget is
 //!   reached. Page: keyset pagination on `(session, seq)`. List: an index
