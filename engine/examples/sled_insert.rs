@@ -6,7 +6,7 @@
 //! Run it with
 //! `cargo run --release -p spool-engine --example sled_insert -- [N] [VALUE_BYTES]...`
 //! (default: 200,000 keys, values of 247 bytes, the mean size of an entry
-//! record in `spool bench`'s transcripts, and of 16 bytes, a bare log
+//! record in `spool-bench`'s transcripts, and of 16 bytes, a bare log
 //! position). For each value size it inserts `N` keys into a fresh sled
 //! database opened by the index's own code (no flusher thread, the index's
 //! cache bound, high-throughput mode), in batches of 4,096 keys sorted by key

@@ -110,7 +110,7 @@ fn cpu_secs() -> f64 {
 }
 
 /// The allocator of the `spool` binary (see its `main.rs`), so this
-/// profile is of what `spool bench` runs.
+/// profile is of what `spool-bench` runs.
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

@@ -2,7 +2,7 @@
 //! prints the rate, the appending threads' and the process's CPU per
 //! append, and how the appending threads' wall time splits into on a CPU,
 //! runnable and waiting (Linux only): the handle's append path on its own,
-//! for profiling (`perf record`), outside `spool bench`'s peers.
+//! for profiling (`perf record`), outside `spool-bench`'s peers.
 //! Run it with
 //! `cargo run --release -p spool-runtime --example handle_append [N] [durable] [WRITERS] [BUDGET_BYTES] [POLL_US]`
 //! (`durable`: engine durability `Immediate`, acknowledged after fdatasync;
@@ -29,7 +29,7 @@ use spool_runtime::{AgentDefinition, SessionRuntime};
 const BUDGET_EVENTS_MAX: u64 = 1_000_000;
 
 /// The allocator of the `spool` binary (see its `main.rs`), so this
-/// profile is of what `spool bench` runs.
+/// profile is of what `spool-bench` runs.
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

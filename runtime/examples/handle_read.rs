@@ -1,6 +1,6 @@
 //! Opens a prepared session with read-only handles and pages through its
 //! branch, printing the rates: the read paths of the log store on their
-//! own, for profiling (`perf record`), outside `spool bench`'s peers.
+//! own, for profiling (`perf record`), outside `spool-bench`'s peers.
 //!
 //! `cargo run --release -p spool-runtime --example handle_read DIR [N] [SECONDS]`
 //! loads a session of N entries (one `entry_appended` commit per entry, a
@@ -69,7 +69,7 @@ fn load(store: &LogStore, n: u64) -> Result<(), Box<dyn std::error::Error>> {
 }
 
 /// The allocator of the `spool` binary (see its `main.rs`), so this
-/// profile is of what `spool bench` runs.
+/// profile is of what `spool-bench` runs.
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

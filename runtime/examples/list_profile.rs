@@ -1,6 +1,6 @@
 //! Lists session headers filtered by status on a log store, repeatedly, and
 //! prints the rate: the log store's header listing on its own, for
-//! profiling (`perf record`), outside `spool bench`'s peers.
+//! profiling (`perf record`), outside `spool-bench`'s peers.
 //!
 //! `cargo run --release -p spool-runtime --example list_profile DIR [N] [SECONDS]`
 //! creates N sessions (default 10,000; about 25 % active, the rest

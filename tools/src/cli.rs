@@ -304,20 +304,4 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
-
-    /// Measure spool against its peers, side by side in one run.
-    Bench {
-        /// Workloads to run (default: all).
-        #[arg(long = "workload", value_name = "NAME")]
-        workloads: Vec<String>,
-        /// Small sizes that finish in seconds.
-        #[arg(long)]
-        quick: bool,
-        /// Print one JSON document instead of text.
-        #[arg(long)]
-        json: bool,
-        /// Print the Markdown table for BENCHMARKS.md.
-        #[arg(long)]
-        markdown: bool,
-    },
 }

@@ -6,7 +6,6 @@ use std::process::ExitCode;
 use crate::cli::{Cli, Command};
 use crate::out::{Result, ToolError};
 
-mod bench;
 mod compact;
 mod context;
 mod delete;
@@ -131,18 +130,6 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
                 json,
             },
         ),
-        Command::Bench {
-            workloads,
-            quick,
-            json,
-            markdown,
-        } => bench::run(bench::Args {
-            workloads,
-            quick,
-            json,
-            markdown,
-            dir: store,
-        }),
     }
 }
 

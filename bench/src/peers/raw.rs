@@ -24,10 +24,10 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 use super::sync_dir;
-use crate::bench::data::Record;
-use crate::bench::{
-    io_err, BenchError, Durability, SessionSpec, SpoolSubject, SubjectStore, Workload,
-};
+use crate::data::Record;
+use crate::error::{io_err, BenchError};
+use crate::subject::{Durability, SessionSpec, SpoolSubject, SubjectStore};
+use crate::workloads::Workload;
 
 /// Bytes written per commit by the raw peers.
 pub const RAW_RECORD_BYTES: usize = 1024;
@@ -35,8 +35,8 @@ pub const RAW_RECORD_BYTES: usize = 1024;
 /// Chunk size used to write the zeros of a preallocated file: the engine's, so the
 /// loop's file is filled as spool's segments are. The page-cache folios a write
 /// creates are as large as the write, and each later small `pwrite` and its
-/// `fdatasync` walk the blocks of the folio they land in: with 1 MiB fill writes the
-/// loop spent ~21 µs of CPU per 1,900-byte commit against ~12 µs with 16 KiB.
+/// `fdatasync` walk the blocks of the folio they land in, so larger fill writes
+/// make every later commit of the loop cost more CPU.
 pub const PREALLOC_CHUNK: usize = spool_engine::ZERO_FILL_CHUNK_BYTES;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -17,8 +17,7 @@
 //!   each write transaction. SQLite admits one writer at a time anyway;
 //!   without the mutex, concurrent connections meet through the busy
 //!   handler, which sleeps with a millisecond backoff, and 16 writers
-//!   commit some 30 times slower than one (about 220 against 6,400
-//!   commits/s when this was written). The busy timeout stays as the
+//!   commit many times slower than one. The busy timeout stays as the
 //!   guard against other processes.
 //! - Open: a tail query newest first, stepping until the 64 KiB budget is
 //!   reached. Page: keyset pagination on `(session, seq)`. List: an index
@@ -32,11 +31,13 @@ use std::time::Duration;
 use rusqlite::{params, Connection, OptionalExtension};
 
 use super::context;
-use crate::bench::data::{entry_id, Record, BASE_TIMESTAMP_MS};
-use crate::bench::{
-    BenchError, ContextSummary, Durability, PageSummary, SessionData, SessionSpec, SpoolSubject,
-    Status, SubjectStore, Workload,
+use crate::data::{entry_id, Record, BASE_TIMESTAMP_MS};
+use crate::error::BenchError;
+use crate::subject::{
+    ContextSummary, Durability, PageSummary, SessionData, SessionSpec, SpoolSubject, Status,
+    SubjectStore,
 };
+use crate::workloads::Workload;
 
 const NAME: &str = "sqlite";
 
@@ -211,7 +212,7 @@ impl SqliteStore {
             .and_then(|mut st| {
                 st.execute(params![
                     s.id(),
-                    s.parent.map(crate::bench::session_id),
+                    s.parent.map(crate::subject::session_id),
                     s.status.as_str(),
                     s.agent(),
                     0i64,

@@ -35,11 +35,12 @@ use postgres::{Client, NoTls, Statement};
 
 use super::context;
 use super::pg_server::{self, PgServer};
-use crate::bench::data::{entry_id, Record, BASE_TIMESTAMP_MS};
-use crate::bench::{
-    BenchError, ContextSummary, Durability, SessionData, SessionSpec, SpoolSubject, SubjectStore,
-    Workload,
+use crate::data::{entry_id, Record, BASE_TIMESTAMP_MS};
+use crate::error::BenchError;
+use crate::subject::{
+    ContextSummary, Durability, SessionData, SessionSpec, SpoolSubject, SubjectStore,
 };
+use crate::workloads::Workload;
 
 const NAME: &str = "postgres";
 
@@ -273,7 +274,7 @@ fn insert_session(
         st,
         &[
             &s.id(),
-            &s.parent.map(crate::bench::session_id),
+            &s.parent.map(crate::subject::session_id),
             &s.status.as_str(),
             &s.agent(),
             &0i64,

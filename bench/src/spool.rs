@@ -52,11 +52,13 @@ use spool_runtime::transcript::{
 };
 use spool_runtime::{ListQuery, SessionRuntime};
 
-use super::data::{Record, Role};
-use super::{
-    BenchError, ContextSummary, Durability, PageSummary, SessionData, SessionSpec, SpoolSubject,
-    Status, SubjectStore, Workload,
+use crate::data::{Record, Role};
+use crate::error::BenchError;
+use crate::subject::{
+    ContextSummary, Durability, PageSummary, SessionData, SessionSpec, SpoolSubject, Status,
+    SubjectStore,
 };
+use crate::workloads::Workload;
 
 /// Sessions with at most this many entries are created with their
 /// transcript inside the `created` event (the `list` workload's sessions).
@@ -126,7 +128,7 @@ pub fn entry_for(seq: u64, record: &Record) -> Result<Entry, BenchError> {
     Ok(Entry {
         id,
         parent_id: parent,
-        timestamp_ms: super::data::BASE_TIMESTAMP_MS + seq as i64,
+        timestamp_ms: crate::data::BASE_TIMESTAMP_MS + seq as i64,
         kind,
     })
 }

@@ -21,7 +21,8 @@ pub mod sqlite;
 use std::fs::File;
 use std::path::Path;
 
-use super::{io_err, BenchError, ContextSummary, PageSummary};
+use crate::error::{io_err, BenchError};
+use crate::subject::{ContextSummary, PageSummary};
 
 /// fsyncs a directory so that the names created in it are durable.
 pub(crate) fn sync_dir(subject: &str, dir: &Path) -> Result<(), BenchError> {

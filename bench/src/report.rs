@@ -10,8 +10,9 @@ use std::path::Path;
 
 use serde::Serialize;
 
-use super::stats::{self, Samples};
-use super::{peers, CONTEXT_BUDGET, LIST_ENTRIES_PER_SESSION, PAGE_BUDGET};
+use crate::harness::{CONTEXT_BUDGET, LIST_ENTRIES_PER_SESSION, PAGE_BUDGET};
+use crate::peers;
+use crate::stats::{self, Samples};
 
 /// The order peers appear in tables.
 pub const PEER_ORDER: [&str; 6] = [
@@ -87,7 +88,8 @@ pub struct ResultRow {
     /// [`RunInfo::peak_rss_per_workload`]); includes the generated data and
     /// every subject, so it is an upper bound for each.
     pub peak_rss_bytes: Option<u64>,
-    /// `open` rows (issue 4's fields): the history length in entries.
+    /// `open` rows (spool's open latency and memory): the history length
+    /// in entries.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub history: Option<u64>,
     /// `open`: median microseconds per spool open (handle + context).
@@ -372,9 +374,10 @@ pub fn to_markdown(report: &Report) -> String {
     if !opens.is_empty() {
         let _ = writeln!(
             out,
-            "\nOpening a session with a {CONTEXT_BUDGET}-byte budget (issue 4's figures; \
-             microseconds, medians; the first page is one root-first {PAGE_BUDGET}-byte \
-             page read on an open handle):\n\n\
+            "\nOpening a session with a {CONTEXT_BUDGET}-byte budget (an open's time and a \
+             handle's resident memory should not grow with the history; microseconds, medians; \
+             the first page is one root-first {PAGE_BUDGET}-byte page read on an open \
+             handle):\n\n\
              | history | spool open µs | resident bytes | first page µs | JSONL open µs |\n\
              |---:|---:|---:|---:|---:|"
         );
@@ -490,12 +493,12 @@ pub fn to_markdown(report: &Report) -> String {
          `SessionRuntime::fork` at the middle entry, then the open. List = the log store's \
          header index with a status filter (one prefix scan of header records). Tool \
          results are custom messages (`tool_output`): the data has no tool calls, and the \
-         context builder drops a tool result that answers no call. The `spool` binary's \
-         Rust code allocates with mimalloc (its global allocator; the JSONL and JSON-file \
-         peers, which run in the same binary, use it too); SQLite and PostgreSQL use their \
+         context builder drops a tool result that answers no call. The benchmark's Rust \
+         code allocates with mimalloc (the `spool` binary's global allocator; the JSONL and \
+         JSON-file peers, which run in the same process, use it too); SQLite and PostgreSQL use their \
          own defaults (the C library's `malloc`).",
         pb = PAGE_BUDGET,
-        pe = super::spool::PAGE_EVENTS_MAX,
+        pe = crate::spool::PAGE_EVENTS_MAX,
     );
     let settings: Vec<String> = peers::pg_server::SERVER_SETTINGS
         .iter()
@@ -538,10 +541,10 @@ pub fn to_markdown(report: &Report) -> String {
     let _ = writeln!(out, "\n## Rerun\n");
     let _ = writeln!(
         out,
-        "```sh\ncargo build --release -p spool-tools\n\
-         target/release/spool bench --store /path/on/the/disk --markdown   # full run, minutes\n\
-         target/release/spool bench --quick --json                         # seconds (CI)\n\
-         target/release/spool bench --workload open --json                 # issue 4's figures\n```\n\n\
+        "```sh\n\
+         cargo run --release -p spool-bench -- --store /path/on/the/disk --markdown  # full run, minutes\n\
+         cargo run --release -p spool-bench -- --quick --json                        # seconds (CI)\n\
+         cargo run --release -p spool-bench -- --workload open --json                # open latency, memory\n```\n\n\
          The PostgreSQL peer needs `initdb` and `pg_ctl` (PATH, `SPOOL_PG_BIN` or \
          `/usr/lib/postgresql/*/bin`); as root, the `postgres` user and `runuser`, and a \
          scratch directory that user can reach. Without them its figures are `null` with a \

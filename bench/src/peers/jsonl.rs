@@ -17,11 +17,12 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 use super::{context, paginate, sync_dir};
-use crate::bench::data::{parse_json_line, write_json_line, JsonEntry, Record};
-use crate::bench::{
-    io_err, BenchError, ContextSummary, Durability, PageSummary, SessionData, SessionSpec,
-    SpoolSubject, SubjectStore, Workload,
+use crate::data::{parse_json_line, write_json_line, JsonEntry, Record};
+use crate::error::{io_err, BenchError};
+use crate::subject::{
+    ContextSummary, Durability, PageSummary, SessionData, SessionSpec, SpoolSubject, SubjectStore,
 };
+use crate::workloads::Workload;
 
 const NAME: &str = "jsonl";
 

@@ -14,11 +14,10 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use super::sync_dir;
-use crate::bench::data::{JsonEntry, Record};
-use crate::bench::{
-    io_err, BenchError, Durability, SessionData, SessionSpec, SpoolSubject, Status, SubjectStore,
-    Workload,
-};
+use crate::data::{JsonEntry, Record};
+use crate::error::{io_err, BenchError};
+use crate::subject::{Durability, SessionData, SessionSpec, SpoolSubject, Status, SubjectStore};
+use crate::workloads::Workload;
 
 const NAME: &str = "json-file";
 
@@ -97,7 +96,7 @@ impl JsonFileStore {
         let file = SessionFile {
             info: Info {
                 id: spec.id(),
-                parent_id: spec.parent.map(crate::bench::session_id),
+                parent_id: spec.parent.map(crate::subject::session_id),
                 status: spec.status.as_str().to_string(),
                 version: records.len() as u64,
                 agent_name: spec.agent().to_string(),

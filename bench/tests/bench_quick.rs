@@ -1,6 +1,6 @@
-//! `spool bench --quick --json`, all workloads, as CI runs it: the output's
-//! shape, a spool figure and a figure from every peer in every row, issue
-//! 4's open fields. No time is asserted.
+//! `spool-bench --quick --json`, all workloads, as CI runs it: the output's
+//! shape, a spool figure and a figure from every peer in every row, the
+//! `open` rows' latency and memory fields. No time is asserted.
 
 use std::process::{Command, Stdio};
 
@@ -42,16 +42,16 @@ fn quick_bench_reports_every_workload_with_every_peer() {
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(scratch.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     }
-    let out = Command::new(env!("CARGO_BIN_EXE_spool"))
+    let out = Command::new(env!("CARGO_BIN_EXE_spool-bench"))
         .arg("--store")
         .arg(scratch.path())
-        .args(["bench", "--quick", "--json"])
+        .args(["--quick", "--json"])
         .stdin(Stdio::null())
         .output()
-        .expect("spawn spool");
+        .expect("spawn spool-bench");
     assert!(
         out.status.success(),
-        "spool bench failed: {}\nstderr: {}",
+        "spool-bench failed: {}\nstderr: {}",
         out.status,
         String::from_utf8_lossy(&out.stderr)
     );
@@ -109,7 +109,7 @@ fn quick_bench_reports_every_workload_with_every_peer() {
             );
         }
         if w == "open" {
-            // Issue 4's fields, one object per size.
+            // spool's open latency and memory, one row per size.
             let n = r["history"].as_u64().expect("history");
             assert_eq!(v, format!("history={n}"));
             positive(&r["open_us"], &format!("{what} open_us"));
@@ -147,4 +147,24 @@ fn quick_bench_reports_every_workload_with_every_peer() {
     )));
     // The scratch space is cleaned up, the server's directory with it.
     assert!(!scratch.path().join("spool-bench-scratch").exists());
+}
+
+#[test]
+fn an_unknown_workload_fails_and_names_the_known_ones() {
+    let scratch = tempfile::tempdir().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_spool-bench"))
+        .arg("--store")
+        .arg(scratch.path())
+        .args(["--workload", "nope", "--json"])
+        .stdin(Stdio::null())
+        .output()
+        .expect("spawn spool-bench");
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(out.stdout.is_empty(), "{out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("unknown workload \"nope\"")
+            && stderr.contains("append-durable, append-buffered, open, page, list, fork"),
+        "{stderr}"
+    );
 }
