@@ -35,8 +35,8 @@ pub use hooks::{HookStage, SessionHook, SessionHookStack};
 pub use observer::{EventSink, RuntimeEvent};
 pub use runtime::SessionRuntime;
 pub use session::{
-    AgentDefinition, AgentSession, AgentSessionInfo, AgentState, ModelConfig, SessionId,
-    SessionStatus,
+    AgentDefinition, AgentSession, AgentSessionInfo, AgentState, ModelConfig, SessionEvent,
+    SessionId, SessionInfoList, SessionStatus,
 };
 pub use store::{open_store, ListQuery, LogStore, LogStoreOptions, SessionStore, StoreError};
 pub use transcript::{Entry, EntryId, ModelContext};
