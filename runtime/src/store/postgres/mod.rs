@@ -22,10 +22,15 @@
 //! it through `tokio::task::spawn_blocking` (the store is `Send + Sync`;
 //! share it in an `Arc`):
 //!
-//! ```ignore
+//! ```no_run
+//! # use std::sync::Arc;
+//! # use spool_runtime::store::{PostgresStore, SessionStore};
+//! # use spool_runtime::SessionId;
+//! # async fn demo(url: &str, id: SessionId) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
 //! let store: Arc<dyn SessionStore> = Arc::new(PostgresStore::connect(url)?);
-//! let s = store.clone();
+//! let s = Arc::clone(&store);
 //! let session = tokio::task::spawn_blocking(move || s.load(&id)).await??;
+//! # Ok(()) }
 //! ```
 //!
 //! Calling it directly from a task also works on both runtime flavours
