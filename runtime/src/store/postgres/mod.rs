@@ -11,8 +11,24 @@
 //! [`PostgresStore::connect`] takes a `postgres://` URL or a `key=value`
 //! string, as libpq does, including libpq's `sslmode` (`disable`,
 //! `prefer` — the default —, `require`, `verify-ca`, `verify-full`) and
-//! `sslrootcert=PATH` (or `system`); see [`SslMode`] and the `tls` module
-//! for the exact rules. A certificate the mode refuses, or a server
+//! `sslrootcert=PATH` (or `system`):
+//!
+//! | `sslmode` | encrypts | checks the certificate chain | checks the host name |
+//! | --- | --- | --- | --- |
+//! | `disable` | no | – | – |
+//! | `allow`, `prefer` (the default) | when the server offers TLS | no | no |
+//! | `require` | yes | only when a root certificate file exists (as libpq) | no |
+//! | `verify-ca` | yes | yes | no |
+//! | `verify-full` | yes | yes | yes |
+//!
+//! `allow` (libpq: plain first, TLS if refused) is taken as `prefer`.
+//! `sslrootcert=PATH` names a PEM file of trusted roots; without it the
+//! verifying modes read `~/.postgresql/root.crt`, as libpq does, and fail
+//! with an error naming the file when it is missing.
+//! `sslrootcert=system` trusts the system's roots and, as in libpq,
+//! implies `verify-full` and refuses any weaker mode. Under `prefer`, a
+//! server that offers TLS but fails the handshake is an error (libpq would
+//! retry in plain text). TLS is rustls with the ring provider. A certificate the mode refuses, or a server
 //! without TLS under a mode that requires it, fails at once (no
 //! reconnect attempts) with [`PostgresError::Tls`] naming the mode.
 //!
@@ -238,7 +254,19 @@ pub enum PostgresError {
 /// character of the string itself (its "expected `=` but got `x`" could
 /// show a character of a password).
 fn config_reason(e: &postgres::Error) -> String {
-    let mut reason = e.to_string();
+    // The client's own message is generic; the detail is its source.
+    let mut reason = String::new();
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(e);
+    while let Some(s) = cur {
+        if !reason.is_empty() {
+            reason.push_str(": ");
+        }
+        reason.push_str(&s.to_string());
+        cur = s.source();
+    }
+    if reason.is_empty() {
+        reason = e.to_string();
+    }
     if let Some(at) = reason.find(" but got `") {
         reason.truncate(at);
     }
