@@ -28,9 +28,12 @@
 //! `sslrootcert=system` trusts the system's roots and, as in libpq,
 //! implies `verify-full` and refuses any weaker mode. Under `prefer`, a
 //! server that offers TLS but fails the handshake is an error (libpq would
-//! retry in plain text). TLS is rustls with the ring provider. A certificate the mode refuses, or a server
-//! without TLS under a mode that requires it, fails at once (no
-//! reconnect attempts) with [`PostgresError::Tls`] naming the mode.
+//! retry in plain text). TLS is rustls with the ring provider.
+//!
+//! A certificate the mode refuses, or a server without TLS under a mode
+//! that requires it, fails at once (no reconnect attempts) with
+//! [`PostgresError::Tls`] naming the mode applied (`require` with a root
+//! file shows as `verify-ca`).
 //!
 //! # From async code
 //!
