@@ -11,6 +11,16 @@
 //! directory is chowned to it (its ancestors must be searchable by that
 //! user). Nothing here panics: a server that cannot run is an `Err` with
 //! the reason; callers decide whether that skips, fails or is reported.
+//!
+//! [`PgServer::start_with_tls`] starts a server with `ssl=on` and a given
+//! certificate, optionally refusing plain TCP connections; with the `tls`
+//! feature, [`TestPki`] makes a throwaway CA and a server certificate in
+//! Rust (no openssl binary needed).
+
+#[cfg(feature = "tls")]
+mod pki;
+#[cfg(feature = "tls")]
+pub use pki::TestPki;
 
 use std::net::TcpListener;
 use std::os::unix::fs::MetadataExt;
@@ -141,6 +151,24 @@ pub struct ServerOptions<'a> {
     pub settings: &'a [(&'a str, &'a str)],
 }
 
+/// TLS for a server started with [`PgServer::start_with_tls`].
+#[derive(Clone, Copy, Debug)]
+pub struct ServerTls<'a> {
+    /// The server's certificate (PEM; intermediates may follow it).
+    pub cert_pem: &'a str,
+    /// The server's private key (PEM).
+    pub key_pem: &'a str,
+    /// Refuse TCP connections without TLS (`hostssl` lines only in
+    /// `pg_hba.conf`).
+    pub hostssl_only: bool,
+}
+
+/// TCP over TLS only; the Unix socket stays open (plain) for local tools.
+const HBA_HOSTSSL_ONLY: &str = "local all all trust
+hostssl all all 127.0.0.1/32 trust
+hostssl all all ::1/128 trust
+";
+
 /// A running throwaway server; stopped (`pg_ctl stop -m immediate`) and
 /// its directory removed on drop.
 pub struct PgServer {
@@ -165,6 +193,22 @@ impl std::fmt::Debug for PgServer {
 impl PgServer {
     /// Initializes and starts a server (see [`ServerOptions`]).
     pub fn start(opts: &ServerOptions<'_>) -> Result<PgServer, StartError> {
+        Self::start_inner(opts, None)
+    }
+
+    /// Initializes and starts a server with `ssl=on` and `tls`'s
+    /// certificate and key (see [`ServerTls`]).
+    pub fn start_with_tls(
+        opts: &ServerOptions<'_>,
+        tls: &ServerTls<'_>,
+    ) -> Result<PgServer, StartError> {
+        Self::start_inner(opts, Some(tls))
+    }
+
+    fn start_inner(
+        opts: &ServerOptions<'_>,
+        tls: Option<&ServerTls<'_>>,
+    ) -> Result<PgServer, StartError> {
         let unavailable = |why: &str| StartError::Unavailable(why.to_string());
         let bins = find_binaries().ok_or_else(|| {
             unavailable("the PostgreSQL server binaries (initdb, pg_ctl) were not found")
@@ -234,6 +278,9 @@ impl PgServer {
                 describe(&initdb)
             )));
         }
+        if let Some(tls) = tls {
+            server.install_tls(tls, owner).map_err(StartError::Failed)?;
+        }
         let mut last = String::new();
         for _ in 0..START_ATTEMPTS {
             server.port = free_port().map_err(StartError::Failed)?;
@@ -249,6 +296,45 @@ impl PgServer {
             "pg_ctl start failed {START_ATTEMPTS} times ({last}); server log: {}",
             log.trim()
         )))
+    }
+
+    /// Writes the certificate and key into the data directory (the
+    /// server's default `server.crt`/`server.key`), turns `ssl` on and,
+    /// when asked, makes `pg_hba.conf` TLS-only for TCP.
+    fn install_tls(
+        &mut self,
+        tls: &ServerTls<'_>,
+        owner: Option<(u32, u32)>,
+    ) -> Result<(), String> {
+        use std::io::Write;
+        use std::os::unix::fs::OpenOptionsExt;
+        let data = PathBuf::from(self.data_dir());
+        let mut files = vec![
+            ("server.crt", tls.cert_pem),
+            // The server refuses a key others can read.
+            ("server.key", tls.key_pem),
+        ];
+        if tls.hostssl_only {
+            files.push(("pg_hba.conf", HBA_HOSTSSL_ONLY));
+        }
+        for (name, text) in files {
+            let path = data.join(name);
+            let mut f = std::fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .mode(0o600)
+                .open(&path)
+                .map_err(|e| format!("writing {}: {e}", path.display()))?;
+            f.write_all(text.as_bytes())
+                .map_err(|e| format!("writing {}: {e}", path.display()))?;
+            if let Some((uid, gid)) = owner {
+                std::os::unix::fs::chown(&path, Some(uid), Some(gid))
+                    .map_err(|e| format!("chown {} to postgres: {e}", path.display()))?;
+            }
+        }
+        self.settings.push(("ssl".into(), "on".into()));
+        Ok(())
     }
 
     fn data_dir(&self) -> String {

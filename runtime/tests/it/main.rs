@@ -21,6 +21,8 @@ mod handle_scale;
 mod listing_scale;
 mod postgres;
 mod postgres_handle;
+mod postgres_tls;
+mod postgres_tokio;
 mod runtime_pipeline;
 mod transcript_context;
 mod transcript_history;

@@ -45,3 +45,80 @@ fn session_commands_work_on_a_postgres_store() {
     let tree = spool(&url, &["tree", id, "--json"]);
     assert!(tree["entries"].as_array().unwrap().len() >= 9);
 }
+
+fn spool_output(store: &str, args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_spool"))
+        .arg("--store")
+        .arg(store)
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("spawn spool")
+}
+
+/// A server that takes TCP connections over TLS only: the CLI connects
+/// with `sslmode=verify-full` and the test CA, and a verifying mode
+/// without its root file fails with the reason, exit 2.
+#[test]
+fn tls_urls_work_on_the_command_line() {
+    let pki = spool_pgserver::TestPki::generate(&["localhost", "127.0.0.1"]).expect("certificates");
+    let Some(server) = PgServer::start_tls_or_skip(
+        "tls_urls_work_on_the_command_line",
+        &spool_pgserver::ServerTls {
+            cert_pem: &pki.server_cert_pem,
+            key_pem: &pki.server_key_pem,
+            hostssl_only: true,
+        },
+    ) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("root.pem");
+    std::fs::write(&root, &pki.ca_pem).unwrap();
+    let base = format!("postgres://postgres@127.0.0.1:{}/postgres", server.port());
+    let url = format!("{base}?sslmode=verify-full&sslrootcert={}", root.display());
+    let demo = spool(&url, &["demo", "--json"]);
+    assert_eq!(demo["created"].as_array().expect("created ids").len(), 4);
+    assert_eq!(
+        spool(&url, &["sessions", "--json"])
+            .as_array()
+            .unwrap()
+            .len(),
+        4
+    );
+
+    let missing = dir.path().join("missing.pem");
+    let out = spool_output(
+        &format!("{base}?sslmode=verify-ca&sslrootcert={}", missing.display()),
+        &["sessions"],
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("missing.pem") && stderr.contains("does not exist"),
+        "{stderr}"
+    );
+
+    let out = spool_output(&format!("{base}?sslmode=disable"), &["sessions"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("no encryption"), "{stderr}");
+}
+
+/// A malformed URL with a password: refused, and the password is not
+/// printed.
+#[test]
+fn malformed_urls_do_not_print_the_password() {
+    let out = spool_output(
+        "postgres://alice:s3cr3tpw@127.0.0.1:notaport/db",
+        &["sessions"],
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("invalid PostgreSQL connection string"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("s3cr3tpw"), "{stderr}");
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("s3cr3tpw"));
+}

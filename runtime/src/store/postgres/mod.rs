@@ -1,10 +1,61 @@
 //! The PostgreSQL store: sessions event-sourced in a database server, so
 //! many processes on many machines can share them (cargo feature
-//! `postgres`, on by default).
+//! `postgres`, off by default).
 //!
 //! It mirrors the [log store](super::log): every `create`/`save` is ONE
 //! commit of the session's pending events under a version fence, and a
 //! `load` folds the commits (from a snapshot when there is one).
+//!
+//! # Connecting and TLS
+//!
+//! [`PostgresStore::connect`] takes a `postgres://` URL or a `key=value`
+//! string, as libpq does, including libpq's `sslmode` (`disable`,
+//! `prefer` — the default —, `require`, `verify-ca`, `verify-full`) and
+//! `sslrootcert=PATH` (or `system`):
+//!
+//! | `sslmode` | encrypts | checks the certificate chain | checks the host name |
+//! | --- | --- | --- | --- |
+//! | `disable` | no | – | – |
+//! | `allow`, `prefer` (the default) | when the server offers TLS | no | no |
+//! | `require` | yes | only when a root certificate file exists (as libpq) | no |
+//! | `verify-ca` | yes | yes | no |
+//! | `verify-full` | yes | yes | yes |
+//!
+//! `allow` (libpq: plain first, TLS if refused) is taken as `prefer`.
+//! `sslrootcert=PATH` names a PEM file of trusted roots; without it the
+//! verifying modes read `~/.postgresql/root.crt`, as libpq does, and fail
+//! with an error naming the file when it is missing.
+//! `sslrootcert=system` trusts the system's roots and, as in libpq,
+//! implies `verify-full` and refuses any weaker mode. Under `prefer`, a
+//! server that offers TLS but fails the handshake is an error (libpq would
+//! retry in plain text). TLS is rustls with the ring provider.
+//!
+//! A certificate the mode refuses, or a server without TLS under a mode
+//! that requires it, fails at once (no reconnect attempts) with
+//! [`PostgresError::Tls`] naming the mode applied (`require` with a root
+//! file shows as `verify-ca`).
+//!
+//! # From async code
+//!
+//! The store is blocking, like every [`SessionStore`]. In async code call
+//! it through `tokio::task::spawn_blocking` (the store is `Send + Sync`;
+//! share it in an `Arc`):
+//!
+//! ```no_run
+//! # use std::sync::Arc;
+//! # use spool_runtime::store::{PostgresStore, SessionStore};
+//! # use spool_runtime::SessionId;
+//! # async fn demo(url: &str, id: SessionId) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+//! let store: Arc<dyn SessionStore> = Arc::new(PostgresStore::connect(url)?);
+//! let s = Arc::clone(&store);
+//! let session = tokio::task::spawn_blocking(move || s.load(&id)).await??;
+//! # Ok(()) }
+//! ```
+//!
+//! Calling it directly from a task also works on both runtime flavours
+//! (the client runs each request on a short-lived thread of its own
+//! there, since it cannot block inside a runtime), but it holds up the
+//! task's executor thread for the request, as any blocking call would.
 //!
 //! # Tables (schema version [`SCHEMA_VERSION`], see [`schema`])
 //!
@@ -61,7 +112,8 @@
 //!
 //! # Known limits
 //!
-//! - No TLS: connections use `NoTls` (loopback or a trusted network).
+//! - No client certificates (`sslcert`, `sslkey`), no `sslcrl`, and the
+//!   `PGSSLMODE`-style environment variables are not read.
 //! - A writer holding a session loaded before a purge and a re-create of
 //!   the same id can land on the new incarnation if the versions line up
 //!   (the session carries no incarnation tag) — as with the log store.
@@ -70,6 +122,7 @@
 
 mod pool;
 pub mod schema;
+mod tls;
 mod transcript;
 
 use std::str::FromStr;
@@ -81,9 +134,11 @@ use postgres::{Client, Config, IsolationLevel, Row};
 use uuid::Uuid;
 
 use self::pool::{
-    is_connection_error, is_retryable_transaction_error, is_transient_connect_error, Pool,
+    is_connection_error, is_retryable_transaction_error, is_transient_connect_error, off_runtime,
+    Pool,
 };
 pub use self::schema::{SchemaError, SCHEMA_VERSION};
+pub use self::tls::{SslMode, TlsConfigError};
 pub use self::transcript::{IndexFault, INDEX_CACHE_ENTRIES_MAX};
 use self::transcript::{PgTranscriptSource, TxIndex};
 use super::log::SNAPSHOT_TAIL_COMMITS;
@@ -160,17 +215,65 @@ impl PostgresOptions {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum PostgresError {
-    #[error("invalid PostgreSQL connection string: {0}")]
-    Config(#[source] postgres::Error),
-    #[error("postgres {op} ({target}): {source}")]
+    /// The connection string does not parse. The reason names the
+    /// parameter, never its value, so a password is not echoed.
+    #[error("invalid PostgreSQL connection string: {reason}")]
+    Config { reason: String },
+    /// The connection string's `sslmode`/`sslrootcert` cannot be used.
+    #[error("invalid PostgreSQL TLS settings")]
+    TlsSettings(#[source] TlsConfigError),
+    /// TLS refused the server (its certificate under a verifying
+    /// `sslmode`, or the handshake), or the server has no TLS and the mode
+    /// requires it.
+    #[error("postgres {op} ({target}): no TLS connection under sslmode={mode}")]
+    Tls {
+        op: &'static str,
+        target: String,
+        mode: SslMode,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    #[error("postgres {op} ({target})")]
     Request {
         op: &'static str,
         target: String,
         #[source]
         source: postgres::Error,
     },
+    /// The thread a request from inside a tokio runtime runs on could not
+    /// be started.
+    #[error("postgres {op} ({target}): starting the client's thread")]
+    Thread {
+        op: &'static str,
+        target: String,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("postgres schema: {0}")]
     Schema(#[from] SchemaError),
+}
+
+/// The client's reason a connection string does not parse, without any
+/// character of the string itself (its "expected `=` but got `x`" could
+/// show a character of a password).
+fn config_reason(e: &postgres::Error) -> String {
+    // The client's own message is generic; the detail is its source.
+    let mut reason = String::new();
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(e);
+    while let Some(s) = cur {
+        if !reason.is_empty() {
+            reason.push_str(": ");
+        }
+        reason.push_str(&s.to_string());
+        cur = s.source();
+    }
+    if reason.is_empty() {
+        reason = e.to_string();
+    }
+    if let Some(at) = reason.find(" but got `") {
+        reason.truncate(at);
+    }
+    reason
 }
 
 fn backend(e: PostgresError) -> StoreError {
@@ -310,14 +413,20 @@ impl PostgresStore {
     }
 
     /// Connects to the database named by `conn_str` (a `postgres://` URL or
-    /// a `key=value` string, as libpq takes them; TLS is not supported)
-    /// and brings its schema to [`SCHEMA_VERSION`].
+    /// a `key=value` string, as libpq takes them, with libpq's `sslmode`
+    /// and `sslrootcert`: see the module docs) and brings its schema to
+    /// [`SCHEMA_VERSION`].
     pub fn connect_with(
         conn_str: &str,
         opts: PostgresOptions,
     ) -> Result<PostgresStore, StoreError> {
-        let mut config =
-            Config::from_str(conn_str).map_err(|e| backend(PostgresError::Config(e)))?;
+        let (rest, tls_params) = tls::split_params(conn_str);
+        let tls = tls::setup(&tls_params).map_err(|e| backend(PostgresError::TlsSettings(e)))?;
+        let mut config = Config::from_str(&rest).map_err(|e| {
+            backend(PostgresError::Config {
+                reason: config_reason(&e),
+            })
+        })?;
         if config.get_connect_timeout().is_none() {
             config.connect_timeout(opts.connect_timeout);
         }
@@ -331,7 +440,7 @@ impl PostgresStore {
         );
         let store = PostgresStore {
             identity,
-            pool: Pool::new(config, opts.pool_idle_max),
+            pool: Pool::new(config, tls, opts.pool_idle_max),
             opts,
             loads: LoadCounter::default(),
         };
@@ -365,7 +474,26 @@ impl PostgresStore {
     /// reconnect and run `f` again (up to `reconnect_attempts` times), lost
     /// serialization races and deadlocks run it again; so `f` must be safe
     /// to repeat — every write carries a fixed commit id for that.
-    fn run<T>(
+    ///
+    /// Inside a tokio runtime this runs on a thread of its own
+    /// ([`off_runtime`]).
+    fn run<T: Send>(
+        &self,
+        op: &'static str,
+        target: &str,
+        f: impl FnMut(&mut Client) -> Result<T, Fail> + Send,
+    ) -> Result<T, StoreError> {
+        off_runtime(|| self.run_here(op, target, f)).unwrap_or_else(|source| {
+            Err(backend(PostgresError::Thread {
+                op,
+                target: target.to_string(),
+                source,
+            }))
+        })
+    }
+
+    /// [`PostgresStore::run`] on this thread.
+    fn run_here<T>(
         &self,
         op: &'static str,
         target: &str,
@@ -389,7 +517,7 @@ impl PostgresStore {
                         std::thread::sleep(self.opts.reconnect_delay);
                         continue;
                     }
-                    return Err(fail(e));
+                    return Err(self.connect_fail(op, target, e));
                 }
             };
             match f(&mut client) {
@@ -425,6 +553,30 @@ impl PostgresStore {
                 }
             }
         }
+    }
+
+    /// The error of a connection attempt that is given up on: TLS
+    /// failures apart, with the mode they happened under.
+    fn connect_fail(&self, op: &'static str, target: &str, e: postgres::Error) -> StoreError {
+        let tls = |source: Box<dyn std::error::Error + Send + Sync>| {
+            backend(PostgresError::Tls {
+                op,
+                target: target.to_string(),
+                mode: self.pool.tls_mode(),
+                source,
+            })
+        };
+        if let Some(r) = tls::rejection(&e) {
+            return tls(Box::new(r.clone()));
+        }
+        if pool::is_tls_unsupported(&e) {
+            return tls("the server does not support TLS".into());
+        }
+        backend(PostgresError::Request {
+            op,
+            target: target.to_string(),
+            source: e,
+        })
     }
 
     /// After a failed write: the original result when commit `commit_id`
@@ -833,6 +985,11 @@ impl PostgresStore {
     /// Stores a snapshot of a loaded head. A snapshot is a cache entry:
     /// failing to write one costs only time, so errors are dropped.
     fn write_snapshot(&self, loaded: &Loaded) {
+        // Best effort here too: no thread, no snapshot.
+        let _ = off_runtime(|| self.write_snapshot_here(loaded));
+    }
+
+    fn write_snapshot_here(&self, loaded: &Loaded) {
         let Ok(bytes) = encode_snapshot(&loaded.session) else {
             return;
         };

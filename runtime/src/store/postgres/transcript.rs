@@ -790,10 +790,10 @@ impl<'a> PgTranscriptSource<'a> {
         PgTranscriptSource { store, sid }
     }
 
-    fn query<T>(
+    fn query<T: Send>(
         &self,
         op: &'static str,
-        f: impl Fn(&mut Client, &str) -> Result<T, IndexFault>,
+        f: impl Fn(&mut Client, &str) -> Result<T, IndexFault> + Send + Sync,
     ) -> Result<T, StoreError> {
         let sid = self.sid.as_str();
         self.store.run(op, &format!("session {sid}"), |client| {

@@ -14,7 +14,7 @@
 use std::io::Write;
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use spool_pgserver::{ServerOptions, StartError};
+use spool_pgserver::{ServerOptions, ServerTls, StartError};
 
 /// Test server settings: loopback TCP (the connection strings below) and
 /// connections for many concurrent test clients.
@@ -63,6 +63,25 @@ impl PgServer {
         }
     }
 
+    /// Starts a server with `ssl=on` and `tls`'s certificate (see
+    /// [`PgServer::start_or_skip`]).
+    pub fn start_tls_or_skip(test: &str, tls: &ServerTls<'_>) -> Option<PgServer> {
+        match spool_pgserver::PgServer::start_with_tls(
+            &ServerOptions {
+                parent: None,
+                settings: &TEST_SETTINGS,
+            },
+            tls,
+        ) {
+            Ok(server) => Some(PgServer {
+                server,
+                schemas: AtomicU32::new(0),
+            }),
+            Err(StartError::Unavailable(why)) => skip_or_fail(test, &why),
+            Err(e) => panic!("{test}: the PostgreSQL server did not start: {e}"),
+        }
+    }
+
     pub fn port(&self) -> u16 {
         self.server.port()
     }
@@ -82,10 +101,19 @@ impl PgServer {
     pub fn fresh_schema(&self) -> String {
         let n = self.schemas.fetch_add(1, Ordering::Relaxed);
         let schema = format!("t{n}");
-        let mut c = postgres::Client::connect(&self.conn_str(), postgres::NoTls)
-            .expect("connect to the test server");
-        c.batch_execute(&format!("CREATE SCHEMA {schema}"))
-            .expect("create schema");
+        // On a thread of its own: the blocking client cannot run on a
+        // thread inside a tokio runtime, where async tests call this.
+        let conn = self.conn_str();
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                let mut c = postgres::Client::connect(&conn, postgres::NoTls)
+                    .expect("connect to the test server");
+                c.batch_execute(&format!("CREATE SCHEMA {schema}"))
+                    .expect("create schema");
+            })
+            .join()
+            .expect("creating the schema");
+        });
         format!("{} options='-c search_path={schema}'", self.conn_str())
     }
 
