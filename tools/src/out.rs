@@ -31,6 +31,9 @@ pub struct ToolError {
 pub const EXIT_FAILURE: u8 = 2;
 /// Exit code when a check ran and found a problem (e.g. `verify` found corruption).
 pub const EXIT_PROBLEM: u8 = 1;
+/// Exit code of a version conflict: another writer committed first and
+/// nothing was written (run the command again).
+pub const EXIT_CONFLICT: u8 = 3;
 
 impl ToolError {
     pub fn new(message: impl Into<String>) -> Self {
@@ -56,6 +59,12 @@ impl ToolError {
 
     pub fn hint(mut self, hint: impl Into<String>) -> Self {
         self.hint = Some(hint.into());
+        self
+    }
+
+    /// Sets the exit code (e.g. [`EXIT_CONFLICT`]).
+    pub fn code(mut self, code: u8) -> Self {
+        self.code = code;
         self
     }
 

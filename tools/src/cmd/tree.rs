@@ -4,11 +4,11 @@ use std::path::Path;
 use std::process::ExitCode;
 
 use crate::out::{print_json, Result};
-use crate::session_open::{parse_id, runtime_err, runtime_for};
+use crate::session_open::{parse_id, runtime_err, runtime_with, Access};
 
 pub fn run(dir: &Path, id: &str, json: bool) -> Result<ExitCode> {
     let id = parse_id(id)?;
-    let rt = runtime_for(dir, false)?;
+    let rt = runtime_with(dir, Access::Read)?;
     let s = rt.get_session(&id).map_err(|e| runtime_err(&id, e))?;
     let transcript = &s.state().transcript;
     let rows = transcript.tree();
