@@ -203,10 +203,12 @@ pub enum Command {
         /// Concurrent writer threads.
         #[arg(long, default_value_t = 1)]
         writers: u32,
-        /// How long to run.
+        /// How long to run (0 to a year); the run ends early when every
+        /// writer has failed.
         #[arg(long, default_value_t = 5.0)]
         seconds: f64,
-        /// Bytes of payload per commit.
+        /// Bytes of payload per commit (at most the 16 MiB record size
+        /// limit, less the commit's framing).
         #[arg(long, default_value_t = 1024)]
         payload_bytes: u32,
         /// Segment size in bytes.

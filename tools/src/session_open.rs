@@ -17,7 +17,7 @@ pub fn read_only(dir: &Path) -> Result<(Arc<LogStore>, SessionRuntime)> {
     require_existing_store(dir)?;
     let store = Arc::new(LogStore::open_read_only(dir).map_err(|e| {
         ToolError::with_source(format!("opening {} read-only failed", dir.display()), e)
-            .hint("run `spool --store DIR verify` to locate damage")
+            .hint_from_cause(None)
     })?);
     let rt = SessionRuntime::new(
         store.clone() as Arc<dyn SessionStore>,
@@ -30,10 +30,11 @@ pub fn read_only(dir: &Path) -> Result<(Arc<LogStore>, SessionRuntime)> {
 /// The runtime as the store's single owner (creates the store if needed).
 pub fn writable(dir: &Path) -> Result<(Arc<LogStore>, SessionRuntime)> {
     crate::cmd::refuse_postgres(dir, "this command")?;
+    crate::cmd::refuse_file(dir)?;
     let store = Arc::new(
         LogStore::open(dir, LogStoreOptions::default()).map_err(|e| {
             ToolError::with_source(format!("opening {} failed", dir.display()), e)
-                .hint("another process may own the store; stop it or use a read-only command")
+                .hint_from_cause(None)
         })?,
     );
     let rt = SessionRuntime::new(

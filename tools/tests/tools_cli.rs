@@ -837,7 +837,13 @@ fn replay_at_version_matches_the_session_as_saved_at_that_version() {
     for (i, want) in saved.iter().enumerate() {
         let v = (i + 1).to_string();
         let got = json(&path, &["replay", &id, "--at-version", &v, "--json"]);
-        assert_eq!(&got["session"], want, "version {v}");
+        // `show` is a document of its own, with its shape version.
+        let mut want = want.clone();
+        assert_eq!(
+            want.as_object_mut().unwrap().remove("version"),
+            Some(1.into())
+        );
+        assert_eq!(got["session"], want, "version {v}");
         assert_eq!(got["at_version"].as_u64().unwrap(), i as u64 + 1);
         assert_eq!(got["head_version"].as_u64().unwrap(), saved.len() as u64);
         assert_eq!(
@@ -1043,5 +1049,90 @@ fn a_delete_that_loses_a_race_to_another_delete_reports_already_deleted() {
     assert_eq!(out["status"], "deleted");
     let shown = json(&store, &["show", &ids[2], "--json"]);
     assert_eq!(shown["header"]["status"], "deleted");
-    assert_eq!(shown["header"]["version"], out["version"]);
+    assert_eq!(shown["header"]["version"], out["session_version"]);
+    assert_eq!(out["version"], 1);
+}
+
+/// `tree` draws branches with box characters: `├─` starts a branch that
+/// has a sibling after it, `└─` the last one, `│` continues the left
+/// border past a branch's entries while a sibling branch is still to come.
+#[test]
+fn tree_draws_branches_with_box_characters() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let ids = demo(&store);
+    let out = run(&store, &["tree", &ids[0]]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let marks = ['●', '◉', '○'];
+    let prefixes: Vec<&str> = text
+        .lines()
+        .take_while(|l| !l.is_empty())
+        .map(|l| &l[..l.find(marks).expect("a mark on every entry line")])
+        .collect();
+    assert_eq!(
+        prefixes,
+        ["", "", "", "", "├─", "│ ", "│ ", "└─", "  "],
+        "{text}"
+    );
+}
+
+/// Every object `--json` document carries its shape version
+/// (docs/json.md); arrays of rows stay arrays.
+#[test]
+fn json_documents_carry_their_shape_version() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let demo_doc = json(&store, &["demo", "--json"]);
+    let ids: Vec<&str> = demo_doc["created"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap())
+        .collect();
+    let export = dir.path().join("all.jsonl");
+    let out = run(
+        &store,
+        &["export", "--all", "--out", export.to_str().unwrap()],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let docs: Vec<(&str, Value)> = vec![
+        ("demo", demo_doc.clone()),
+        ("show", json(&store, &["show", ids[0], "--json"])),
+        ("tree", json(&store, &["tree", ids[0], "--json"])),
+        ("stats", json(&store, &["stats", "--json"])),
+        ("verify", json(&store, &["verify", "--json"])),
+        (
+            "replay --at-version",
+            json(&store, &["replay", ids[0], "--at-version", "1", "--json"]),
+        ),
+        (
+            "gc",
+            json(&store, &["compact", "--gc", "--dry-run", "--json"]),
+        ),
+        ("delete", json(&store, &["delete", ids[3], "--json"])),
+        ("replay", json(&store, &["replay", "--json"])),
+        (
+            "stress",
+            json(&store, &["stress", "--seconds", "0", "--json"]),
+        ),
+        (
+            "import",
+            json(
+                &dir.path().join("other"),
+                &["import", export.to_str().unwrap(), "--json"],
+            ),
+        ),
+    ];
+    for (what, doc) in docs {
+        assert!(doc.is_object(), "{what}: {doc}");
+        assert_eq!(doc["version"], 1, "{what}: {doc}");
+    }
+    for args in [
+        &["sessions", "--json"][..],
+        &["streams", "--json"],
+        &["log", "--json"],
+    ] {
+        assert!(json(&store, args).is_array(), "{args:?}");
+    }
 }

@@ -15,14 +15,15 @@ use spool_runtime::actions::{ActionError, DeleteSession, SessionAction};
 use spool_runtime::session::{AgentSession, SessionId, SessionStatus};
 use spool_runtime::{RuntimeError, SessionRuntime};
 
-use crate::out::{print_json, Result, ToolError, EXIT_CONFLICT};
+use crate::out::{print_doc, Result, ToolError, EXIT_CONFLICT};
 use crate::session_open::{runtime_err, runtime_with, Access};
 
 #[derive(Serialize)]
 struct Deleted {
     id: String,
     status: &'static str,
-    version: u64,
+    /// The session's version (its tombstone's).
+    session_version: u64,
     already_deleted: bool,
 }
 
@@ -88,11 +89,11 @@ pub fn run(
     let out = Deleted {
         id: id.to_string(),
         status: SessionStatus::Deleted.as_str(),
-        version,
+        session_version: version,
         already_deleted,
     };
     if json {
-        print_json(&out)?;
+        print_doc(&out)?;
     } else if already_deleted {
         crate::outln!("session {id} was already deleted (version {version})");
     } else {

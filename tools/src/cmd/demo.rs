@@ -17,7 +17,7 @@ use spool_runtime::{ListQuery, SessionRuntime};
 
 use crate::cmd::display_store;
 use crate::cmd::sessions::{print_headers, HeaderRow};
-use crate::out::{print_json, Result, ToolError};
+use crate::out::{print_doc, Result, ToolError};
 use crate::session_open::{is_postgres, runtime_with, Access};
 
 /// Moves the transcript leaf back to an earlier entry, so the next message
@@ -172,7 +172,7 @@ pub fn run(dir: &Path, json: bool) -> Result<ExitCode> {
         .map_err(|e| ToolError::with_source("demo: listing failed", e))?;
     if json {
         let rows: Vec<HeaderRow> = list.headers.iter().map(HeaderRow::from).collect();
-        print_json(&json!({
+        print_doc(&json!({
             "store": display_store(dir),
             "created": [id1.to_string(), fork.id().to_string(), s3.id().to_string(), s4.id().to_string()],
             "sessions": rows,

@@ -277,9 +277,22 @@ fn redact_url_password(url: &str) -> String {
     out
 }
 
+/// Refuses a `--store` path that is a file (a store is a directory).
+pub fn refuse_file(dir: &Path) -> Result<()> {
+    if std::fs::metadata(dir).is_ok_and(|m| !m.is_dir()) {
+        return Err(ToolError::new(format!(
+            "{} is a file, not a store directory",
+            dir.display()
+        ))
+        .hint("--store takes the store's directory (a new one is created by `demo`, `import` and `stress`)"));
+    }
+    Ok(())
+}
+
 /// Whether a directory looks like a spool store (has segment files).
 pub fn require_existing_store(dir: &Path) -> Result<()> {
     refuse_postgres(dir, "this command")?;
+    refuse_file(dir)?;
     let has_segments = std::fs::read_dir(dir)
         .map(|rd| {
             rd.filter_map(|e| e.ok())

@@ -30,7 +30,7 @@ use spool_runtime::store::log::{PURGE_EVENT_KIND, SESSION_EVENT_PREFIX};
 use spool_runtime::transcript::entry_summary;
 use spool_runtime::{ListQuery, SessionEvent, SessionStore};
 
-use crate::out::{ellipsize, human_bytes, print_json, Result, Table, ToolError};
+use crate::out::{ellipsize, human_bytes, print_doc, Result, Table, ToolError};
 use crate::session_open::read_only;
 
 const ENTRY_APPENDED: &str = "session.entry_appended";
@@ -147,7 +147,7 @@ pub fn run(dir: &Path, top: u32, json: bool) -> Result<ExitCode> {
     for c in scan {
         let c = c.map_err(|e| {
             ToolError::with_source("reading the log failed", e)
-                .hint("run `spool --store DIR verify` to locate damage")
+                .hint_from_cause(Some("run `spool --store DIR verify` to locate damage"))
         })?;
         commits += 1;
         let bytes = u64::from(c.record_bytes);
@@ -300,7 +300,7 @@ pub fn run(dir: &Path, top: u32, json: bool) -> Result<ExitCode> {
         segment_files: segs,
     };
     if json {
-        print_json(&stats)?;
+        print_doc(&stats)?;
         return Ok(ExitCode::SUCCESS);
     }
     print_text(&stats)?;
