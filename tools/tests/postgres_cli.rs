@@ -46,3 +46,72 @@ fn session_commands_work_on_a_postgres_store() {
     let tree = spool(&url, &["tree", id, "--json"]);
     assert!(tree["entries"].as_array().unwrap().len() >= 9);
 }
+
+fn run(store: &str, args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_spool"))
+        .arg("--store")
+        .arg(store)
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("spawn spool")
+}
+
+/// On PostgreSQL, `demo` suggests only commands that work there (no
+/// `log`, no `verify`), each of which then succeeds; session id prefixes
+/// resolve; a delete that loses a race to another delete reports
+/// "already deleted".
+#[test]
+fn demo_suggestions_prefixes_and_delete_work_on_a_postgres_store() {
+    let Some(server) =
+        PgServer::start_or_skip("demo_suggestions_prefixes_and_delete_work_on_a_postgres_store")
+    else {
+        return;
+    };
+    let url = server.url();
+    let out = run(&url, &["demo"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let suggested: Vec<Vec<String>> = text
+        .split_once("Explore further:")
+        .expect("suggestions")
+        .1
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("spool --store "))
+        .map(|l| l.split_whitespace().skip(1).map(str::to_string).collect())
+        .collect();
+    assert!(!suggested.is_empty(), "{text}");
+    for args in &suggested {
+        assert!(
+            !["log", "verify", "streams", "stats"].contains(&args[0].as_str()),
+            "{args:?}"
+        );
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let out = run(&url, &args);
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let ids: Vec<String> = spool(&url, &["sessions", "--json"])
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["id"].as_str().unwrap().to_string())
+        .collect();
+    let id = &ids[0];
+    let shown = spool(&url, &["show", &id[..8], "--json"]);
+    assert_eq!(shown["header"]["id"], id.as_str());
+    let deleted = spool(
+        &url,
+        &["delete", &id[..8], "--test-concurrent-delete", "--json"],
+    );
+    assert_eq!(deleted["already_deleted"], true, "{deleted}");
+    let deleted = spool(&url, &["delete", id, "--json"]);
+    assert_eq!(deleted["already_deleted"], true, "{deleted}");
+}

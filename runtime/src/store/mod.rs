@@ -82,8 +82,8 @@ pub enum StoreError {
         #[source]
         source: CodecError,
     },
-    #[error("the store backend failed")]
-    Backend(#[source] Box<dyn std::error::Error + Send + Sync>),
+    #[error(transparent)]
+    Backend(Box<dyn std::error::Error + Send + Sync>),
     /// The log engine failed (I/O, corruption, a poisoned or locked store).
     #[error(transparent)]
     Engine(spool_engine::Error),
