@@ -7,8 +7,8 @@ use clap::{Parser, Subcommand, ValueEnum};
 /// spool: an embedded, event-sourced store for AI-agent sessions.
 ///
 /// Every command works on the store directory given with `--store`; demo,
-/// sessions, show, tree, context and delete also work on a PostgreSQL
-/// store (`--store postgres://…`), and the others refuse a URL. A session
+/// sessions, show, tree, context, delete and stats also work on a
+/// PostgreSQL store (`--store postgres://…`), and the others refuse a URL. A session
 /// id argument may be a unique prefix of the id (at least 4 characters).
 /// Commands that print data print aligned text by default and one JSON
 /// document with `--json`. Exit codes: 0 success, 1 a check found a problem
@@ -232,6 +232,8 @@ pub enum Command {
     /// every record of a purged session incarnation (including the purge
     /// marker). Everything else is live, including streams that are not
     /// sessions. Reads the log only (works while a writer owns the store).
+    /// On a PostgreSQL store: sessions by status and the sessions with the
+    /// most versions (there is no log to measure).
     Stats {
         /// How many of the largest sessions and entries to list.
         #[arg(long, default_value_t = 5, value_name = "N")]

@@ -114,4 +114,16 @@ fn demo_suggestions_prefixes_and_delete_work_on_a_postgres_store() {
     assert_eq!(deleted["already_deleted"], true, "{deleted}");
     let deleted = spool(&url, &["delete", id, "--json"]);
     assert_eq!(deleted["already_deleted"], true, "{deleted}");
+
+    // `stats` gives what a PostgreSQL store can tell: sessions by status.
+    let stats = spool(&url, &["stats", "--json"]);
+    assert_eq!(stats["version"], 1, "{stats}");
+    assert_eq!(stats["store"], "postgresql");
+    assert_eq!(stats["sessions"], 4, "{stats}");
+    assert_eq!(stats["sessions_by_status"]["deleted"], 1, "{stats}");
+    assert_eq!(stats["sessions_by_status"]["suspended"], 1, "{stats}");
+    let most = stats["most_versions"].as_array().unwrap();
+    assert!(most
+        .windows(2)
+        .all(|w| w[0]["version"].as_u64() >= w[1]["version"].as_u64()));
 }

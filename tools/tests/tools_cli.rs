@@ -880,12 +880,11 @@ fn commands_that_need_a_store_directory_refuse_a_postgres_url() {
     let file = cwd.path().join("export.jsonl");
     std::fs::write(&file, "").unwrap();
     let file = file.to_str().unwrap();
-    let commands: [&[&str]; 14] = [
+    let commands: [&[&str]; 13] = [
         &["streams"],
         &["log"],
         &["verify"],
         &["verify", "--salvage", "out"],
-        &["stats"],
         &["compact", "--all", "--drop-aborted"],
         &["compact", "--gc"],
         &["replay"],

@@ -107,7 +107,14 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
             let dir = need_store(&store)?;
             context::run(dir, resolve_id(dir, &id)?.as_str(), budget_bytes, json)
         }
-        Command::Stats { top, json } => stats::run(need_dir(&store, "stats")?, top, json),
+        Command::Stats { top, json } => {
+            let dir = need_store(&store)?;
+            if is_postgres(dir) {
+                stats::run_postgres(dir, top, json)
+            } else {
+                stats::run(dir, top, json)
+            }
+        }
         Command::Replay {
             id,
             at_version,
@@ -217,7 +224,7 @@ pub fn need_store(store: &Option<PathBuf>) -> Result<&Path> {
 /// The commands that work on a PostgreSQL store (`--store postgres://…`):
 /// they need sessions only, not the log. Every other command reads or
 /// writes the log's files and refuses a URL.
-pub const POSTGRES_COMMANDS: &str = "demo, sessions, show, tree, context, delete";
+pub const POSTGRES_COMMANDS: &str = "demo, sessions, show, tree, context, delete, stats";
 
 /// The `--store` directory of a command that works on the log's files:
 /// a PostgreSQL URL is refused, never taken for a path.
