@@ -11,7 +11,7 @@ use std::path::PathBuf;
 #[non_exhaustive]
 pub enum Error {
     /// An I/O call failed. `op` names the operation (e.g. `"sync_data"`).
-    #[error("I/O error during {op} on {}: {source}", path.display())]
+    #[error("I/O error during {op} on {}", path.display())]
     Io {
         path: PathBuf,
         op: &'static str,
@@ -51,7 +51,7 @@ pub enum Error {
     },
     /// The derived index failed. When it happens during an append the commit is durable in
     /// the log, the store is poisoned, and reopening catches the index up.
-    #[error("index error: {0}")]
+    #[error(transparent)]
     Index(#[from] IndexError),
     /// A GC plan no longer fits the log (another GC ran, or a stream it removes
     /// commits from has changed): plan again. Nothing was changed.
@@ -85,7 +85,7 @@ impl Error {
 #[non_exhaustive]
 pub enum IndexError {
     /// sled itself failed.
-    #[error("sled: {0}")]
+    #[error(transparent)]
     Sled(#[from] sled::Error),
     /// An [`crate::Indexer`] refused a commit.
     #[error("indexer {name}: {message}")]
@@ -101,7 +101,7 @@ pub enum IndexError {
     #[error("a move of {writes} index writes needs a {bytes}-byte redo record, over the {max}-byte limit")]
     MoveTooLarge { writes: u64, bytes: u64, max: u64 },
     /// The redo log of the index's moves into sled could not be read or written.
-    #[error("{op} {} at offset {offset}: {source}", path.display())]
+    #[error("{op} {} at offset {offset}", path.display())]
     Redo {
         path: std::path::PathBuf,
         op: &'static str,

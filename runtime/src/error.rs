@@ -25,7 +25,7 @@ pub enum RuntimeError {
         to: SessionStatus,
     },
     /// The action refused or failed; nothing was saved.
-    #[error("session {id}: action {action} failed: {source}")]
+    #[error("session {id}: action {action} failed")]
     ActionFailed {
         id: SessionId,
         action: String,
@@ -35,7 +35,7 @@ pub enum RuntimeError {
     /// A hook failed. `persisted_version` is `Some(v)` when the failure
     /// came after version `v` was durably stored (AfterSave, AfterCreate);
     /// `None` means nothing was stored.
-    #[error("session {id}: {stage} hook {hook} failed: {source}")]
+    #[error("session {id}: {stage} hook {hook} failed")]
     HookFailed {
         id: SessionId,
         stage: HookStage,

@@ -6,15 +6,20 @@ use clap::{Parser, Subcommand, ValueEnum};
 
 /// spool: an embedded, event-sourced store for AI-agent sessions.
 ///
-/// Every command works on the store directory given with `--store`. Commands
-/// that print data print aligned text by default and one JSON document with
-/// `--json`. Exit codes: 0 success, 1 a check found a problem (e.g. `verify`
-/// found corruption), 2 the command failed, 3 `compact` met a version
-/// conflict (another writer committed first; nothing was written for it).
+/// Every command works on the store directory given with `--store`; demo,
+/// sessions, show, tree, context, delete and stats also work on a
+/// PostgreSQL store (`--store postgres://…`), and the others refuse a URL. A session
+/// id argument may be a unique prefix of the id (at least 4 characters).
+/// Commands that print data print aligned text by default and one JSON
+/// document with `--json`. Exit codes: 0 success, 1 a check found a problem
+/// (e.g. `verify` found corruption), 2 the command failed, 3 a version
+/// conflict (`compact`, `delete`: another writer committed first; nothing
+/// was written for it).
 #[derive(Debug, Parser)]
 #[command(name = "spool", version, about, long_about)]
 pub struct Cli {
-    /// The store directory (created by commands that write, like `demo` and `stress`).
+    /// The store directory (created by commands that write, like `demo` and
+    /// `stress`), or a `postgres://` / `postgresql://` URL.
     #[arg(long, global = true, value_name = "DIR", env = "SPOOL_STORE")]
     pub store: Option<PathBuf>,
 
@@ -56,7 +61,7 @@ pub enum Command {
         /// Only sessions of this agent.
         #[arg(long)]
         agent: Option<String>,
-        /// Only children of this session.
+        /// Only children of this session (id or unique prefix).
         #[arg(long)]
         parent: Option<String>,
         /// At most this many sessions.
@@ -69,7 +74,7 @@ pub enum Command {
 
     /// Show one session: header, definition and a summary of its state.
     Show {
-        /// Session id.
+        /// Session id, or a unique prefix of one (at least 4 characters).
         id: String,
         /// Print one JSON document instead of text.
         #[arg(long)]
@@ -78,7 +83,7 @@ pub enum Command {
 
     /// Print the transcript tree of a session.
     Tree {
-        /// Session id.
+        /// Session id, or a unique prefix of one (at least 4 characters).
         id: String,
         /// Print one JSON document instead of text.
         #[arg(long)]
@@ -87,7 +92,7 @@ pub enum Command {
 
     /// Print the model context of a session as it is built from its leaf.
     Context {
-        /// Session id.
+        /// Session id, or a unique prefix of one (at least 4 characters).
         id: String,
         /// Resident byte budget for the working set the context is built from.
         #[arg(long, value_name = "N")]
@@ -106,7 +111,7 @@ pub enum Command {
 
     /// Print the commits of the log in log order.
     Log {
-        /// Only commits of this stream (a session id is a stream).
+        /// Only commits of this stream (a session id, or a unique prefix of one, is a stream).
         #[arg(long, value_name = "ID")]
         stream: Option<String>,
         /// At most this many commits.
@@ -153,7 +158,7 @@ pub enum Command {
     /// session between prepare and commit (version conflict: nothing was
     /// written for that session; run the command again).
     Compact {
-        /// Session id to compact.
+        /// Session id (or a unique prefix) to compact.
         #[arg(required_unless_present_any = ["all", "gc"], conflicts_with = "all")]
         id: Option<String>,
         /// Compact every non-deleted session.
@@ -198,10 +203,12 @@ pub enum Command {
         /// Concurrent writer threads.
         #[arg(long, default_value_t = 1)]
         writers: u32,
-        /// How long to run.
+        /// How long to run (0 to a year); the run ends early when every
+        /// writer has failed.
         #[arg(long, default_value_t = 5.0)]
         seconds: f64,
-        /// Bytes of payload per commit.
+        /// Bytes of payload per commit (at most the 16 MiB record size
+        /// limit, less the commit's framing).
         #[arg(long, default_value_t = 1024)]
         payload_bytes: u32,
         /// Segment size in bytes.
@@ -225,6 +232,8 @@ pub enum Command {
     /// every record of a purged session incarnation (including the purge
     /// marker). Everything else is live, including streams that are not
     /// sessions. Reads the log only (works while a writer owns the store).
+    /// On a PostgreSQL store: sessions by status and the sessions with the
+    /// most versions (there is no log to measure).
     Stats {
         /// How many of the largest sessions and entries to list.
         #[arg(long, default_value_t = 5, value_name = "N")]
@@ -246,7 +255,7 @@ pub enum Command {
     /// N and prints it like `show` (with --json also its transcript and
     /// model context). Read-only.
     Replay {
-        /// Session to show as of an earlier version (needs --at-version).
+        /// Session (id or unique prefix) to show as of an earlier version (needs --at-version).
         id: Option<String>,
         /// The session version to show (1 = as created).
         #[arg(long, value_name = "N", requires = "id")]
@@ -259,7 +268,7 @@ pub enum Command {
     /// Export sessions as JSONL (one event per line; see the `spool-export`
     /// format in the ARCHITECTURE notes). `import` reads it back.
     Export {
-        /// Session id to export (or use --all).
+        /// Session id or unique prefix to export (or use --all).
         #[arg(required_unless_present = "all", conflicts_with = "all")]
         id: Option<String>,
         /// Export every session (tombstoned ones only with --include-deleted).
@@ -298,8 +307,12 @@ pub enum Command {
     /// Delete (tombstone) a session. It stays readable with status
     /// `deleted` and accepts no changes; `compact --gc` reclaims its bytes.
     Delete {
-        /// Session id.
+        /// Session id, or a unique prefix of one (at least 4 characters).
         id: String,
+        /// Test hook: delete the session through a second writer between
+        /// this delete's load and its save, as a concurrent `delete` would.
+        #[arg(long, hide = true)]
+        test_concurrent_delete: bool,
         /// Print one JSON document instead of text.
         #[arg(long)]
         json: bool,

@@ -17,6 +17,6 @@ pub fn open_read_only(dir: &Path) -> Result<Store> {
     require_existing_store(dir)?;
     Store::open_read_only(dir, engine_options()).map_err(|e| {
         ToolError::with_source(format!("opening {} read-only failed", dir.display()), e)
-            .hint("run `spool --store DIR verify` to locate damage")
+            .hint_from_cause(None)
     })
 }

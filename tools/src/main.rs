@@ -2,7 +2,7 @@
 //!
 //! The binary is a thin shell over `spool-engine` and `spool-runtime`: argument
 //! parsing, output formatting (human tables by default, `--json` for machines)
-//! and progress on stderr. It prints the whole error chain on failure and treats
+//! and progress on stderr. It prints the whole error chain on failure (each cause once) and treats
 //! a closed stdout (a broken pipe, e.g. `spool log | head`) as success.
 
 mod cli;
@@ -12,7 +12,6 @@ mod out;
 mod pi;
 mod session_open;
 
-use std::error::Error as _;
 use std::process::ExitCode;
 
 use clap::Parser;
@@ -39,11 +38,13 @@ fn main() -> ExitCode {
             if out::is_broken_pipe(&err) {
                 return ExitCode::SUCCESS;
             }
-            eprintln!("error: {err}");
-            let mut source = err.source();
-            while let Some(s) = source {
-                eprintln!("  caused by: {s}");
-                source = s.source();
+            let chain = out::cause_chain(&err);
+            for (i, msg) in chain.iter().enumerate() {
+                if i == 0 {
+                    eprintln!("error: {msg}");
+                } else {
+                    eprintln!("  caused by: {msg}");
+                }
             }
             if let Some(hint) = err.get_hint() {
                 eprintln!("hint: {hint}");

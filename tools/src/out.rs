@@ -31,6 +31,9 @@ pub struct ToolError {
 pub const EXIT_FAILURE: u8 = 2;
 /// Exit code when a check ran and found a problem (e.g. `verify` found corruption).
 pub const EXIT_PROBLEM: u8 = 1;
+/// Exit code of a version conflict: another writer committed first and
+/// nothing was written (run the command again).
+pub const EXIT_CONFLICT: u8 = 3;
 
 impl ToolError {
     pub fn new(message: impl Into<String>) -> Self {
@@ -56,6 +59,23 @@ impl ToolError {
 
     pub fn hint(mut self, hint: impl Into<String>) -> Self {
         self.hint = Some(hint.into());
+        self
+    }
+
+    /// Sets the exit code (e.g. [`EXIT_CONFLICT`]).
+    pub fn code(mut self, code: u8) -> Self {
+        self.code = code;
+        self
+    }
+
+    /// Sets the hint that fits what the cause actually is (see
+    /// [`cause_hint`]), or `fallback` when no specific hint applies.
+    pub fn hint_from_cause(mut self, fallback: Option<&str>) -> Self {
+        let specific = self
+            .source
+            .as_deref()
+            .and_then(|e| cause_hint(e as &(dyn std::error::Error + 'static)));
+        self.hint = specific.or_else(|| fallback.map(str::to_string));
         self
     }
 
@@ -100,6 +120,142 @@ impl From<serde_json::Error> for ToolError {
 
 pub type Result<T> = std::result::Result<T, ToolError>;
 
+/// The messages of an error and of each of its causes, every cause once.
+///
+/// Errors of spool's own crates do not repeat their `source()` in their
+/// message; errors of other crates (and a few wrappers) may, so a message
+/// that ends with the message of one of its causes is cut back to its own
+/// words (and left out when nothing is left).
+pub fn cause_chain(err: &(dyn std::error::Error + 'static)) -> Vec<String> {
+    let mut msgs = Vec::new();
+    let mut cur = Some(err);
+    while let Some(e) = cur {
+        msgs.push(e.to_string());
+        cur = e.source();
+    }
+    let mut out: Vec<String> = Vec::with_capacity(msgs.len());
+    for (i, msg) in msgs.iter().enumerate() {
+        let mut own = msg.as_str();
+        for cause in msgs.iter().skip(i + 1).filter(|c| !c.is_empty()) {
+            if let Some(head) = own.strip_suffix(cause.as_str()) {
+                own = head.trim_end_matches([' ', ':', ',', ';', '-']);
+                break;
+            }
+        }
+        let own = own.trim();
+        if !own.is_empty() && out.last().map(String::as_str) != Some(own) {
+            out.push(own.to_string());
+        }
+    }
+    out
+}
+
+/// An error and its causes on one line (`a: b: c`), each cause once: for
+/// reports that carry an error as text.
+pub fn chain_text(err: &(dyn std::error::Error + 'static)) -> String {
+    cause_chain(err).join(": ")
+}
+
+/// The engine error inside one link of an error chain, looking through
+/// the wrappers that forward it transparently (so it is not a link of its
+/// own).
+fn engine_error_of<'a>(
+    e: &'a (dyn std::error::Error + 'static),
+) -> Option<&'a spool_engine::Error> {
+    use spool_runtime::handle::HandleError;
+    use spool_runtime::store::exchange::ExchangeError;
+    use spool_runtime::{RuntimeError, StoreError};
+    let store = |s: &'a StoreError| match s {
+        StoreError::Engine(e) => Some(e),
+        _ => None,
+    };
+    if let Some(e) = e.downcast_ref::<spool_engine::Error>() {
+        return Some(e);
+    }
+    if let Some(s) = e.downcast_ref::<StoreError>() {
+        return store(s);
+    }
+    if let Some(r) = e.downcast_ref::<RuntimeError>() {
+        return r.as_store().and_then(store);
+    }
+    if let Some(ExchangeError::Store(s)) = e.downcast_ref::<ExchangeError>() {
+        return store(s);
+    }
+    if let Some(HandleError::Store(s)) = e.downcast_ref::<HandleError>() {
+        return store(s);
+    }
+    None
+}
+
+/// Whether the store's lock is held by another owner somewhere in the chain.
+pub fn is_locked(err: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cur = Some(err);
+    while let Some(e) = cur {
+        if matches!(engine_error_of(e), Some(spool_engine::Error::Locked { .. })) {
+            return true;
+        }
+        cur = e.source();
+    }
+    false
+}
+
+/// What to do about a failure, from what its causes are: the hint names
+/// what actually helps (a permission problem is not damage, a locked
+/// store is not a corrupt one, an entry over the record limit cannot be
+/// retried). `None` when no cause is recognised: no hint beats a wrong one.
+pub fn cause_hint(err: &(dyn std::error::Error + 'static)) -> Option<String> {
+    use spool_engine::{Error as E, IndexError};
+    let mut engine = None;
+    let mut io_kind = None;
+    let mut cur = Some(err);
+    while let Some(e) = cur {
+        if engine.is_none() {
+            engine = engine_error_of(e);
+        }
+        if let Some(io) = e.downcast_ref::<io::Error>() {
+            io_kind.get_or_insert(io.kind());
+        }
+        cur = e.source();
+    }
+    if let Some(E::Locked { .. }) = engine {
+        return Some(
+            "another process owns the store: stop it, or use a command that only reads (sessions, show, log, stats, verify)"
+                .into(),
+        );
+    }
+    match io_kind {
+        Some(io::ErrorKind::PermissionDenied) => {
+            return Some(
+                "permission denied: check the owner and mode of the store directory and of the files in it"
+                    .into(),
+            )
+        }
+        Some(io::ErrorKind::StorageFull) => {
+            return Some(
+                "the disk is full: free space, then run the command again"
+                    .into(),
+            )
+        }
+        Some(io::ErrorKind::NotADirectory) => {
+            return Some("part of the store path is a file, not a directory: check the path".into())
+        }
+        _ => {}
+    }
+    Some(match engine? {
+        E::RecordTooLarge { max, .. } => format!(
+            "one commit may hold at most {} (the record size limit); retrying cannot help: store less in one entry",
+            human_bytes(*max)
+        ),
+        E::Corrupt { .. } => "run `spool --store DIR verify` to locate the damage; `verify --salvage OUT_DIR` copies every readable commit".into(),
+        E::UnsupportedFormat { .. } => "the store was written in another on-disk format version: open it with the spool that wrote it (`export` there, `import` here)".into(),
+        E::Index(IndexError::Mismatch(_) | IndexError::Malformed(_) | IndexError::Sled(_)) => {
+            "the index is derived from the log: `spool --store DIR replay` rebuilds it".into()
+        }
+        E::Poisoned => "an earlier write failed, so this process refuses writes: run the command again (opening the store recovers from the log)".into(),
+        _ => return None,
+    })
+}
+
 /// True when the error (or any cause) is a broken pipe on output.
 pub fn is_broken_pipe(err: &ToolError) -> bool {
     let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(err);
@@ -122,6 +278,29 @@ pub fn print_json<T: serde::Serialize + ?Sized>(value: &T) -> Result<()> {
     writeln!(lock)?;
     lock.flush()?;
     Ok(())
+}
+
+/// The shape version of the `--json` documents (objects) the commands
+/// print: it changes when a field is renamed, removed or changes meaning,
+/// not when one is added. Arrays of rows carry none (a row may gain
+/// fields, never lose or change one). See docs/json.md.
+pub const JSON_VERSION: u32 = 1;
+
+/// A `--json` document: its body's fields after `"version"`.
+#[derive(serde::Serialize)]
+struct Doc<'a, T: serde::Serialize + ?Sized> {
+    version: u32,
+    #[serde(flatten)]
+    body: &'a T,
+}
+
+/// Prints a `--json` document (an object) with its `"version"` field
+/// ([`JSON_VERSION`]) first.
+pub fn print_doc<T: serde::Serialize + ?Sized>(body: &T) -> Result<()> {
+    print_json(&Doc {
+        version: JSON_VERSION,
+        body,
+    })
 }
 
 /// A simple aligned text table.
@@ -267,6 +446,62 @@ mod tests {
         assert_eq!(human_time_ms(0), "1970-01-01 00:00:00Z");
         assert_eq!(human_time_ms(1_796_024_112_000), "2026-11-30 07:35:12Z");
         assert_eq!(ellipsize("abcdef", 4), "abc…");
+    }
+
+    #[derive(Debug)]
+    struct Repeating(&'static str, Option<Box<Repeating>>);
+    impl std::fmt::Display for Repeating {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str(self.0)
+        }
+    }
+    impl std::error::Error for Repeating {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            self.1.as_deref().map(|e| e as _)
+        }
+    }
+
+    #[test]
+    fn each_cause_is_listed_once() {
+        let leaf = Repeating("Connection refused (os error 111)", None);
+        let mid = Repeating(
+            "error connecting to server: Connection refused (os error 111)",
+            Some(Box::new(leaf)),
+        );
+        let top = Repeating(
+            "postgres connect: error connecting to server: Connection refused (os error 111)",
+            Some(Box::new(mid)),
+        );
+        assert_eq!(
+            cause_chain(&top),
+            [
+                "postgres connect",
+                "error connecting to server",
+                "Connection refused (os error 111)"
+            ]
+        );
+        // A wrapper whose message is only its cause's is left out.
+        let same = Repeating("disk full", Some(Box::new(Repeating("disk full", None))));
+        assert_eq!(cause_chain(&same), ["disk full"]);
+        assert_eq!(
+            chain_text(&top),
+            "postgres connect: error connecting to server: Connection refused (os error 111)"
+        );
+    }
+
+    #[test]
+    fn a_permission_error_hints_at_permissions_not_at_damage_or_owners() {
+        let e = ToolError::with_source(
+            "opening s failed",
+            io::Error::from(io::ErrorKind::PermissionDenied),
+        )
+        .hint_from_cause(Some("fallback"));
+        let hint = e.get_hint().unwrap();
+        assert!(hint.contains("permission"), "{hint}");
+        assert!(!hint.contains("verify") && !hint.contains("another process"));
+        // An unrecognised cause gets the fallback, not a guess.
+        let e = ToolError::with_source("x", io::Error::other("odd")).hint_from_cause(None);
+        assert_eq!(e.get_hint(), None);
     }
 
     #[test]

@@ -70,23 +70,23 @@ pub enum StoreError {
     InvalidQuery { reason: String },
     #[error("timed out after {waited_ms} ms waiting for lock {}", path.display())]
     LockTimeout { path: PathBuf, waited_ms: u64 },
-    #[error("I/O error on {}: {source}", path.display())]
+    #[error("I/O error on {}", path.display())]
     Io {
         path: PathBuf,
         #[source]
         source: std::io::Error,
     },
-    #[error("encoding error ({context}): {source}")]
+    #[error("encoding error ({context})")]
     Encoding {
         context: String,
         #[source]
         source: CodecError,
     },
-    #[error("store backend error: {0}")]
-    Backend(#[source] Box<dyn std::error::Error + Send + Sync>),
+    #[error(transparent)]
+    Backend(Box<dyn std::error::Error + Send + Sync>),
     /// The log engine failed (I/O, corruption, a poisoned or locked store).
-    #[error("log engine: {0}")]
-    Engine(#[source] spool_engine::Error),
+    #[error(transparent)]
+    Engine(spool_engine::Error),
     /// Stored data of a session does not fold into a valid session.
     #[error("session {id} is corrupt in the store: {reason}")]
     Corrupt { id: SessionId, reason: String },

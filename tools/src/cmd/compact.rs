@@ -313,7 +313,7 @@ struct Planned {
 
 fn read_err(id: &SessionId, e: impl std::error::Error + Send + Sync + 'static) -> ToolError {
     ToolError::with_source(format!("session {id}: reading the transcript failed"), e)
-        .hint("run `spool --store DIR verify` to check the store")
+        .hint_from_cause(Some("run `spool --store DIR verify` to check the store"))
 }
 
 fn replacements_of(
@@ -401,12 +401,12 @@ fn is_conflict(e: &HandleError) -> bool {
 fn handle_err(id: &SessionId, what: &str, e: HandleError) -> ToolError {
     let hint = match &e {
         HandleError::WriterBusy { .. } | HandleError::WriterTimeout { .. } => {
-            "another writer holds the session; stop it and run the command again"
+            Some("another writer holds the session; stop it and run the command again")
         }
-        HandleError::NotFound { .. } => "list sessions with `spool --store DIR sessions`",
-        _ => "run `spool --store DIR verify` to check the store",
+        HandleError::NotFound { .. } => Some("list sessions with `spool --store DIR sessions`"),
+        _ => None,
     };
-    ToolError::with_source(format!("session {id}: {what} failed"), e).hint(hint)
+    ToolError::with_source(format!("session {id}: {what} failed"), e).hint_from_cause(hint)
 }
 
 /// The hidden test hook: another writer (the runtime's session pipeline,
@@ -439,7 +439,7 @@ fn conflict_report(mut report: Report, e: &HandleError) -> Report {
     report.outcome = Outcome::Conflict;
     report.version_after = None;
     report.session_version_after = None;
-    report.error = Some(e.to_string());
+    report.error = Some(crate::out::chain_text(e));
     report
 }
 
@@ -518,10 +518,7 @@ fn targets(rt: &SessionRuntime, args: &Args, one: Option<SessionId>) -> Result<V
     }
     let list = rt
         .list_sessions(&ListQuery::all().order_by(ListOrder::CreatedAt, SortDirection::Ascending))
-        .map_err(|e| {
-            ToolError::with_source("listing sessions failed", e)
-                .hint("run `spool --store DIR verify` to check the store")
-        })?;
+        .map_err(|e| ToolError::with_source("listing sessions failed", e).hint_from_cause(None))?;
     for s in &list.skipped {
         eprintln!("warning: an unreadable session header was skipped: {s:?}");
     }

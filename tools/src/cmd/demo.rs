@@ -15,9 +15,10 @@ use spool_runtime::session::{AgentDefinition, AgentSession, ModelConfig, Session
 use spool_runtime::transcript::{ContentBlock, EntryId, EntryKind, Message};
 use spool_runtime::{ListQuery, SessionRuntime};
 
+use crate::cmd::display_store;
 use crate::cmd::sessions::{print_headers, HeaderRow};
-use crate::out::{print_json, Result, ToolError};
-use crate::session_open::runtime_for;
+use crate::out::{print_doc, Result, ToolError};
+use crate::session_open::{is_postgres, runtime_with, Access};
 
 /// Moves the transcript leaf back to an earlier entry, so the next message
 /// starts a new branch. (A custom action through the public trait.)
@@ -71,7 +72,7 @@ fn find_entry(s: &AgentSession, needle: &str) -> Option<EntryId> {
 }
 
 pub fn run(dir: &Path, json: bool) -> Result<ExitCode> {
-    let rt = runtime_for(dir, true)?;
+    let rt = runtime_with(dir, Access::Create)?;
     let loops = Arc::new(ScriptedLoopFactory::new([
         ScriptedTurn::ToolRound {
             tool: "bash".into(),
@@ -171,14 +172,14 @@ pub fn run(dir: &Path, json: bool) -> Result<ExitCode> {
         .map_err(|e| ToolError::with_source("demo: listing failed", e))?;
     if json {
         let rows: Vec<HeaderRow> = list.headers.iter().map(HeaderRow::from).collect();
-        print_json(&json!({
-            "store": dir.display().to_string(),
+        print_doc(&json!({
+            "store": display_store(dir),
             "created": [id1.to_string(), fork.id().to_string(), s3.id().to_string(), s4.id().to_string()],
             "sessions": rows,
         }))?;
         return Ok(ExitCode::SUCCESS);
     }
-    crate::outln!("Built a sample store in {}:", dir.display());
+    crate::outln!("Built a sample store in {}:", display_store(dir));
     crate::outln!();
     print_headers(&list.headers)?;
     crate::outln!();
@@ -196,13 +197,24 @@ pub fn run(dir: &Path, json: bool) -> Result<ExitCode> {
     super::context::run(dir, id1.as_str(), None, false)?;
     crate::outln!();
     crate::outln!("Explore further:");
-    crate::outln!("  spool --store {} show {}", dir.display(), id1);
-    crate::outln!(
-        "  spool --store {} sessions --parent {}",
-        dir.display(),
-        id1
-    );
-    crate::outln!("  spool --store {} log --stream {}", dir.display(), id1);
-    crate::outln!("  spool --store {} verify", dir.display());
+    for cmd in explore_commands(dir, &id1) {
+        crate::outln!("  {cmd}");
+    }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The follow-up commands `demo` suggests: only ones that work on the
+/// store it used (a PostgreSQL store has no log files to read or verify).
+fn explore_commands(dir: &Path, id: &SessionId) -> Vec<String> {
+    let store = display_store(dir);
+    let short = &id.as_str()[..id.as_str().len().min(8)];
+    let mut cmds = vec![
+        format!("spool --store {store} show {short}"),
+        format!("spool --store {store} sessions --parent {short}"),
+    ];
+    if !is_postgres(dir) {
+        cmds.push(format!("spool --store {store} log --stream {short}"));
+        cmds.push(format!("spool --store {store} verify"));
+    }
+    cmds
 }

@@ -11,7 +11,7 @@ use serde::Serialize;
 use spool_runtime::store::{LogStore, LogStoreOptions};
 
 use crate::cmd::require_existing_store;
-use crate::out::{human_bytes, print_json, Result, Table, ToolError};
+use crate::out::{human_bytes, print_doc, Result, Table, ToolError};
 
 #[derive(Serialize)]
 struct SegmentRow {
@@ -43,8 +43,7 @@ struct GcOutput {
 pub fn run(dir: &Path, dry_run: bool, json: bool) -> Result<ExitCode> {
     require_existing_store(dir)?;
     let store = LogStore::open(dir, LogStoreOptions::default()).map_err(|e| {
-        ToolError::with_source(format!("opening {} failed", dir.display()), e)
-            .hint("log GC needs to own the store: stop the process that has it open")
+        ToolError::with_source(format!("opening {} failed", dir.display()), e).hint_from_cause(None)
     })?;
     let plan = store
         .plan_gc()
@@ -90,7 +89,7 @@ pub fn run(dir: &Path, dry_run: bool, json: bool) -> Result<ExitCode> {
         .close()
         .map_err(|e| ToolError::with_source("closing the store failed", e))?;
     if json {
-        print_json(&out)?;
+        print_doc(&out)?;
         return Ok(ExitCode::SUCCESS);
     }
     if empty {

@@ -18,7 +18,7 @@ use spool_runtime::store::exchange::{
 };
 
 use crate::cli::ImportFormat;
-use crate::out::{print_json, Result, Table, ToolError};
+use crate::out::{print_doc, Result, Table, ToolError};
 use crate::pi::read_pi;
 use crate::session_open::writable;
 
@@ -43,12 +43,13 @@ fn exchange_err(file: &Path, e: ExchangeError) -> ToolError {
             "nothing was imported; fix or re-export the file (`spool export`)"
         }
         ExchangeError::SessionExists { .. } => {
-            "nothing was imported; import into another store, or delete the session first"
+            "nothing was imported; an id stays taken in a store even after `delete` (a deleted session keeps its id): import into another store"
         }
         ExchangeError::CommitIdTaken { .. } => {
             "nothing was imported; pass --fresh-commit-ids to give the commits new ids"
         }
         ExchangeError::StreamExists { .. } => "nothing was imported; import into another store",
+        ExchangeError::ImportFailed { reason, .. } if reason.contains("exceeds the maximum") => "a commit is over the store's record size limit; retrying cannot help",
         ExchangeError::ImportFailed { .. } => "run `spool --store DIR verify`, then retry",
         _ => "nothing was imported",
     };
@@ -110,7 +111,7 @@ pub fn run(
         sessions: &imported,
     };
     if json {
-        print_json(&report)?;
+        print_doc(&report)?;
         return Ok(ExitCode::SUCCESS);
     }
     let mut t = Table::new(&["SESSION", "VERSION", "EVENTS", "ENTRIES"])

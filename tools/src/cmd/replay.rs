@@ -42,7 +42,7 @@ use spool_runtime::{ListQuery, SessionStore};
 use crate::cmd::export::session_bar;
 use crate::cmd::require_existing_store;
 use crate::cmd::show::{print_text, Shown};
-use crate::out::{human_time_ms, print_json, Result, Table, ToolError, EXIT_PROBLEM};
+use crate::out::{human_time_ms, print_doc, Result, Table, ToolError, EXIT_PROBLEM};
 use crate::session_open::{parse_id, read_only};
 
 /// Name of the directory the rebuilt index is built in.
@@ -106,7 +106,7 @@ fn at(dir: &Path, id: &str, version: u64, json: bool) -> Result<ExitCode> {
         .context()
         .map_err(|e| ToolError::with_source("building the context failed", e))?;
     if json {
-        print_json(&AtVersion {
+        print_doc(&AtVersion {
             at_version: version,
             head_version: head,
             session: Shown::of(&s),
@@ -156,12 +156,12 @@ struct Rebuild {
 type Dump = Vec<(Vec<u8>, Vec<u8>)>;
 
 fn open_err(dir: &Path, e: impl std::error::Error + Send + Sync + 'static) -> ToolError {
-    let locked = e.to_string().contains("locked");
+    let locked = crate::out::is_locked(&e);
     let err = ToolError::with_source(format!("opening {} as its owner failed", dir.display()), e);
     if locked {
         err.hint("replay needs exclusive ownership: stop the process that owns the store")
     } else {
-        err.hint("run `spool --store DIR verify` to locate damage")
+        err.hint_from_cause(None)
     }
 }
 
@@ -212,14 +212,14 @@ fn rebuild(dir: &Path, json: bool) -> Result<ExitCode> {
             match d {
                 Ok(d) => Some(d),
                 Err(e) => {
-                    r.old_index_error = Some(e.to_string());
+                    r.old_index_error = Some(crate::out::chain_text(&e));
                     None
                 }
             }
         }
-        Err(e) if e.to_string().contains("locked") => return Err(open_err(dir, e)),
+        Err(e) if crate::out::is_locked(&e) => return Err(open_err(dir, e)),
         Err(e) => {
-            r.old_index_error = Some(e.to_string());
+            r.old_index_error = Some(crate::out::chain_text(&e));
             None
         }
     };
@@ -256,7 +256,9 @@ fn rebuild(dir: &Path, json: bool) -> Result<ExitCode> {
             Ok(None) => r
                 .failed_sessions
                 .push(format!("{}: listed but absent", h.id)),
-            Err(e) => r.failed_sessions.push(format!("{}: {e}", h.id)),
+            Err(e) => r
+                .failed_sessions
+                .push(format!("{}: {}", h.id, crate::out::chain_text(&e))),
         }
         pb.inc(1);
     }
@@ -352,7 +354,7 @@ fn rebuild(dir: &Path, json: bool) -> Result<ExitCode> {
 
     let problem = !r.old_index_matched || !r.failed_sessions.is_empty();
     if json {
-        print_json(&r)?;
+        print_doc(&r)?;
     } else {
         crate::outln!(
             "rebuilt the indexes of {} from the log: {} commits, {} streams, {} sessions, {} entries, {} snapshots",

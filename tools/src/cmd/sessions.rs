@@ -8,7 +8,7 @@ use spool_runtime::session::{AgentSessionInfo, SessionStatus};
 use spool_runtime::ListQuery;
 
 use crate::out::{ellipsize, human_time_ms, print_json, Result, Table, ToolError};
-use crate::session_open::{parse_id, runtime_for};
+use crate::session_open::{parse_id, runtime_with, Access};
 
 #[derive(Serialize)]
 pub struct HeaderRow {
@@ -85,7 +85,7 @@ pub fn run(dir: &Path, args: Args<'_>) -> Result<ExitCode> {
     if let Some(l) = args.limit {
         q = q.limit(u64::from(l));
     }
-    let rt = runtime_for(dir, false)?;
+    let rt = runtime_with(dir, Access::Read)?;
     let list = rt
         .list_sessions(&q)
         .map_err(|e| ToolError::with_source("listing sessions failed", e))?;

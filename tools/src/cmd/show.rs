@@ -7,8 +7,8 @@ use serde::Serialize;
 use spool_runtime::session::{AgentDefinition, AgentSession};
 
 use crate::cmd::sessions::HeaderRow;
-use crate::out::{ellipsize, human_time_ms, print_json, Result};
-use crate::session_open::{parse_id, runtime_err, runtime_for};
+use crate::out::{ellipsize, human_time_ms, print_doc, Result};
+use crate::session_open::{parse_id, runtime_err, runtime_with, Access};
 
 #[derive(Serialize)]
 struct StateSummary {
@@ -70,10 +70,10 @@ impl<'a> Shown<'a> {
 
 pub fn run(dir: &Path, id: &str, json: bool) -> Result<ExitCode> {
     let id = parse_id(id)?;
-    let rt = runtime_for(dir, false)?;
+    let rt = runtime_with(dir, Access::Read)?;
     let s = rt.get_session(&id).map_err(|e| runtime_err(&id, e))?;
     if json {
-        print_json(&Shown::of(&s))?;
+        print_doc(&Shown::of(&s))?;
         return Ok(ExitCode::SUCCESS);
     }
     print_text(&s)?;

@@ -30,7 +30,7 @@ use spool_runtime::store::log::{PURGE_EVENT_KIND, SESSION_EVENT_PREFIX};
 use spool_runtime::transcript::entry_summary;
 use spool_runtime::{ListQuery, SessionEvent, SessionStore};
 
-use crate::out::{ellipsize, human_bytes, print_json, Result, Table, ToolError};
+use crate::out::{ellipsize, human_bytes, print_doc, Result, Table, ToolError};
 use crate::session_open::read_only;
 
 const ENTRY_APPENDED: &str = "session.entry_appended";
@@ -147,7 +147,7 @@ pub fn run(dir: &Path, top: u32, json: bool) -> Result<ExitCode> {
     for c in scan {
         let c = c.map_err(|e| {
             ToolError::with_source("reading the log failed", e)
-                .hint("run `spool --store DIR verify` to locate damage")
+                .hint_from_cause(Some("run `spool --store DIR verify` to locate damage"))
         })?;
         commits += 1;
         let bytes = u64::from(c.record_bytes);
@@ -300,7 +300,7 @@ pub fn run(dir: &Path, top: u32, json: bool) -> Result<ExitCode> {
         segment_files: segs,
     };
     if json {
-        print_json(&stats)?;
+        print_doc(&stats)?;
         return Ok(ExitCode::SUCCESS);
     }
     print_text(&stats)?;
@@ -399,4 +399,84 @@ fn print_text(s: &Stats) -> Result<()> {
         t.print()?;
     }
     Ok(())
+}
+
+/// `stats` on a PostgreSQL store: what its session listing tells (the
+/// log-level figures, segments and live or dead bytes, exist only in a
+/// store directory).
+#[derive(Serialize)]
+struct SessionStats {
+    store: &'static str,
+    sessions: u64,
+    sessions_by_status: BTreeMap<&'static str, u64>,
+    /// The sessions with the most saves (highest version) first.
+    most_versions: Vec<VersionRow>,
+}
+
+#[derive(Serialize)]
+struct VersionRow {
+    id: String,
+    status: &'static str,
+    version: u64,
+}
+
+pub fn run_postgres(dir: &Path, top: u32, json: bool) -> Result<ExitCode> {
+    let rt = crate::session_open::runtime_for(dir, false)?;
+    let list = rt
+        .list_sessions(&ListQuery::all().including_deleted())
+        .map_err(|e| ToolError::with_source("listing sessions failed", e))?;
+    let mut by_status: BTreeMap<&'static str, u64> = BTreeMap::new();
+    for h in &list.headers {
+        *by_status.entry(h.status.as_str()).or_default() += 1;
+    }
+    let mut rows: Vec<VersionRow> = list
+        .headers
+        .iter()
+        .map(|h| VersionRow {
+            id: h.id.to_string(),
+            status: h.status.as_str(),
+            version: h.version,
+        })
+        .collect();
+    rows.sort_by(|a, b| b.version.cmp(&a.version).then_with(|| a.id.cmp(&b.id)));
+    rows.truncate(top as usize);
+    let stats = SessionStats {
+        store: "postgresql",
+        sessions: list.headers.len() as u64,
+        sessions_by_status: by_status,
+        most_versions: rows,
+    };
+    if json {
+        print_doc(&stats)?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    let statuses: Vec<String> = stats
+        .sessions_by_status
+        .iter()
+        .map(|(s, n)| format!("{n} {s}"))
+        .collect();
+    crate::outln!(
+        "sessions  {} ({})",
+        stats.sessions,
+        if statuses.is_empty() {
+            "none".to_string()
+        } else {
+            statuses.join(", ")
+        }
+    );
+    crate::outln!("(a PostgreSQL store: segment and byte figures exist only in a store directory)");
+    if !stats.most_versions.is_empty() {
+        crate::outln!();
+        crate::outln!("most versions:");
+        let mut t = Table::new(&["SESSION", "STATUS", "VERSION"]).right(2);
+        for r in &stats.most_versions {
+            t.row(vec![
+                r.id.clone(),
+                r.status.to_string(),
+                r.version.to_string(),
+            ]);
+        }
+        t.print()?;
+    }
+    Ok(ExitCode::SUCCESS)
 }

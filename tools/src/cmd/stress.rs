@@ -16,7 +16,7 @@ use spool_engine::{
 };
 
 use crate::cli::DurabilityArg;
-use crate::out::{human_bytes, print_json, Result, ToolError};
+use crate::out::{human_bytes, print_doc, Result, ToolError};
 
 pub struct Args {
     pub writers: u32,
@@ -30,6 +30,9 @@ pub struct Args {
 
 /// Upper bound on writer threads: each is an OS thread with its own stream.
 const WRITERS_MAX: u32 = 1024;
+/// Upper bound on `--seconds` (a year): longer runs are a mistake, and a
+/// duration must be representable before the run starts.
+pub const SECONDS_MAX: f64 = 365.0 * 86_400.0;
 
 #[derive(Serialize)]
 struct Summary {
@@ -50,8 +53,24 @@ pub fn run(dir: &Path, args: Args) -> Result<ExitCode> {
             "--writers must be between 1 and {WRITERS_MAX}"
         )));
     }
-    if !(args.seconds.is_finite() && args.seconds >= 0.0) {
-        return Err(ToolError::new("--seconds must be a non-negative number"));
+    let run_for = Some(args.seconds)
+        .filter(|s| (0.0..=SECONDS_MAX).contains(s))
+        .and_then(|s| Duration::try_from_secs_f64(s).ok())
+        .ok_or_else(|| {
+            ToolError::new(format!(
+                "--seconds must be a number from 0 to {SECONDS_MAX} (a year), not {}",
+                args.seconds
+            ))
+        })?;
+    // Checked before the payload is allocated: a commit's record holds
+    // the payload, so a larger one can never be written.
+    let record_max = u64::from(spool_engine::RECORD_BYTES_MAX_DEFAULT);
+    if u64::from(args.payload_bytes) > record_max {
+        return Err(ToolError::new(format!(
+            "--payload-bytes {} is over the record size limit of {} ({record_max} bytes)",
+            args.payload_bytes,
+            human_bytes(record_max)
+        )));
     }
     let mut opts = Options::default().durability(match args.durability {
         DurabilityArg::Immediate => Durability::Immediate,
@@ -60,8 +79,10 @@ pub fn run(dir: &Path, args: Args) -> Result<ExitCode> {
     if let Some(s) = args.segment_bytes {
         opts = opts.segment_bytes_max(s);
     }
-    let store = Store::open(dir, opts)
-        .map_err(|e| ToolError::with_source(format!("opening {} failed", dir.display()), e))?;
+    crate::cmd::refuse_file(dir)?;
+    let store = Store::open(dir, opts).map_err(|e| {
+        ToolError::with_source(format!("opening {} failed", dir.display()), e).hint_from_cause(None)
+    })?;
     let store = Arc::new(store);
     let ack = match &args.ack_file {
         Some(p) => Some(Arc::new(Mutex::new(open_ack_file(p)?))),
@@ -73,13 +94,18 @@ pub fn run(dir: &Path, args: Args) -> Result<ExitCode> {
     let payload = Arc::new(vec![0x5au8; args.payload_bytes as usize]);
     let started = Instant::now();
     let mut handles = Vec::new();
+    // Each writer says when it stops, so the run ends as soon as every
+    // writer has failed instead of sleeping out its time.
+    let (exited_tx, exited) = std::sync::mpsc::channel::<()>();
     for i in 0..args.writers {
+        let exited_tx = exited_tx.clone();
         let store = Arc::clone(&store);
         let ack = ack.clone();
         let stop = Arc::clone(&stop);
         let commits = Arc::clone(&commits);
         let payload = Arc::clone(&payload);
         handles.push(std::thread::spawn(move || -> Result<()> {
+            let _exited = ExitSignal(exited_tx);
             let stream = format!("stress-{i}");
             let mut version = store
                 .stream_version(&stream)
@@ -101,7 +127,10 @@ pub fn run(dir: &Path, args: Args) -> Result<ExitCode> {
                             payload: payload.to_vec(),
                         }],
                     })
-                    .map_err(|e| ToolError::with_source(format!("append to {stream} failed"), e))?;
+                    .map_err(|e| {
+                        ToolError::with_source(format!("append to {stream} failed"), e)
+                            .hint_from_cause(None)
+                    })?;
                 match outcome {
                     AppendOutcome::Committed(info) | AppendOutcome::AlreadyCommitted(info) => {
                         version = info.version;
@@ -129,23 +158,46 @@ pub fn run(dir: &Path, args: Args) -> Result<ExitCode> {
             Ok(())
         }));
     }
-    std::thread::sleep(Duration::from_secs_f64(args.seconds));
+    drop(exited_tx);
+    let deadline = started + run_for;
+    let mut running = args.writers;
+    while running > 0 {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match exited.recv_timeout(left) {
+            Ok(()) => running -= 1,
+            Err(_) => break,
+        }
+    }
     stop.store(true, Ordering::Relaxed);
     let mut first_err = None;
+    let mut failed = 0u32;
     for h in handles {
-        match h.join() {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => {
-                first_err.get_or_insert(e);
-            }
-            Err(_) => {
-                first_err.get_or_insert(ToolError::new("a writer thread panicked"));
-            }
+        let failure = match h.join() {
+            Ok(Ok(())) => None,
+            Ok(Err(e)) => Some(e),
+            Err(_) => Some(ToolError::new("a writer thread panicked")),
+        };
+        if let Some(e) = failure {
+            failed += 1;
+            first_err.get_or_insert(e);
         }
     }
     let elapsed = started.elapsed().as_secs_f64().max(1e-9);
     if let Some(e) = first_err {
-        return Err(e);
+        let hint = e.get_hint().map(str::to_string);
+        let all = if failed == args.writers { "all " } else { "" };
+        let err = ToolError::with_source(
+            format!(
+                "stress: {all}{failed} of {} writer(s) failed after {elapsed:.2}s and {} commit(s)",
+                args.writers,
+                commits.load(Ordering::Relaxed)
+            ),
+            e,
+        );
+        return Err(match hint {
+            Some(h) => err.hint(h),
+            None => err,
+        });
     }
     let fsyncs = store.stats().fsyncs.saturating_sub(fsyncs_before);
     let store = Arc::try_unwrap(store).map_err(|_| ToolError::new("store still shared"))?;
@@ -172,7 +224,7 @@ pub fn run(dir: &Path, args: Args) -> Result<ExitCode> {
         },
     };
     if args.json {
-        print_json(&summary)?;
+        print_doc(&summary)?;
     } else {
         crate::outln!(
             "{} commits in {:.2}s by {} writer(s), {}: {:.0} commits/s, {:.2} MB/s ({} per commit); {} fsyncs, {:.1} commits per fsync",
@@ -188,6 +240,15 @@ pub fn run(dir: &Path, args: Args) -> Result<ExitCode> {
         );
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Sent (by being dropped) when a writer thread ends, however it ends.
+struct ExitSignal(std::sync::mpsc::Sender<()>);
+
+impl Drop for ExitSignal {
+    fn drop(&mut self) {
+        let _ = self.0.send(());
+    }
 }
 
 /// Opens the ack file for appending, first ending a line a killed run left

@@ -7,7 +7,7 @@ use serde::Serialize;
 
 use crate::cmd::require_existing_store;
 use crate::engine_open::engine_options;
-use crate::out::{print_json, Result, ToolError, EXIT_PROBLEM};
+use crate::out::{print_doc, Result, ToolError, EXIT_PROBLEM};
 
 #[derive(Serialize)]
 struct Report {
@@ -67,7 +67,7 @@ pub fn run(dir: &Path, json: bool) -> Result<ExitCode> {
             .collect(),
     };
     if json {
-        print_json(&report)?;
+        print_doc(&report)?;
     } else {
         crate::outln!(
             "{}: {} segments, {} records, {} commits, {} streams, torn tail {} bytes",
@@ -169,7 +169,7 @@ pub fn salvage(dir: &Path, out_dir: &Path, json: bool) -> Result<ExitCode> {
         streams_starting_late: r.streams_starting_late.clone(),
     };
     if json {
-        print_json(&out)?;
+        print_doc(&out)?;
     } else {
         crate::outln!(
             "salvaged {} commits of {} streams from {} segments into {}",

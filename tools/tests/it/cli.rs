@@ -765,3 +765,166 @@ fn broken_pipe_is_success() {
         assert!(status.success(), "{args:?}: {status} {err}");
     }
 }
+
+fn count(haystack: &str, needle: &str) -> usize {
+    haystack.matches(needle).count()
+}
+
+/// A failure's stderr names each cause once: no message repeats the
+/// message of its cause on the next line.
+#[test]
+fn each_cause_of_a_failure_is_printed_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("a-file");
+    std::fs::write(&file, "x").unwrap();
+    let out = run(&file.join("store"), &["demo"]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(count(&err, "Not a directory"), 1, "{err}");
+    assert_eq!(count(&err, "create_dir_all"), 1, "{err}");
+    assert!(!err.contains("another process"), "{err}");
+
+    // A PostgreSQL server that is not there: four layers, each once.
+    let out = run(Path::new("postgres://u@127.0.0.1:1/db"), &["sessions"]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    for cause in ["error connecting to server", "postgres migrate", "refused"] {
+        assert_eq!(count(&err, cause), 1, "{cause}: {err}");
+    }
+    let lines: Vec<&str> = err.lines().collect();
+    for pair in lines.windows(2) {
+        let (a, b) = (
+            pair[0],
+            pair[1].trim_start().trim_start_matches("caused by: "),
+        );
+        assert!(!a.ends_with(b), "{a:?} repeats its cause {b:?}");
+    }
+}
+
+/// Hints name what actually helps: a store path that is a file, a locked
+/// store and a corrupt store each get their own.
+#[test]
+fn hints_name_what_actually_works() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("a-file");
+    std::fs::write(&file, "x").unwrap();
+    for args in [
+        &["demo"][..],
+        &["sessions"],
+        &["verify"],
+        &["stress", "--seconds", "0"],
+    ] {
+        let out = run(&file, args);
+        assert_eq!(out.status.code(), Some(2));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("is a file, not a store directory"),
+            "{args:?}: {err}"
+        );
+        assert!(!err.contains("another process"), "{args:?}: {err}");
+    }
+
+    let store = dir.path().join("store");
+    let demo = run(&store, &["demo", "--json"]);
+    assert!(demo.status.success());
+    let ids: serde_json::Value = serde_json::from_slice(&demo.stdout).unwrap();
+    let id = ids["created"][0].as_str().unwrap();
+    {
+        // Another owner holds the store.
+        let _owner = spool_engine::Store::open(&store, spool_engine::Options::default()).unwrap();
+        let out = run(&store, &["delete", id]);
+        assert_eq!(out.status.code(), Some(2));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("hint: another process owns the store"),
+            "{err}"
+        );
+        assert!(!err.contains("--store DIR verify"), "{err}");
+    }
+
+    // Damage in the middle of the log.
+    let seg = store.join("0000000000000001.seg");
+    let mut bytes = std::fs::read(&seg).unwrap();
+    bytes[200] ^= 0xff;
+    std::fs::write(&seg, &bytes).unwrap();
+    let out = run(&store, &["delete", id]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("hint: run `spool --store DIR verify`"),
+        "{err}"
+    );
+    assert!(!err.contains("another process"), "{err}");
+}
+
+/// An entry over the record size limit is refused with a hint that says
+/// retrying cannot help (not "run verify, then retry").
+#[test]
+fn an_entry_over_the_record_limit_does_not_hint_verify_and_retry() {
+    let dir = tempfile::tempdir().unwrap();
+    let pi = dir.path().join("big.jsonl");
+    let text = "x".repeat(17 << 20);
+    let header = r#"{"type":"session","version":3,"id":"big-one","timestamp":"2025-05-03T08:00:00.000Z","cwd":"/"}"#;
+    let message = format!(
+        r#"{{"type":"message","id":"e0000001","parentId":null,"timestamp":"2025-05-03T06:00:02.000Z","message":{{"role":"user","content":[{{"type":"text","text":"{text}"}}],"timestamp":1746252002000}}}}"#
+    );
+    std::fs::write(&pi, format!("{header}\n{message}\n")).unwrap();
+    let out = run(
+        &dir.path().join("store"),
+        &["import", "--format", "pi", pi.to_str().unwrap()],
+    );
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("limit"), "{err}");
+    assert!(!err.contains("verify"), "{err}");
+}
+
+/// `stress` validates its arguments before it allocates or runs: a
+/// duration too long to represent and a payload over the record limit are
+/// refused (no panic, no 4 GiB allocation), and a run whose writers have
+/// all failed stops and reports instead of sleeping out its time.
+#[test]
+fn stress_refuses_bad_arguments_and_stops_when_every_writer_failed() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    for (args, needle) in [
+        (&["--seconds", "1e300"][..], "--seconds"),
+        (&["--seconds=-1"], "--seconds"),
+        (&["--seconds", "NaN"], "--seconds"),
+        (&["--payload-bytes", "4294967295"], "record size limit"),
+    ] {
+        let out = run(&store, &[&["stress"][..], args].concat());
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains(needle) && !err.contains("panicked"),
+            "{args:?}: {err}"
+        );
+    }
+    // 16 MiB of payload plus its framing is over the record limit: every
+    // append fails. The run must end then, not after its 100,000 seconds;
+    // the guard below only keeps a regression from hanging the suite.
+    let mut child = spool()
+        .arg("--store")
+        .arg(&store)
+        .args(["stress", "--writers", "2", "--seconds", "100000"])
+        .args(["--payload-bytes", &(16u32 << 20).to_string()])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let started = std::time::Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if started.elapsed() > Duration::from_secs(600) {
+            child.kill().unwrap();
+            panic!("stress kept running after every writer failed");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("all 2 of 2 writer(s) failed"), "{err}");
+    assert!(err.contains("exceeds the maximum"), "{err}");
+}

@@ -122,3 +122,74 @@ fn malformed_urls_do_not_print_the_password() {
     assert!(!stderr.contains("s3cr3tpw"), "{stderr}");
     assert!(!String::from_utf8_lossy(&out.stdout).contains("s3cr3tpw"));
 }
+
+/// On PostgreSQL, `demo` suggests only commands that work there (no
+/// `log`, no `verify`), each of which then succeeds; session id prefixes
+/// resolve; a delete that loses a race to another delete reports
+/// "already deleted".
+#[test]
+fn demo_suggestions_prefixes_and_delete_work_on_a_postgres_store() {
+    let Some(server) =
+        PgServer::start_or_skip("demo_suggestions_prefixes_and_delete_work_on_a_postgres_store")
+    else {
+        return;
+    };
+    let url = server.url();
+    let out = spool_output(&url, &["demo"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let suggested: Vec<Vec<String>> = text
+        .split_once("Explore further:")
+        .expect("suggestions")
+        .1
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("spool --store "))
+        .map(|l| l.split_whitespace().skip(1).map(str::to_string).collect())
+        .collect();
+    assert!(!suggested.is_empty(), "{text}");
+    for args in &suggested {
+        assert!(
+            !["log", "verify", "streams", "stats"].contains(&args[0].as_str()),
+            "{args:?}"
+        );
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let out = spool_output(&url, &args);
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let ids: Vec<String> = spool(&url, &["sessions", "--json"])
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["id"].as_str().unwrap().to_string())
+        .collect();
+    let id = &ids[0];
+    let shown = spool(&url, &["show", &id[..8], "--json"]);
+    assert_eq!(shown["header"]["id"], id.as_str());
+    let deleted = spool(
+        &url,
+        &["delete", &id[..8], "--test-concurrent-delete", "--json"],
+    );
+    assert_eq!(deleted["already_deleted"], true, "{deleted}");
+    let deleted = spool(&url, &["delete", id, "--json"]);
+    assert_eq!(deleted["already_deleted"], true, "{deleted}");
+
+    // `stats` gives what a PostgreSQL store can tell: sessions by status.
+    let stats = spool(&url, &["stats", "--json"]);
+    assert_eq!(stats["version"], 1, "{stats}");
+    assert_eq!(stats["store"], "postgresql");
+    assert_eq!(stats["sessions"], 4, "{stats}");
+    assert_eq!(stats["sessions_by_status"]["deleted"], 1, "{stats}");
+    assert_eq!(stats["sessions_by_status"]["suspended"], 1, "{stats}");
+    let most = stats["most_versions"].as_array().unwrap();
+    assert!(most
+        .windows(2)
+        .all(|w| w[0]["version"].as_u64() >= w[1]["version"].as_u64()));
+}

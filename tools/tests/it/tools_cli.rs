@@ -837,7 +837,13 @@ fn replay_at_version_matches_the_session_as_saved_at_that_version() {
     for (i, want) in saved.iter().enumerate() {
         let v = (i + 1).to_string();
         let got = json(&path, &["replay", &id, "--at-version", &v, "--json"]);
-        assert_eq!(&got["session"], want, "version {v}");
+        // `show` is a document of its own, with its shape version.
+        let mut want = want.clone();
+        assert_eq!(
+            want.as_object_mut().unwrap().remove("version"),
+            Some(1.into())
+        );
+        assert_eq!(got["session"], want, "version {v}");
         assert_eq!(got["at_version"].as_u64().unwrap(), i as u64 + 1);
         assert_eq!(got["head_version"].as_u64().unwrap(), saved.len() as u64);
         assert_eq!(
@@ -863,4 +869,269 @@ fn replay_at_version_matches_the_session_as_saved_at_that_version() {
     let err = fails(&path, &["replay"]);
     assert!(err.contains("hint:") && err.contains("owner"), "{err}");
     drop(store);
+}
+
+/// A `postgres://` URL is never taken for a directory: every command that
+/// works on the log's files refuses it in one line that says so (without
+/// the URL's password), and nothing is created under the working directory.
+#[test]
+fn commands_that_need_a_store_directory_refuse_a_postgres_url() {
+    let cwd = tempfile::tempdir().unwrap();
+    let file = cwd.path().join("export.jsonl");
+    std::fs::write(&file, "").unwrap();
+    let file = file.to_str().unwrap();
+    let commands: [&[&str]; 13] = [
+        &["streams"],
+        &["log"],
+        &["verify"],
+        &["verify", "--salvage", "out"],
+        &["compact", "--all", "--drop-aborted"],
+        &["compact", "--gc"],
+        &["replay"],
+        &["replay", "0123abcd", "--at-version", "1"],
+        &["stress", "--seconds", "0"],
+        &["export", "--all"],
+        &["import", file],
+        &["bench", "--quick"],
+        &["log", "--stream", "stress-0"],
+    ];
+    for url in [
+        "postgres://u:secret@127.0.0.1:1/db",
+        "postgresql://u@127.0.0.1:1/db?password=secret",
+    ] {
+        for args in commands {
+            let out = spool()
+                .current_dir(cwd.path())
+                .arg("--store")
+                .arg(url)
+                .args(args)
+                .env_remove("SPOOL_STORE")
+                .stdin(Stdio::null())
+                .output()
+                .unwrap();
+            let err = stderr(&out);
+            assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+            assert_eq!(err.lines().count(), 1, "{args:?}: one line: {err}");
+            assert!(
+                err.starts_with(&format!(
+                    "error: `spool {}` needs a store directory",
+                    args[0]
+                )),
+                "{args:?}: {err}"
+            );
+            assert!(!err.contains("secret"), "{args:?}: password shown: {err}");
+            assert!(out.stdout.is_empty(), "{args:?}");
+        }
+    }
+    let left: Vec<_> = std::fs::read_dir(cwd.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(left, vec![std::ffi::OsString::from("export.jsonl")]);
+}
+
+/// Every command `demo` suggests works on the store it built.
+#[test]
+fn demo_suggests_only_commands_that_work() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let out = run(&store, &["demo"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let suggested = suggestions(&text);
+    assert!(suggested.len() >= 3, "{text}");
+    for args in suggested {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let out = run(&store, &args);
+        assert!(out.status.success(), "{args:?}: {}", stderr(&out));
+    }
+}
+
+/// The `spool --store X ARGS…` lines after "Explore further:" as ARGS.
+fn suggestions(demo_text: &str) -> Vec<Vec<String>> {
+    demo_text
+        .split_once("Explore further:")
+        .expect("demo suggests commands")
+        .1
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("spool --store "))
+        .map(|l| l.split_whitespace().skip(1).map(str::to_string).collect())
+        .collect()
+}
+
+/// Session ids may be given by a unique prefix, git-style, to every
+/// command that takes one; an ambiguous prefix lists the candidates and a
+/// prefix that matches nothing says so.
+#[test]
+fn session_id_prefixes_resolve_uniquely_or_list_the_candidates() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let ids = demo(&store);
+    let id = &ids[0];
+    let short = &id[..8];
+    let shown = json(&store, &["show", short, "--json"]);
+    assert_eq!(shown["header"]["id"], id.as_str());
+    assert_eq!(
+        json(&store, &["tree", short, "--json"])["session"],
+        id.as_str()
+    );
+    assert_eq!(
+        json(&store, &["context", short, "--json"]),
+        json(&store, &["context", id, "--json"])
+    );
+    let children = json(&store, &["sessions", "--parent", short, "--json"]);
+    assert_eq!(children.as_array().unwrap().len(), 1, "{children}");
+    assert_eq!(
+        json(&store, &["log", "--stream", short, "--json"]),
+        json(&store, &["log", "--stream", id, "--json"])
+    );
+    let at = json(&store, &["replay", short, "--at-version", "1", "--json"]);
+    assert_eq!(at["session"]["header"]["id"], id.as_str());
+    let out = run(&store, &["export", short]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(String::from_utf8_lossy(&out.stdout).contains(id.as_str()));
+    let out = run(&store, &["compact", short, "--drop-aborted", "--dry-run"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    // Uppercase hex names the same session.
+    let shown = json(&store, &["show", &short.to_ascii_uppercase(), "--json"]);
+    assert_eq!(shown["header"]["id"], id.as_str());
+
+    // Import two sessions whose ids share a prefix: it is ambiguous.
+    let export = dir.path().join("one.jsonl");
+    let out = run(&store, &["export", id, "--out", export.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = std::fs::read_to_string(&export).unwrap();
+    let other = dir.path().join("twins");
+    for suffix in ["0", "1"] {
+        let twin = dir.path().join(format!("twin{suffix}.jsonl"));
+        std::fs::write(
+            &twin,
+            text.replace(id.as_str(), &format!("twin-abcd-{suffix}")),
+        )
+        .unwrap();
+        let out = run(
+            &other,
+            &["import", twin.to_str().unwrap(), "--fresh-commit-ids"],
+        );
+        assert!(out.status.success(), "{}", stderr(&out));
+    }
+    let err = fails(&other, &["show", "twin-abcd"]);
+    assert!(err.contains("ambiguous"), "{err}");
+    assert!(
+        err.contains("twin-abcd-0") && err.contains("twin-abcd-1"),
+        "{err}"
+    );
+    // An id that is whole is never taken for a prefix of a longer one.
+    assert_eq!(
+        json(&other, &["show", "twin-abcd-1", "--json"])["header"]["id"],
+        "twin-abcd-1"
+    );
+    let err = fails(&store, &["show", "ffffffff"]);
+    assert!(err.contains("no session ffffffff"), "{err}");
+    let err = fails(&store, &["show", "abc"]);
+    assert!(err.contains("at least 4 characters"), "{err}");
+}
+
+/// Two deletes of one session racing: the loser reports "already deleted"
+/// and succeeds (the outcome it asked for holds) instead of failing with a
+/// version conflict.
+#[test]
+fn a_delete_that_loses_a_race_to_another_delete_reports_already_deleted() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let ids = demo(&store);
+    let out = json(
+        &store,
+        &["delete", &ids[2], "--test-concurrent-delete", "--json"],
+    );
+    assert_eq!(out["already_deleted"], true, "{out}");
+    assert_eq!(out["status"], "deleted");
+    let shown = json(&store, &["show", &ids[2], "--json"]);
+    assert_eq!(shown["header"]["status"], "deleted");
+    assert_eq!(shown["header"]["version"], out["session_version"]);
+    assert_eq!(out["version"], 1);
+}
+
+/// `tree` draws branches with box characters: `├─` starts a branch that
+/// has a sibling after it, `└─` the last one, `│` continues the left
+/// border past a branch's entries while a sibling branch is still to come.
+#[test]
+fn tree_draws_branches_with_box_characters() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let ids = demo(&store);
+    let out = run(&store, &["tree", &ids[0]]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let marks = ['●', '◉', '○'];
+    let prefixes: Vec<&str> = text
+        .lines()
+        .take_while(|l| !l.is_empty())
+        .map(|l| &l[..l.find(marks).expect("a mark on every entry line")])
+        .collect();
+    assert_eq!(
+        prefixes,
+        ["", "", "", "", "├─", "│ ", "│ ", "└─", "  "],
+        "{text}"
+    );
+}
+
+/// Every object `--json` document carries its shape version
+/// (docs/json.md); arrays of rows stay arrays.
+#[test]
+fn json_documents_carry_their_shape_version() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let demo_doc = json(&store, &["demo", "--json"]);
+    let ids: Vec<&str> = demo_doc["created"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap())
+        .collect();
+    let export = dir.path().join("all.jsonl");
+    let out = run(
+        &store,
+        &["export", "--all", "--out", export.to_str().unwrap()],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let docs: Vec<(&str, Value)> = vec![
+        ("demo", demo_doc.clone()),
+        ("show", json(&store, &["show", ids[0], "--json"])),
+        ("tree", json(&store, &["tree", ids[0], "--json"])),
+        ("stats", json(&store, &["stats", "--json"])),
+        ("verify", json(&store, &["verify", "--json"])),
+        (
+            "replay --at-version",
+            json(&store, &["replay", ids[0], "--at-version", "1", "--json"]),
+        ),
+        (
+            "gc",
+            json(&store, &["compact", "--gc", "--dry-run", "--json"]),
+        ),
+        ("delete", json(&store, &["delete", ids[3], "--json"])),
+        ("replay", json(&store, &["replay", "--json"])),
+        (
+            "stress",
+            json(&store, &["stress", "--seconds", "0", "--json"]),
+        ),
+        (
+            "import",
+            json(
+                &dir.path().join("other"),
+                &["import", export.to_str().unwrap(), "--json"],
+            ),
+        ),
+    ];
+    for (what, doc) in docs {
+        assert!(doc.is_object(), "{what}: {doc}");
+        assert_eq!(doc["version"], 1, "{what}: {doc}");
+    }
+    for args in [
+        &["sessions", "--json"][..],
+        &["streams", "--json"],
+        &["log", "--json"],
+    ] {
+        assert!(json(&store, args).is_array(), "{args:?}");
+    }
 }
