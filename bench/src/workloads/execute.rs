@@ -336,7 +336,8 @@ pub fn markdown(results: &[ResultRow]) -> String {
          per round; µs per execute is the median over the rounds of each round's median \
          turn (min–max of those in brackets). Peak RSS is the measuring process's over its \
          life (start-up, open, turns; the highest of the rounds); before turns is its RSS \
-         after opening the store; during turns is its peak from then on. Building the \
+         after opening the store; during turns is its peak from then on, which spool's \
+         memory goal compares (opening a store has a peak of its own). Building the \
          history is not in these figures (the parent builds it; the table's peak RSS \
          column above is the parent's).\n\n\
          | history | subject | µs per execute | peak RSS | RSS before turns | peak RSS during turns |\n\
