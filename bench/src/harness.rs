@@ -61,6 +61,10 @@ pub struct Sizes {
     pub page_history: usize,
     pub list_sessions: usize,
     pub fork_history: usize,
+    /// History lengths of `execute`.
+    pub execute_histories: Vec<usize>,
+    /// Turns each measuring process of `execute` runs and times.
+    pub execute_turns: usize,
     /// Read workloads repeat their operation for at least this long per
     /// repetition...
     pub min_time: Duration,
@@ -79,6 +83,8 @@ impl Sizes {
             page_history: 50_000,
             list_sessions: 10_000,
             fork_history: 10_000,
+            execute_histories: vec![1_000, 10_000, 50_000],
+            execute_turns: 20,
             min_time: Duration::from_millis(500),
             max_iters: 100_000,
         }
@@ -94,6 +100,8 @@ impl Sizes {
             page_history: 5_000,
             list_sessions: 500,
             fork_history: 1_000,
+            execute_histories: vec![200, 1_000],
+            execute_turns: 5,
             min_time: Duration::from_millis(30),
             max_iters: 1_000,
         }
@@ -586,6 +594,7 @@ mod tests {
             "page" => &["sqlite", "jsonl"],
             "list" => &["sqlite", "json-file"],
             "fork" => &["sqlite"],
+            "execute" => &["sqlite", "jsonl"],
             other => panic!("unexpected workload {other}"),
         }
     }
@@ -635,6 +644,9 @@ mod tests {
             format!("history={}", q.fork_history),
             "forks/s",
         ));
+        for n in &q.execute_histories {
+            want.push(("execute".into(), format!("history={n}"), "executes/s"));
+        }
         let want: Vec<(String, String, String)> = want
             .into_iter()
             .map(|(w, v, u)| (w, v, u.to_string()))

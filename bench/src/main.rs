@@ -18,6 +18,7 @@
 
 mod data;
 mod error;
+mod execute_child;
 mod harness;
 mod peers;
 mod report;
@@ -91,6 +92,11 @@ impl std::error::Error for Failure {
 }
 
 fn main() -> ExitCode {
+    // The `execute` workload's measuring processes: this binary again.
+    let argv: Vec<String> = std::env::args().skip(1).collect();
+    if argv.first().map(String::as_str) == Some(execute_child::CHILD_ARG) {
+        return execute_child::child_main(&argv[1..]);
+    }
     let args = Args::parse();
     match run(args) {
         Ok(()) => ExitCode::SUCCESS,

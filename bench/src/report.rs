@@ -106,6 +106,9 @@ pub struct ResultRow {
     /// of the same transcript.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub jsonl_open_us: Option<f64>,
+    /// `execute` rows: time per turn and memory by subject, and the goals.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub execute: Option<crate::workloads::execute::ExecuteFigures>,
 }
 
 impl ResultRow {
@@ -134,6 +137,7 @@ impl ResultRow {
             resident_bytes: None,
             first_page_us: None,
             jsonl_open_us: None,
+            execute: None,
         };
         let measured: Vec<(String, Samples)> = measured.into_iter().collect();
         for (name, samples) in &measured {
@@ -394,6 +398,7 @@ pub fn to_markdown(report: &Report) -> String {
             );
         }
     }
+    out.push_str(&crate::workloads::execute::markdown(&report.results));
     let notes: Vec<String> = report
         .results
         .iter()

@@ -15,6 +15,7 @@ fn expected_peers(workload: &str) -> &'static [&'static str] {
         "page" => &["jsonl", "sqlite"],
         "list" => &["json-file", "sqlite"],
         "fork" => &["sqlite"],
+        "execute" => &["jsonl", "sqlite"],
         other => panic!("unexpected workload {other}"),
     }
 }
@@ -132,6 +133,7 @@ fn quick_bench_reports_every_workload_with_every_peer() {
         "page",
         "list",
         "fork",
+        "execute",
     ] {
         assert!(workloads.contains(&w), "no {w} row in {workloads:?}");
     }
@@ -167,4 +169,104 @@ fn an_unknown_workload_fails_and_names_the_known_ones() {
             && stderr.contains("append-durable, append-buffered, open, page, list, fork"),
         "{stderr}"
     );
+}
+
+/// `--quick --workload execute`: every history size carries every
+/// subject's time per execute and its measuring process's memory, and the
+/// largest size carries the four goals, computed (met or not) from the
+/// run's own figures.
+#[test]
+fn quick_execute_reports_every_size_for_every_subject() {
+    let scratch = tempfile::tempdir().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_spool-bench"))
+        .arg("--store")
+        .arg(scratch.path())
+        .args(["--quick", "--workload", "execute", "--json", "--markdown"])
+        .stdin(Stdio::null())
+        .output()
+        .expect("spawn spool-bench");
+    assert!(
+        out.status.success(),
+        "spool-bench failed: {}\nstderr: {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    // The JSON object comes first, the Markdown after it.
+    let mut stream = serde_json::Deserializer::from_str(&stdout).into_iter::<Value>();
+    let json = stream.next().expect("a JSON object").expect("valid JSON");
+    let markdown = &stdout[stream.byte_offset()..];
+    let rows = json["results"].as_array().unwrap();
+    let histories: Vec<u64> = rows
+        .iter()
+        .map(|r| {
+            assert_eq!(r["workload"], "execute");
+            r["execute"]["history"].as_u64().expect("history")
+        })
+        .collect();
+    assert!(histories.len() >= 2, "{histories:?}");
+    assert!(histories.windows(2).all(|w| w[0] < w[1]), "{histories:?}");
+    let turns = rows[0]["execute"]["turns"].as_u64().unwrap();
+    for (r, n) in rows.iter().zip(&histories) {
+        assert_eq!(r["variant"], format!("history={n}"));
+        let subjects = r["execute"]["subjects"].as_object().unwrap();
+        let mut keys: Vec<&str> = subjects.keys().map(|k| k.as_str()).collect();
+        keys.sort_unstable();
+        assert_eq!(keys, ["jsonl", "spool", "sqlite"], "history {n}");
+        for (k, s) in subjects {
+            let what = format!("history {n} {k}");
+            let us = positive(&s["execute_us"], &format!("{what} execute_us"));
+            // The row's rate is the same median, per second.
+            let rate = if k == "spool" {
+                &r["spool"]
+            } else {
+                &r["peers"][k]
+            };
+            let rate = positive(rate, &format!("{what} rate"));
+            assert!(
+                (rate * us - 1e6).abs() <= 1e-6 * 1e6,
+                "{what}: {rate} × {us}"
+            );
+            let peak = s["peak_rss_bytes"].as_u64().expect("peak_rss_bytes");
+            let ready = s["ready_peak_rss_bytes"].as_u64().expect("ready peak");
+            assert!(0 < ready && ready <= peak, "{what}: {ready} <= {peak}");
+            if let Some(during) = s["turns_peak_rss_bytes"].as_u64() {
+                let before = s["ready_rss_bytes"].as_u64().unwrap();
+                assert!(before <= during && during <= peak, "{what}");
+            }
+        }
+        let rounds = json["run"]["repetitions"].as_u64().unwrap();
+        assert_eq!(r["repetitions"].as_u64(), Some(rounds), "history {n}");
+    }
+    let goals = rows.last().unwrap()["execute"]["goals"].as_array().unwrap();
+    let names: Vec<&str> = goals.iter().map(|g| g["name"].as_str().unwrap()).collect();
+    assert_eq!(
+        names,
+        [
+            "spool_rss_growth",
+            "spool_time_growth",
+            "speed_vs_sqlite",
+            "speed_vs_jsonl"
+        ]
+    );
+    for g in goals {
+        let v = positive(&g["value"], "goal value");
+        let t = g["target"].as_f64().unwrap();
+        let met = if g["at_most"].as_bool().unwrap() {
+            v <= t
+        } else {
+            v >= t
+        };
+        assert_eq!(g["met"].as_bool(), Some(met), "{g}");
+    }
+    assert!(rows[..rows.len() - 1]
+        .iter()
+        .all(|r| r["execute"].get("goals").is_none()));
+    assert!(
+        markdown.contains(&format!("times {turns} turns per round")),
+        "{markdown}"
+    );
+    assert!(markdown.contains("| history | subject | µs per execute |"));
+    assert_eq!(markdown.matches("\n- spool's ").count(), 2, "{markdown}");
+    assert!(!scratch.path().join("spool-bench-scratch").exists());
 }

@@ -11,6 +11,7 @@
 //! | `page`            | `history=50000`                 | MB/s        | sqlite, jsonl                  |
 //! | `list`            | `sessions=10000`                | lists/s     | sqlite, json-file              |
 //! | `fork`            | `history=10000`                 | forks/s     | sqlite                         |
+//! | `execute`         | `history=1000/10000/50000`      | executes/s  | sqlite, jsonl (each in its own process) |
 //!
 //! `--quick` runs the same variants at small sizes (the variant names carry
 //! the sizes actually used) and fewer repetitions, so it finishes in seconds.
@@ -23,6 +24,7 @@
 
 mod append_buffered;
 mod append_durable;
+pub mod execute;
 mod fork;
 mod list;
 mod open;
@@ -42,16 +44,18 @@ pub enum Workload {
     Page,
     List,
     Fork,
+    Execute,
 }
 
 impl Workload {
-    pub const ALL: [Workload; 6] = [
+    pub const ALL: [Workload; 7] = [
         Workload::AppendDurable,
         Workload::AppendBuffered,
         Workload::Open,
         Workload::Page,
         Workload::List,
         Workload::Fork,
+        Workload::Execute,
     ];
 
     pub fn name(self) -> &'static str {
@@ -62,6 +66,7 @@ impl Workload {
             Workload::Page => "page",
             Workload::List => "list",
             Workload::Fork => "fork",
+            Workload::Execute => "execute",
         }
     }
 
@@ -106,6 +111,7 @@ pub fn run(
         Workload::Page => page::run(h, spool),
         Workload::List => list::run(h, spool),
         Workload::Fork => fork::run(h, spool),
+        Workload::Execute => execute::run(h, spool),
     }
 }
 
@@ -137,7 +143,7 @@ mod tests {
         let err = select_workloads(&["nope".to_string()]).unwrap_err();
         assert_eq!(
             err.to_string(),
-            "unknown workload \"nope\" (known: append-durable, append-buffered, open, page, list, fork)"
+            "unknown workload \"nope\" (known: append-durable, append-buffered, open, page, list, fork, execute)"
         );
     }
 }
