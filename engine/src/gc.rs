@@ -28,7 +28,7 @@
 
 use crate::error::Error;
 use crate::format::{self, CommitHead, FRAME_HEADER_BYTES};
-use crate::log::{self, Segment};
+use crate::segment::{self, Segment};
 use crate::store::{lock, Store};
 use crate::types::RecordedCommit;
 use crate::vfs::{OpenMode, Vfs, VfsFile};
@@ -419,7 +419,7 @@ impl Store {
         let _ = self.retire_segments();
         let active = lock(&inner.w).active.id;
         let epoch = inner.gc_epoch.load(Ordering::Acquire);
-        let order = log::in_log_order(
+        let order = segment::in_log_order(
             inner
                 .segments
                 .read()
@@ -808,7 +808,7 @@ impl Store {
     fn rebuild_index(&self, layout: u64, max: u32) -> Result<(), Error> {
         let inner = &*self.inner;
         inner.index.clear(layout)?;
-        let order = log::in_log_order(
+        let order = segment::in_log_order(
             inner
                 .segments
                 .read()

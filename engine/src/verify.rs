@@ -5,7 +5,7 @@
 use crate::error::Error;
 use crate::format::{self, SEGMENT_HEADER_BYTES};
 use crate::index::Index;
-use crate::log::{self, HistoryCheck, Tail};
+use crate::segment::{self, HistoryCheck, Tail};
 use crate::store::{check_plain_order, layout_of, open_segments_in_order, INDEX_DIR, LOCK_FILE};
 use crate::types::{LogPosition, Options};
 use std::collections::HashMap;
@@ -185,17 +185,17 @@ pub fn verify(dir: impl AsRef<Path>, opts: Options) -> Result<VerifyReport, Erro
             Ok(h) => h,
             Err(format::HeaderProblem::Blank) | Err(format::HeaderProblem::Invalid(_))
                 if is_last
-                    && log::find_valid_frame(
+                    && segment::find_valid_frame(
                         &map,
                         id,
                         max,
                         SEGMENT_HEADER_BYTES,
-                        log::written_end(&map),
+                        segment::written_end(&map),
                     )
                     .is_none() =>
             {
                 // A segment whose creation did not complete: like a torn tail.
-                report.torn_tail_bytes += log::written_end(&map);
+                report.torn_tail_bytes += segment::written_end(&map);
                 continue;
             }
             Err(p) => {
@@ -220,7 +220,7 @@ pub fn verify(dir: impl AsRef<Path>, opts: Options) -> Result<VerifyReport, Erro
         let mut start = header.data_start;
         loop {
             let mut found: Vec<VerifyProblem> = Vec::new();
-            let scan = log::scan_segment(&map, id, max, start, |off, payload| {
+            let scan = segment::scan_segment(&map, id, max, start, |off, payload| {
                 report.records += 1;
                 let pos = LogPosition {
                     segment: id,

@@ -6,16 +6,20 @@
 //! Everything lives in sled's default tree under namespaced keys. Commits reach sled
 //! through a memtable, moved into sled whole together with the applied sequence number:
 //! a move cut short by a crash is finished from its redo record on the next open (see
-//! [`crate::redo`]), so sled never holds half of one. A separate
+//! [`crate::index::redo`]), so sled never holds half of one. A separate
 //! `cache` tree holds entries written outside commits; it is dropped on rebuild.
 //!
 //! sled is a cache: its flush is never relied on. On open the store checks the format,
 //! the indexers' versions and the applied seq against the log and rebuilds or catches up.
 
-use crate::bloom::{KeyFilter, KeyHash};
+pub(crate) mod bloom;
+mod memtable;
+pub(crate) mod redo;
+
+use self::redo::RedoLog;
 use crate::error::{Error, IndexError};
-use crate::memtable::{bound_ref, MemTable, Value};
-use crate::redo::{self, RedoLog};
+use crate::index::bloom::{KeyFilter, KeyHash};
+use crate::index::memtable::{bound_ref, MemTable, Value};
 use crate::types::{CommitInfo, LogPosition, RecordedCommit};
 use std::collections::BTreeMap;
 use std::ops::Bound;
@@ -38,7 +42,7 @@ pub const INDEX_FORMAT_VERSION: u32 = 2;
 const META_FORMAT: &[u8] = b"\x00meta:format";
 const META_APPLIED: &[u8] = b"\x00meta:applied";
 /// Present only while a move into sled runs: names the move's record in the redo log
-/// (see [`crate::redo`]).
+/// (see [`crate::index::redo`]).
 const META_MOVING: &[u8] = b"\x00meta:moving";
 const META_LAYOUT: &[u8] = b"\x00meta:layout";
 const META_INDEXER: &[u8] = b"\x00meta:indexer:";
@@ -873,7 +877,7 @@ impl Index {
     }
 
     /// Apply `commits` (consecutive, in seq order) to the memtable, together with the
-    /// new applied seq; a full memtable moves into sled whole (see [`crate::redo`]).
+    /// new applied seq; a full memtable moves into sled whole (see [`crate::index::redo`]).
     pub(crate) fn apply(&self, commits: &[RecordedCommit]) -> Result<(), IndexError> {
         let writes = self.prepare(commits)?;
         self.publish(commits, writes)
@@ -951,7 +955,7 @@ impl Index {
     /// Make `commits` visible: their engine keys (stream heads, version blocks), the
     /// indexers' `writes` from [`Index::prepare`] of the same commits, and the new
     /// applied seq go into the memtable under one lock; a full memtable moves into
-    /// sled whole (see [`crate::redo`]).
+    /// sled whole (see [`crate::index::redo`]).
     pub(crate) fn publish(
         &self,
         commits: &[RecordedCommit],
@@ -1708,7 +1712,7 @@ fn tighten_permissions(dir: &Path) {
 /// frozen memtable in front of sled still answers for every one of them).
 ///
 /// The writes go in one by one, in key order, with the move recorded in the redo log
-/// first (see [`crate::redo`] for why a crash in the middle loses nothing). One
+/// first (see [`crate::index::redo`] for why a crash in the middle loses nothing). One
 /// `apply_batch` of the same writes cost sled about twice as much per key: three
 /// alternating pairs of `spool bench --workload append-buffered` gave 76.4, 72.0 and
 /// 84.3 k commits/s with the batch and 76.7, 82.6 and 93.0 k key by key.
@@ -2163,7 +2167,7 @@ mod tests {
             assert!(!index.sled_moving_for_tests(), "cut {cut}");
             assert_eq!(index.applied_seq().unwrap(), 100, "cut {cut}");
             assert_eq!(index.dump().unwrap(), want, "cut {cut}");
-            let redo = dir.path().join(crate::redo::REDO_FILE);
+            let redo = dir.path().join(crate::index::redo::REDO_FILE);
             assert_eq!(std::fs::metadata(&redo).unwrap().len(), 0, "cut {cut}");
         }
     }
@@ -2180,7 +2184,7 @@ mod tests {
                 apply_commits(&index, 50, 0);
                 index.cut_move_for_tests(5);
             }
-            let redo = dir.path().join(crate::redo::REDO_FILE);
+            let redo = dir.path().join(crate::index::redo::REDO_FILE);
             let mut bytes = std::fs::read(&redo).unwrap();
             assert!(bytes.len() > 100, "{damage}");
             match damage {
@@ -2208,7 +2212,7 @@ mod tests {
             index.flush_mem().unwrap();
             assert!(!index.sled_moving_for_tests(), "seq {seq}");
         }
-        let redo = dir.path().join(crate::redo::REDO_FILE);
+        let redo = dir.path().join(crate::index::redo::REDO_FILE);
         assert!(std::fs::metadata(&redo).unwrap().len() > 0);
         index.flush().unwrap();
         assert_eq!(std::fs::metadata(&redo).unwrap().len(), 0);

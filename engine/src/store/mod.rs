@@ -1,11 +1,11 @@
 //! The store: open/recovery, the append path with group commit, reads.
 
-use crate::bloom::CommitIdFilter;
 use crate::error::{Error, IndexError};
 use crate::format::{self, CommitHead, CommitRef, FRAME_HEADER_BYTES, SEGMENT_HEADER_BYTES};
+use crate::index::bloom::CommitIdFilter;
 use crate::index::Index;
-use crate::log::{self, HistoryCheck, LogSpan, Segment, Tail};
 use crate::prepare::Preparer;
+use crate::segment::{self, HistoryCheck, LogSpan, Segment, Tail};
 use crate::spare;
 use crate::types::*;
 use crate::vfs::{Mapped, OpenMode, Vfs, VfsFile, VfsLock};
@@ -357,7 +357,7 @@ impl Store {
         let mut segments = state.segments;
         // The active segment is the last in log order, unless that one was written by GC
         // (or the log is empty): then a new one starts.
-        let last = log::in_log_order(segments.values()).pop();
+        let last = segment::in_log_order(segments.values()).pop();
         let mut next_segment_id = state.max_id.max(1);
         let active = match last.filter(|s| s.compacted.is_none()) {
             Some(s) => s.clone(),
@@ -1061,7 +1061,7 @@ impl Store {
     /// the scan starts.
     pub fn scan(&self, from_seq: u64) -> Result<LogScan<'_>, Error> {
         let end_seq = self.last_seq();
-        let segs = log::in_log_order(
+        let segs = segment::in_log_order(
             self.inner
                 .segments
                 .read()
@@ -1381,7 +1381,7 @@ pub(crate) struct OpenedSegment {
 }
 
 /// Open and map every segment of the log (read only) and sort them into log order (see
-/// `log::sort_in_log_order`). Returns the segments and the largest segment id in the
+/// `segment::sort_in_log_order`). Returns the segments and the largest segment id in the
 /// directory.
 pub(crate) fn open_segments_in_order(
     vfs: &dyn Vfs,
@@ -1424,7 +1424,7 @@ pub(crate) fn open_segments_in_order(
             key,
         });
     }
-    log::sort_in_log_order(&mut out, |s| {
+    segment::sort_in_log_order(&mut out, |s| {
         (
             s.id,
             matches!(&s.header, Ok(h) if h.compacted.is_some()),
@@ -1537,9 +1537,9 @@ fn scan_log(
                     format::HeaderProblem::Invalid(s) => s,
                     _ => "bad header".to_string(),
                 };
-                let we = log::written_end(&map);
+                let we = segment::written_end(&map);
                 let has_records =
-                    log::find_valid_frame(&map, id, max, SEGMENT_HEADER_BYTES, we).is_some();
+                    segment::find_valid_frame(&map, id, max, SEGMENT_HEADER_BYTES, we).is_some();
                 if !is_last || has_records {
                     return Err(Error::corrupt(&name, 0, problem));
                 }
@@ -1569,7 +1569,7 @@ fn scan_log(
         hist.enter_segment(header.compacted)
             .map_err(|p| Error::corrupt(&name, SEGMENT_HEADER_BYTES, p))?;
         let mut first_seq = 0;
-        let scan = log::scan_segment(&map, id, max, header.data_start, |off, payload| {
+        let scan = segment::scan_segment(&map, id, max, header.data_start, |off, payload| {
             let pos = LogPosition {
                 segment: id,
                 offset: off,
@@ -1756,7 +1756,7 @@ mod tests {
     /// its end, go to the file; a sealed segment is then mapped whole.
     #[test]
     fn the_active_segment_is_read_through_a_map_of_its_acknowledged_prefix() {
-        use crate::log::ACTIVE_MAP_SLACK_BYTES;
+        use crate::segment::ACTIVE_MAP_SLACK_BYTES;
         let dir = tempfile::tempdir().unwrap();
         let opts = Options::default()
             .durability(Durability::Buffered)
