@@ -479,6 +479,45 @@ pub(crate) fn find_valid_frame(
     None
 }
 
+/// Whether the invalid frame a reader found at `off` of the last segment of its view was
+/// the live writer's write in flight: a fresh read of the file at `off` now finds a valid
+/// frame there.
+///
+/// The rule for readers beside a writer: the writer only appends, in offset order, and
+/// never rewrites a byte it wrote. A reader that found an invalid (or zero) frame at `off`
+/// and then a valid frame after it looks at `off` once more: if a valid frame is there
+/// now, the first look raced the writer, and the reader's view ends at `off` (every record
+/// before it is complete and valid, so the view is a prefix of the log). If the bytes at
+/// `off` are still not a valid frame, they were final before the later frame was written:
+/// that is damage, reported as such. No timing is involved.
+pub(crate) fn frame_landed_since(
+    file: &dyn VfsFile,
+    seg_id: u64,
+    max_len: u32,
+    off: u64,
+) -> std::io::Result<bool> {
+    let mut head = [0u8; FRAME_HEADER_BYTES as usize];
+    match file.read_at(&mut head, off) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(false),
+        Err(e) => return Err(e),
+    }
+    let h = format::FrameHeader::parse(&head);
+    if format::FrameHeader::is_zero(&head) || h.len > max_len {
+        return Ok(false);
+    }
+    let mut frame = vec![0u8; FRAME_HEADER_BYTES as usize + h.len as usize];
+    match file.read_at(&mut frame, off) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(false),
+        Err(e) => return Err(e),
+    }
+    Ok(matches!(
+        format::check_frame(&frame, seg_id, max_len),
+        FrameCheck::Valid { .. }
+    ))
+}
+
 /// Scan the records of a segment (`bytes` is the whole file, header included, already
 /// validated). `on_record` gets each valid record's offset and payload; an error from it
 /// stops the scan.

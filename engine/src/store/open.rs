@@ -29,7 +29,9 @@ impl Store {
 
     /// Open without the lock and without writing anything to `dir`: a torn tail is
     /// ignored (not truncated) and indexes are built from the log into a temporary sled.
-    /// Works while a writer holds the store; sees the log as it was when opened.
+    /// Works while a writer holds the store and appends; sees a prefix of the log as it
+    /// was when opened, ending before any record the writer was still writing (see
+    /// `segment::frame_landed_since` for the rule), never reported as damage.
     pub fn open_read_only(dir: impl AsRef<Path>, opts: Options) -> Result<Store, Error> {
         Store::open_impl(dir.as_ref(), opts, true)
     }
@@ -343,6 +345,16 @@ pub(super) fn scan_log(
         let mut end = scan.end;
         match scan.tail {
             Tail::Clean => {}
+            Tail::Corrupt { .. }
+                if read_only
+                    && is_last
+                    && segment::frame_landed_since(&*file, id, max, scan.end)
+                        .map_err(|e| Error::io(&path, "read_at", e))? =>
+            {
+                // The writer's write in flight (see `segment::frame_landed_since`): this
+                // view of the log ends before it.
+                end = scan.end;
+            }
             Tail::Corrupt { problem, valid_at } => {
                 return Err(Error::corrupt(
                     &name,
