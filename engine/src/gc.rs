@@ -574,7 +574,7 @@ impl Store {
             return Err(Error::ReadOnly);
         }
         if inner.poisoned.load(Ordering::Acquire) {
-            return Err(Error::Poisoned);
+            return Err(inner.poisoned_error());
         }
         let _gc = lock(&inner.gc_lock);
         if plan.epoch != inner.gc_epoch.load(Ordering::Acquire) {
@@ -616,7 +616,7 @@ impl Store {
         if inner.poisoned.load(Ordering::Acquire) {
             drop(w);
             rollback(&written);
-            return Err(Error::Poisoned);
+            return Err(inner.poisoned_error());
         }
         if let Some((s, v)) = plan
             .heads
@@ -635,7 +635,7 @@ impl Store {
         let first_new = new_ids.first().copied().unwrap_or(0);
         let manifest = dir.join(manifest_name(first_new));
         let poison = |e: Error| {
-            inner.poisoned.store(true, Ordering::Release);
+            inner.poison(&e);
             e
         };
         let committed = (|| -> Result<(), Error> {
@@ -884,8 +884,9 @@ pub(crate) fn retire(inner: &crate::store::Inner) -> Result<u64, Error> {
         }
         if removed_any {
             vfs.sync_dir(dir).map_err(|e| {
-                inner.poisoned.store(true, Ordering::Release);
-                Error::io(dir, "sync_dir", e)
+                let e = Error::io(dir, "sync_dir", e);
+                inner.poison(&e);
+                e
             })?;
         }
         let mut done_any = false;
@@ -904,8 +905,9 @@ pub(crate) fn retire(inner: &crate::store::Inner) -> Result<u64, Error> {
         *retired = still;
         if done_any {
             vfs.sync_dir(dir).map_err(|e| {
-                inner.poisoned.store(true, Ordering::Release);
-                Error::io(dir, "sync_dir", e)
+                let e = Error::io(dir, "sync_dir", e);
+                inner.poison(&e);
+                e
             })?;
         }
         Ok(retired.iter().map(|r| r.segments.len() as u64).sum())

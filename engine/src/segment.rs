@@ -456,6 +456,15 @@ pub(crate) fn written_end(bytes: &[u8]) -> u64 {
     end as u64
 }
 
+/// Whether a segment file whose header does not validate can be one whose creation did
+/// not complete (a crash before its header was durable): a creation writes the header
+/// before any record, so nothing after the header region was ever written. A file with
+/// any nonzero byte past the header (random bytes, another program's file, a segment
+/// whose header was damaged later) is not spool's to reformat: it is damage.
+pub(crate) fn is_unfinished_creation(bytes: &[u8]) -> bool {
+    written_end(bytes) <= SEGMENT_HEADER_BYTES
+}
+
 /// Find the first offset in `from..to` where a valid frame starts.
 pub(crate) fn find_valid_frame(
     bytes: &[u8],

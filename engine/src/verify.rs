@@ -29,8 +29,9 @@ pub enum IndexCheck {
     Absent,
     /// A writer holds the store: its index is in use and was not checked.
     Locked,
-    /// The index has another format version, or was built from another arrangement
-    /// of the log (before a GC): the next open rebuilds it.
+    /// The index has another format version, was built from another arrangement of the
+    /// log (before a GC), or is ahead of the log (which lost a tail the index had seen):
+    /// the next open rebuilds it.
     Outdated,
     /// Compared with the log up to its applied seq.
     Checked { applied_seq: u64 },
@@ -187,15 +188,7 @@ pub fn verify(dir: impl AsRef<Path>, opts: Options) -> Result<VerifyReport, Erro
         let header = match seg.header {
             Ok(h) => h,
             Err(format::HeaderProblem::Blank) | Err(format::HeaderProblem::Invalid(_))
-                if is_last
-                    && segment::find_valid_frame(
-                        &map,
-                        id,
-                        max,
-                        SEGMENT_HEADER_BYTES,
-                        segment::written_end(&map),
-                    )
-                    .is_none() =>
+                if is_last && segment::is_unfinished_creation(&map) =>
             {
                 // A segment whose creation did not complete: like a torn tail.
                 report.torn_tail_bytes += segment::written_end(&map);
@@ -292,14 +285,10 @@ pub fn verify(dir: impl AsRef<Path>, opts: Options) -> Result<VerifyReport, Erro
 
     if let Some((ix, applied, _tmp)) = &index {
         if *applied > hist.last_seq {
-            report.errors.push(problem(
-                INDEX_DIR,
-                *applied,
-                format!(
-                    "index has applied seq {applied}, ahead of the log's last seq {}",
-                    hist.last_seq
-                ),
-            ));
+            // The log lost a tail the index had seen (Buffered commits not yet synced
+            // at a power loss, or a torn tail): the next open discards the index and
+            // rebuilds it from the log, so this is not damage of the store.
+            report.index = IndexCheck::Outdated;
         } else {
             match ix.streams() {
                 Ok(streams) => {

@@ -95,6 +95,11 @@ fn read_only_opens_next_to_a_busy_writer_see_a_prefix() {
             v
         })
     };
+    // The readers start once the writer has (on a loaded machine the thread may not
+    // have run before twenty opens of an empty store are done).
+    while s.last_seq() == 0 {
+        std::thread::yield_now();
+    }
     for _ in 0..20 {
         let ro = Store::open_read_only(dir.path(), small_opts()).unwrap();
         let n = ro.stream_version("busy").unwrap().unwrap_or(0);

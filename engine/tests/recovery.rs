@@ -372,3 +372,79 @@ fn verify_skips_the_index_of_a_locked_store() {
     assert!(r.ok);
     assert_eq!(r.index, IndexCheck::Locked);
 }
+
+/// Deterministic bytes that are not zero anywhere in any 8-byte word (xorshift64).
+fn noise(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 24) as u8 | 1
+        })
+        .collect()
+}
+
+/// Every open refuses the store, `verify` reports the segment, and no byte of it changes.
+fn assert_refused_untouched(dir: &Path, id: u64) {
+    let path = seg_path(dir, id);
+    let before = std::fs::read(&path).unwrap();
+    let name = format::segment_file_name(id);
+    let r = verify(dir, test_opts()).unwrap();
+    assert!(!r.ok, "verify passed a foreign segment: {r:?}");
+    assert!(r.errors.iter().any(|e| e.segment == name), "{r:?}");
+    match Store::open_read_only(dir, test_opts()) {
+        Err(Error::Corrupt { segment, .. }) => assert_eq!(segment, name),
+        other => panic!("expected Corrupt from a read-only open, got {other:?}"),
+    }
+    match Store::open(dir, test_opts()) {
+        Err(Error::Corrupt { segment, .. }) => assert_eq!(segment, name),
+        other => panic!("expected Corrupt from an owner open, got {other:?}"),
+    }
+    assert_eq!(
+        std::fs::read(&path).unwrap(),
+        before,
+        "{name} was rewritten"
+    );
+}
+
+/// Found by putting a file of random bytes under a segment's name: verify reported a
+/// 200,000-byte torn tail and a writer open reformatted the file. A segment whose header
+/// is not spool's is an unfinished creation only when nothing after the header was ever
+/// written (a creation writes its header before any record); anything else is damage.
+#[test]
+fn a_segment_file_that_is_not_spools_is_damage_and_never_overwritten() {
+    // Only 0000000000000001.seg, of random bytes.
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(seg_path(dir.path(), 1), noise(7, 200_000)).unwrap();
+    assert_refused_untouched(dir.path(), 1);
+
+    // The last segment of a store, with bad magic and bytes after its header.
+    let dir = tempfile::tempdir().unwrap();
+    write_commits(dir.path(), test_opts(), 3);
+    let mut seg = format::encode_header(2).to_vec();
+    seg[0] ^= 0x20;
+    seg.extend(noise(8, 4096));
+    std::fs::write(seg_path(dir.path(), 2), &seg).unwrap();
+    assert_refused_untouched(dir.path(), 2);
+
+    // A valid header naming another segment id, on the last segment.
+    let dir = tempfile::tempdir().unwrap();
+    write_commits(dir.path(), test_opts(), 3);
+    let mut seg = format::encode_header(9).to_vec();
+    seg.resize(4096, 0);
+    std::fs::write(seg_path(dir.path(), 2), &seg).unwrap();
+    assert_refused_untouched(dir.path(), 2);
+
+    // A torn header with nothing after it is still an unfinished creation.
+    let dir = tempfile::tempdir().unwrap();
+    let infos = write_commits(dir.path(), test_opts(), 3);
+    let mut seg = format::encode_header(2)[..11].to_vec();
+    seg.extend(noise(9, 21));
+    seg.resize(4096, 0);
+    std::fs::write(seg_path(dir.path(), 2), &seg).unwrap();
+    assert!(verify(dir.path(), test_opts()).unwrap().ok);
+    let s = Store::open(dir.path(), test_opts()).unwrap();
+    assert_eq!(s.last_seq(), infos.len() as u64);
+}

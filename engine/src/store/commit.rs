@@ -82,7 +82,7 @@ impl Store {
         let frame_len = FRAME_HEADER_BYTES + u64::from(payload_len);
         let mut w = lock(&inner.w);
         if inner.poisoned.load(Ordering::Acquire) {
-            return Err(Error::Poisoned);
+            return Err(inner.poisoned_error());
         }
         if !drawn_here {
             if let Some(info) = w.pending_ids.get(&commit.commit_id).cloned() {
@@ -210,7 +210,7 @@ impl Store {
                 return Ok(());
             }
             if inner.poisoned.load(Ordering::Acquire) {
-                return Err(Error::Poisoned);
+                return Err(inner.poisoned_error());
             }
             if !w.leader {
                 // With no leader, every unacknowledged commit is in the pending buffer,
@@ -340,7 +340,7 @@ impl Store {
             Err(e) => {
                 // The outcome of the write is unknown (or the index is behind a durable
                 // commit): refuse every later write until a reopen recovers.
-                inner.poisoned.store(true, Ordering::Release);
+                inner.poison(&e);
                 Err(e)
             }
         };

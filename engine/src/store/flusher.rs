@@ -12,7 +12,7 @@ pub(super) fn lock_idle(inner: &Inner) -> Result<MutexGuard<'_, Writer>, Error> 
         w = wait_writer(inner, w);
     }
     if inner.poisoned.load(Ordering::Acquire) {
-        return Err(Error::Poisoned);
+        return Err(inner.poisoned_error());
     }
     Ok(w)
 }
@@ -30,8 +30,9 @@ pub(super) fn flush_inner(inner: &Inner) -> Result<(), Error> {
     drop(w);
     inner.counters.fsyncs.fetch_add(1, Ordering::Relaxed);
     if let Err(e) = active.file.sync_data() {
-        inner.poisoned.store(true, Ordering::Release);
-        return Err(Error::io(inner.dir.join(&active.name), "sync_data", e));
+        let e = Error::io(inner.dir.join(&active.name), "sync_data", e);
+        inner.poison(&e);
+        return Err(e);
     }
     Ok(())
 }

@@ -169,6 +169,8 @@ pub(crate) struct Inner {
     /// The last acknowledged seq (`Writer::done_seq`, readable without the lock).
     pub(crate) last_seq: AtomicU64,
     pub(crate) poisoned: AtomicBool,
+    /// What poisoned the store (the first failure), for [`Error::Poisoned`].
+    pub(crate) poison_cause: Mutex<Option<String>>,
     pub(crate) closed: AtomicBool,
     pub(crate) counters: Counters,
     pub(crate) stop: Mutex<bool>,
@@ -221,6 +223,27 @@ pub(crate) fn wait_writer<'a>(
     w
 }
 
+impl Inner {
+    /// Refuse every later write until a reopen; `cause` is kept for the refusals (only
+    /// the first failure's: later ones follow from it).
+    pub(crate) fn poison(&self, cause: &dyn std::fmt::Display) {
+        let mut c = lock(&self.poison_cause);
+        if c.is_none() {
+            *c = Some(cause.to_string());
+        }
+        self.poisoned.store(true, Ordering::Release);
+    }
+
+    /// The error every write gets once the store is poisoned.
+    pub(crate) fn poisoned_error(&self) -> Error {
+        Error::Poisoned {
+            cause: lock(&self.poison_cause)
+                .clone()
+                .unwrap_or_else(|| "cause not recorded".into()),
+        }
+    }
+}
+
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
@@ -251,12 +274,12 @@ impl Store {
         let w = lock_idle(inner)?;
         // With the writer lock held and no leader, nothing publishes into the
         // memtable, which makes this thread its only applier (`flush_mem`'s rule).
-        let res = inner.index.flush_mem();
-        if res.is_err() {
-            inner.poisoned.store(true, Ordering::Release);
+        let res = inner.index.flush_mem().map_err(Error::Index);
+        if let Err(e) = &res {
+            inner.poison(e);
         }
         drop(w);
-        res.map_err(Error::Index)
+        res
     }
 
     /// Flush, stop background work and release the lock.

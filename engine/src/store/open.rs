@@ -52,8 +52,7 @@ impl Store {
         let vfs = opts.vfs.clone();
         let mut guard = None;
         if !read_only {
-            vfs.create_dir_all(dir)
-                .map_err(|e| Error::io(dir, "create_dir_all", e))?;
+            create_store_dir(&*vfs, dir)?;
             let lock_path = dir.join(LOCK_FILE);
             let existed = vfs
                 .exists(&lock_path)
@@ -185,6 +184,7 @@ impl Store {
             index,
             last_seq: AtomicU64::new(state.last_seq),
             poisoned: AtomicBool::new(false),
+            poison_cause: Mutex::new(None),
             closed: AtomicBool::new(false),
             counters: Counters::default(),
             stop: Mutex::new(false),
@@ -207,6 +207,30 @@ impl Store {
         }
         Ok(Store { inner })
     }
+}
+
+/// Create the store directory `dir` and any missing ancestors, and fsync the parent of
+/// each directory created: a new directory's entry is durable only once its parent is
+/// synced, and every later fsync inside it would otherwise not survive a power loss.
+pub(super) fn create_store_dir(vfs: &dyn Vfs, dir: &Path) -> Result<(), Error> {
+    let mut missing = Vec::new();
+    for a in dir.ancestors() {
+        if a.as_os_str().is_empty() || vfs.exists(a).map_err(|e| Error::io(a, "exists", e))? {
+            break;
+        }
+        missing.push(a);
+    }
+    vfs.create_dir_all(dir)
+        .map_err(|e| Error::io(dir, "create_dir_all", e))?;
+    for created in missing.iter().rev() {
+        let parent = match created.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p,
+            _ => Path::new("."),
+        };
+        vfs.sync_dir(parent)
+            .map_err(|e| Error::io(parent, "sync_dir", e))?;
+    }
+    Ok(())
 }
 
 /// Scan the whole log: validate every record and the history, repair a torn tail (owner
@@ -275,10 +299,7 @@ pub(super) fn scan_log(
                     format::HeaderProblem::Invalid(s) => s,
                     _ => "bad header".to_string(),
                 };
-                let we = segment::written_end(&map);
-                let has_records =
-                    segment::find_valid_frame(&map, id, max, SEGMENT_HEADER_BYTES, we).is_some();
-                if !is_last || has_records {
+                if !is_last || !segment::is_unfinished_creation(&map) {
                     return Err(Error::corrupt(&name, 0, problem));
                 }
                 // The last segment's creation did not complete (crash between create and

@@ -107,7 +107,7 @@ fn a_lone_writers_failed_fdatasync_publishes_nothing_while_the_thread_polls() {
         .unwrap()
         .is_none());
     assert!(s.read_stream("lost", 1, 10).unwrap().is_empty());
-    assert!(matches!(append(&s, "later"), Err(Error::Poisoned)));
+    assert!(matches!(append(&s, "later"), Err(Error::Poisoned { .. })));
 }
 
 #[test]
@@ -260,7 +260,7 @@ fn flush_index_on_a_poisoned_store_is_refused() {
     append(&s, "a").unwrap();
     vfs.fail_nth(FaultKind::Sync, 1, false);
     assert!(append(&s, "b").is_err());
-    assert!(matches!(s.flush_index(), Err(Error::Poisoned)));
+    assert!(matches!(s.flush_index(), Err(Error::Poisoned { .. })));
 }
 
 fn append(s: &Store, stream: &str) -> Result<AppendOutcome, Error> {
@@ -377,7 +377,7 @@ fn a_group_whose_fdatasync_fails_publishes_nothing_it_prepared() {
         assert!(s.read_stream(name, 1, 10).unwrap().is_empty(), "{name}");
     }
     assert_eq!(s.index().applied_seq().unwrap(), 1);
-    assert!(matches!(append(&s, "later"), Err(Error::Poisoned)));
+    assert!(matches!(append(&s, "later"), Err(Error::Poisoned { .. })));
 }
 
 /// Found while moving the indexers to the index thread: a panicking indexer
@@ -397,7 +397,7 @@ fn a_panicking_indexer_fails_the_append_instead_of_stranding_the_writers() {
         "{r:?}"
     );
     assert!(s.is_poisoned());
-    assert!(matches!(append(&s, "later"), Err(Error::Poisoned)));
+    assert!(matches!(append(&s, "later"), Err(Error::Poisoned { .. })));
     assert_eq!(s.index().applied_seq().unwrap(), 1);
 }
 
@@ -419,7 +419,7 @@ fn an_indexer_panicking_on_the_index_thread_fails_the_group_and_poisons() {
     assert_eq!(panicked, 1, "{rest:?}");
     assert!(
         rest.iter()
-            .all(|r| matches!(r, Err(Error::Poisoned | Error::Index(_)))),
+            .all(|r| matches!(r, Err(Error::Poisoned { .. } | Error::Index(_)))),
         "{rest:?}"
     );
     assert!(s.is_poisoned());

@@ -43,25 +43,26 @@ pub(crate) fn init_segment_file(
     id: u64,
     capacity: u64,
 ) -> Result<(), Error> {
-    match preallocate {
-        Preallocate::Sparse | Preallocate::Auto => file
-            .set_len(capacity)
-            .map_err(|e| Error::io(path, "set_len", e))?,
-        Preallocate::ZeroFill => {
-            file.set_len(capacity)
-                .map_err(|e| Error::io(path, "set_len", e))?;
-            let zeros = vec![0u8; ZERO_FILL_CHUNK_BYTES.min(capacity as usize)];
-            let mut off = 0u64;
-            while off < capacity {
-                let n = (capacity - off).min(zeros.len() as u64) as usize;
-                file.write_at(&zeros[..n], off)
-                    .map_err(|e| Error::io(path, "write_at", e))?;
-                off += n as u64;
-            }
-        }
-    }
+    file.set_len(capacity)
+        .map_err(|e| Error::io(path, "set_len", e))?;
+    // The header goes first, on its own: a crash before the `sync_all` keeps a prefix of
+    // these writes in order (possibly torn), so an unfinished creation has nonzero bytes
+    // in the header region only, which tells it from a file that is not spool's (see
+    // `segment::is_unfinished_creation`).
     file.write_at(&format::encode_header(id), 0)
         .map_err(|e| Error::io(path, "write_at", e))?;
+    if preallocate == Preallocate::ZeroFill {
+        let chunk = ZERO_FILL_CHUNK_BYTES as u64;
+        let zeros = vec![0u8; ZERO_FILL_CHUNK_BYTES.min(capacity as usize)];
+        let mut off = SEGMENT_HEADER_BYTES.min(capacity);
+        while off < capacity {
+            // Up to the next chunk boundary, so that every later write is aligned.
+            let n = (capacity - off).min(chunk - off % chunk) as usize;
+            file.write_at(&zeros[..n], off)
+                .map_err(|e| Error::io(path, "write_at", e))?;
+            off += n as u64;
+        }
+    }
     file.sync_all().map_err(|e| Error::io(path, "sync_all", e))
 }
 
