@@ -156,7 +156,10 @@ pub fn salvage(
                         FrameCheck::Invalid(p) => p,
                         _ => "zero frame header followed by nonzero bytes".to_string(),
                     };
-                    let next = segment::find_valid_frame(map, seg.id, max, off + 1, written_end)
+                    // Never from inside the bytes the invalid frame claims: a frame
+                    // there is part of that record (message text may hold one).
+                    let resume = segment::resume_after_invalid(map, off, max);
+                    let next = segment::find_valid_frame(map, seg.id, max, resume, written_end)
                         .unwrap_or(written_end);
                     report.unreadable.push(LostRange {
                         segment: seg.name.clone(),

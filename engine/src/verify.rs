@@ -166,6 +166,7 @@ pub fn verify(dir: impl AsRef<Path>, opts: Options) -> Result<VerifyReport, Erro
         }
     }
 
+    let writer_live = matches!(vfs.lock(&dir.join(LOCK_FILE), false), Ok(None));
     let mut hist = HistoryCheck::default();
     let mut heads_at_applied: HashMap<String, u64> = HashMap::new();
     if let Err(e) = check_plain_order(&segs) {
@@ -256,13 +257,30 @@ pub fn verify(dir: impl AsRef<Path>, opts: Options) -> Result<VerifyReport, Erro
                     }
                     break;
                 }
-                Tail::Corrupt { .. }
+                Tail::Corrupt { .. } | Tail::Enclosed { .. }
                     if is_last
                         && segment::frame_landed_since(&*file, id, max, scan.end)
                             .map_err(|e| Error::io(&seg.path, "read_at", e))? =>
                 {
                     // A live writer's write in flight (see
                     // `segment::frame_landed_since`): the log this run sees ends here.
+                    break;
+                }
+                // With a live writer this may be its record in flight, whose text holds
+                // a frame; the owner's open decides.
+                Tail::Enclosed { .. } if is_last && writer_live => break,
+                Tail::Enclosed {
+                    problem: p,
+                    inner_at,
+                } => {
+                    report.errors.push(problem(
+                        &name,
+                        scan.end,
+                        format!(
+                            "{p}; the bytes this record claims hold a frame at offset \
+                             {inner_at}, not taken for a record"
+                        ),
+                    ));
                     break;
                 }
                 Tail::Corrupt {

@@ -366,6 +366,9 @@ pub(super) fn scan_log(
         let mut end = scan.end;
         match scan.tail {
             Tail::Clean => {}
+            // A reader never judges these bytes: with a live writer they may be its
+            // record in flight (its text may hold a frame); the owner's open decides.
+            Tail::Enclosed { .. } if read_only && is_last => end = scan.end,
             Tail::Corrupt { .. }
                 if read_only
                     && is_last
@@ -381,6 +384,17 @@ pub(super) fn scan_log(
                     &name,
                     scan.end,
                     format!("{problem}; a valid record follows at offset {valid_at}"),
+                ))
+            }
+            Tail::Enclosed { problem, inner_at } => {
+                return Err(Error::corrupt(
+                    &name,
+                    scan.end,
+                    format!(
+                        "{problem}; the bytes this record claims hold a frame at offset \
+                         {inner_at}, which is not taken for a record (`verify --salvage` \
+                         copies every readable commit)"
+                    ),
                 ))
             }
             Tail::Torn {
