@@ -138,3 +138,14 @@ impl IndexError {
         }
     }
 }
+
+impl IndexError {
+    /// The index error inside `e`, or `e` as a mismatch when it is not one (an I/O error
+    /// on the index directory, say): for code that reports index failures as such.
+    pub(crate) fn from_error(e: Error) -> IndexError {
+        match e {
+            Error::Index(i) => i,
+            other => IndexError::Mismatch(other.to_string()),
+        }
+    }
+}

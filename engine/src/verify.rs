@@ -2,7 +2,7 @@
 //! compare the sled index (when present and not in use) with the log. Never writes to
 //! the store directory.
 
-use crate::error::Error;
+use crate::error::{Error, IndexError};
 use crate::format::{self, SEGMENT_HEADER_BYTES};
 use crate::index::Index;
 use crate::segment::{self, HistoryCheck, Tail};
@@ -166,6 +166,8 @@ pub fn verify(dir: impl AsRef<Path>, opts: Options) -> Result<VerifyReport, Erro
         }
     }
 
+    // sled failed (or panicked) reading the index: it is unreadable, not wrong.
+    let mut index_failed: Option<String> = None;
     let writer_live = matches!(vfs.lock(&dir.join(LOCK_FILE), false), Ok(None));
     let mut hist = HistoryCheck::default();
     let mut heads_at_applied: HashMap<String, u64> = HashMap::new();
@@ -236,9 +238,9 @@ pub fn verify(dir: impl AsRef<Path>, opts: Options) -> Result<VerifyReport, Erro
                     hist.accept(&rec);
                 }
                 if let Some((ix, applied, _)) = &index {
-                    if rec.info.seq <= *applied {
+                    if rec.info.seq <= *applied && index_failed.is_none() {
                         heads_at_applied.insert(rec.info.stream.clone(), rec.info.version);
-                        check_index_entry(ix, &rec, &mut found);
+                        index_failed = check_index_entry(ix, &rec, &mut found);
                     }
                 }
                 Ok(())
@@ -300,6 +302,10 @@ pub fn verify(dir: impl AsRef<Path>, opts: Options) -> Result<VerifyReport, Erro
     }
     report.last_seq = hist.last_seq;
     report.streams = hist.heads.len() as u64;
+    if let Some(problem) = index_failed {
+        report.index = IndexCheck::Unreadable { problem };
+        index = None;
+    }
 
     if let Some((ix, applied, _tmp)) = &index {
         if *applied > hist.last_seq {
@@ -340,9 +346,17 @@ pub fn verify(dir: impl AsRef<Path>, opts: Options) -> Result<VerifyReport, Erro
     Ok(report)
 }
 
-fn check_index_entry(ix: &Index, rec: &crate::RecordedCommit, found: &mut Vec<VerifyProblem>) {
+/// Checks the index's entry for `rec`; `Some(problem)` when sled could not read it.
+fn check_index_entry(
+    ix: &Index,
+    rec: &crate::RecordedCommit,
+    found: &mut Vec<VerifyProblem>,
+) -> Option<String> {
     let i = &rec.info;
     match ix.stream_entry(&i.stream, i.version) {
+        Err(e @ (Error::Index(IndexError::Sled(_)) | Error::Index(IndexError::Malformed(_)))) => {
+            return Some(e.to_string())
+        }
         Ok(Some(e)) if e.position == i.position && e.seq == i.seq && e.commit_id == i.commit_id => {
         }
         other => found.push(problem(
@@ -354,4 +368,5 @@ fn check_index_entry(ix: &Index, rec: &crate::RecordedCommit, found: &mut Vec<Ve
             ),
         )),
     }
+    None
 }

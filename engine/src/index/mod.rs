@@ -388,6 +388,23 @@ fn remove_unfinished_snapshots(dir: &Path) -> usize {
         .count()
 }
 
+/// Run `f`, a call into sled on the index's files, turning a panic into an error: sled
+/// 0.34 panics on some damaged files (e.g. "tried to serialize Uninitialized") instead
+/// of returning an error, and the index is derived data that a damaged file must only
+/// cost a rebuild of, never the process.
+pub(crate) fn sled_guard<T>(
+    what: &str,
+    f: impl FnOnce() -> Result<T, IndexError>,
+) -> Result<T, IndexError> {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+        Ok(r) => r,
+        Err(p) => Err(IndexError::Malformed(format!(
+            "sled panicked {what}: {}",
+            panic_message(&*p)
+        ))),
+    }
+}
+
 fn sled_err(e: sled::Error) -> Error {
     Error::Index(IndexError::Sled(e))
 }

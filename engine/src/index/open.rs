@@ -67,7 +67,44 @@ impl Index {
     /// Open (or create) the index at `path` (`None` = a temporary index). Returns the index
     /// and whether it was (re)created empty. A missing, unreadable or outdated index is
     /// wiped.
+    ///
+    /// A damaged index (any error or panic from sled while opening it or reading what an
+    /// open reads) is wiped and built again; the lock of a live sled is never wiped.
     pub(crate) fn open(
+        path: Option<&Path>,
+        indexers: Vec<Arc<dyn Indexer>>,
+    ) -> Result<(Index, bool), Error> {
+        let first = sled_guard("opening the index", || {
+            Index::open_checked(path, indexers.clone()).map_err(IndexError::from_error)
+        });
+        match first {
+            Ok(r) => Ok(r),
+            Err(IndexError::Sled(e)) if is_sled_lock_error(&e) => Err(sled_err(e)),
+            Err(e) if path.is_none() => Err(Error::Index(e)),
+            Err(_) => {
+                Index::wipe_dir(path)?;
+                sled_guard("opening the index", || {
+                    Index::open_checked(path, indexers).map_err(IndexError::from_error)
+                })
+                .map_err(Error::Index)
+            }
+        }
+    }
+
+    /// [`Index::open`] without the rebuild of a damaged index; also reads what the
+    /// store's open reads next (layout, applied marker), so that damage there is found
+    /// here.
+    fn open_checked(
+        path: Option<&Path>,
+        indexers: Vec<Arc<dyn Indexer>>,
+    ) -> Result<(Index, bool), Error> {
+        let (ix, fresh) = Index::open_unchecked(path, indexers)?;
+        ix.layout()?;
+        ix.applied_marker()?;
+        Ok((ix, fresh))
+    }
+
+    fn open_unchecked(
         path: Option<&Path>,
         indexers: Vec<Arc<dyn Indexer>>,
     ) -> Result<(Index, bool), Error> {
@@ -115,6 +152,13 @@ impl Index {
 
     /// Open an existing index as it is (no wipe); `None` if it has another format.
     pub(crate) fn open_existing(path: &Path) -> Result<Option<Index>, Error> {
+        sled_guard("opening the index", || {
+            Index::open_existing_unguarded(path).map_err(IndexError::from_error)
+        })
+        .map_err(Error::Index)
+    }
+
+    fn open_existing_unguarded(path: &Path) -> Result<Option<Index>, Error> {
         let db = Index::open_db_repairing(Some(path)).map_err(sled_err)?;
         let ix = Index::from_db(db, Vec::new(), Some(path))?;
         ix.finish_cut_move()?;
@@ -130,6 +174,10 @@ impl Index {
         indexers: Vec<Arc<dyn Indexer>>,
         path: Option<&Path>,
     ) -> Result<Index, Error> {
+        #[cfg(test)]
+        if tests::PANIC_IN_SLED.with(|p| p.replace(false)) {
+            panic!("tried to serialize Uninitialized (a damaged index, forced by a test)");
+        }
         let tree: sled::Tree = (*db).clone();
         let cache = db.open_tree("cache").map_err(sled_err)?;
         let redo = match path {

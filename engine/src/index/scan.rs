@@ -17,7 +17,9 @@ impl Index {
                 return Ok(v.clone());
             }
         }
-        Ok(self.tree.get(k)?.map(|v| v.to_vec()))
+        sled_guard("reading a key", || {
+            Ok(self.tree.get(k)?.map(|v| v.to_vec()))
+        })
     }
 
     /// A key's value: the memtable, the frozen memtable, then sled — unless the key
@@ -57,7 +59,8 @@ impl Index {
                 return Ok(f(v.as_deref()));
             }
         }
-        Ok(f(self.tree.get(k)?.as_deref()))
+        let v = sled_guard("reading a key", || Ok(self.tree.get(k)?))?;
+        Ok(f(v.as_deref()))
     }
 
     /// Entries with keys starting with `prefix`, memtables
@@ -151,9 +154,12 @@ impl Iterator for IndexScan {
                 Ok(Kv::Sled(k, v)) => Ok((own_key(&k), v.to_vec())),
                 Err(e) => Err(Error::Index(e)),
             },
-            ScanSource::Sled(i) => match i.next()? {
-                Ok((k, v)) => Ok((own_key(&k), v.to_vec())),
-                Err(e) => Err(sled_err(e)),
+            ScanSource::Sled(i) => match sled_guard("scanning", || Ok(i.next())) {
+                Ok(next) => match next? {
+                    Ok((k, v)) => Ok((own_key(&k), v.to_vec())),
+                    Err(e) => Err(sled_err(e)),
+                },
+                Err(e) => Err(Error::Index(e)),
             },
         })
     }
@@ -209,7 +215,15 @@ impl MergeIter {
             if self.sled_peek.is_none() && !self.sled_done {
                 // sled's range ends where the prefix does (see `prefix_end`), so every
                 // key it yields starts with the prefix.
-                match self.sled.next() {
+                let sled = &mut self.sled;
+                let next = match sled_guard("scanning", || Ok(sled.next())) {
+                    Ok(next) => next,
+                    Err(e) => {
+                        self.done = true;
+                        return Some(Err(e));
+                    }
+                };
+                match next {
                     Some(Ok((k, v))) => {
                         debug_assert!(k.starts_with(&self.prefix));
                         self.sled_peek = Some((k, v))
