@@ -28,6 +28,7 @@ mod scan;
 
 use self::bloom::{KeyFilter, KeyHash};
 pub use self::keys::StreamHead;
+pub(crate) use self::keys::VERSIONS_PER_BLOCK;
 use self::keys::*;
 use self::memtable::{bound_ref, MemTable, Value};
 pub(crate) use self::mover::reclaim_sled_garbage;

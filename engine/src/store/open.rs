@@ -3,6 +3,7 @@
 //! index, and the read-only view of a store another process may own.
 
 use super::*;
+use crate::index::VERSIONS_PER_BLOCK;
 
 /// What scanning the log on open found.
 pub(super) struct LogState {
@@ -209,6 +210,15 @@ impl Store {
     }
 }
 
+/// Whether the index holds `i` (its version's entry names the same seq, position and
+/// commit id). An index that cannot be read does not.
+fn index_has(index: &Index, i: &CommitInfo) -> bool {
+    matches!(
+        index.stream_entry(&i.stream, i.version),
+        Ok(Some(e)) if e.seq == i.seq && e.position == i.position && e.commit_id == i.commit_id
+    )
+}
+
 /// Create the store directory `dir` and any missing ancestors, and fsync the parent of
 /// each directory created: a new directory's entry is durable only once its parent is
 /// synced, and every later fsync inside it would otherwise not survive a power loss.
@@ -258,6 +268,8 @@ pub(super) fn scan_log(
     let mut last_ts = 0i64;
     let mut index_stale = false;
     let mut commit_ids = CommitIdFilter::with_capacity(0);
+    // Per stream, the last commit the index says it holds (see `index_has`).
+    let mut last_indexed: foldhash::HashMap<String, CommitInfo> = Default::default();
     let count = opened.len();
     for (i, seg) in opened.into_iter().enumerate() {
         let OpenedSegment {
@@ -353,6 +365,22 @@ pub(super) fn scan_log(
             if seq == applied && applied_id != Some(rec.info.commit_id) {
                 index_stale = true;
             }
+            if seq <= applied && !index_stale {
+                // The index's entries for what it says it holds: the last version of
+                // each full block is checked here, each stream's last one after the
+                // scan (one index read per 64 versions and per stream), so a gap left
+                // by a failed move or sled damage is found and rebuilt, never served.
+                let i = &rec.info;
+                if i.version % VERSIONS_PER_BLOCK == 0 && !index_has(index, i) {
+                    index_stale = true;
+                }
+                match last_indexed.get_mut(&i.stream) {
+                    Some(last) => *last = i.clone(),
+                    None => {
+                        last_indexed.insert(i.stream.clone(), i.clone());
+                    }
+                }
+            }
             if seq > applied && !index_stale {
                 pending.push(rec);
                 if pending.len() >= CATCH_UP_BATCH {
@@ -424,6 +452,9 @@ pub(super) fn scan_log(
         segments.insert(id, Arc::new(seg));
     }
     if applied > hist.last_seq {
+        index_stale = true;
+    }
+    if !index_stale && !last_indexed.values().all(|i| index_has(index, i)) {
         index_stale = true;
     }
     if !index_stale && !pending.is_empty() {
