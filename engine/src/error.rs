@@ -31,8 +31,12 @@ pub enum Error {
     Locked { path: PathBuf },
     /// An earlier write or fsync failed; the outcome of writes is unknown, so every later
     /// write is refused until the store is reopened (which recovers from the log).
-    #[error("store is poisoned by an earlier write failure; reopen it")]
-    Poisoned,
+    #[error("store is poisoned by an earlier write failure ({cause}); reopen it")]
+    Poisoned {
+        /// The failure that poisoned the store, as it was reported then (e.g. a full
+        /// disk's "No space left on device"), so that every later refusal names it.
+        cause: String,
+    },
     /// A write was attempted on a store opened read-only.
     #[error("store is opened read-only")]
     ReadOnly,
@@ -131,6 +135,17 @@ impl IndexError {
         IndexError::Indexer {
             name: name.to_string(),
             message: message.into(),
+        }
+    }
+}
+
+impl IndexError {
+    /// The index error inside `e`, or `e` as a mismatch when it is not one (an I/O error
+    /// on the index directory, say): for code that reports index failures as such.
+    pub(crate) fn from_error(e: Error) -> IndexError {
+        match e {
+            Error::Index(i) => i,
+            other => IndexError::Mismatch(other.to_string()),
         }
     }
 }

@@ -28,7 +28,7 @@
 
 use crate::error::Error;
 use crate::format::{self, CommitHead, FRAME_HEADER_BYTES};
-use crate::log::{self, Segment};
+use crate::segment::{self, Segment};
 use crate::store::{lock, Store};
 use crate::types::RecordedCommit;
 use crate::vfs::{OpenMode, Vfs, VfsFile};
@@ -419,7 +419,7 @@ impl Store {
         let _ = self.retire_segments();
         let active = lock(&inner.w).active.id;
         let epoch = inner.gc_epoch.load(Ordering::Acquire);
-        let order = log::in_log_order(
+        let order = segment::in_log_order(
             inner
                 .segments
                 .read()
@@ -574,7 +574,7 @@ impl Store {
             return Err(Error::ReadOnly);
         }
         if inner.poisoned.load(Ordering::Acquire) {
-            return Err(Error::Poisoned);
+            return Err(inner.poisoned_error());
         }
         let _gc = lock(&inner.gc_lock);
         if plan.epoch != inner.gc_epoch.load(Ordering::Acquire) {
@@ -616,7 +616,7 @@ impl Store {
         if inner.poisoned.load(Ordering::Acquire) {
             drop(w);
             rollback(&written);
-            return Err(Error::Poisoned);
+            return Err(inner.poisoned_error());
         }
         if let Some((s, v)) = plan
             .heads
@@ -635,7 +635,7 @@ impl Store {
         let first_new = new_ids.first().copied().unwrap_or(0);
         let manifest = dir.join(manifest_name(first_new));
         let poison = |e: Error| {
-            inner.poisoned.store(true, Ordering::Release);
+            inner.poison(&e);
             e
         };
         let committed = (|| -> Result<(), Error> {
@@ -808,7 +808,7 @@ impl Store {
     fn rebuild_index(&self, layout: u64, max: u32) -> Result<(), Error> {
         let inner = &*self.inner;
         inner.index.clear(layout)?;
-        let order = log::in_log_order(
+        let order = segment::in_log_order(
             inner
                 .segments
                 .read()
@@ -884,8 +884,9 @@ pub(crate) fn retire(inner: &crate::store::Inner) -> Result<u64, Error> {
         }
         if removed_any {
             vfs.sync_dir(dir).map_err(|e| {
-                inner.poisoned.store(true, Ordering::Release);
-                Error::io(dir, "sync_dir", e)
+                let e = Error::io(dir, "sync_dir", e);
+                inner.poison(&e);
+                e
             })?;
         }
         let mut done_any = false;
@@ -904,8 +905,9 @@ pub(crate) fn retire(inner: &crate::store::Inner) -> Result<u64, Error> {
         *retired = still;
         if done_any {
             vfs.sync_dir(dir).map_err(|e| {
-                inner.poisoned.store(true, Ordering::Release);
-                Error::io(dir, "sync_dir", e)
+                let e = Error::io(dir, "sync_dir", e);
+                inner.poison(&e);
+                e
             })?;
         }
         Ok(retired.iter().map(|r| r.segments.len() as u64).sum())

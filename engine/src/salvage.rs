@@ -18,7 +18,7 @@
 use crate::error::Error;
 use crate::format::{self, FrameCheck, SEGMENT_HEADER_BYTES};
 use crate::gc::{encode_copy, write_compacted, Output};
-use crate::log;
+use crate::segment;
 use crate::store::{open_segments_in_order, Store};
 use crate::types::{ExpectedVersion, LogPosition, Options, RecordedCommit};
 use std::collections::{BTreeMap, HashMap};
@@ -113,7 +113,7 @@ pub fn salvage(
                 SEGMENT_HEADER_BYTES
             }
         };
-        let written_end = log::written_end(map);
+        let written_end = segment::written_end(map);
         let mut off = start;
         while off < written_end {
             let rest = map.get(off as usize..).unwrap_or(&[]);
@@ -156,7 +156,10 @@ pub fn salvage(
                         FrameCheck::Invalid(p) => p,
                         _ => "zero frame header followed by nonzero bytes".to_string(),
                     };
-                    let next = log::find_valid_frame(map, seg.id, max, off + 1, written_end)
+                    // Never from inside the bytes the invalid frame claims: a frame
+                    // there is part of that record (message text may hold one).
+                    let resume = segment::resume_after_invalid(map, off, max);
+                    let next = segment::find_valid_frame(map, seg.id, max, resume, written_end)
                         .unwrap_or(written_end);
                     report.unreadable.push(LostRange {
                         segment: seg.name.clone(),

@@ -15,7 +15,7 @@
 
 use crate::error::Error;
 use crate::format::{self, SEGMENT_HEADER_BYTES};
-use crate::log::Segment;
+use crate::segment::Segment;
 use crate::types::{Durability, Preallocate};
 use crate::vfs::{OpenMode, Vfs, VfsFile};
 use std::path::{Path, PathBuf};

@@ -2,10 +2,10 @@
 //! compare the sled index (when present and not in use) with the log. Never writes to
 //! the store directory.
 
-use crate::error::Error;
+use crate::error::{Error, IndexError};
 use crate::format::{self, SEGMENT_HEADER_BYTES};
 use crate::index::Index;
-use crate::log::{self, HistoryCheck, Tail};
+use crate::segment::{self, HistoryCheck, Tail};
 use crate::store::{check_plain_order, layout_of, open_segments_in_order, INDEX_DIR, LOCK_FILE};
 use crate::types::{LogPosition, Options};
 use std::collections::HashMap;
@@ -29,8 +29,9 @@ pub enum IndexCheck {
     Absent,
     /// A writer holds the store: its index is in use and was not checked.
     Locked,
-    /// The index has another format version, or was built from another arrangement
-    /// of the log (before a GC): the next open rebuilds it.
+    /// The index has another format version, was built from another arrangement of the
+    /// log (before a GC), or is ahead of the log (which lost a tail the index had seen):
+    /// the next open rebuilds it.
     Outdated,
     /// Compared with the log up to its applied seq.
     Checked { applied_seq: u64 },
@@ -87,7 +88,9 @@ impl Drop for TempDir {
 }
 
 /// Verify the store in `dir` without writing to it. `Err` only when the store cannot be
-/// read at all (e.g. the directory is missing); damage is reported in the report.
+/// read at all (e.g. the directory is missing); damage is reported in the report. Beside
+/// a live writer it checks the prefix of the log written when it reached each segment: a
+/// record the writer is still writing ends that view and is not damage.
 pub fn verify(dir: impl AsRef<Path>, opts: Options) -> Result<VerifyReport, Error> {
     let dir = dir.as_ref();
     let vfs = opts.vfs.clone();
@@ -163,6 +166,9 @@ pub fn verify(dir: impl AsRef<Path>, opts: Options) -> Result<VerifyReport, Erro
         }
     }
 
+    // sled failed (or panicked) reading the index: it is unreadable, not wrong.
+    let mut index_failed: Option<String> = None;
+    let writer_live = matches!(vfs.lock(&dir.join(LOCK_FILE), false), Ok(None));
     let mut hist = HistoryCheck::default();
     let mut heads_at_applied: HashMap<String, u64> = HashMap::new();
     if let Err(e) = check_plain_order(&segs) {
@@ -180,22 +186,15 @@ pub fn verify(dir: impl AsRef<Path>, opts: Options) -> Result<VerifyReport, Erro
         let id = seg.id;
         let name = seg.name;
         let map = seg.map;
+        let file = seg.file;
         let is_last = i + 1 == count && !matches!(&seg.header, Ok(h) if h.compacted.is_some());
         let header = match seg.header {
             Ok(h) => h,
             Err(format::HeaderProblem::Blank) | Err(format::HeaderProblem::Invalid(_))
-                if is_last
-                    && log::find_valid_frame(
-                        &map,
-                        id,
-                        max,
-                        SEGMENT_HEADER_BYTES,
-                        log::written_end(&map),
-                    )
-                    .is_none() =>
+                if is_last && segment::is_unfinished_creation(&map) =>
             {
                 // A segment whose creation did not complete: like a torn tail.
-                report.torn_tail_bytes += log::written_end(&map);
+                report.torn_tail_bytes += segment::written_end(&map);
                 continue;
             }
             Err(p) => {
@@ -220,7 +219,7 @@ pub fn verify(dir: impl AsRef<Path>, opts: Options) -> Result<VerifyReport, Erro
         let mut start = header.data_start;
         loop {
             let mut found: Vec<VerifyProblem> = Vec::new();
-            let scan = log::scan_segment(&map, id, max, start, |off, payload| {
+            let scan = segment::scan_segment(&map, id, max, start, |off, payload| {
                 report.records += 1;
                 let pos = LogPosition {
                     segment: id,
@@ -239,9 +238,9 @@ pub fn verify(dir: impl AsRef<Path>, opts: Options) -> Result<VerifyReport, Erro
                     hist.accept(&rec);
                 }
                 if let Some((ix, applied, _)) = &index {
-                    if rec.info.seq <= *applied {
+                    if rec.info.seq <= *applied && index_failed.is_none() {
                         heads_at_applied.insert(rec.info.stream.clone(), rec.info.version);
-                        check_index_entry(ix, &rec, &mut found);
+                        index_failed = check_index_entry(ix, &rec, &mut found);
                     }
                 }
                 Ok(())
@@ -258,6 +257,32 @@ pub fn verify(dir: impl AsRef<Path>, opts: Options) -> Result<VerifyReport, Erro
                     } else {
                         report.errors.push(problem(&name, scan.end, p));
                     }
+                    break;
+                }
+                Tail::Corrupt { .. } | Tail::Enclosed { .. }
+                    if is_last
+                        && segment::frame_landed_since(&*file, id, max, scan.end)
+                            .map_err(|e| Error::io(&seg.path, "read_at", e))? =>
+                {
+                    // A live writer's write in flight (see
+                    // `segment::frame_landed_since`): the log this run sees ends here.
+                    break;
+                }
+                // With a live writer this may be its record in flight, whose text holds
+                // a frame; the owner's open decides.
+                Tail::Enclosed { .. } if is_last && writer_live => break,
+                Tail::Enclosed {
+                    problem: p,
+                    inner_at,
+                } => {
+                    report.errors.push(problem(
+                        &name,
+                        scan.end,
+                        format!(
+                            "{p}; the bytes this record claims hold a frame at offset \
+                             {inner_at}, not taken for a record"
+                        ),
+                    ));
                     break;
                 }
                 Tail::Corrupt {
@@ -277,17 +302,17 @@ pub fn verify(dir: impl AsRef<Path>, opts: Options) -> Result<VerifyReport, Erro
     }
     report.last_seq = hist.last_seq;
     report.streams = hist.heads.len() as u64;
+    if let Some(problem) = index_failed {
+        report.index = IndexCheck::Unreadable { problem };
+        index = None;
+    }
 
     if let Some((ix, applied, _tmp)) = &index {
         if *applied > hist.last_seq {
-            report.errors.push(problem(
-                INDEX_DIR,
-                *applied,
-                format!(
-                    "index has applied seq {applied}, ahead of the log's last seq {}",
-                    hist.last_seq
-                ),
-            ));
+            // The log lost a tail the index had seen (Buffered commits not yet synced
+            // at a power loss, or a torn tail): the next open discards the index and
+            // rebuilds it from the log, so this is not damage of the store.
+            report.index = IndexCheck::Outdated;
         } else {
             match ix.streams() {
                 Ok(streams) => {
@@ -321,9 +346,17 @@ pub fn verify(dir: impl AsRef<Path>, opts: Options) -> Result<VerifyReport, Erro
     Ok(report)
 }
 
-fn check_index_entry(ix: &Index, rec: &crate::RecordedCommit, found: &mut Vec<VerifyProblem>) {
+/// Checks the index's entry for `rec`; `Some(problem)` when sled could not read it.
+fn check_index_entry(
+    ix: &Index,
+    rec: &crate::RecordedCommit,
+    found: &mut Vec<VerifyProblem>,
+) -> Option<String> {
     let i = &rec.info;
     match ix.stream_entry(&i.stream, i.version) {
+        Err(e @ (Error::Index(IndexError::Sled(_)) | Error::Index(IndexError::Malformed(_)))) => {
+            return Some(e.to_string())
+        }
         Ok(Some(e)) if e.position == i.position && e.seq == i.seq && e.commit_id == i.commit_id => {
         }
         other => found.push(problem(
@@ -335,4 +368,5 @@ fn check_index_entry(ix: &Index, rec: &crate::RecordedCommit, found: &mut Vec<Ve
             ),
         )),
     }
+    None
 }

@@ -31,6 +31,8 @@ struct Plan {
     kind: FaultKind,
     nth: u64,
     persistent: bool,
+    /// Fail with this OS error (e.g. ENOSPC) instead of a generic one.
+    errno: Option<i32>,
 }
 
 #[derive(Debug, Default)]
@@ -80,6 +82,9 @@ impl State {
             };
             if n == p.nth || (p.persistent && n > p.nth) {
                 self.injected.fetch_add(1, Ordering::SeqCst);
+                if let Some(errno) = p.errno {
+                    return Err(io::Error::from_raw_os_error(errno));
+                }
                 return Err(io::Error::other(format!(
                     "injected fault: {what} (call {n} of kind {:?})",
                     p.kind
@@ -128,11 +133,22 @@ impl FaultVfs {
     /// Fail the `nth` (1-based, counted from now on as the counters are reset) call of
     /// `kind`; with `persistent` every later call of that kind fails too.
     pub fn fail_nth(&self, kind: FaultKind, nth: u64, persistent: bool) {
+        self.plan(kind, nth, persistent, None);
+    }
+
+    /// As [`FaultVfs::fail_nth`], failing with the OS error `errno` (e.g. 28, ENOSPC on
+    /// Linux: a full disk) instead of a generic error.
+    pub fn fail_nth_with_os_error(&self, kind: FaultKind, nth: u64, persistent: bool, errno: i32) {
+        self.plan(kind, nth, persistent, Some(errno));
+    }
+
+    fn plan(&self, kind: FaultKind, nth: u64, persistent: bool, errno: Option<i32>) {
         self.reset_counts();
         *self.state.plan.lock().unwrap_or_else(|e| e.into_inner()) = Some(Plan {
             kind,
             nth,
             persistent,
+            errno,
         });
     }
 

@@ -1,7 +1,7 @@
 //! Concurrency, fault injection at every I/O call, and simulated crashes at every sync.
 use crate::common;
 use common::*;
-use spool_engine::vfs::{FaultKind, FaultVfs, OsVfs, SimVfs};
+use spool_engine::vfs::{self, FaultKind, FaultVfs, OsVfs, SimVfs};
 use spool_engine::*;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -178,7 +178,7 @@ fn fault_at_every_io_call_surfaces_as_error_and_loses_nothing_acknowledged() {
                         assert!(s.is_poisoned(), "{ctx}: {e} did not poison");
                         assert!(matches!(
                             s.append(commit("z", ExpectedVersion::Any, b"z")),
-                            Err(Error::Poisoned)
+                            Err(Error::Poisoned { .. })
                         ));
                         // Reads keep working (when the file system does).
                         if !persistent {
@@ -219,7 +219,7 @@ fn failed_fsync_poisons_until_reopen() {
     // No retry of the fsync: the next write fails even though syncs work again.
     assert!(matches!(
         s.append(commit("a", ExpectedVersion::Exact(1), b"3")),
-        Err(Error::Poisoned)
+        Err(Error::Poisoned { .. })
     ));
     assert_eq!(s.read_stream("a", 1, 10).unwrap().len(), 1);
     drop(s);
@@ -230,6 +230,120 @@ fn failed_fsync_poisons_until_reopen() {
     assert!(!s.is_poisoned());
     s.append(commit("a", ExpectedVersion::Exact(n), b"4"))
         .unwrap();
+}
+
+/// ENOSPC on Linux.
+const ENOSPC: i32 = 28;
+
+/// Found on a full disk: after the write that hit ENOSPC, every append said only
+/// "poisoned by an earlier write failure", hiding why. Every refusal names the first
+/// failure; a reopen (with space again) recovers.
+#[test]
+fn a_full_disk_poisons_and_every_refusal_names_the_cause() {
+    let dir = tempfile::tempdir().unwrap();
+    let fv = FaultVfs::new(Arc::new(OsVfs));
+    let s = Store::open(dir.path(), test_opts().vfs(Arc::new(fv.clone()))).unwrap();
+    s.append(commit("a", ExpectedVersion::NoStream, b"1"))
+        .unwrap();
+    fv.fail_nth_with_os_error(FaultKind::Write, 1, true, ENOSPC);
+    let no_space = std::io::Error::from_raw_os_error(ENOSPC).to_string();
+    let first = s
+        .append(commit("a", ExpectedVersion::Exact(1), b"2"))
+        .unwrap_err();
+    assert!(first.to_string().contains(&no_space), "{first}");
+    for _ in 0..2 {
+        let later = s
+            .append(commit("a", ExpectedVersion::Exact(1), b"3"))
+            .unwrap_err();
+        assert!(matches!(later, Error::Poisoned { .. }), "{later:?}");
+        let text = later.to_string();
+        assert!(text.contains(&no_space), "{text}");
+        assert_eq!(text.matches(&no_space).count(), 1, "{text}");
+    }
+    assert!(s.flush().unwrap_err().to_string().contains(&no_space));
+    drop(s);
+    fv.clear();
+    let s = Store::open(dir.path(), test_opts()).unwrap();
+    assert_eq!(s.stream_version("a").unwrap(), Some(1));
+}
+
+/// A [`Vfs`] that records the directories it creates and syncs, in order.
+#[derive(Debug, Default)]
+struct DirLog {
+    ops: std::sync::Mutex<Vec<String>>,
+}
+
+impl vfs::Vfs for DirLog {
+    fn open(&self, path: &Path, mode: vfs::OpenMode) -> std::io::Result<Arc<dyn vfs::VfsFile>> {
+        OsVfs.open(path, mode)
+    }
+    fn rename(&self, from: &Path, to: &Path) -> std::io::Result<()> {
+        OsVfs.rename(from, to)
+    }
+    fn remove(&self, path: &Path) -> std::io::Result<()> {
+        OsVfs.remove(path)
+    }
+    fn read_dir(&self, dir: &Path) -> std::io::Result<Vec<String>> {
+        OsVfs.read_dir(dir)
+    }
+    fn create_dir_all(&self, dir: &Path) -> std::io::Result<()> {
+        self.ops
+            .lock()
+            .unwrap()
+            .push(format!("create {}", dir.display()));
+        OsVfs.create_dir_all(dir)
+    }
+    fn sync_dir(&self, dir: &Path) -> std::io::Result<()> {
+        self.ops
+            .lock()
+            .unwrap()
+            .push(format!("sync {}", dir.display()));
+        OsVfs.sync_dir(dir)
+    }
+    fn exists(&self, path: &Path) -> std::io::Result<bool> {
+        OsVfs.exists(path)
+    }
+    fn lock(&self, path: &Path, create: bool) -> std::io::Result<Option<Box<dyn vfs::VfsLock>>> {
+        OsVfs.lock(path, create)
+    }
+}
+
+/// Found by reading the open path: a new store directory's own entry was never made
+/// durable (its parent was not fsynced), so a power loss could lose the whole store
+/// with every acknowledged commit in it. Each directory the open creates has its
+/// parent synced after the creation; an existing store syncs no parent.
+#[test]
+fn creating_a_store_fsyncs_the_parent_of_every_directory_it_creates() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("a").join("store");
+    let log = Arc::new(DirLog::default());
+    let s = Store::open(&dir, test_opts().vfs(log.clone())).unwrap();
+    s.append(commit("a", ExpectedVersion::NoStream, b"1"))
+        .unwrap();
+    drop(s);
+    let ops = std::mem::take(&mut *log.ops.lock().unwrap());
+    let create = ops
+        .iter()
+        .position(|o| *o == format!("create {}", dir.display()))
+        .unwrap_or_else(|| panic!("{ops:?}"));
+    for parent in [root.path().to_path_buf(), root.path().join("a")] {
+        let synced = ops
+            .iter()
+            .position(|o| *o == format!("sync {}", parent.display()));
+        assert!(
+            synced.is_some_and(|i| i > create),
+            "{} not synced after creation: {ops:?}",
+            parent.display()
+        );
+    }
+    let s = Store::open(&dir, test_opts().vfs(log.clone())).unwrap();
+    drop(s);
+    let ops = log.ops.lock().unwrap();
+    assert!(
+        !ops.iter()
+            .any(|o| o.starts_with("sync") && !o.ends_with("store")),
+        "{ops:?}"
+    );
 }
 
 fn sim_opts(sim: &SimVfs, index: &Path, d: Durability) -> Options {
@@ -310,4 +424,44 @@ fn buffered_index_ahead_of_crashed_log_is_rebuilt() {
     assert_eq!(s.last_seq(), 1);
     assert_eq!(s.index().applied_seq().unwrap(), s.last_seq());
     assert_eq!(s.read_stream("a", 1, 10).unwrap().len() as u64, n);
+}
+
+/// Found with kill -9 and power-cut runs: `verify` exited 1 ("index ahead of the log")
+/// on a store whose log lost its unsynced Buffered tail, which the next open repairs by
+/// rebuilding the index. That is not damage of the store: verify reports the index as
+/// outdated and passes, and the open then rebuilds it.
+#[test]
+fn verify_passes_an_index_ahead_of_a_lost_tail_that_the_next_open_repairs() {
+    let dir = PathBuf::from("/store");
+    let sim = SimVfs::new();
+    let ix = tempfile::tempdir().unwrap();
+    let opts = |v: &SimVfs| {
+        sim_opts(v, ix.path(), Durability::Buffered)
+            .buffered_flush_interval(std::time::Duration::from_secs(3600))
+    };
+    let s = Store::open(&dir, opts(&sim)).unwrap();
+    s.append(commit("a", ExpectedVersion::NoStream, b"durable"))
+        .unwrap();
+    s.flush().unwrap();
+    for v in 1..5 {
+        s.append(commit("a", ExpectedVersion::Exact(v), b"lost"))
+            .unwrap();
+    }
+    s.flush_index().unwrap();
+    sim.crash_synced_only();
+    drop(s);
+    let after = sim.after_crash();
+    let r = verify(&dir, opts(&after)).unwrap();
+    assert!(r.ok, "{r:?}");
+    assert_eq!(r.index, IndexCheck::Outdated, "{r:?}");
+    assert_eq!(r.last_seq, 1);
+    let s = Store::open(&dir, opts(&after)).unwrap();
+    assert_eq!(s.last_seq(), 1);
+    assert_eq!(s.index().applied_seq().unwrap(), 1);
+    drop(s);
+    let r = verify(&dir, opts(&after)).unwrap();
+    assert!(
+        r.ok && r.index == IndexCheck::Checked { applied_seq: 1 },
+        "{r:?}"
+    );
 }

@@ -372,3 +372,150 @@ fn verify_skips_the_index_of_a_locked_store() {
     assert!(r.ok);
     assert_eq!(r.index, IndexCheck::Locked);
 }
+
+/// Deterministic bytes that are not zero anywhere in any 8-byte word (xorshift64).
+fn noise(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 24) as u8 | 1
+        })
+        .collect()
+}
+
+/// Every open refuses the store, `verify` reports the segment, and no byte of it changes.
+fn assert_refused_untouched(dir: &Path, id: u64) {
+    let path = seg_path(dir, id);
+    let before = std::fs::read(&path).unwrap();
+    let name = format::segment_file_name(id);
+    let r = verify(dir, test_opts()).unwrap();
+    assert!(!r.ok, "verify passed a foreign segment: {r:?}");
+    assert!(r.errors.iter().any(|e| e.segment == name), "{r:?}");
+    match Store::open_read_only(dir, test_opts()) {
+        Err(Error::Corrupt { segment, .. }) => assert_eq!(segment, name),
+        other => panic!("expected Corrupt from a read-only open, got {other:?}"),
+    }
+    match Store::open(dir, test_opts()) {
+        Err(Error::Corrupt { segment, .. }) => assert_eq!(segment, name),
+        other => panic!("expected Corrupt from an owner open, got {other:?}"),
+    }
+    assert_eq!(
+        std::fs::read(&path).unwrap(),
+        before,
+        "{name} was rewritten"
+    );
+}
+
+/// Found by putting a file of random bytes under a segment's name: verify reported a
+/// 200,000-byte torn tail and a writer open reformatted the file. A segment whose header
+/// is not spool's is an unfinished creation only when nothing after the header was ever
+/// written (a creation writes its header before any record); anything else is damage.
+#[test]
+fn a_segment_file_that_is_not_spools_is_damage_and_never_overwritten() {
+    // Only 0000000000000001.seg, of random bytes.
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(seg_path(dir.path(), 1), noise(7, 200_000)).unwrap();
+    assert_refused_untouched(dir.path(), 1);
+
+    // The last segment of a store, with bad magic and bytes after its header.
+    let dir = tempfile::tempdir().unwrap();
+    write_commits(dir.path(), test_opts(), 3);
+    let mut seg = format::encode_header(2).to_vec();
+    seg[0] ^= 0x20;
+    seg.extend(noise(8, 4096));
+    std::fs::write(seg_path(dir.path(), 2), &seg).unwrap();
+    assert_refused_untouched(dir.path(), 2);
+
+    // A valid header naming another segment id, on the last segment.
+    let dir = tempfile::tempdir().unwrap();
+    write_commits(dir.path(), test_opts(), 3);
+    let mut seg = format::encode_header(9).to_vec();
+    seg.resize(4096, 0);
+    std::fs::write(seg_path(dir.path(), 2), &seg).unwrap();
+    assert_refused_untouched(dir.path(), 2);
+
+    // A torn header with nothing after it is still an unfinished creation.
+    let dir = tempfile::tempdir().unwrap();
+    let infos = write_commits(dir.path(), test_opts(), 3);
+    let mut seg = format::encode_header(2)[..11].to_vec();
+    seg.extend(noise(9, 21));
+    seg.resize(4096, 0);
+    std::fs::write(seg_path(dir.path(), 2), &seg).unwrap();
+    assert!(verify(dir.path(), test_opts()).unwrap().ok);
+    let s = Store::open(dir.path(), test_opts()).unwrap();
+    assert_eq!(s.last_seq(), infos.len() as u64);
+}
+
+/// The frame bytes of seq 3 on stream "forged" in segment 1 of a scratch store: a
+/// valid frame for segment 1 of any store whose third commit it would be.
+fn forged_frame() -> Vec<u8> {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Store::open(dir.path(), test_opts()).unwrap();
+    append_next(&s, "s0", ev(b"one"));
+    append_next(&s, "s1", ev(b"two"));
+    let i = committed(append_next(&s, "forged", ev(b"FORGED COMMIT")));
+    let rec = s.read_at(i.position).unwrap();
+    drop(s);
+    let seg = std::fs::read(seg_path(dir.path(), i.position.segment)).unwrap();
+    let at = i.position.offset as usize;
+    seg[at..at + rec.record_bytes as usize].to_vec()
+}
+
+/// Found by planting a frame in message text and tearing the last write (losing its
+/// final bytes, which the fault model allows): `verify --salvage` copied the planted
+/// commit into the new store as real data. A frame inside the bytes an earlier record's
+/// header claims is never taken for a record: salvage copies nothing from there, verify
+/// reports the damage without counting it, and an owner open refuses (it cannot tell a
+/// torn last write from a damaged length field) and names salvage.
+#[test]
+fn a_frame_planted_in_message_text_is_never_adopted() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Store::open(dir.path(), test_opts()).unwrap();
+    append_next(&s, "s0", ev(b"one"));
+    append_next(&s, "s1", ev(b"two"));
+    let mut text = b"user text before ".to_vec();
+    text.extend(forged_frame());
+    text.extend(vec![b'.'; 200]);
+    let carrier = committed(append_next(&s, "chat", ev(&text)));
+    let carrier_bytes = s.read_at(carrier.position).unwrap().record_bytes as u64;
+    drop(s);
+    // Tear the last write: its final 64 bytes never landed.
+    let path = seg_path(dir.path(), carrier.position.segment);
+    let mut seg = std::fs::read(&path).unwrap();
+    let end = (carrier.position.offset + carrier_bytes) as usize;
+    seg[end - 64..end].fill(0);
+    std::fs::write(&path, &seg).unwrap();
+
+    let out = dir.path().join("salvaged");
+    let report = salvage(dir.path(), &out, test_opts()).unwrap();
+    assert_eq!(report.commits_copied, 2, "{report:?}");
+    let s = Store::open(&out, test_opts()).unwrap();
+    assert_eq!(s.stream_version("forged").unwrap(), None);
+    assert_eq!(s.last_seq(), 2);
+    drop(s);
+
+    let r = verify(dir.path(), test_opts()).unwrap();
+    assert!(!r.ok, "{r:?}");
+    assert_eq!(r.commits, 2, "{r:?}");
+    assert!(
+        r.errors.iter().any(|e| e.offset == carrier.position.offset),
+        "{r:?}"
+    );
+    match Store::open(dir.path(), test_opts()) {
+        Err(Error::Corrupt {
+            offset, problem, ..
+        }) => {
+            assert_eq!(offset, carrier.position.offset);
+            assert!(problem.contains("salvage"), "{problem}");
+        }
+        other => panic!("expected Corrupt, got {other:?}"),
+    }
+    assert_eq!(
+        std::fs::read(&path).unwrap(),
+        seg,
+        "a refused open changed the segment"
+    );
+}

@@ -386,7 +386,7 @@ fn a_failed_or_panicking_spare_build_fails_its_switch_naming_the_file() {
         assert!(acknowledged >= 10, "panic {panic}: {acknowledged}");
         let refused = s.append(commit("a", ExpectedVersion::Exact(acknowledged), b"after"));
         assert!(
-            matches!(refused, Err(Error::Poisoned)),
+            matches!(refused, Err(Error::Poisoned { .. })),
             "panic {panic}: {refused:?}"
         );
         drop(s);

@@ -50,7 +50,7 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use crate::error::IndexError;
-use crate::memtable::Value;
+use crate::index::memtable::Value;
 
 /// Name of the redo log in the index directory.
 pub(crate) const REDO_FILE: &str = "moves.redo";

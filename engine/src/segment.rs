@@ -426,8 +426,15 @@ pub(crate) enum Tail {
     /// valid record follows them: a torn write. `written_end` is one past the last nonzero
     /// byte.
     Torn { problem: String, written_end: u64 },
-    /// An invalid frame followed by a valid record at `valid_at`: corruption.
+    /// An invalid frame followed by a valid record at `valid_at` (past the bytes the
+    /// invalid frame's header claims): corruption.
     Corrupt { problem: String, valid_at: u64 },
+    /// An invalid frame whose header claims bytes that hold a valid-looking frame at
+    /// `inner_at`, and no valid frame after them. The inner frame is never taken for a
+    /// record (message text is stored verbatim and may hold a frame); whether the outer
+    /// record was the last write, torn, or a record whose length field was damaged cannot
+    /// be told from the bytes, so it is corruption, not a torn tail.
+    Enclosed { problem: String, inner_at: u64 },
 }
 
 /// Result of scanning one segment's bytes.
@@ -456,6 +463,37 @@ pub(crate) fn written_end(bytes: &[u8]) -> u64 {
     end as u64
 }
 
+/// Whether a segment file whose header does not validate can be one whose creation did
+/// not complete (a crash before its header was durable): a creation writes the header
+/// before any record, so nothing after the header region was ever written. A file with
+/// any nonzero byte past the header (random bytes, another program's file, a segment
+/// whose header was damaged later) is not spool's to reformat: it is damage.
+pub(crate) fn is_unfinished_creation(bytes: &[u8]) -> bool {
+    written_end(bytes) <= SEGMENT_HEADER_BYTES
+}
+
+/// Where the bytes claimed by the frame header at `off` end, when that header is
+/// plausible (a commit frame within the length limit, not all zero): a valid-looking
+/// frame inside them is part of that record (e.g. planted in message text), never a
+/// record of its own.
+pub(crate) fn claimed_end(bytes: &[u8], off: u64, max_len: u32) -> Option<u64> {
+    let head = bytes.get(off as usize..(off + FRAME_HEADER_BYTES) as usize)?;
+    let head: &[u8; FRAME_HEADER_BYTES as usize] = head.try_into().ok()?;
+    if format::FrameHeader::is_zero(head) {
+        return None;
+    }
+    let h = format::FrameHeader::parse(head);
+    (h.kind == format::RECORD_KIND_COMMIT && h.len <= max_len)
+        .then(|| off + FRAME_HEADER_BYTES + u64::from(h.len))
+}
+
+/// Where the search for the next record after the invalid frame at `off` starts: past
+/// the bytes its header claims when it is plausible (see [`claimed_end`]), else the next
+/// byte.
+pub(crate) fn resume_after_invalid(bytes: &[u8], off: u64, max_len: u32) -> u64 {
+    claimed_end(bytes, off, max_len).unwrap_or(off + 1)
+}
+
 /// Find the first offset in `from..to` where a valid frame starts.
 pub(crate) fn find_valid_frame(
     bytes: &[u8],
@@ -477,6 +515,45 @@ pub(crate) fn find_valid_frame(
         off += 1;
     }
     None
+}
+
+/// Whether the invalid frame a reader found at `off` of the last segment of its view was
+/// the live writer's write in flight: a fresh read of the file at `off` now finds a valid
+/// frame there.
+///
+/// The rule for readers beside a writer: the writer only appends, in offset order, and
+/// never rewrites a byte it wrote. A reader that found an invalid (or zero) frame at `off`
+/// and then a valid frame after it looks at `off` once more: if a valid frame is there
+/// now, the first look raced the writer, and the reader's view ends at `off` (every record
+/// before it is complete and valid, so the view is a prefix of the log). If the bytes at
+/// `off` are still not a valid frame, they were final before the later frame was written:
+/// that is damage, reported as such. No timing is involved.
+pub(crate) fn frame_landed_since(
+    file: &dyn VfsFile,
+    seg_id: u64,
+    max_len: u32,
+    off: u64,
+) -> std::io::Result<bool> {
+    let mut head = [0u8; FRAME_HEADER_BYTES as usize];
+    match file.read_at(&mut head, off) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(false),
+        Err(e) => return Err(e),
+    }
+    let h = format::FrameHeader::parse(&head);
+    if format::FrameHeader::is_zero(&head) || h.len > max_len {
+        return Ok(false);
+    }
+    let mut frame = vec![0u8; FRAME_HEADER_BYTES as usize + h.len as usize];
+    match file.read_at(&mut frame, off) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(false),
+        Err(e) => return Err(e),
+    }
+    Ok(matches!(
+        format::check_frame(&frame, seg_id, max_len),
+        FrameCheck::Valid { .. }
+    ))
 }
 
 /// Scan the records of a segment (`bytes` is the whole file, header included, already
@@ -517,11 +594,15 @@ pub(crate) fn scan_segment(
             FrameCheck::Invalid(p) => p,
         };
         let we = written_end(bytes);
-        let tail = match find_valid_frame(bytes, seg_id, max_len, off + 1, we) {
+        let resume = resume_after_invalid(bytes, off, max_len);
+        let tail = match find_valid_frame(bytes, seg_id, max_len, resume, we) {
             Some(valid_at) => Tail::Corrupt { problem, valid_at },
-            None => Tail::Torn {
-                problem,
-                written_end: we,
+            None => match find_valid_frame(bytes, seg_id, max_len, off + 1, resume.min(we)) {
+                Some(inner_at) => Tail::Enclosed { problem, inner_at },
+                None => Tail::Torn {
+                    problem,
+                    written_end: we,
+                },
             },
         };
         return Ok(SegmentScan { end: off, tail });

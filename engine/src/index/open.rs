@@ -1,0 +1,428 @@
+//! Opening the index: sled's own open (with its lock wait and repairs), the format
+//! and layout checks, finishing a move cut short by a crash from its redo record,
+//! and wiping or clearing the index for a rebuild.
+
+use super::*;
+
+impl Index {
+    pub(super) fn open_db(path: Option<&Path>) -> Result<sled::Db, sled::Error> {
+        if let Some(p) = path {
+            // The index directory is the owner's alone (sled picks its own file
+            // modes; `tighten_permissions` fixes them up on open and close).
+            let _ = std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(p);
+        }
+        let db = Self::open_db_inner(path);
+        if let (Some(p), Ok(_)) = (path, &db) {
+            tighten_permissions(p);
+        }
+        db
+    }
+
+    /// [`Index::open_db`], and once more without unfinished snapshot files if sled
+    /// failed on them. sled 0.34 writes a snapshot to `snap.<lsn>.generating`, fsyncs
+    /// it and renames it to `snap.<lsn>`, but on open takes the newest `snap.*` name,
+    /// `.generating` included: a process killed while writing one leaves an index sled
+    /// refuses as corrupt. Without it, sled recovers from the previous snapshot and its
+    /// log, as it does after any crash. Only a directory the caller owns (the store's
+    /// lock, or verify's private copy) is repaired.
+    pub(super) fn open_db_repairing(path: Option<&Path>) -> Result<sled::Db, sled::Error> {
+        let first = Index::open_db(path);
+        match (&first, path) {
+            (Err(e), Some(p)) if !is_sled_lock_error(e) => {
+                if remove_unfinished_snapshots(p) > 0 {
+                    Index::open_db(path)
+                } else {
+                    first
+                }
+            }
+            _ => first,
+        }
+    }
+
+    pub(crate) fn open_db_inner(path: Option<&Path>) -> Result<sled::Db, sled::Error> {
+        let cfg = sled::Config::new()
+            // No flusher thread of sled's own: the index flushes sled itself, after a move
+            // of the memtable at most once per `SLED_FLUSH_INTERVAL` and on close, always
+            // inside an epoch pin (see `flush_sled`). sled 0.34 reads its current IO
+            // buffer through a raw pointer it bumps the count of without pinning when it
+            // flushes or rolls that buffer (its flusher thread, `Tree::flush`); another
+            // thread that seals the buffer meanwhile defers freeing it to the epoch,
+            // which can run the free before the count is bumped. The `store_open` fuzz
+            // target hit that as a heap use-after-free under AddressSanitizer: a close's
+            // `Tree::flush` read a buffer that another thread's roll had retired and
+            // sled's IO thread freed. sled's own writes pin, so flushes that pin, and no
+            // flusher thread of sled's, leave no unpinned reader of that pointer.
+            .flush_every_ms(None)
+            .cache_capacity(INDEX_CACHE_BYTES_MAX)
+            .mode(sled::Mode::HighThroughput);
+        match path {
+            Some(p) => cfg.path(p).open(),
+            None => cfg.temporary(true).open(),
+        }
+    }
+
+    /// Open (or create) the index at `path` (`None` = a temporary index). Returns the index
+    /// and whether it was (re)created empty. A missing, unreadable or outdated index is
+    /// wiped.
+    ///
+    /// A damaged index (any error or panic from sled while opening it or reading what an
+    /// open reads) is wiped and built again; the lock of a live sled is never wiped.
+    pub(crate) fn open(
+        path: Option<&Path>,
+        indexers: Vec<Arc<dyn Indexer>>,
+    ) -> Result<(Index, bool), Error> {
+        let first = sled_guard("opening the index", || {
+            Index::open_checked(path, indexers.clone()).map_err(IndexError::from_error)
+        });
+        match first {
+            Ok(r) => Ok(r),
+            Err(IndexError::Sled(e)) if is_sled_lock_error(&e) => Err(sled_err(e)),
+            Err(e) if path.is_none() => Err(Error::Index(e)),
+            Err(_) => {
+                Index::wipe_dir(path)?;
+                sled_guard("opening the index", || {
+                    Index::open_checked(path, indexers).map_err(IndexError::from_error)
+                })
+                .map_err(Error::Index)
+            }
+        }
+    }
+
+    /// [`Index::open`] without the rebuild of a damaged index; also reads what the
+    /// store's open reads next (layout, applied marker), so that damage there is found
+    /// here.
+    fn open_checked(
+        path: Option<&Path>,
+        indexers: Vec<Arc<dyn Indexer>>,
+    ) -> Result<(Index, bool), Error> {
+        let (ix, fresh) = Index::open_unchecked(path, indexers)?;
+        ix.layout()?;
+        ix.applied_marker()?;
+        Ok((ix, fresh))
+    }
+
+    fn open_unchecked(
+        path: Option<&Path>,
+        indexers: Vec<Arc<dyn Indexer>>,
+    ) -> Result<(Index, bool), Error> {
+        let mut opened = Index::open_db_repairing(path);
+        // sled's own file lock: a handle closed a moment ago (sled releases it from its
+        // background threads) or, misconfigured, another store on the same directory.
+        // Wait a little for the former; never wipe an index someone holds.
+        let mut waited = 0;
+        while matches!(&opened, Err(e) if is_sled_lock_error(e)) && waited < SLED_LOCK_WAIT_TRIES {
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            waited += 1;
+            opened = Index::open_db_repairing(path);
+        }
+        let db = match opened {
+            Ok(db) => db,
+            Err(e) if is_sled_lock_error(&e) => return Err(sled_err(e)),
+            Err(_) if path.is_some() => {
+                Index::wipe_dir(path)?;
+                Index::open_db(path).map_err(sled_err)?
+            }
+            Err(e) => return Err(sled_err(e)),
+        };
+        let mut ix = Index::from_db(db, indexers.clone(), path)?;
+        // A move cut short that cannot be finished leaves keys of two states: only a
+        // rebuild from the log gives a consistent index again.
+        let whole = match ix.finish_cut_move() {
+            Ok(()) => true,
+            Err(_) if path.is_some() => false,
+            Err(e) => return Err(e),
+        };
+        if whole && ix.is_current()? {
+            ix.start_key_scan();
+            return Ok((ix, false));
+        }
+        if path.is_some() && (!whole || !ix.tree.is_empty()) {
+            drop(ix);
+            Index::wipe_dir(path)?;
+            ix = Index::from_db(Index::open_db(path).map_err(sled_err)?, indexers, path)?;
+        }
+        ix.init_meta(0)?;
+        // Empty: every indexer key will come through `apply`.
+        ix.keys.write().unwrap_or_else(|e| e.into_inner()).complete = true;
+        Ok((ix, true))
+    }
+
+    /// Open an existing index as it is (no wipe); `None` if it has another format.
+    pub(crate) fn open_existing(path: &Path) -> Result<Option<Index>, Error> {
+        sled_guard("opening the index", || {
+            Index::open_existing_unguarded(path).map_err(IndexError::from_error)
+        })
+        .map_err(Error::Index)
+    }
+
+    fn open_existing_unguarded(path: &Path) -> Result<Option<Index>, Error> {
+        let db = Index::open_db_repairing(Some(path)).map_err(sled_err)?;
+        let ix = Index::from_db(db, Vec::new(), Some(path))?;
+        ix.finish_cut_move()?;
+        let format = ix.tree.get(META_FORMAT).map_err(sled_err)?;
+        if format.as_deref() != Some(&INDEX_FORMAT_VERSION.to_be_bytes()[..]) {
+            return Ok(None);
+        }
+        Ok(Some(ix))
+    }
+
+    pub(super) fn from_db(
+        db: sled::Db,
+        indexers: Vec<Arc<dyn Indexer>>,
+        path: Option<&Path>,
+    ) -> Result<Index, Error> {
+        #[cfg(test)]
+        if tests::PANIC_IN_SLED.with(|p| p.replace(false)) {
+            panic!("tried to serialize Uninitialized (a damaged index, forced by a test)");
+        }
+        let tree: sled::Tree = (*db).clone();
+        let cache = db.open_tree("cache").map_err(sled_err)?;
+        let redo = match path {
+            Some(p) => Some(Arc::new(Mutex::new(RedoLog::open(p)?))),
+            None => None,
+        };
+        Ok(Index {
+            db,
+            tree,
+            cache,
+            indexers,
+            path: path.map(Path::to_path_buf),
+            mem: RwLock::new(Mem::default()),
+            frozen: Arc::new(RwLock::new(None)),
+            sled_flushed_at: Arc::new(Mutex::new(std::time::Instant::now())),
+            moving: Mutex::new(None),
+            redo,
+            keys: Arc::new(RwLock::new(Keys::default())),
+            key_scan: Mutex::new(None),
+            key_scan_stop: Arc::new(AtomicBool::new(false)),
+            instance: NEXT_INDEX_INSTANCE.fetch_add(1, Ordering::Relaxed),
+            changes: AtomicU64::new(0),
+            #[cfg(test)]
+            move_gate: Arc::default(),
+        })
+    }
+
+    /// Starts filling the key filter from sled in the background (reads use sled until
+    /// it is done). Without a thread the filter stays unused.
+    pub(super) fn start_key_scan(&self) {
+        let tree = self.tree.clone();
+        let keys = self.keys.clone();
+        let stop = self.key_scan_stop.clone();
+        if let Ok(h) = std::thread::Builder::new()
+            .name("spool-index-keys".into())
+            .spawn(move || scan_keys(&tree, &keys, &stop))
+        {
+            *self.key_scan.lock().unwrap_or_else(|e| e.into_inner()) = Some(h);
+        }
+    }
+
+    /// Stops the open scan (if it still runs) and waits for it.
+    pub(super) fn stop_key_scan(&self) {
+        self.key_scan_stop.store(true, Ordering::Relaxed);
+        let h = self
+            .key_scan
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        if let Some(h) = h {
+            let _ = h.join();
+        }
+    }
+
+    /// Finish the move into sled that a crash cut short, if sled's log ends inside one:
+    /// apply its writes again from the redo log, remove the marker and flush sled, then
+    /// empty the redo log. An error means the move cannot be finished (its record is
+    /// missing or damaged) and the index is unusable as it is.
+    pub(super) fn finish_cut_move(&self) -> Result<(), Error> {
+        let Some(redo) = &self.redo else {
+            return Ok(());
+        };
+        let mut redo = redo.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(marker) = self.tree.get(META_MOVING).map_err(sled_err)? else {
+            // Every move sled holds is whole. After a kill its files may still be only
+            // in the page cache, where a power loss could yet cut a move: the records
+            // go once sled has been flushed (nothing to do after a clean close, which
+            // empties the redo log).
+            if !redo.is_empty() {
+                flush_sled(&self.tree).map_err(sled_err)?;
+                redo.clear()?;
+            }
+            return Ok(());
+        };
+        let body = redo.find(&marker)?.ok_or_else(|| {
+            Error::Index(IndexError::Malformed(format!(
+                "a move into the index was cut short and {} does not hold its record",
+                redo.path().display()
+            )))
+        })?;
+        let malformed = |(at, what): (u64, String)| {
+            Error::Index(IndexError::Malformed(format!(
+                "{}: the record of the move cut short, offset {at} of its body: {what}",
+                redo.path().display()
+            )))
+        };
+        // Checked whole before anything is applied, then applied from the body in
+        // place (no copy of the writes: the body is all the memory this takes).
+        redo::for_each_write(&body, |_, _| {}).map_err(malformed)?;
+        let mut applied = Ok(());
+        redo::for_each_write(&body, |k, v| {
+            if applied.is_ok() {
+                applied = match v {
+                    Some(v) => self.tree.insert(k, v).map(|_| ()),
+                    None => self.tree.remove(k).map(|_| ()),
+                };
+            }
+        })
+        .map_err(malformed)?;
+        applied.map_err(sled_err)?;
+        self.tree.remove(META_MOVING).map_err(sled_err)?;
+        // Durable before the record goes: a crash in between finds the marker again.
+        flush_sled(&self.tree).map_err(sled_err)?;
+        redo.clear()?;
+        Ok(())
+    }
+
+    pub(super) fn wipe_dir(path: Option<&Path>) -> Result<(), Error> {
+        if let Some(p) = path {
+            match std::fs::remove_dir_all(p) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(Error::io(p, "remove_dir_all", e)),
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether the index has this build's format and the configured indexers' versions.
+    pub(super) fn is_current(&self) -> Result<bool, Error> {
+        let format = self.read_key(META_FORMAT)?;
+        if format.as_deref() != Some(&INDEX_FORMAT_VERSION.to_be_bytes()[..]) {
+            return Ok(false);
+        }
+        let mut stored: BTreeMap<Vec<u8>, Vec<u8>> = BTreeMap::new();
+        for kv in self.tree.scan_prefix(META_INDEXER) {
+            let (k, v) = kv.map_err(sled_err)?;
+            stored.insert(k[META_INDEXER.len()..].to_vec(), v.to_vec());
+        }
+        let mut wanted: BTreeMap<Vec<u8>, Vec<u8>> = BTreeMap::new();
+        for ix in &self.indexers {
+            wanted.insert(
+                ix.name().as_bytes().to_vec(),
+                ix.version().to_be_bytes().to_vec(),
+            );
+        }
+        if stored != wanted {
+            return Ok(false);
+        }
+        Ok(self.read_key(META_APPLIED)?.is_some())
+    }
+
+    /// Write the meta keys of an empty index built from a log with layout id `layout`.
+    pub(super) fn init_meta(&self, layout: u64) -> Result<(), Error> {
+        let mut b = sled::Batch::default();
+        b.insert(META_FORMAT, &INDEX_FORMAT_VERSION.to_be_bytes()[..]);
+        b.insert(META_APPLIED, &0u64.to_be_bytes()[..]);
+        b.insert(META_LAYOUT, &layout.to_be_bytes()[..]);
+        for ix in &self.indexers {
+            let mut k = META_INDEXER.to_vec();
+            k.extend_from_slice(ix.name().as_bytes());
+            b.insert(k, &ix.version().to_be_bytes()[..]);
+        }
+        self.tree.apply_batch(b).map_err(sled_err)
+    }
+
+    /// Drop every entry (engine, indexers and cache) and start empty, for a log with
+    /// layout id `layout` (the largest id of a segment written by GC; 0 if none).
+    pub(crate) fn clear(&self, layout: u64) -> Result<(), Error> {
+        // Unsettled until the clear is done, however it ends: the entries
+        // change over many steps, not under one lock.
+        self.changes.fetch_add(1, Ordering::SeqCst);
+        let cleared = self.clear_entries(layout);
+        self.changes.fetch_add(1, Ordering::SeqCst);
+        cleared
+    }
+
+    pub(super) fn clear_entries(&self, layout: u64) -> Result<(), Error> {
+        // A failed background move does not matter: everything is dropped.
+        let _ = self.join_moving();
+        *self.mem.write().unwrap_or_else(|e| e.into_inner()) = Mem::default();
+        *self.frozen.write().unwrap_or_else(|e| e.into_inner()) = None;
+        self.tree.clear().map_err(sled_err)?;
+        self.cache.clear().map_err(sled_err)?;
+        if let Some(redo) = &self.redo {
+            // The records describe moves sled may not hold durably yet: they go only
+            // once sled holds the clear (a crash before finds the old keys and them).
+            flush_sled(&self.tree).map_err(sled_err)?;
+            redo.lock().unwrap_or_else(|e| e.into_inner()).clear()?;
+        }
+        // Empty: every indexer key will come through `apply` (the filter's older keys
+        // only cost lookups).
+        self.keys
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .complete = true;
+        self.init_meta(layout)
+    }
+
+    /// The layout id of the log the index was built from (positions are only valid for
+    /// that arrangement of segments). Absent = 0.
+    pub(crate) fn layout(&self) -> Result<u64, Error> {
+        match self.read_key(META_LAYOUT)? {
+            Some(v) => {
+                be_u64(&v).ok_or_else(|| Error::Index(IndexError::Malformed("layout id".into())))
+            }
+            None => Ok(0),
+        }
+    }
+
+    /// The last seq whose commit is in the index.
+    pub fn applied_seq(&self) -> Result<u64, Error> {
+        Ok(self.applied_marker()?.0)
+    }
+
+    /// The applied seq and the commit id of that commit (which must match the log's
+    /// record with that seq, or the index describes another history).
+    pub(crate) fn applied_marker(&self) -> Result<(u64, Option<Uuid>), Error> {
+        let bad = || Error::Index(IndexError::Malformed("applied seq".into()));
+        match self.read_key(META_APPLIED)? {
+            Some(v) => {
+                let seq = be_u64(&v).ok_or_else(bad)?;
+                let id = match v.get(8..24) {
+                    Some(b) => Some(Uuid::from_slice(b).map_err(|_| bad())?),
+                    None => None,
+                };
+                Ok((seq, id))
+            }
+            None => Ok((0, None)),
+        }
+    }
+}
+
+/// Removes group and other access from the index directory and everything
+/// in it (best effort). sled creates its files with the process's default
+/// mode; the directory itself is created 0700, so nothing in it is reachable
+/// by others in between.
+pub(super) fn tighten_permissions(dir: &Path) {
+    use std::os::unix::fs::PermissionsExt;
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(p) = stack.pop() {
+        let Ok(meta) = std::fs::symlink_metadata(&p) else {
+            continue;
+        };
+        if meta.file_type().is_symlink() {
+            continue;
+        }
+        let mode = meta.permissions().mode();
+        if mode & 0o077 != 0 {
+            let _ = std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode & !0o077));
+        }
+        if meta.is_dir() {
+            if let Ok(rd) = std::fs::read_dir(&p) {
+                stack.extend(rd.filter_map(|e| e.ok()).map(|e| e.path()));
+            }
+        }
+    }
+}

@@ -1,0 +1,368 @@
+//! The index's queries: stream heads and versions, commit-id lookups through the
+//! version blocks, the indexers' entries and the cache tree, the change mark, and
+//! the test views of the memtable.
+
+use super::*;
+
+impl Index {
+    /// The head of `stream`, `None` if it does not exist.
+    pub fn stream_head(&self, stream: &str) -> Result<Option<StreamHead>, Error> {
+        match self.read_key(&head_key(stream))? {
+            Some(v) => Ok(Some(decode_head(&v)?)),
+            None => Ok(None),
+        }
+    }
+
+    /// Where version `version` of `stream` is in the log.
+    pub fn stream_position(
+        &self,
+        stream: &str,
+        version: u64,
+    ) -> Result<Option<LogPosition>, Error> {
+        Ok(self.stream_entry(stream, version)?.map(|e| e.position))
+    }
+
+    /// The index entry of version `version` of `stream`.
+    pub(crate) fn stream_entry(
+        &self,
+        stream: &str,
+        version: u64,
+    ) -> Result<Option<BlockEntry>, Error> {
+        if version == 0 {
+            return Ok(None);
+        }
+        let Some(block) = self.read_key(&version_block_key(stream, version))? else {
+            return Ok(None);
+        };
+        match block_entry(&block, ((version - 1) % VERSIONS_PER_BLOCK) as usize) {
+            Some(e) => Ok(Some(e?).filter(|e| !e.is_hole())),
+            None => Ok(None),
+        }
+    }
+
+    /// The version and position of the commit with `id` in `stream`, searching from the
+    /// stream's head version `head` backwards (one index read per 64 versions).
+    pub(crate) fn find_in_stream(
+        &self,
+        stream: &str,
+        head: u64,
+        id: Uuid,
+    ) -> Result<Option<(u64, LogPosition)>, Error> {
+        if head == 0 {
+            return Ok(None);
+        }
+        let mut block_no = (head - 1) / VERSIONS_PER_BLOCK;
+        loop {
+            let first = block_no * VERSIONS_PER_BLOCK + 1;
+            if let Some(block) = self.read_key(&version_block_key(stream, first))? {
+                let n = block.len() / BLOCK_ENTRY_BYTES;
+                for i in (0..n).rev() {
+                    if let Some(e) = block_entry(&block, i) {
+                        let e = e?;
+                        if e.commit_id == id && !e.is_hole() {
+                            return Ok(Some((first + i as u64, e.position)));
+                        }
+                    }
+                }
+            }
+            if block_no == 0 {
+                return Ok(None);
+            }
+            block_no -= 1;
+        }
+    }
+
+    /// The stream, version and position of the commit with `id`, searching every
+    /// stream's blocks (a full pass over the version index: only for the rare case of a
+    /// commit id the filter knows that is not on the stream it was retried on).
+    pub(crate) fn find_anywhere(
+        &self,
+        id: Uuid,
+    ) -> Result<Option<(String, u64, LogPosition)>, Error> {
+        for kv in self.merged(VERSION) {
+            let (k, block) = kv?;
+            let bad = || Error::Index(IndexError::Malformed("stream version block key".into()));
+            let len = *k.get(VERSION.len()).ok_or_else(bad)? as usize;
+            let s0 = VERSION.len() + 1;
+            let stream = k.get(s0..s0 + len).ok_or_else(bad)?;
+            let block_no = be_u64(k.get(s0 + len..).ok_or_else(bad)?).ok_or_else(bad)?;
+            let mut i = 0;
+            while let Some(e) = block_entry(&block, i) {
+                let e = e?;
+                if e.commit_id == id && !e.is_hole() {
+                    let stream = String::from_utf8(stream.to_vec()).map_err(|_| bad())?;
+                    let version = block_no * VERSIONS_PER_BLOCK + 1 + i as u64;
+                    return Ok(Some((stream, version, e.position)));
+                }
+                i += 1;
+            }
+        }
+        Ok(None)
+    }
+
+    /// Positions of `stream`'s versions `>= from`, ascending, at most `limit`.
+    pub(crate) fn stream_positions(
+        &self,
+        stream: &str,
+        from: u64,
+        limit: usize,
+    ) -> Result<Vec<(u64, LogPosition)>, Error> {
+        let from = from.max(1);
+        let start = version_block_key(stream, from);
+        let prefix = &start[..start.len() - 8];
+        let mut out = Vec::new();
+        for kv in self.merged_from(prefix, &start) {
+            let (k, block) = kv?;
+            let bad = || Error::Index(IndexError::Malformed("stream version block".into()));
+            let block_no = be_u64(&k[k.len().saturating_sub(8)..]).ok_or_else(bad)?;
+            let first = block_no
+                .checked_mul(VERSIONS_PER_BLOCK)
+                .and_then(|v| v.checked_add(1))
+                .ok_or_else(bad)?;
+            let mut i = 0;
+            while let Some(e) = block_entry(&block, i) {
+                let version = first + i as u64;
+                i += 1;
+                if version < from {
+                    continue;
+                }
+                let e = e?;
+                if e.is_hole() {
+                    // A version GC removed (a stream prefix): no record.
+                    continue;
+                }
+                if out.len() >= limit {
+                    return Ok(out);
+                }
+                out.push((version, e.position));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Every stream with its head version, sorted by name.
+    pub fn streams(&self) -> Result<Vec<(String, u64)>, Error> {
+        let mut out = Vec::new();
+        for kv in self.merged(HEAD) {
+            let (k, v) = kv?;
+            let name = String::from_utf8(k[HEAD.len()..].to_vec())
+                .map_err(|_| IndexError::Malformed("stream name".into()))?;
+            out.push((name, decode_head(&v)?.version));
+        }
+        Ok(out)
+    }
+
+    /// Where the visible entries stand (see [`ChangeMark`]). Take one before
+    /// a read and one after: if they are equal and settled, no commit was
+    /// published and no rebuild ran in between. A commit published later
+    /// changes the mark; moving the memtable into sled does not (it changes
+    /// where entries are kept, not what they are).
+    pub fn change_mark(&self) -> ChangeMark {
+        ChangeMark {
+            instance: self.instance,
+            changes: self.changes.load(Ordering::SeqCst),
+        }
+    }
+
+    /// An indexer's entry.
+    pub fn get(&self, ns: &str, key: &[u8]) -> Result<Option<Vec<u8>>, Error> {
+        let head = [USER, ns.len().min(255) as u8];
+        Ok(with_joined(&[&head, ns.as_bytes(), key], |k| {
+            self.read_key(k)
+        })?)
+    }
+
+    /// [`Index::get`] handing the value to `f` in place instead of copying
+    /// it out (for large values of which the caller reads a part). `f` may
+    /// run under a read lock of the memtable: it must not use the index.
+    pub fn get_with<T>(
+        &self,
+        ns: &str,
+        key: &[u8],
+        f: impl FnOnce(Option<&[u8]>) -> T,
+    ) -> Result<T, Error> {
+        let head = [USER, ns.len().min(255) as u8];
+        Ok(with_joined(&[&head, ns.as_bytes(), key], |k| {
+            self.read_key_with(k, f)
+        })?)
+    }
+
+    /// An indexer's entries whose keys start with `prefix` (keys without the namespace).
+    pub fn scan_prefix(&self, ns: &str, prefix: &[u8]) -> IndexScan {
+        let p = user_key(ns, prefix);
+        IndexScan {
+            iter: ScanSource::Merged(self.merged(&p)),
+            strip: user_prefix_len(ns),
+        }
+    }
+
+    /// Calls `f` with each of an indexer's entries whose key starts with `prefix` (the
+    /// key without the namespace, and the value), in key order, as
+    /// [`Index::scan_prefix`] yields them but without copying them out of sled; stops
+    /// early when `f` returns `false`.
+    pub fn visit_prefix(
+        &self,
+        ns: &str,
+        prefix: &[u8],
+        f: impl FnMut(&[u8], &[u8]) -> bool,
+    ) -> Result<(), Error> {
+        self.visit_range(ns, prefix, prefix, f)
+    }
+
+    /// Like [`Index::visit_prefix`], starting at the first key `>= from` (keys without
+    /// the namespace): a range-from scan, so a reader that wants the entries after some
+    /// key within a prefix does not step over the ones before it. A `from` below the
+    /// prefix starts at the prefix; one past it visits nothing.
+    pub fn visit_range(
+        &self,
+        ns: &str,
+        prefix: &[u8],
+        from: &[u8],
+        mut f: impl FnMut(&[u8], &[u8]) -> bool,
+    ) -> Result<(), Error> {
+        let p = user_key(ns, prefix);
+        let from = if from.starts_with(prefix) {
+            user_key(ns, from)
+        } else if from < prefix {
+            p.clone()
+        } else {
+            // Past every key with the prefix (it differs from the prefix at a byte
+            // where it is greater); an empty range, which must not reach the range
+            // calls below (a start after the end panics in `BTreeMap::range`).
+            return Ok(());
+        };
+        let strip = user_prefix_len(ns);
+        let mut it = self.merged_from(&p, &from);
+        if it.mem.peek().is_none() {
+            // Nothing pending in the memtables in range: sled's entries alone.
+            for kv in &mut it.sled {
+                let (k, v) = kv.map_err(sled_err)?;
+                if !f(k.get(strip..).unwrap_or(&[]), &v) {
+                    break;
+                }
+            }
+            return Ok(());
+        }
+        while let Some(kv) = it.next_kv() {
+            let kv = kv?;
+            if !f(kv.key().get(strip..).unwrap_or(&[]), kv.value()) {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    /// Write a cache entry (outside commits; dropped when the index is rebuilt).
+    pub fn put_cache(&self, ns: &str, key: &[u8], value: &[u8]) -> Result<(), Error> {
+        let mut k = cache_prefix(ns);
+        k.extend_from_slice(key);
+        self.cache.insert(k, value).map_err(sled_err)?;
+        Ok(())
+    }
+
+    /// A cache entry's value, copied out (see [`Index::with_cache`]).
+    pub fn get_cache(&self, ns: &str, key: &[u8]) -> Result<Option<Vec<u8>>, Error> {
+        self.with_cache(ns, key, <[u8]>::to_vec)
+    }
+
+    /// `read` of a cache entry's value in place, without copying it: a
+    /// cached snapshot can be megabytes that the caller only decodes.
+    pub fn with_cache<R>(
+        &self,
+        ns: &str,
+        key: &[u8],
+        read: impl FnOnce(&[u8]) -> R,
+    ) -> Result<Option<R>, Error> {
+        let mut k = cache_prefix(ns);
+        k.extend_from_slice(key);
+        Ok(self.cache.get(k).map_err(sled_err)?.map(|v| read(&v)))
+    }
+
+    pub fn remove_cache(&self, ns: &str, key: &[u8]) -> Result<(), Error> {
+        let mut k = cache_prefix(ns);
+        k.extend_from_slice(key);
+        self.cache.remove(k).map_err(sled_err)?;
+        Ok(())
+    }
+
+    /// Cache entries whose keys start with `prefix` (keys without the namespace).
+    pub fn scan_cache_prefix(&self, ns: &str, prefix: &[u8]) -> IndexScan {
+        let mut p = cache_prefix(ns);
+        let strip = p.len();
+        p.extend_from_slice(prefix);
+        IndexScan {
+            iter: ScanSource::Sled(self.cache.scan_prefix(p)),
+            strip,
+        }
+    }
+
+    /// Whether the memtable and the frozen memtable are both empty (`None` if a move
+    /// into sled is running).
+    #[cfg(test)]
+    pub(crate) fn mem_is_empty_for_tests(&self) -> Option<bool> {
+        if self
+            .moving
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_some()
+        {
+            return None;
+        }
+        let mem = self
+            .mem
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .writes
+            .is_empty();
+        let frozen = self
+            .frozen
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_none();
+        Some(mem && frozen)
+    }
+
+    /// Commits the live memtable holds.
+    #[cfg(test)]
+    pub(crate) fn mem_commits_for_tests(&self) -> usize {
+        self.mem.read().unwrap_or_else(|e| e.into_inner()).commits
+    }
+
+    /// Whether sled holds the marker of a move in progress or cut short.
+    #[cfg(test)]
+    pub(crate) fn sled_moving_for_tests(&self) -> bool {
+        self.tree.get(META_MOVING).unwrap().is_some()
+    }
+
+    /// The applied seq as sled alone holds it (without the memtable).
+    #[cfg(test)]
+    pub(crate) fn sled_applied_seq_for_tests(&self) -> Option<u64> {
+        let v = self.tree.get(META_APPLIED).ok()??;
+        be_u64(&v)
+    }
+
+    /// Flush sled's buffers (a courtesy on close: correctness never depends on it).
+    pub(crate) fn flush(&self) -> Result<(), Error> {
+        self.flush_mem()?;
+        flush_sled(&self.db).map_err(sled_err)?;
+        if let Some(redo) = &self.redo {
+            redo.lock().unwrap_or_else(|e| e.into_inner()).clear()?;
+        }
+        Ok(())
+    }
+
+    /// Every engine and indexer entry (not the cache), for comparing two indexes.
+    /// Not the marker of a move into sled in progress either: it is the move's
+    /// bookkeeping, not an entry, and a dump taken during a background move would
+    /// otherwise differ from the same index's dump after it.
+    pub fn dump(&self) -> Result<Vec<KeyValue>, Error> {
+        let mut out = Vec::new();
+        for kv in self.merged(&[]) {
+            let kv = kv?;
+            if kv.0 != META_MOVING {
+                out.push(kv);
+            }
+        }
+        Ok(out)
+    }
+}

@@ -1,0 +1,376 @@
+use super::{
+    prefix_end, with_joined, Index, IndexBatch, IndexError, Indexer, JOINED_KEY_STACK_BYTES,
+    MEM_BYTES_MOVE, MEM_COMMITS_MAX, MEM_COMMITS_MOVE,
+};
+use crate::types::{CommitInfo, ExpectedVersion, LogPosition, RecordedCommit};
+use std::sync::Arc;
+
+thread_local! {
+    /// Makes the next open of an index on this thread panic inside its sled section,
+    /// as sled 0.34 does on some damaged files.
+    pub(super) static PANIC_IN_SLED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// sled panics on some damaged index files instead of returning an error; the store's
+/// open and verify went down with it. A panic while opening the index is caught at the
+/// index's boundary: the index is wiped and built again (empty, to be caught up from the
+/// log), and nothing of the damaged one is served.
+#[test]
+fn a_panic_inside_sled_while_opening_wipes_and_rebuilds_the_index() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("index");
+    let (index, fresh) = Index::open(Some(&path), Vec::new()).unwrap();
+    assert!(fresh);
+    apply_commits(&index, 10, 0);
+    index.flush().unwrap();
+    drop(index);
+    let (index, fresh) = Index::open(Some(&path), Vec::new()).unwrap();
+    assert!(!fresh);
+    assert_eq!(index.applied_seq().unwrap(), 10);
+    drop(index);
+    PANIC_IN_SLED.with(|p| p.set(true));
+    let (index, fresh) = Index::open(Some(&path), Vec::new()).unwrap();
+    assert!(fresh, "a damaged index must be rebuilt");
+    assert_eq!(index.applied_seq().unwrap(), 0);
+    assert_eq!(index.stream_head("s").unwrap(), None);
+    drop(index);
+    PANIC_IN_SLED.with(|p| p.set(true));
+    let existing = Index::open_existing(&path);
+    assert!(
+        existing.is_err(),
+        "verify's open reports the panic as an error"
+    );
+}
+
+/// Rewrites one key with a 64 KiB value on every commit, as the transcript indexer
+/// rewrites the last block of the active path on every append.
+struct OneBigKey;
+
+impl Indexer for OneBigKey {
+    fn name(&self) -> &'static str {
+        "one-big-key"
+    }
+    fn version(&self) -> u32 {
+        1
+    }
+    fn apply(&self, c: &RecordedCommit, batch: &mut IndexBatch<'_>) -> Result<(), IndexError> {
+        batch.insert(b"k", &vec![c.info.seq as u8; 64 << 10]);
+        Ok(())
+    }
+}
+
+/// Found by reading the memtable's accounting: a key rewritten by every commit
+/// counted its whole value each time, so the memtable moved into sled long
+/// before it held `MEM_BYTES_MOVE` bytes.
+#[test]
+fn a_rewritten_key_counts_its_value_once_in_the_memtable() {
+    let (index, _) = Index::open(None, vec![Arc::new(OneBigKey)]).unwrap();
+    // 256 commits × 64 KiB = 16 MiB written, twice the memtable's move bound.
+    for seq in 1..=256u64 {
+        index.apply(&[commit_to("s", seq, seq)]).unwrap();
+        let bytes = index.mem_bytes();
+        // The value once, plus the stream's head and version block (~40 bytes per
+        // version); counting every rewrite would pass 128 KiB at the second commit.
+        assert!(bytes < (80 << 10), "commit {seq}: {bytes} bytes counted");
+    }
+    assert!(index.mem_bytes() < MEM_BYTES_MOVE);
+}
+
+/// A key per commit, `c/<seq>`, holding the seq.
+struct KeyPerCommit;
+
+impl Indexer for KeyPerCommit {
+    fn name(&self) -> &'static str {
+        "key-per-commit"
+    }
+    fn version(&self) -> u32 {
+        1
+    }
+    fn apply(&self, c: &RecordedCommit, batch: &mut IndexBatch<'_>) -> Result<(), IndexError> {
+        let seq = c.info.seq;
+        batch.insert(format!("c/{seq:08}").as_bytes(), &seq.to_be_bytes());
+        Ok(())
+    }
+}
+
+/// While a move into sled runs, the memtable takes commits past the move bound
+/// instead of waiting for it, and waits for it only at `MEM_COMMITS_MAX`. Every
+/// commit stays readable throughout, from sled, the frozen memtable or the live one.
+#[test]
+fn the_memtable_grows_while_a_move_runs_and_waits_for_it_only_at_its_bound() {
+    let dir = tempfile::tempdir().unwrap();
+    let (index, _) = Index::open(Some(dir.path()), vec![Arc::new(KeyPerCommit)]).unwrap();
+    let index = Arc::new(index);
+    let (step, max) = (MEM_COMMITS_MOVE as u64, MEM_COMMITS_MAX as u64);
+    let readable = |index: &Index, seqs: std::ops::RangeInclusive<u64>| {
+        for seq in seqs {
+            let v = index
+                .get("key-per-commit", format!("c/{seq:08}").as_bytes())
+                .unwrap();
+            assert_eq!(v, Some(seq.to_be_bytes().to_vec()), "seq {seq}");
+        }
+    };
+    // Opens the gate however the test ends: a failed assertion with the move held
+    // would otherwise hang in the index's drop, which joins the move.
+    struct OpenOnDrop(Arc<super::MoveGate>);
+    impl Drop for OpenOnDrop {
+        fn drop(&mut self) {
+            self.0.set_closed(false);
+        }
+    }
+    let _open = OpenOnDrop(index.move_gate.clone());
+    index.move_gate.set_closed(true);
+    // No move runs yet: the first freeze comes at the move bound, and its move is
+    // held at its start.
+    for seq in 1..=step {
+        index.apply(&[commit(seq)]).unwrap();
+    }
+    assert_eq!(index.mem_commits_for_tests(), 0);
+    // The next memtable grows past the move bound, up to one commit short of the
+    // bound, without waiting (on another thread, so that a wait fails the test
+    // instead of hanging it).
+    let last = step + max - 1;
+    let (done, finished) = std::sync::mpsc::channel();
+    let applier = {
+        let index = index.clone();
+        std::thread::spawn(move || {
+            for seq in step + 1..=last {
+                index.apply(&[commit(seq)]).unwrap();
+            }
+            done.send(()).unwrap();
+        })
+    };
+    let waited = finished
+        .recv_timeout(std::time::Duration::from_secs(120))
+        .is_err();
+    index.move_gate.set_closed(!waited);
+    assert!(!waited, "an apply below the bound waited for the held move");
+    applier.join().unwrap();
+    assert_eq!(index.mem_commits_for_tests(), (max - 1) as usize);
+    assert_eq!(
+        index.mem_is_empty_for_tests(),
+        None,
+        "the move is still held"
+    );
+    readable(&index, 1..=last);
+    // At the bound, the apply waits for the move, then freezes all `max` commits.
+    index.move_gate.set_closed(false);
+    index.apply(&[commit(last + 1)]).unwrap();
+    assert_eq!(index.mem_commits_for_tests(), 0);
+    readable(&index, 1..=last + 1);
+    index.flush_mem().unwrap();
+    assert_eq!(index.mem_is_empty_for_tests(), Some(true));
+    readable(&index, 1..=last + 1);
+}
+
+/// Per commit: a key of its own, a rewrite of one shared key, and the removal of
+/// the key of the commit three before: a move holds inserts, rewrites and removes.
+struct Churn;
+
+impl Indexer for Churn {
+    fn name(&self) -> &'static str {
+        "churn"
+    }
+    fn version(&self) -> u32 {
+        1
+    }
+    fn apply(&self, c: &RecordedCommit, batch: &mut IndexBatch<'_>) -> Result<(), IndexError> {
+        let seq = c.info.seq;
+        batch.insert(format!("c/{seq:06}").as_bytes(), &seq.to_be_bytes());
+        batch.insert(b"last", &vec![seq as u8; 300]);
+        if seq > 3 {
+            batch.remove(format!("c/{:06}", seq - 3).as_bytes());
+        }
+        Ok(())
+    }
+}
+
+/// Commit `seq` of the log, version `version` of `stream`, without events.
+fn commit_to(stream: &str, version: u64, seq: u64) -> RecordedCommit {
+    RecordedCommit {
+        info: CommitInfo {
+            stream: stream.into(),
+            version,
+            seq,
+            position: LogPosition {
+                segment: 1,
+                offset: seq * 100,
+            },
+            timestamp_ms: 0,
+            commit_id: uuid::Uuid::from_u128(u128::from(seq)),
+        },
+        expected: ExpectedVersion::Any,
+        events: Vec::new(),
+        record_bytes: 100,
+    }
+}
+
+/// Commit `seq` of three streams taking turns.
+fn commit(seq: u64) -> RecordedCommit {
+    commit_to(&format!("s{}", seq % 3), seq.div_ceil(3), seq)
+}
+
+/// Applies commits `1..=n` to `index`, moving the memtable into sled after
+/// `move_after` of them.
+fn apply_commits(index: &Index, n: u64, move_after: u64) {
+    for seq in 1..=n {
+        index.apply(&[commit(seq)]).unwrap();
+        if seq == move_after {
+            index.flush_mem().unwrap();
+        }
+    }
+}
+
+/// The index of commits `1..=n`, moved into sled after `first` of them and at the
+/// end; its entries.
+fn whole_index(dir: &std::path::Path, first: u64, n: u64) -> Vec<super::KeyValue> {
+    let (index, created) = Index::open(Some(dir), vec![Arc::new(Churn)]).unwrap();
+    assert!(created);
+    apply_commits(&index, n, first);
+    index.flush().unwrap();
+    index.dump().unwrap()
+}
+
+/// A crash inside a move into sled, at every point from before its first write to
+/// after its last (the marker still there): the next open finishes the move from
+/// the redo log and finds exactly the index of a move that was never cut. Before
+/// the crash, a dump already is that index (a dump that kept the move's marker made
+/// `losing_the_memtable_is_caught_up_from_the_log` fail when its dump overlapped
+/// the background move).
+#[test]
+fn a_move_cut_short_is_finished_from_the_redo_log_on_open() {
+    let want = whole_index(tempfile::tempdir().unwrap().path(), 40, 100);
+    // The second move: 60 commits, a key each, less the 57 removed, plus `last`
+    // and the engine's keys (heads, version blocks, the applied marker).
+    for cut in [0, 1, 2, 7, 30, 60, 10_000] {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let (index, _) = Index::open(Some(dir.path()), vec![Arc::new(Churn)]).unwrap();
+            apply_commits(&index, 100, 40);
+            index.cut_move_for_tests(cut);
+            assert!(index.sled_moving_for_tests(), "cut {cut}");
+            // Mid-move (the frozen memtable still in front of sled), a dump is
+            // the whole index: the move's marker is not an entry.
+            assert_eq!(index.dump().unwrap(), want, "cut {cut}: mid-move dump");
+        }
+        let (index, created) = Index::open(Some(dir.path()), vec![Arc::new(Churn)]).unwrap();
+        assert!(!created, "cut {cut}: the index was rebuilt, not finished");
+        assert!(!index.sled_moving_for_tests(), "cut {cut}");
+        assert_eq!(index.applied_seq().unwrap(), 100, "cut {cut}");
+        assert_eq!(index.dump().unwrap(), want, "cut {cut}");
+        let redo = dir.path().join(crate::index::redo::REDO_FILE);
+        assert_eq!(std::fs::metadata(&redo).unwrap().len(), 0, "cut {cut}");
+    }
+}
+
+/// A move cut short whose redo record is gone (a power loss that kept sled's pages
+/// but not the redo log's) or damaged: the index cannot be trusted, and opening it
+/// starts it empty for a rebuild instead of serving keys of two states.
+#[test]
+fn a_move_cut_short_without_its_record_empties_the_index() {
+    for damage in ["missing", "flipped"] {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let (index, _) = Index::open(Some(dir.path()), vec![Arc::new(Churn)]).unwrap();
+            apply_commits(&index, 50, 0);
+            index.cut_move_for_tests(5);
+        }
+        let redo = dir.path().join(crate::index::redo::REDO_FILE);
+        let mut bytes = std::fs::read(&redo).unwrap();
+        assert!(bytes.len() > 100, "{damage}");
+        match damage {
+            "missing" => bytes.clear(),
+            _ => {
+                let mid = bytes.len() / 2;
+                bytes[mid] ^= 0x40;
+            }
+        }
+        std::fs::write(&redo, &bytes).unwrap();
+        let (index, created) = Index::open(Some(dir.path()), vec![Arc::new(Churn)]).unwrap();
+        assert!(created, "{damage}: the index was kept");
+        assert_eq!(index.applied_seq().unwrap(), 0, "{damage}");
+        assert!(!index.sled_moving_for_tests(), "{damage}");
+    }
+}
+
+/// Every finished move leaves no marker, and a flush empties the redo log.
+#[test]
+fn whole_moves_leave_no_marker_and_a_flush_empties_the_redo_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let (index, _) = Index::open(Some(dir.path()), vec![Arc::new(Churn)]).unwrap();
+    for seq in 1..=30 {
+        index.apply(&[commit(seq)]).unwrap();
+        index.flush_mem().unwrap();
+        assert!(!index.sled_moving_for_tests(), "seq {seq}");
+    }
+    let redo = dir.path().join(crate::index::redo::REDO_FILE);
+    assert!(std::fs::metadata(&redo).unwrap().len() > 0);
+    index.flush().unwrap();
+    assert_eq!(std::fs::metadata(&redo).unwrap().len(), 0);
+}
+
+/// The change mark moves with every publish and with a clear, and only
+/// then: a move into sled, a flush and reads leave it where it was. Two
+/// opens never share marks.
+#[test]
+fn the_change_mark_moves_with_every_publish_and_clear_and_only_then() {
+    let dir = tempfile::tempdir().unwrap();
+    let (index, _) = Index::open(Some(dir.path()), vec![Arc::new(Churn)]).unwrap();
+    let mut mark = index.change_mark();
+    assert!(mark.is_settled());
+    for seq in 1..=20 {
+        index.apply(&[commit(seq)]).unwrap();
+        let now = index.change_mark();
+        assert_ne!(now, mark, "seq {seq}: a publish moves the mark");
+        assert!(now.is_settled(), "seq {seq}");
+        mark = now;
+        if seq % 5 == 0 {
+            index.flush_mem().unwrap();
+            assert_eq!(index.change_mark(), mark, "seq {seq}: a move into sled");
+        }
+        assert!(index.get("churn", b"last").unwrap().is_some());
+        assert_eq!(index.applied_seq().unwrap(), seq);
+        assert_eq!(index.change_mark(), mark, "seq {seq}: reads");
+    }
+    index.flush().unwrap();
+    assert_eq!(index.change_mark(), mark, "a flush");
+    // An empty group publishes nothing.
+    index.apply(&[]).unwrap();
+    assert_eq!(index.change_mark(), mark, "an empty group");
+    index.clear(0).unwrap();
+    let cleared = index.change_mark();
+    assert_ne!(cleared, mark, "a clear moves the mark");
+    assert!(cleared.is_settled(), "a finished clear is settled");
+    let (other, _) = Index::open(None, vec![Arc::new(Churn)]).unwrap();
+    assert_ne!(
+        other.change_mark(),
+        Index::open(None, vec![]).unwrap().0.change_mark()
+    );
+    assert_ne!(other.change_mark(), cleared);
+}
+
+#[test]
+fn joined_keys_are_the_concatenation_on_and_off_the_stack() {
+    for n in [
+        0,
+        1,
+        JOINED_KEY_STACK_BYTES - 3,
+        JOINED_KEY_STACK_BYTES + 1,
+        1000,
+    ] {
+        let a = vec![1u8; 3];
+        let b: Vec<u8> = (0..n).map(|i| i as u8).collect();
+        let want = [a.as_slice(), b.as_slice()].concat();
+        assert_eq!(with_joined(&[&a, &b], |k| k.to_vec()), want, "n={n}");
+        assert_eq!(with_joined(&[&b, &[], &a], |k| k.len()), n + 3);
+    }
+}
+
+#[test]
+fn prefix_end_is_the_least_key_after_the_prefix() {
+    assert_eq!(prefix_end(b"ab"), Some(b"ac".to_vec()));
+    assert_eq!(prefix_end(b"a\xff"), Some(b"b".to_vec()));
+    assert_eq!(prefix_end(b"\x01\xff\xff"), Some(b"\x02".to_vec()));
+    assert_eq!(prefix_end(b"\xff\xff"), None);
+    assert_eq!(prefix_end(b""), None);
+}

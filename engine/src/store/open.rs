@@ -1,0 +1,510 @@
+//! Opening a store: the owner lock, the scan of the whole log on open (record and
+//! history validation, torn-tail repair by the owner), the catch-up or rebuild of the
+//! index, and the read-only view of a store another process may own.
+
+use super::*;
+use crate::index::VERSIONS_PER_BLOCK;
+
+/// What scanning the log on open found.
+pub(super) struct LogState {
+    segments: BTreeMap<u64, Arc<Segment>>,
+    last_seq: u64,
+    last_ts: i64,
+    heads: foldhash::HashMap<String, u64>,
+    ids: CommitIdFilter,
+    /// The index's applied seq names a record the log does not have (or another one).
+    index_stale: bool,
+    /// Largest segment id in the directory.
+    max_id: u64,
+    /// The log's layout id (see `layout_of`).
+    layout: u64,
+}
+
+impl Store {
+    /// Open (creating if needed) the store in `dir` as its owner. Takes `DIR/LOCK`
+    /// exclusively (a second owner gets [`Error::Locked`]), recovers the log (truncating
+    /// only a torn tail of the last segment) and catches the index up or rebuilds it.
+    pub fn open(dir: impl AsRef<Path>, opts: Options) -> Result<Store, Error> {
+        Store::open_impl(dir.as_ref(), opts, false)
+    }
+
+    /// Open without the lock and without writing anything to `dir`: a torn tail is
+    /// ignored (not truncated) and indexes are built from the log into a temporary sled.
+    /// Works while a writer holds the store and appends; sees a prefix of the log as it
+    /// was when opened, ending before any record the writer was still writing (see
+    /// `segment::frame_landed_since` for the rule), never reported as damage.
+    pub fn open_read_only(dir: impl AsRef<Path>, opts: Options) -> Result<Store, Error> {
+        Store::open_impl(dir.as_ref(), opts, true)
+    }
+
+    pub(super) fn open_impl(dir: &Path, opts: Options, read_only: bool) -> Result<Store, Error> {
+        if opts.record_bytes_max == 0 || opts.record_bytes_max > format::RECORD_BYTES_HARD_CAP {
+            return Err(Error::InvalidInput(format!(
+                "record_bytes_max must be 1..={}",
+                format::RECORD_BYTES_HARD_CAP
+            )));
+        }
+        if opts.segment_bytes_max < format::SEGMENT_BYTES_MIN {
+            return Err(Error::InvalidInput(format!(
+                "segment_bytes_max must be at least {}",
+                format::SEGMENT_BYTES_MIN
+            )));
+        }
+        let vfs = opts.vfs.clone();
+        let mut guard = None;
+        if !read_only {
+            create_store_dir(&*vfs, dir)?;
+            let lock_path = dir.join(LOCK_FILE);
+            let existed = vfs
+                .exists(&lock_path)
+                .map_err(|e| Error::io(&lock_path, "exists", e))?;
+            let deadline = std::time::Instant::now() + opts.lock_wait;
+            loop {
+                match vfs.lock(&lock_path, true) {
+                    Ok(Some(g)) => {
+                        guard = Some(g);
+                        break;
+                    }
+                    Ok(None) if std::time::Instant::now() < deadline => {
+                        std::thread::sleep(std::time::Duration::from_millis(LOCK_RETRY_MS));
+                    }
+                    Ok(None) => return Err(Error::Locked { path: lock_path }),
+                    Err(e) => return Err(Error::io(&lock_path, "lock", e)),
+                }
+            }
+            if !existed {
+                vfs.sync_dir(dir)
+                    .map_err(|e| Error::io(dir, "sync_dir", e))?;
+            }
+        }
+        if !read_only {
+            // Finish or roll back a GC that a crash interrupted, before reading the log.
+            crate::gc::recover(&*vfs, dir)?;
+            // A spare segment of the last owner: it is rebuilt when needed.
+            spare::remove(&*vfs, dir)?;
+        }
+        let index_path = if read_only {
+            None
+        } else {
+            Some(
+                opts.index_dir
+                    .clone()
+                    .unwrap_or_else(|| dir.join(INDEX_DIR)),
+            )
+        };
+        let (index, _fresh) = Index::open(index_path.as_deref(), opts.indexers.clone())?;
+
+        let mut state = scan_log(&*vfs, dir, &opts, &index, read_only);
+        if read_only {
+            // A live writer may be appending to the last segment while it is scanned: a
+            // frame caught half-written with a complete one after it looks like mid-log
+            // corruption. Real corruption stays; a race does not survive a rescan.
+            let mut tries = 0;
+            while tries < READ_ONLY_RESCANS && matches!(state, Err(Error::Corrupt { .. })) {
+                tries += 1;
+                std::thread::sleep(std::time::Duration::from_millis(10));
+                index.clear(0)?;
+                state = scan_log(&*vfs, dir, &opts, &index, read_only);
+            }
+        }
+        let mut state = state?;
+        if state.index_stale {
+            // The index is ahead of the log or describes another history (e.g. after a
+            // crash with Buffered durability): rebuild it from the log.
+            index.clear(state.layout)?;
+            state = scan_log(&*vfs, dir, &opts, &index, read_only)?;
+            debug_assert!(!state.index_stale);
+            let _ = index.flush();
+        }
+        let mut segments = state.segments;
+        // The active segment is the last in log order, unless that one was written by GC
+        // (or the log is empty): then a new one starts.
+        let last = segment::in_log_order(segments.values()).pop();
+        let mut next_segment_id = state.max_id.max(1);
+        let active = match last.filter(|s| s.compacted.is_none()) {
+            Some(s) => s.clone(),
+            None if read_only => {
+                // An empty read-only store: a placeholder segment that is never written.
+                Arc::new(Segment::new(
+                    0,
+                    Arc::new(NoFile),
+                    SEGMENT_HEADER_BYTES,
+                    0,
+                    0,
+                ))
+            }
+            None => {
+                let id = if segments.is_empty() && state.max_id == 0 {
+                    1
+                } else {
+                    state.max_id + 1
+                };
+                let seg = create_segment(&*vfs, dir, &opts, id, opts.segment_bytes_max)?;
+                segments.insert(id, seg.clone());
+                next_segment_id = id;
+                seg
+            }
+        };
+        let end = active.end.load(Ordering::Acquire);
+        let writer = Writer {
+            tail_seg: active.id,
+            tail_off: end,
+            tail_cap: active.capacity,
+            active,
+            next_segment_id: next_segment_id + 1,
+            buf: Vec::new(),
+            chunks: Vec::new(),
+            batch: Vec::new(),
+            spare_buf: Vec::new(),
+            spare_chunks: Vec::new(),
+            spare_batch: Vec::new(),
+            next_seq: state.last_seq,
+            done_seq: state.last_seq,
+            leader: false,
+            heads: state.heads,
+            pending_ids: foldhash::HashMap::default(),
+            ids: state.ids,
+            last_ts: state.last_ts,
+            dirty: false,
+            last_group: 0,
+            gathering: false,
+            waiters: 0,
+            preparer: None,
+            preparer_failed: false,
+            last_group_end: None,
+        };
+        let inner = Arc::new(Inner {
+            dir: dir.to_path_buf(),
+            read_only,
+            _lock: guard,
+            segments: RwLock::new(segments),
+            w: Mutex::new(writer),
+            cond: Condvar::new(),
+            gather_cond: Condvar::new(),
+            last_sync_nanos: AtomicU64::new(0),
+            index,
+            last_seq: AtomicU64::new(state.last_seq),
+            poisoned: AtomicBool::new(false),
+            poison_cause: Mutex::new(None),
+            closed: AtomicBool::new(false),
+            counters: Counters::default(),
+            stop: Mutex::new(false),
+            stop_cond: Condvar::new(),
+            flusher: Mutex::new(None),
+            gc_lock: Mutex::new(()),
+            gc_epoch: AtomicU64::new(0),
+            retired: Mutex::new(Vec::new()),
+            spare: Mutex::new(spare::Slot::Empty),
+            opts,
+        });
+        if !read_only && inner.opts.durability == Durability::Buffered {
+            let weak = Arc::downgrade(&inner);
+            let interval = inner.opts.buffered_flush_interval;
+            let handle = std::thread::Builder::new()
+                .name("spool-flusher".into())
+                .spawn(move || flusher_loop(weak, interval))
+                .map_err(|e| Error::io(dir, "spawn flusher thread", e))?;
+            *lock(&inner.flusher) = Some(handle);
+        }
+        Ok(Store { inner })
+    }
+}
+
+/// Whether the index holds `i` (its version's entry names the same seq, position and
+/// commit id). An index that cannot be read does not.
+fn index_has(index: &Index, i: &CommitInfo) -> bool {
+    matches!(
+        index.stream_entry(&i.stream, i.version),
+        Ok(Some(e)) if e.seq == i.seq && e.position == i.position && e.commit_id == i.commit_id
+    )
+}
+
+/// Create the store directory `dir` and any missing ancestors, and fsync the parent of
+/// each directory created: a new directory's entry is durable only once its parent is
+/// synced, and every later fsync inside it would otherwise not survive a power loss.
+pub(super) fn create_store_dir(vfs: &dyn Vfs, dir: &Path) -> Result<(), Error> {
+    let mut missing = Vec::new();
+    for a in dir.ancestors() {
+        if a.as_os_str().is_empty() || vfs.exists(a).map_err(|e| Error::io(a, "exists", e))? {
+            break;
+        }
+        missing.push(a);
+    }
+    vfs.create_dir_all(dir)
+        .map_err(|e| Error::io(dir, "create_dir_all", e))?;
+    for created in missing.iter().rev() {
+        let parent = match created.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p,
+            _ => Path::new("."),
+        };
+        vfs.sync_dir(parent)
+            .map_err(|e| Error::io(parent, "sync_dir", e))?;
+    }
+    Ok(())
+}
+
+/// Scan the whole log: validate every record and the history, repair a torn tail (owner
+/// only), and apply records past the index's applied seq to the index.
+pub(super) fn scan_log(
+    vfs: &dyn Vfs,
+    dir: &Path,
+    opts: &Options,
+    index: &Index,
+    read_only: bool,
+) -> Result<LogState, Error> {
+    let max = opts.record_bytes_max;
+    let (opened, max_id) = open_segments_in_order(vfs, dir, max, read_only)?;
+    check_plain_order(&opened)?;
+    let layout = layout_of(&opened);
+    if index.layout()? != layout {
+        // Built from another arrangement of the log (before or after a GC): its
+        // positions mean nothing now.
+        index.clear(layout)?;
+    }
+    let (applied, applied_id) = index.applied_marker()?;
+    let mut hist = HistoryCheck::default();
+    let mut pending: Vec<RecordedCommit> = Vec::new();
+    let mut segments = BTreeMap::new();
+    let mut last_ts = 0i64;
+    let mut index_stale = false;
+    let mut commit_ids = CommitIdFilter::with_capacity(0);
+    // Per stream, the last commit the index says it holds (see `index_has`).
+    let mut last_indexed: foldhash::HashMap<String, CommitInfo> = Default::default();
+    let count = opened.len();
+    for (i, seg) in opened.into_iter().enumerate() {
+        let OpenedSegment {
+            id,
+            path,
+            name,
+            mut file,
+            map,
+            header,
+            ..
+        } = seg;
+        // Only the last segment in log order, if the writer made it, may have a torn
+        // tail or an unfinished header.
+        let is_last = i + 1 == count && !matches!(&header, Ok(h) if h.compacted.is_some());
+        if is_last && !read_only {
+            file = vfs
+                .open(&path, OpenMode::ReadWrite)
+                .map_err(|e| Error::io(&path, "open", e))?;
+        }
+        let header = match header {
+            Ok(h) => h,
+            Err(format::HeaderProblem::FutureVersion(v)) => {
+                return Err(Error::UnsupportedFormat {
+                    path,
+                    found: v,
+                    supported: format::SEGMENT_FORMAT_VERSION,
+                })
+            }
+            Err(format::HeaderProblem::WrongId(found)) => {
+                return Err(Error::corrupt(
+                    &name,
+                    16,
+                    format!("header names segment id {found}, the file name {id}"),
+                ))
+            }
+            Err(p) => {
+                let problem = match p {
+                    format::HeaderProblem::Blank => "blank segment header".to_string(),
+                    format::HeaderProblem::Invalid(s) => s,
+                    _ => "bad header".to_string(),
+                };
+                if !is_last || !segment::is_unfinished_creation(&map) {
+                    return Err(Error::corrupt(&name, 0, problem));
+                }
+                // The last segment's creation did not complete (crash between create and
+                // the header's fsync): it holds no record. Re-initialize it.
+                if read_only {
+                    continue;
+                }
+                let capacity = opts.segment_bytes_max.max(map.len() as u64);
+                drop(map);
+                init_segment_file(
+                    &*file,
+                    &path,
+                    opts.preallocate.resolve(opts.durability),
+                    id,
+                    capacity,
+                )?;
+                vfs.sync_dir(dir)
+                    .map_err(|e| Error::io(dir, "sync_dir", e))?;
+                segments.insert(
+                    id,
+                    Arc::new(Segment::new(id, file, SEGMENT_HEADER_BYTES, capacity, 0)),
+                );
+                continue;
+            }
+        };
+        hist.enter_segment(header.compacted)
+            .map_err(|p| Error::corrupt(&name, SEGMENT_HEADER_BYTES, p))?;
+        let mut first_seq = 0;
+        let scan = segment::scan_segment(&map, id, max, header.data_start, |off, payload| {
+            let pos = LogPosition {
+                segment: id,
+                offset: off,
+            };
+            // Records the index already has are only checked, not copied out.
+            let decode = if format::peek_seq(payload).is_some_and(|seq| seq <= applied) {
+                format::decode_commit_head
+            } else {
+                format::decode_commit
+            };
+            let rec = decode(payload, pos).map_err(|p| Error::corrupt(&name, off, p))?;
+            hist.check(&rec)
+                .map_err(|p| Error::corrupt(&name, off, p))?;
+            if first_seq == 0 {
+                first_seq = rec.info.seq;
+            }
+            if !read_only {
+                commit_ids.insert(rec.info.commit_id);
+            }
+            last_ts = last_ts.max(rec.info.timestamp_ms);
+            let seq = rec.info.seq;
+            if seq == applied && applied_id != Some(rec.info.commit_id) {
+                index_stale = true;
+            }
+            if seq <= applied && !index_stale {
+                // The index's entries for what it says it holds: the last version of
+                // each full block is checked here, each stream's last one after the
+                // scan (one index read per 64 versions and per stream), so a gap left
+                // by a failed move or sled damage is found and rebuilt, never served.
+                let i = &rec.info;
+                if i.version % VERSIONS_PER_BLOCK == 0 && !index_has(index, i) {
+                    index_stale = true;
+                }
+                match last_indexed.get_mut(&i.stream) {
+                    Some(last) => *last = i.clone(),
+                    None => {
+                        last_indexed.insert(i.stream.clone(), i.clone());
+                    }
+                }
+            }
+            if seq > applied && !index_stale {
+                pending.push(rec);
+                if pending.len() >= CATCH_UP_BATCH {
+                    index.apply(&pending)?;
+                    pending.clear();
+                }
+            }
+            Ok(())
+        })?;
+        hist.leave_segment();
+        let mut end = scan.end;
+        match scan.tail {
+            Tail::Clean => {}
+            // A reader never judges these bytes: with a live writer they may be its
+            // record in flight (its text may hold a frame); the owner's open decides.
+            Tail::Enclosed { .. } if read_only && is_last => end = scan.end,
+            Tail::Corrupt { .. }
+                if read_only
+                    && is_last
+                    && segment::frame_landed_since(&*file, id, max, scan.end)
+                        .map_err(|e| Error::io(&path, "read_at", e))? =>
+            {
+                // The writer's write in flight (see `segment::frame_landed_since`): this
+                // view of the log ends before it.
+                end = scan.end;
+            }
+            Tail::Corrupt { problem, valid_at } => {
+                return Err(Error::corrupt(
+                    &name,
+                    scan.end,
+                    format!("{problem}; a valid record follows at offset {valid_at}"),
+                ))
+            }
+            Tail::Enclosed { problem, inner_at } => {
+                return Err(Error::corrupt(
+                    &name,
+                    scan.end,
+                    format!(
+                        "{problem}; the bytes this record claims hold a frame at offset \
+                         {inner_at}, which is not taken for a record (`verify --salvage` \
+                         copies every readable commit)"
+                    ),
+                ))
+            }
+            Tail::Torn {
+                problem,
+                written_end,
+            } => {
+                if !is_last {
+                    return Err(Error::corrupt(&name, scan.end, problem));
+                }
+                if !read_only {
+                    // A torn tail of the last segment: the write that was in flight when
+                    // the process died. Nothing after it validates, so it was never
+                    // acknowledged: zero it (keeping the preallocation) and fdatasync.
+                    zero_range(&*file, &path, scan.end, written_end)?;
+                }
+                end = scan.end;
+            }
+        }
+        let capacity = map.len() as u64;
+        let seg = Segment::new(id, file, end, capacity, first_seq).with_header(header);
+        let seg = if read_only || !is_last {
+            seg.with_map(Arc::new(map))
+        } else {
+            drop(map);
+            seg
+        };
+        segments.insert(id, Arc::new(seg));
+    }
+    if applied > hist.last_seq {
+        index_stale = true;
+    }
+    if !index_stale && !last_indexed.values().all(|i| index_has(index, i)) {
+        index_stale = true;
+    }
+    if !index_stale && !pending.is_empty() {
+        index.apply(&pending)?;
+        // Persist the catch-up now rather than redo it after a crash.
+        index.flush_mem()?;
+    }
+    Ok(LogState {
+        segments,
+        last_seq: hist.last_seq,
+        last_ts,
+        heads: if read_only {
+            foldhash::HashMap::default()
+        } else {
+            hist.heads
+        },
+        ids: commit_ids,
+        index_stale,
+        max_id,
+        layout,
+    })
+}
+
+/// Stand-in file for the placeholder segment of an empty read-only store.
+#[derive(Debug)]
+pub(super) struct NoFile;
+
+impl VfsFile for NoFile {
+    fn read_at(&self, _: &mut [u8], _: u64) -> std::io::Result<()> {
+        Err(std::io::Error::new(
+            std::io::ErrorKind::UnexpectedEof,
+            "empty store",
+        ))
+    }
+    fn write_at(&self, _: &[u8], _: u64) -> std::io::Result<()> {
+        Err(std::io::Error::other("read-only"))
+    }
+    fn sync_data(&self) -> std::io::Result<()> {
+        Ok(())
+    }
+    fn sync_all(&self) -> std::io::Result<()> {
+        Ok(())
+    }
+    fn set_len(&self, _: u64) -> std::io::Result<()> {
+        Err(std::io::Error::other("read-only"))
+    }
+    fn len(&self) -> std::io::Result<u64> {
+        Ok(0)
+    }
+    fn map(&self) -> std::io::Result<Mapped> {
+        Ok(Mapped::from_vec(Vec::new()))
+    }
+}

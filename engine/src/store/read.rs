@@ -1,0 +1,210 @@
+//! Reads of an open store: a stream's commits, a record at a position, spans of raw
+//! log bytes, the scan of the log in seq order ([`LogScan`]) and commit-id lookups.
+
+use super::*;
+
+impl Store {
+    /// The head version of `stream`; `None` when it does not exist.
+    pub fn stream_version(&self, stream: &str) -> Result<Option<u64>, Error> {
+        Ok(self.inner.index.stream_head(stream)?.map(|h| h.version))
+    }
+
+    /// Commits of `stream` with versions `>= from_version`, ascending, at most `limit`.
+    pub fn read_stream(
+        &self,
+        stream: &str,
+        from_version: u64,
+        limit: usize,
+    ) -> Result<Vec<RecordedCommit>, Error> {
+        loop {
+            // A GC that swaps segments between reading positions and records makes
+            // the positions stale: read again from the rebuilt index.
+            let epoch = self.inner.gc_epoch.load(Ordering::Acquire);
+            match self.read_stream_once(stream, from_version, limit) {
+                Err(e) if self.inner.gc_epoch.load(Ordering::Acquire) != epoch => {
+                    let _ = e;
+                    continue;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    pub(super) fn read_stream_once(
+        &self,
+        stream: &str,
+        from_version: u64,
+        limit: usize,
+    ) -> Result<Vec<RecordedCommit>, Error> {
+        let positions = self
+            .inner
+            .index
+            .stream_positions(stream, from_version.max(1), limit)?;
+        let mut out = Vec::with_capacity(positions.len());
+        for (version, pos) in positions {
+            let rec = self.read_at(pos)?;
+            if rec.info.stream != stream || rec.info.version != version {
+                return Err(Error::Index(IndexError::Mismatch(format!(
+                    "index says {stream:?} v{version} is at {pos}, the log has {:?} v{} there",
+                    rec.info.stream, rec.info.version
+                ))));
+            }
+            out.push(rec);
+        }
+        Ok(out)
+    }
+
+    /// The segment holding `pos` (`NotFound` when no segment has its id).
+    pub(super) fn segment_at(&self, pos: LogPosition) -> Result<Arc<Segment>, Error> {
+        self.inner
+            .segments
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&pos.segment)
+            .cloned()
+            .ok_or_else(|| Error::NotFound(pos.to_string()))
+    }
+
+    /// The commit recorded at `pos`.
+    pub fn read_at(&self, pos: LogPosition) -> Result<RecordedCommit, Error> {
+        let seg = self.segment_at(pos)?;
+        seg.read(pos.offset, self.inner.opts.record_bytes_max)
+    }
+
+    /// The commit recorded at `pos`, decoded in place and handed to `f`, with the checks
+    /// of [`Store::read_at`] (frame checksum, every length): nothing is copied out of a
+    /// sealed segment's map or from the map of the active segment's acknowledged prefix
+    /// (see [`ACTIVE_MAP_SLACK_BYTES`](crate::ACTIVE_MAP_SLACK_BYTES)); a record
+    /// after that map is read with one `pread` into a buffer the calling thread reuses.
+    /// For reading one event of a commit without the allocations of a
+    /// [`RecordedCommit`].
+    pub fn visit_at<R>(
+        &self,
+        pos: LogPosition,
+        f: impl FnOnce(CommitRef<'_>) -> R,
+    ) -> Result<R, Error> {
+        let seg = self.segment_at(pos)?;
+        seg.visit(pos.offset, self.inner.opts.record_bytes_max, f)
+    }
+
+    /// The bytes of the log from `from` on in its segment, at most `len` of them (never
+    /// past the acknowledged end), to read several nearby records with
+    /// [`LogSpan::visit`]: borrowed from a segment's map when it holds them all (see
+    /// [`Store::visit_at`]), else read with one `pread`. `len` is the caller's bound on
+    /// what it copies
+    /// ([`LOG_SPAN_BYTES_MAX`] at most).
+    pub fn read_span(&self, from: LogPosition, len: u64) -> Result<LogSpan, Error> {
+        let seg = self.segment_at(from)?;
+        seg.span(
+            from.offset,
+            len.min(LOG_SPAN_BYTES_MAX),
+            self.inner.opts.record_bytes_max,
+        )
+    }
+
+    /// Commits with seq `>= from_seq` in log order, up to the last one acknowledged when
+    /// the scan starts.
+    pub fn scan(&self, from_seq: u64) -> Result<LogScan<'_>, Error> {
+        let end_seq = self.last_seq();
+        let segs = segment::in_log_order(
+            self.inner
+                .segments
+                .read()
+                .unwrap_or_else(|e| e.into_inner())
+                .values(),
+        );
+        let target = from_seq.max(1);
+        // Start at the last segment that begins at or before the target.
+        let start = segs
+            .iter()
+            .rposition(|s| s.order_key() != u64::MAX && s.order_key() <= target)
+            .unwrap_or(0);
+        Ok(LogScan {
+            store: self,
+            segs,
+            i: start,
+            off: 0,
+            from_seq: target,
+            end_seq,
+        })
+    }
+
+    /// Every stream with its head version, sorted by name.
+    pub fn streams(&self) -> Result<Vec<(String, u64)>, Error> {
+        self.inner.index.streams()
+    }
+
+    /// The commit with client commit id `id`, if one landed (on any stream).
+    /// Ids the in-memory filter has never seen answer `None` at once; otherwise
+    /// the version index is searched (a full pass over it: meant for importers
+    /// and tools, not for the write path).
+    pub fn commit_by_id(&self, id: Uuid) -> Result<Option<CommitInfo>, Error> {
+        let inner = &*self.inner;
+        {
+            let w = lock(&inner.w);
+            if let Some(info) = w.pending_ids.get(&id) {
+                return Ok(Some(info.clone()));
+            }
+            if !w.ids.may_contain(id) {
+                return Ok(None);
+            }
+        }
+        match inner.index.find_anywhere(id)? {
+            Some((_, _, pos)) => Ok(Some(self.read_at(pos)?.info)),
+            None => Ok(None),
+        }
+    }
+
+    /// The last acknowledged sequence number (0 for an empty store).
+    pub fn last_seq(&self) -> u64 {
+        self.inner.last_seq.load(Ordering::Acquire)
+    }
+}
+
+/// Iterator over the log in seq order (from [`Store::scan`]).
+///
+/// It holds the segments of the log as they were when the scan started, so a GC that
+/// retires them meanwhile does not cut it short: a retired segment's file is removed
+/// only once no scan holds it.
+pub struct LogScan<'a> {
+    store: &'a Store,
+    segs: Vec<Arc<Segment>>,
+    i: usize,
+    off: u64,
+    from_seq: u64,
+    end_seq: u64,
+}
+
+impl Iterator for LogScan<'_> {
+    type Item = Result<RecordedCommit, Error>;
+    fn next(&mut self) -> Option<Self::Item> {
+        loop {
+            let seg = self.segs.get(self.i)?.clone();
+            if self.off < seg.data_start {
+                self.off = seg.data_start;
+            }
+            if self.off >= seg.end.load(Ordering::Acquire) {
+                self.i += 1;
+                self.off = 0;
+                continue;
+            }
+            match seg.read(self.off, self.store.inner.opts.record_bytes_max) {
+                Ok(rec) => {
+                    self.off += u64::from(rec.record_bytes);
+                    if rec.info.seq > self.end_seq {
+                        self.i = self.segs.len();
+                        return None;
+                    }
+                    if rec.info.seq < self.from_seq {
+                        continue;
+                    }
+                    return Some(Ok(rec));
+                }
+                Err(e) => {
+                    self.i = self.segs.len();
+                    return Some(Err(e));
+                }
+            }
+        }
+    }
+}

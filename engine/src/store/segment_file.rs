@@ -1,0 +1,186 @@
+//! Segment files on disk: creating one (preallocation, header, fsyncs), zeroing a
+//! torn tail, and opening and mapping every segment of a directory in log order
+//! for open, verify, GC and salvage.
+
+use super::*;
+
+/// Create segment `id`: preallocate, header, fsync the file, fsync the directory.
+pub(super) fn create_segment(
+    vfs: &dyn Vfs,
+    dir: &Path,
+    opts: &Options,
+    id: u64,
+    capacity: u64,
+) -> Result<Arc<Segment>, Error> {
+    let name = format::segment_file_name(id);
+    let path = dir.join(&name);
+    let file = vfs
+        .open(&path, OpenMode::CreateNew)
+        .map_err(|e| Error::io(&path, "create", e))?;
+    init_segment_file(
+        &*file,
+        &path,
+        opts.preallocate.resolve(opts.durability),
+        id,
+        capacity,
+    )?;
+    vfs.sync_dir(dir)
+        .map_err(|e| Error::io(dir, "sync_dir", e))?;
+    Ok(Arc::new(Segment::new(
+        id,
+        file,
+        SEGMENT_HEADER_BYTES,
+        capacity,
+        0,
+    )))
+}
+
+/// Preallocate (`preallocate` resolved: not `Auto`), write the header and fsync.
+pub(crate) fn init_segment_file(
+    file: &dyn VfsFile,
+    path: &Path,
+    preallocate: Preallocate,
+    id: u64,
+    capacity: u64,
+) -> Result<(), Error> {
+    file.set_len(capacity)
+        .map_err(|e| Error::io(path, "set_len", e))?;
+    // The header goes first, on its own: a crash before the `sync_all` keeps a prefix of
+    // these writes in order (possibly torn), so an unfinished creation has nonzero bytes
+    // in the header region only, which tells it from a file that is not spool's (see
+    // `segment::is_unfinished_creation`).
+    file.write_at(&format::encode_header(id), 0)
+        .map_err(|e| Error::io(path, "write_at", e))?;
+    if preallocate == Preallocate::ZeroFill {
+        let chunk = ZERO_FILL_CHUNK_BYTES as u64;
+        let zeros = vec![0u8; ZERO_FILL_CHUNK_BYTES.min(capacity as usize)];
+        let mut off = SEGMENT_HEADER_BYTES.min(capacity);
+        while off < capacity {
+            // Up to the next chunk boundary, so that every later write is aligned.
+            let n = (capacity - off).min(chunk - off % chunk) as usize;
+            file.write_at(&zeros[..n], off)
+                .map_err(|e| Error::io(path, "write_at", e))?;
+            off += n as u64;
+        }
+    }
+    file.sync_all().map_err(|e| Error::io(path, "sync_all", e))
+}
+
+/// Zero `from..to` of a segment and fdatasync: the truncation of a torn tail that keeps
+/// the preallocated size.
+pub(super) fn zero_range(file: &dyn VfsFile, path: &Path, from: u64, to: u64) -> Result<(), Error> {
+    let zeros = vec![0u8; ZERO_FILL_CHUNK_BYTES.min((to - from) as usize)];
+    let mut off = from;
+    while off < to {
+        let n = (to - off).min(zeros.len() as u64) as usize;
+        file.write_at(&zeros[..n], off)
+            .map_err(|e| Error::io(path, "write_at", e))?;
+        off += n as u64;
+    }
+    file.sync_data()
+        .map_err(|e| Error::io(path, "sync_data", e))
+}
+
+/// A segment file opened by the first pass of a log scan.
+pub(crate) struct OpenedSegment {
+    pub id: u64,
+    /// Where the file is (a `.seg`, or a `.seg.gc` a read-only view rolls forward).
+    pub path: PathBuf,
+    pub name: String,
+    pub file: Arc<dyn VfsFile>,
+    pub map: Mapped,
+    pub header: Result<format::SegmentHeader, format::HeaderProblem>,
+    /// Position in log order (see `Segment::order_key`); `u64::MAX` when unknown.
+    pub key: u64,
+}
+
+/// Open and map every segment of the log (read only) and sort them into log order (see
+/// `segment::sort_in_log_order`). Returns the segments and the largest segment id in the
+/// directory.
+pub(crate) fn open_segments_in_order(
+    vfs: &dyn Vfs,
+    dir: &Path,
+    max: u32,
+    read_only: bool,
+) -> Result<(Vec<OpenedSegment>, u64), Error> {
+    let files = crate::gc::segment_files(vfs, dir, read_only)?;
+    let max_id = files.iter().map(|(id, _)| *id).max().unwrap_or(0);
+    let mut out = Vec::with_capacity(files.len());
+    for (id, file_name) in files {
+        let path = dir.join(&file_name);
+        let file = vfs
+            .open(&path, OpenMode::Read)
+            .map_err(|e| Error::io(&path, "open", e))?;
+        let map: Mapped = file.map().map_err(|e| Error::io(&path, "map", e))?;
+        let header = format::check_header(&map, id);
+        let key = match &header {
+            Ok(h) => match h.compacted {
+                Some((first, _)) => first,
+                None => match map
+                    .get(h.data_start as usize..)
+                    .map(|rest| format::check_frame(rest, id, max))
+                {
+                    Some(format::FrameCheck::Valid { payload, .. }) => {
+                        format::peek_seq(payload).unwrap_or(u64::MAX)
+                    }
+                    _ => u64::MAX,
+                },
+            },
+            Err(_) => u64::MAX,
+        };
+        out.push(OpenedSegment {
+            id,
+            path,
+            name: format::segment_file_name(id),
+            file,
+            map,
+            header,
+            key,
+        });
+    }
+    segment::sort_in_log_order(&mut out, |s| {
+        (
+            s.id,
+            matches!(&s.header, Ok(h) if h.compacted.is_some()),
+            s.key,
+        )
+    });
+    Ok((out, max_id))
+}
+
+/// Segments not written by GC must appear in log order by ascending id (the writer only
+/// ever creates higher ids); `Err` names the first one out of place.
+pub(crate) fn check_plain_order(segs: &[OpenedSegment]) -> Result<(), Error> {
+    let mut prev: Option<u64> = None;
+    for s in segs {
+        let compacted = matches!(&s.header, Ok(h) if h.compacted.is_some());
+        if compacted {
+            continue;
+        }
+        if let Some(p) = prev {
+            if s.id < p {
+                return Err(Error::corrupt(
+                    &s.name,
+                    SEGMENT_HEADER_BYTES,
+                    format!(
+                        "holds seqs after those of the later segment {}",
+                        format::segment_file_name(p)
+                    ),
+                ));
+            }
+        }
+        prev = Some(s.id);
+    }
+    Ok(())
+}
+
+/// The log's layout id: the largest id of a segment written by GC (0 if none). Every GC
+/// writes a segment with a new, larger id, so the index records the layout it was built
+/// from and is rebuilt when it differs.
+pub(crate) fn layout_of<'a>(segs: impl IntoIterator<Item = &'a OpenedSegment>) -> u64 {
+    segs.into_iter()
+        .filter(|s| matches!(&s.header, Ok(h) if h.compacted.is_some()))
+        .map(|s| s.id)
+        .max()
+        .unwrap_or(0)
+}

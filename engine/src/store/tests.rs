@@ -1,0 +1,205 @@
+use super::*;
+
+fn ev(i: u64) -> Vec<EventData> {
+    vec![EventData::new("e", i.to_le_bytes().to_vec())]
+}
+
+/// The active segment is read through a map of its acknowledged prefix once the end
+/// has moved a slack past the map; reads after the map, and a record that straddles
+/// its end, go to the file; a sealed segment is then mapped whole.
+#[test]
+fn the_active_segment_is_read_through_a_map_of_its_acknowledged_prefix() {
+    use crate::segment::ACTIVE_MAP_SLACK_BYTES;
+    let dir = tempfile::tempdir().unwrap();
+    let opts = Options::default()
+        .durability(Durability::Buffered)
+        .segment_bytes_max(8 << 20);
+    let s = Store::open(dir.path(), opts).unwrap();
+    let mut written: Vec<(LogPosition, Vec<u8>)> = Vec::new();
+    fn append(s: &Store, i: u64, written: &mut Vec<(LogPosition, Vec<u8>)>) {
+        // 3,000 to 5,000 bytes, so records straddle page and map boundaries.
+        let len = 3000 + (i * 7919 % 2000) as usize;
+        let payload: Vec<u8> = (0..len).map(|j| (i as usize * 31 + j) as u8).collect();
+        let o = s
+            .append(NewCommit::new(
+                "s",
+                ExpectedVersion::Exact(i),
+                vec![EventData::new("e", payload.clone())],
+            ))
+            .unwrap();
+        let AppendOutcome::Committed(info) = o else {
+            panic!("append {i}: {o:?}")
+        };
+        written.push((info.position, payload));
+    }
+    let check = |s: &Store, written: &[(LogPosition, Vec<u8>)]| {
+        for (i, (pos, payload)) in written.iter().enumerate() {
+            let got = s
+                .visit_at(*pos, |c| c.event(0).map(|e| e.payload.to_vec()))
+                .unwrap();
+            assert_eq!(got.as_deref(), Some(&payload[..]), "record {i} at {pos}");
+        }
+    };
+    let active = |s: &Store| s.segment_at(written_first(s)).unwrap();
+    fn written_first(s: &Store) -> LogPosition {
+        LogPosition {
+            segment: *s.inner.segments.read().unwrap().keys().next().unwrap(),
+            offset: SEGMENT_HEADER_BYTES,
+        }
+    }
+    // Under the slack: reads go to the file, nothing is mapped.
+    let mut i = 0u64;
+    while active(&s).end.load(Ordering::Acquire) < ACTIVE_MAP_SLACK_BYTES / 2 {
+        append(&s, i, &mut written);
+        i += 1;
+    }
+    check(&s, &written);
+    assert_eq!(active(&s).map_state(), None);
+    // Past it: the first read maps exactly the acknowledged prefix.
+    while active(&s).end.load(Ordering::Acquire) < ACTIVE_MAP_SLACK_BYTES * 3 / 2 {
+        append(&s, i, &mut written);
+        i += 1;
+    }
+    let end = active(&s).end.load(Ordering::Acquire);
+    check(&s, &written);
+    assert_eq!(active(&s).map_state(), Some((end, false)));
+    // Records after the map (its end is a record boundary, in the middle of a page
+    // the writer goes on writing) are read from the file, as is a span reaching past
+    // the map; the map stays until the next slack.
+    let before = written.len();
+    for _ in 0..20 {
+        append(&s, i, &mut written);
+        i += 1;
+    }
+    check(&s, &written);
+    assert_eq!(active(&s).map_state(), Some((end, false)));
+    let span = s.read_span(written[before - 1].0, 64 << 10).unwrap();
+    for (pos, payload) in &written[before - 1..before + 5] {
+        let got = span
+            .visit(*pos, |c| c.event(0).map(|e| e.payload.to_vec()))
+            .unwrap()
+            .unwrap();
+        assert_eq!(got.as_deref(), Some(&payload[..]), "span read at {pos}");
+    }
+    // Past the next slack: mapped again, longer.
+    while active(&s).end.load(Ordering::Acquire) < end + ACTIVE_MAP_SLACK_BYTES + (end / 4) {
+        append(&s, i, &mut written);
+        i += 1;
+    }
+    let end2 = active(&s).end.load(Ordering::Acquire);
+    check(&s, &written);
+    assert_eq!(active(&s).map_state(), Some((end2, false)));
+    // Sealed (the log moved on to the next segment): the next read maps it whole.
+    let first = written_first(&s).segment;
+    while written.last().unwrap().0.segment == first {
+        append(&s, i, &mut written);
+        i += 1;
+    }
+    check(&s, &written);
+    let sealed = s.segment_at(written_first(&s)).unwrap();
+    let (len, whole) = sealed.map_state().unwrap();
+    assert!(
+        whole && len == 8 << 20,
+        "sealed map: {len} bytes, whole {whole}"
+    );
+    drop(s);
+    // And reopened, everything reads back the same.
+    let s = Store::open(
+        dir.path(),
+        Options::default()
+            .durability(Durability::Buffered)
+            .segment_bytes_max(8 << 20),
+    )
+    .unwrap();
+    check(&s, &written);
+}
+
+/// A failed map of the active segment's prefix fails that read with an I/O error
+/// naming the segment, poisons nothing (reads never do), and the next read maps it.
+#[test]
+fn a_failed_prefix_map_fails_the_read_and_the_next_read_maps() {
+    use crate::vfs::{FaultKind, FaultVfs, OsVfs};
+    let dir = tempfile::tempdir().unwrap();
+    let vfs = FaultVfs::new(Arc::new(OsVfs));
+    let s = Store::open(
+        dir.path(),
+        Options::default()
+            .durability(Durability::Buffered)
+            // No thread building the next segment beside the test's reads.
+            .next_segment(NextSegment::Inline)
+            .vfs(Arc::new(vfs.clone())),
+    )
+    .unwrap();
+    let mut last = None;
+    for i in 0..400u64 {
+        let o = s
+            .append(NewCommit::new(
+                "s",
+                ExpectedVersion::Exact(i),
+                vec![EventData::new("e", vec![i as u8; 4000])],
+            ))
+            .unwrap();
+        last = o.info().map(|c| c.position);
+    }
+    let pos = last.unwrap();
+    let seg = s.segment_at(pos).unwrap();
+    assert!(seg.end.load(Ordering::Acquire) > crate::ACTIVE_MAP_SLACK_BYTES);
+    assert_eq!(seg.map_state(), None);
+    // The next read call is the map of the prefix.
+    vfs.reset_counts();
+    vfs.fail_nth(FaultKind::Read, 1, false);
+    let err = s.visit_at(pos, |c| c.seq).unwrap_err();
+    match &err {
+        Error::Io { path, op, .. } => {
+            assert_eq!(*op, "map");
+            assert!(path.ends_with(&seg.name), "{err}");
+        }
+        other => panic!("expected an I/O error naming the segment, got {other}"),
+    }
+    assert_eq!(vfs.injected(), 1);
+    assert_eq!(seg.map_state(), None);
+    // Not poisoned; the next read maps the prefix and reads the record.
+    assert_eq!(s.visit_at(pos, |c| c.seq).unwrap(), 400);
+    assert!(matches!(seg.map_state(), Some((_, false))));
+    let o = s
+        .append(NewCommit::new(
+            "s",
+            ExpectedVersion::Exact(400),
+            vec![EventData::new("e", vec![1])],
+        ))
+        .unwrap();
+    assert!(matches!(o, AppendOutcome::Committed(_)));
+}
+
+#[test]
+fn losing_the_memtable_is_caught_up_from_the_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let opts = || {
+        Options::default()
+            .durability(Durability::Buffered)
+            .segment_bytes_max(1 << 20)
+    };
+    let s = Store::open(dir.path(), opts()).unwrap();
+    // More than one memtable's worth: one background move into sled, then the rest.
+    let n = 5000u64;
+    for i in 0..n {
+        let stream = format!("s{}", i % 7);
+        let v = s.stream_version(&stream).unwrap().unwrap_or(0);
+        let o = s
+            .append(NewCommit::new(stream, ExpectedVersion::Exact(v), ev(i)))
+            .unwrap();
+        assert!(matches!(o, AppendOutcome::Committed(_)));
+    }
+    let heads = s.streams().unwrap();
+    let dump = s.index().dump().unwrap();
+    s.flush().unwrap();
+    s.inner.index.forget_memtable();
+    let behind = s.index().applied_seq().unwrap();
+    assert!(behind > 0 && behind < n, "applied {behind}");
+    drop(s);
+    let s = Store::open(dir.path(), opts()).unwrap();
+    assert_eq!(s.index().applied_seq().unwrap(), n);
+    assert_eq!(s.streams().unwrap(), heads);
+    assert_eq!(s.index().dump().unwrap(), dump);
+    assert_eq!(s.read_stream("s3", 700, 10).unwrap().len(), 10);
+}
