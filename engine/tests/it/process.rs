@@ -310,10 +310,11 @@ fn readers_beside_a_writer_process(test: &str, segments: &str) {
     let fin = read_live_prefix(dir.path(), segments);
     assert_prefixes(&views, &fin);
 }
+
 #[test]
 fn read_only_opens_and_verify_beside_a_writer_process_small_segments() {
     readers_beside_a_writer_process(
-        "read_only_opens_and_verify_beside_a_writer_process_small_segments",
+        "process::read_only_opens_and_verify_beside_a_writer_process_small_segments",
         "small",
     );
 }
@@ -321,7 +322,7 @@ fn read_only_opens_and_verify_beside_a_writer_process_small_segments() {
 #[test]
 fn read_only_opens_and_verify_beside_a_writer_process_default_segments() {
     readers_beside_a_writer_process(
-        "read_only_opens_and_verify_beside_a_writer_process_default_segments",
+        "process::read_only_opens_and_verify_beside_a_writer_process_default_segments",
         "default",
     );
 }

@@ -892,7 +892,6 @@ fn commands_that_need_a_store_directory_refuse_a_postgres_url() {
         &["stress", "--seconds", "0"],
         &["export", "--all"],
         &["import", file],
-        &["bench", "--quick"],
         &["log", "--stream", "stress-0"],
     ];
     for url in [
