@@ -251,7 +251,7 @@ pub fn cause_hint(err: &(dyn std::error::Error + 'static)) -> Option<String> {
         E::Index(IndexError::Mismatch(_) | IndexError::Malformed(_) | IndexError::Sled(_)) => {
             "the index is derived from the log: `spool --store DIR replay` rebuilds it".into()
         }
-        E::Poisoned => "an earlier write failed, so this process refuses writes: run the command again (opening the store recovers from the log)".into(),
+        E::Poisoned { .. } => "an earlier write failed, so this process refuses writes: run the command again (opening the store recovers from the log)".into(),
         _ => return None,
     })
 }

@@ -880,7 +880,7 @@ fn commands_that_need_a_store_directory_refuse_a_postgres_url() {
     let file = cwd.path().join("export.jsonl");
     std::fs::write(&file, "").unwrap();
     let file = file.to_str().unwrap();
-    let commands: [&[&str]; 13] = [
+    let commands: [&[&str]; 12] = [
         &["streams"],
         &["log"],
         &["verify"],
