@@ -61,6 +61,10 @@ pub struct Sizes {
     pub page_history: usize,
     pub list_sessions: usize,
     pub fork_history: usize,
+    /// Target commits of each `store` size (about 100 entries per session).
+    pub store_commits: Vec<u64>,
+    /// Repetitions of the `store` import (a fresh store each).
+    pub store_import_repetitions: usize,
     /// Read workloads repeat their operation for at least this long per
     /// repetition...
     pub min_time: Duration,
@@ -79,6 +83,8 @@ impl Sizes {
             page_history: 50_000,
             list_sessions: 10_000,
             fork_history: 10_000,
+            store_commits: vec![10_000, 100_000, 1_000_000],
+            store_import_repetitions: 1,
             min_time: Duration::from_millis(500),
             max_iters: 100_000,
         }
@@ -94,6 +100,8 @@ impl Sizes {
             page_history: 5_000,
             list_sessions: 500,
             fork_history: 1_000,
+            store_commits: vec![1_000, 4_000],
+            store_import_repetitions: 2,
             min_time: Duration::from_millis(30),
             max_iters: 1_000,
         }

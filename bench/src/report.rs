@@ -106,6 +106,10 @@ pub struct ResultRow {
     /// of the same transcript.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub jsonl_open_us: Option<f64>,
+    /// `store` rows: the question, the size, each subject's process time
+    /// and peak RSS, and the goals decided at the largest size.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub store: Option<crate::workloads::store::StoreFigures>,
 }
 
 impl ResultRow {
@@ -134,6 +138,7 @@ impl ResultRow {
             resident_bytes: None,
             first_page_us: None,
             jsonl_open_us: None,
+            store: None,
         };
         let measured: Vec<(String, Samples)> = measured.into_iter().collect();
         for (name, samples) in &measured {
@@ -394,6 +399,12 @@ pub fn to_markdown(report: &Report) -> String {
             );
         }
     }
+    let stores: Vec<&ResultRow> = report
+        .results
+        .iter()
+        .filter(|r| r.store.is_some())
+        .collect();
+    out.push_str(&crate::workloads::store::markdown(&stores));
     let notes: Vec<String> = report
         .results
         .iter()
