@@ -100,8 +100,8 @@ impl Sizes {
             page_history: 5_000,
             list_sessions: 500,
             fork_history: 1_000,
-            store_commits: vec![1_000, 4_000],
-            store_import_repetitions: 2,
+            store_commits: vec![1_000, 2_000],
+            store_import_repetitions: 1,
             min_time: Duration::from_millis(30),
             max_iters: 1_000,
         }

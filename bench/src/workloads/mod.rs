@@ -11,7 +11,7 @@
 //! | `page`            | `history=50000`                 | MB/s        | sqlite, jsonl                  |
 //! | `list`            | `sessions=10000`                | lists/s     | sqlite, json-file              |
 //! | `fork`            | `history=10000`                 | forks/s     | sqlite                         |
-//! | `store`           | `QUESTION commits=10100/101000/1000000` | runs/s (+ s, RSS) | sqlite, jsonl     |
+//! | `store`           | `QUESTION commits=10100/101000/1010000` | runs/s (+ s, RSS) | sqlite, jsonl     |
 //!
 //! `store` is opt-in (not run by default): it builds stores of up to a
 //! million commits and asks each question in a fresh process.

@@ -136,6 +136,10 @@ pub struct Goal {
     pub met: bool,
 }
 
+/// One question at one size: (question, commits, sessions, by subject
+/// the rates of its repetitions and its highest peak RSS).
+type Measured = (Question, u64, u64, BTreeMap<String, (Samples, u64)>);
+
 /// What one child reported.
 struct ChildRun {
     seconds: f64,
@@ -159,9 +163,11 @@ pub fn run(h: &mut Harness<'_>) -> Result<Vec<ResultRow>, BenchError> {
     let sizes = h.sizes.store_commits.clone();
     let reps = h.sizes.repetitions;
     let import_reps = h.sizes.store_import_repetitions;
-    let mut figures: Vec<(Question, u64, u64, BTreeMap<String, (Samples, u64)>)> = Vec::new();
+    let mut figures: Vec<Measured> = Vec::new();
     for &target in &sizes {
-        let sessions = (target / (ENTRIES_PER_SESSION as u64 + 1)).max(1);
+        // `target` commits of entries; each session adds its `created`
+        // commit.
+        let sessions = (target / ENTRIES_PER_SESSION as u64).max(1);
         (h.progress)(&format!("  building {sessions} sessions"));
         let built = build(h.dir, sessions, &exe)?;
         let variant = format!("commits={}", built.commits);
@@ -234,12 +240,7 @@ pub fn run(h: &mut Harness<'_>) -> Result<Vec<ResultRow>, BenchError> {
 }
 
 /// The goals a question's row at the largest size decides.
-fn goals(
-    q: Question,
-    f: &StoreFigures,
-    all: &[(Question, u64, u64, BTreeMap<String, (Samples, u64)>)],
-    smallest: u64,
-) -> Vec<Goal> {
+fn goals(q: Question, f: &StoreFigures, all: &[Measured], smallest: u64) -> Vec<Goal> {
     let secs = |commits: u64, subject: &str| -> Option<f64> {
         let (_, _, _, m) = all.iter().find(|(x, c, _, _)| *x == q && *c == commits)?;
         Some(1.0 / m.get(subject)?.0.summary()?.median)
@@ -516,7 +517,18 @@ pub fn markdown(rows: &[&ResultRow]) -> String {
         out,
         "\nThe store as a whole, each question in a fresh process (median wall time of \
          the process, highest peak RSS of the process; {ENTRIES_PER_SESSION} entries \
-         per session):"
+         per session, one commit each after the session's `created` commit). spool: \
+         the library as the `spool` command uses it (a read-only `LogStore` for the reads, an \
+         owner `LogStore::open` and close, `read_export` + `import_sessions` into a fresh \
+         store with the default options). `sqlite`: sessions(id, header columns, leaf, \
+         definition) with an index on updated_at, entries keyed by (session, seq) with the \
+         entry id, parent id and JSON content, a unique index on (session, id); listing \
+         `ORDER BY updated_at DESC LIMIT 20`, context the recursive root-to-leaf path, \
+         show the header row and an entry count, owner open the connection with \
+         `BEGIN IMMEDIATE`, import the export file in one transaction (WAL, \
+         synchronous=FULL). `jsonl`: one file per session, its first line the header; \
+         listing reads every first line, context and show read one file, owner open takes a \
+         lock file and lists the directory, import writes and syncs one file per session."
     );
     for q in QUESTIONS {
         let qf: Vec<&&StoreFigures> = figs.iter().filter(|f| f.question == q.name()).collect();
