@@ -65,6 +65,10 @@ pub struct Sizes {
     pub execute_histories: Vec<usize>,
     /// Turns each measuring process of `execute` runs and times.
     pub execute_turns: usize,
+    /// Target commits of each `store` size (about 100 entries per session).
+    pub store_commits: Vec<u64>,
+    /// Repetitions of the `store` import (a fresh store each).
+    pub store_import_repetitions: usize,
     /// Read workloads repeat their operation for at least this long per
     /// repetition...
     pub min_time: Duration,
@@ -85,6 +89,8 @@ impl Sizes {
             fork_history: 10_000,
             execute_histories: vec![1_000, 10_000, 50_000],
             execute_turns: 20,
+            store_commits: vec![10_000, 100_000, 1_000_000],
+            store_import_repetitions: 1,
             min_time: Duration::from_millis(500),
             max_iters: 100_000,
         }
@@ -102,6 +108,8 @@ impl Sizes {
             fork_history: 1_000,
             execute_histories: vec![200, 1_000],
             execute_turns: 5,
+            store_commits: vec![1_000, 2_000],
+            store_import_repetitions: 1,
             min_time: Duration::from_millis(30),
             max_iters: 1_000,
         }

@@ -24,6 +24,7 @@ mod peers;
 mod report;
 mod spool;
 mod stats;
+mod store_child;
 mod subject;
 mod workloads;
 
@@ -56,7 +57,8 @@ struct Args {
     /// in a subdirectory of it and removes it when done.
     #[arg(long, value_name = "DIR")]
     store: Option<PathBuf>,
-    /// Workloads to run (default: all); repeat for several. A name without
+    /// Workloads to run (default: all but `store`, which builds stores of
+    /// up to a million commits); repeat for several. A name without
     /// its suffix, such as `append`, selects every workload starting with it.
     #[arg(long = "workload", value_name = "NAME")]
     workloads: Vec<String>,
@@ -96,6 +98,11 @@ fn main() -> ExitCode {
     let argv: Vec<String> = std::env::args().skip(1).collect();
     if argv.first().map(String::as_str) == Some(execute_child::CHILD_ARG) {
         return execute_child::child_main(&argv[1..]);
+    }
+    // The `store` workload's questions run in fresh processes of this
+    // binary.
+    if let Some(code) = store_child::run_if_child() {
+        return code;
     }
     let args = Args::parse();
     match run(args) {

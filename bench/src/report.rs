@@ -109,6 +109,10 @@ pub struct ResultRow {
     /// `execute` rows: time per turn and memory by subject, and the goals.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub execute: Option<crate::workloads::execute::ExecuteFigures>,
+    /// `store` rows: the question, the size, each subject's process time
+    /// and peak RSS, and the goals decided at the largest size.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub store: Option<crate::workloads::store::StoreFigures>,
 }
 
 impl ResultRow {
@@ -138,6 +142,7 @@ impl ResultRow {
             first_page_us: None,
             jsonl_open_us: None,
             execute: None,
+            store: None,
         };
         let measured: Vec<(String, Samples)> = measured.into_iter().collect();
         for (name, samples) in &measured {
@@ -399,6 +404,12 @@ pub fn to_markdown(report: &Report) -> String {
         }
     }
     out.push_str(&crate::workloads::execute::markdown(&report.results));
+    let stores: Vec<&ResultRow> = report
+        .results
+        .iter()
+        .filter(|r| r.store.is_some())
+        .collect();
+    out.push_str(&crate::workloads::store::markdown(&stores));
     let notes: Vec<String> = report
         .results
         .iter()

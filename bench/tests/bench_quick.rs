@@ -270,3 +270,94 @@ fn quick_execute_reports_every_size_for_every_subject() {
     assert_eq!(markdown.matches("\n- spool's ").count(), 2, "{markdown}");
     assert!(!scratch.path().join("spool-bench-scratch").exists());
 }
+
+/// `--quick --workload store`: every question for every subject at every
+/// size, each with a time and a peak RSS, the rates and ratios of the
+/// common rows, and the goals at the largest size. No time is asserted.
+#[test]
+fn quick_store_reports_every_question_for_every_subject() {
+    let scratch = tempfile::tempdir().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_spool-bench"))
+        .arg("--store")
+        .arg(scratch.path())
+        .args(["--quick", "--workload", "store", "--json", "--markdown"])
+        .stdin(Stdio::null())
+        .output()
+        .expect("spawn spool-bench");
+    assert!(
+        out.status.success(),
+        "spool-bench failed: {}\nstderr: {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    // The JSON object comes first, the Markdown after it.
+    let end = stdout
+        .find("\n# Benchmarks")
+        .expect("markdown after the JSON");
+    let json: Value = serde_json::from_str(&stdout[..end]).expect("one JSON object");
+    let md = &stdout[end..];
+    let results = json["results"].as_array().expect("results");
+    let mut sizes: Vec<u64> = Vec::new();
+    let mut seen: Vec<(String, u64)> = Vec::new();
+    for r in results {
+        assert_eq!(r["workload"], "store");
+        let f = &r["store"];
+        let q = f["question"].as_str().expect("question").to_string();
+        let commits = f["commits"].as_u64().expect("commits");
+        let sessions = f["sessions"].as_u64().expect("sessions");
+        assert!(
+            sessions >= 1 && commits == sessions * 101,
+            "{commits} {sessions}"
+        );
+        let what = format!("{q} {commits}");
+        for s in ["spool", "sqlite", "jsonl"] {
+            positive(&f["seconds"][s], &format!("{what} {s} seconds"));
+            let rss = f["peak_rss_bytes"][s].as_u64().unwrap_or(0);
+            assert!(rss > 0, "{what} {s}: peak RSS {rss}");
+        }
+        let spool = positive(&r["spool"], &format!("{what} spool rate"));
+        for p in ["sqlite", "jsonl"] {
+            let rate = positive(&r["peers"][p], &format!("{what} {p} rate"));
+            let ratio = positive(&r["ratios"][p], &format!("{what} ratio to {p}"));
+            assert!((ratio * rate - spool).abs() <= 1e-6 * spool, "{what}");
+        }
+        if !sizes.contains(&commits) {
+            sizes.push(commits);
+        }
+        seen.push((q, commits));
+    }
+    assert_eq!(sizes.len(), 2, "two quick sizes: {sizes:?}");
+    for c in &sizes {
+        for q in ["list", "context", "show", "open", "import"] {
+            assert!(seen.contains(&(q.to_string(), *c)), "no {q} at {c}");
+        }
+    }
+    // The goals are decided at the largest size: three for each read,
+    // one for the owner open (memory), one for import, one more for the
+    // listing (over the JSONL directory).
+    let largest = *sizes.iter().max().unwrap();
+    let goals: usize = results
+        .iter()
+        .filter(|r| r["store"]["commits"].as_u64() == Some(largest))
+        .map(|r| {
+            let g = r["store"]["goals"]
+                .as_array()
+                .expect("goals at the largest size");
+            for x in g {
+                positive(&x["ratio"], "goal ratio");
+                assert_eq!(
+                    x["met"].as_bool().unwrap(),
+                    x["ratio"].as_f64().unwrap() >= x["target"].as_f64().unwrap()
+                );
+            }
+            g.len()
+        })
+        .sum();
+    assert_eq!(goals, 3 * 3 + 1 + 1 + 1);
+    assert!(
+        md.contains("`sessions --limit 20`:") && md.contains("| command | goal |"),
+        "{md}"
+    );
+    assert!(!scratch.path().join("spool-bench-scratch").exists());
+}

@@ -12,6 +12,10 @@
 //! | `list`            | `sessions=10000`                | lists/s     | sqlite, json-file              |
 //! | `fork`            | `history=10000`                 | forks/s     | sqlite                         |
 //! | `execute`         | `history=1000/10000/50000`      | executes/s  | sqlite, jsonl (each in its own process) |
+//! | `store`           | `QUESTION commits=10100/101000/1010000` | runs/s (+ s, RSS) | sqlite, jsonl     |
+//!
+//! `store` is opt-in (not run by default): it builds stores of up to a
+//! million commits and asks each question in a fresh process.
 //!
 //! `--quick` runs the same variants at small sizes (the variant names carry
 //! the sizes actually used) and fewer repetitions, so it finishes in seconds.
@@ -29,6 +33,7 @@ mod fork;
 mod list;
 mod open;
 mod page;
+pub mod store;
 
 use crate::error::BenchError;
 use crate::harness::Harness;
@@ -45,6 +50,7 @@ pub enum Workload {
     List,
     Fork,
     Execute,
+    Store,
 }
 
 impl Workload {
@@ -58,6 +64,9 @@ impl Workload {
         Workload::Execute,
     ];
 
+    /// Workloads run only when named.
+    pub const OPT_IN: [Workload; 1] = [Workload::Store];
+
     pub fn name(self) -> &'static str {
         match self {
             Workload::AppendDurable => "append-durable",
@@ -67,6 +76,7 @@ impl Workload {
             Workload::List => "list",
             Workload::Fork => "fork",
             Workload::Execute => "execute",
+            Workload::Store => "store",
         }
     }
 
@@ -83,19 +93,24 @@ pub fn select_workloads(names: &[String]) -> Result<Vec<Workload>, BenchError> {
     if names.is_empty() {
         return Ok(Workload::ALL.to_vec());
     }
+    let every = Workload::ALL.into_iter().chain(Workload::OPT_IN);
     for n in names {
-        if !Workload::ALL.iter().any(|w| w.matches(n)) {
+        if !every.clone().any(|w| w.matches(n)) {
             return Err(BenchError::UnknownWorkload(n.clone()));
         }
     }
-    Ok(Workload::ALL
-        .into_iter()
+    Ok(every
         .filter(|w| names.iter().any(|n| w.matches(n)))
         .collect())
 }
 /// The names of every workload, comma-separated, for messages.
 pub fn known_names() -> String {
-    Workload::ALL.map(Workload::name).join(", ")
+    Workload::ALL
+        .into_iter()
+        .chain(Workload::OPT_IN)
+        .map(Workload::name)
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// Runs one workload against `spool` and the peers that take part in it.
@@ -112,6 +127,7 @@ pub fn run(
         Workload::List => list::run(h, spool),
         Workload::Fork => fork::run(h, spool),
         Workload::Execute => execute::run(h, spool),
+        Workload::Store => store::run(h),
     }
 }
 
@@ -132,6 +148,7 @@ mod tests {
             names(&["fork", "open"]).unwrap(),
             vec![Workload::Open, Workload::Fork]
         );
+        assert_eq!(names(&["store"]).unwrap(), vec![Workload::Store]);
         assert!(matches!(
             names(&["nope"]),
             Err(BenchError::UnknownWorkload(n)) if n == "nope"
@@ -143,7 +160,7 @@ mod tests {
         let err = select_workloads(&["nope".to_string()]).unwrap_err();
         assert_eq!(
             err.to_string(),
-            "unknown workload \"nope\" (known: append-durable, append-buffered, open, page, list, fork, execute)"
+            "unknown workload \"nope\" (known: append-durable, append-buffered, open, page, list, fork, execute, store)"
         );
     }
 }
