@@ -25,9 +25,7 @@ pub mod memory;
 mod open;
 #[cfg(feature = "postgres")]
 pub mod postgres;
-mod read_memo;
 mod repository;
-pub mod transcript_index;
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -44,6 +42,10 @@ pub use open::{is_postgres_location, open_store};
 #[cfg(feature = "postgres")]
 pub use postgres::{PostgresOptions, PostgresStore};
 pub use repository::SessionRepository;
+
+/// The transcript index's old path.
+#[doc(hidden)]
+pub use log::transcript as transcript_index;
 
 /// A store operation failed. `NotFound` and `Conflict` are expected
 /// outcomes callers handle; the others are faults.

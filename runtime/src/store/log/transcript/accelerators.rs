@@ -30,7 +30,7 @@ use std::sync::Arc;
 
 use spool_engine::ChangeMark;
 
-use super::transcript_index::EntryRecord;
+use super::indexer::EntryRecord;
 use crate::transcript::EntryId;
 
 /// Path blocks kept per thread: a root-first page of at most 64 entries

@@ -37,7 +37,7 @@
 //!
 //! A second indexer, [`TranscriptIndexer`] (`transcript`), keeps per-entry
 //! records, children, custom-entry lists, labels and the transcript
-//! version; see [`super::transcript_index`]. With it the store implements
+//! version; see [`transcript`]. With it the store implements
 //! [`TranscriptBackend`]: session handles open, read and write without
 //! loading the session.
 //!
@@ -70,6 +70,8 @@
 //! versions are offset by the purge's version). Log compaction reclaims
 //! purged records.
 
+pub mod transcript;
+
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 
@@ -79,7 +81,7 @@ use spool_engine::{
     Options, RecordedCommit, Store,
 };
 
-use super::transcript_index::{self, DecodeMemo, LogTranscriptSource, TranscriptIndexer};
+use self::transcript::{DecodeMemo, LogTranscriptSource, TranscriptIndexer};
 use super::{ListQuery, LoadCounter, SessionStore, StoreError, StoreStats};
 use crate::handle::{AppendReceipt, BoxedSource, ChangeMark, TranscriptBackend, TranscriptHead};
 use crate::session::codec::decode_event_without_transcript;
@@ -1125,7 +1127,7 @@ impl TranscriptBackend for LogStore {
             return Ok(None);
         };
         let engine = self.engine()?;
-        let meta = transcript_index::read_meta(engine.index(), id)?.unwrap_or_default();
+        let meta = transcript::read_meta(engine.index(), id)?.unwrap_or_default();
         Ok(Some(TranscriptHead {
             header,
             version: meta.version(),
@@ -1152,7 +1154,7 @@ impl TranscriptBackend for LogStore {
     }
 
     fn entry_ids(&self, id: &SessionId) -> Result<Vec<EntryId>, StoreError> {
-        transcript_index::entry_ids(self.engine()?.index(), id)
+        transcript::entry_ids(self.engine()?.index(), id)
     }
 
     /// One engine commit under `Exact(expected)`. A poisoned engine (a

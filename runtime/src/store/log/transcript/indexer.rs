@@ -116,14 +116,14 @@ use spool_engine::{
     CommitRef, Index, IndexBatch, IndexError, Indexer, LogPosition, LogSpan, RecordedCommit, Store,
 };
 
-use super::log::{PURGE_EVENT_KIND, SESSION_EVENT_PREFIX};
-use super::read_memo;
-use super::StoreError;
+use super::accelerators as read_memo;
 use crate::session::codec::{
     decode_appended_entry, decode_appended_entry_as, decode_entry_at, decode_event_split,
     event_entry_offsets, TranscriptParts,
 };
 use crate::session::{decode_event, SessionEvent, SessionId};
+use crate::store::log::{PURGE_EVENT_KIND, SESSION_EVENT_PREFIX};
+use crate::store::StoreError;
 use crate::transcript::entry::ENTRY_ID_LEN_MAX;
 use crate::transcript::{
     entry_size, entry_summary, first_kept_depth, Anchor, ChildLinks, CustomRef, Entry, EntryFacts,
