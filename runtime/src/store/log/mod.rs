@@ -401,7 +401,7 @@ fn decode_keyed_record(id_bytes: &[u8], b: &[u8]) -> Result<AgentSessionInfo, St
     Ok(decode_record(id, b)?.0)
 }
 
-fn be_u64(b: &[u8]) -> Option<u64> {
+pub(crate) fn be_u64(b: &[u8]) -> Option<u64> {
     Some(u64::from_be_bytes(b.get(..8)?.try_into().ok()?))
 }
 
@@ -727,7 +727,7 @@ impl std::fmt::Debug for LogStore {
     }
 }
 
-fn engine_err(e: spool_engine::Error) -> StoreError {
+pub(crate) fn engine_err(e: spool_engine::Error) -> StoreError {
     StoreError::Engine(e)
 }
 
