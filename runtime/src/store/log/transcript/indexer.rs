@@ -26,7 +26,7 @@ use super::record::{
 };
 use super::seed_table::{encode_seed_bucket, seed_bucket, seed_key, SeedRecord, SEED_BUCKETS};
 use super::{TRANSCRIPT_INDEXER, TRANSCRIPT_INDEX_VERSION};
-use crate::session::codec::{decode_appended_entry, decode_event_split};
+use crate::session::codec::{decode_appended_entry, decode_event_split, TranscriptParts};
 use crate::session::{decode_event, SessionEvent};
 use crate::store::log::{be_u64, PURGE_EVENT_KIND, SESSION_EVENT_PREFIX};
 use crate::transcript::{
@@ -851,6 +851,37 @@ fn recompute_facts(
     Ok(())
 }
 
+/// The session events the transcript index reads (after the `session.`
+/// prefix); every other kind leaves it unchanged.
+fn indexes_kind(kind: &str) -> bool {
+    matches!(
+        kind,
+        "created"
+            | "entry_appended"
+            | "leaf_moved"
+            | "history_rewritten"
+            | "transcript_rewritten"
+            | "state_cleared"
+    )
+}
+
+/// A session event as the indexer decoded it (or was handed it), with what
+/// the decoding gave along: a `created` event's seed, an appended entry's
+/// JSON size.
+struct DecodedEvent {
+    event: SessionEvent,
+    seed: Option<TranscriptParts>,
+    known_size: Option<u64>,
+}
+
+/// Forgets every entry of the session's current generation in `m` (its
+/// keys are cleared by the caller).
+fn reset_entries(m: &mut TranscriptMeta) {
+    m.entries = 0;
+    m.path_len = 0;
+    m.seed_table = false;
+}
+
 impl TranscriptIndexer {
     fn apply_session_commit(
         &self,
@@ -866,22 +897,7 @@ impl TranscriptIndexer {
             record: last,
             meta: last_meta,
         } = &mut *written;
-        let mut meta: Option<TranscriptMeta> = match batch.get(&mkey)? {
-            Some(b) => Some(match last_meta.take() {
-                Some((bytes, m)) if bytes == b => {
-                    debug_assert_eq!(
-                        decode::<TranscriptMeta>("transcript meta", &b)
-                            .ok()
-                            .as_ref(),
-                        Some(&m),
-                        "a meta is the decoding of its bytes"
-                    );
-                    m
-                }
-                _ => decode("transcript meta", &b)?,
-            }),
-            None => None,
-        };
+        let mut meta = read_meta_through(batch, &mkey, last_meta)?;
         let mut dirty = false;
         for (i, ev) in commit.events.iter().enumerate() {
             if ev.kind == PURGE_EVENT_KIND {
@@ -894,67 +910,13 @@ impl TranscriptIndexer {
             let Some(kind) = ev.kind.strip_prefix(SESSION_EVENT_PREFIX) else {
                 continue;
             };
-            if !matches!(
-                kind,
-                "created"
-                    | "entry_appended"
-                    | "leaf_moved"
-                    | "history_rewritten"
-                    | "transcript_rewritten"
-                    | "state_cleared"
-            ) {
+            if !indexes_kind(kind) {
                 continue;
             }
             // An undecodable event fails only its own session: the session
             // indexer marks it broken (its header, loads and handles report
             // the damage); the transcript index skips the event.
-            // An append (almost every event) decodes its entry alone, as
-            // readers do, without the event enum's buffering.
-            // A created event's seed is walked, never queried: it comes
-            // back as entries, without the transcript's in-memory indexes.
-            let mut seed = None;
-            let mut known_size = None;
-            let decoded = if kind == "entry_appended" {
-                match self
-                    .memo
-                    .as_ref()
-                    .and_then(|m| m.take_appended(sid, &ev.payload))
-                {
-                    // The writer's entry, encoded to these bytes.
-                    Some((entry, size)) => {
-                        debug_assert_eq!(
-                            decode_appended_entry(&ev.payload).ok().as_ref(),
-                            Some(&entry),
-                            "a handed entry is the decoding of its bytes"
-                        );
-                        debug_assert_eq!(size, entry_size(&entry));
-                        known_size = Some(size);
-                        Ok(SessionEvent::EntryAppended { entry })
-                    }
-                    None => decode_appended_entry(&ev.payload)
-                        .map(|entry| SessionEvent::EntryAppended { entry }),
-                }
-            } else if kind == "created" {
-                match self
-                    .memo
-                    .as_ref()
-                    .and_then(|m| m.take(commit, i, &ev.payload))
-                {
-                    // The session indexer's decoding of these bytes.
-                    Some(Some((ev, parts))) => {
-                        seed = parts;
-                        Ok(ev)
-                    }
-                    Some(None) => continue,
-                    None => decode_event_split(&ev.payload).map(|(ev, parts)| {
-                        seed = parts;
-                        ev
-                    }),
-                }
-            } else {
-                decode_event(&ev.payload)
-            };
-            let Ok(decoded) = decoded else {
+            let Some(decoded) = self.decode(commit, i, sid, kind, &ev.payload) else {
                 continue;
             };
             let loc = Locator {
@@ -962,94 +924,8 @@ impl TranscriptIndexer {
                 event: u32::try_from(i).unwrap_or(u32::MAX),
             };
             let m = meta.get_or_insert_with(TranscriptMeta::default);
-            match &decoded {
-                SessionEvent::Created { state, .. } => {
-                    clear_entries(batch, sid)?;
-                    *m = TranscriptMeta {
-                        generation: state.generation,
-                        raw_seq: m.raw_seq,
-                        ..TranscriptMeta::default()
-                    };
-                    let (entries, leaf) = match &seed {
-                        Some((entries, leaf)) => (entries.as_slice(), leaf.as_ref()),
-                        None => (state.transcript.entries(), state.transcript.leaf()),
-                    };
-                    index_seed(batch, sid, m, entries, leaf, &loc)?;
-                }
-                SessionEvent::EntryAppended { entry } => {
-                    let under_leaf = entry.parent_id == m.leaf;
-                    let indexed = index_entry(batch, sid, m, entry, &loc, 0, known_size, last)?;
-                    m.leaf = Some(entry.id.clone());
-                    match indexed {
-                        // The common case, O(1): the new leaf extends the
-                        // active path by one.
-                        Some((d, value)) if under_leaf && d == m.path_len => {
-                            append_path_link(batch, sid, d, &value)?;
-                            m.path_len = d.saturating_add(1);
-                        }
-                        _ => sync_path(batch, sid, m, u64::MAX)?,
-                    }
-                }
-                SessionEvent::LeafMoved { leaf } => {
-                    m.leaf = leaf.clone();
-                    sync_path(batch, sid, m, u64::MAX)?;
-                }
-                SessionEvent::HistoryRewritten {
-                    generation,
-                    entries,
-                    leaf,
-                } => {
-                    clear_entries(batch, sid)?;
-                    m.entries = 0;
-                    m.path_len = 0;
-                    m.seed_table = false;
-                    for (k, e) in entries.iter().enumerate() {
-                        index_entry(
-                            batch,
-                            sid,
-                            m,
-                            e,
-                            &loc,
-                            u32::try_from(k).unwrap_or(u32::MAX),
-                            None,
-                            last,
-                        )?;
-                    }
-                    m.generation = *generation;
-                    m.leaf = leaf.clone();
-                    sync_path(batch, sid, m, u64::MAX)?;
-                }
-                SessionEvent::TranscriptRewritten {
-                    generation,
-                    written,
-                    reparented,
-                    removed,
-                    leaf,
-                } => {
-                    let stable_below =
-                        apply_delta_rewrite(batch, sid, m, &loc, written, reparented, removed)?;
-                    m.generation = *generation;
-                    m.leaf = leaf.clone();
-                    sync_path(batch, sid, m, stable_below)?;
-                    // Written entries above the rewritten part of the path
-                    // moved in the log: their path links follow.
-                    let changed = written.iter().map(|w| &w.id);
-                    refresh_path_links(
-                        batch,
-                        sid,
-                        m,
-                        changed.chain(reparented.iter().map(|r| &r.0)),
-                    )?;
-                }
-                SessionEvent::StateCleared => {
-                    clear_entries(batch, sid)?;
-                    m.entries = 0;
-                    m.path_len = 0;
-                    m.seed_table = false;
-                    m.generation = m.generation.saturating_add(1);
-                    m.leaf = None;
-                }
-                _ => continue,
+            if !apply_event(batch, sid, m, decoded, &loc, last)? {
+                continue;
             }
             m.raw_seq = m.raw_seq.saturating_add(1);
             m.updated_at_ms = commit.info.timestamp_ms;
@@ -1062,6 +938,206 @@ impl TranscriptIndexer {
         }
         Ok(())
     }
+
+    /// The event `i` of `commit` (of kind `kind`), from the memo when it
+    /// holds its decoding, else decoded; `None` when it does not decode
+    /// (or the session indexer found that it does not).
+    ///
+    /// An append (almost every event) decodes its entry alone, as readers
+    /// do, without the event enum's buffering. A created event's seed is
+    /// walked, never queried: it comes back as entries, without the
+    /// transcript's in-memory indexes.
+    fn decode(
+        &self,
+        commit: &RecordedCommit,
+        i: usize,
+        sid: &str,
+        kind: &str,
+        payload: &[u8],
+    ) -> Option<DecodedEvent> {
+        let plain = |event| DecodedEvent {
+            event,
+            seed: None,
+            known_size: None,
+        };
+        match kind {
+            "entry_appended" => self.decode_appended(sid, payload),
+            "created" => {
+                let handed = self.memo.as_ref().and_then(|m| m.take(commit, i, payload));
+                let (event, seed) = match handed {
+                    // The session indexer's decoding of these bytes.
+                    Some(Some(decoded)) => decoded,
+                    Some(None) => return None,
+                    None => decode_event_split(payload).ok()?,
+                };
+                Some(DecodedEvent {
+                    event,
+                    seed,
+                    known_size: None,
+                })
+            }
+            _ => decode_event(payload).ok().map(plain),
+        }
+    }
+
+    /// An `entry_appended` event: the writer's entry when it handed the
+    /// one encoded to these bytes, else decoded.
+    fn decode_appended(&self, sid: &str, payload: &[u8]) -> Option<DecodedEvent> {
+        let handed = self
+            .memo
+            .as_ref()
+            .and_then(|m| m.take_appended(sid, payload));
+        let (entry, known_size) = match handed {
+            Some((entry, size)) => {
+                debug_assert_eq!(
+                    decode_appended_entry(payload).ok().as_ref(),
+                    Some(&entry),
+                    "a handed entry is the decoding of its bytes"
+                );
+                debug_assert_eq!(size, entry_size(&entry));
+                (entry, Some(size))
+            }
+            None => (decode_appended_entry(payload).ok()?, None),
+        };
+        Some(DecodedEvent {
+            event: SessionEvent::EntryAppended { entry },
+            seed: None,
+            known_size,
+        })
+    }
+}
+
+/// The session's meta from the batch, taken from `last_meta` when its
+/// bytes are the ones `last_meta` holds.
+fn read_meta_through(
+    batch: &IndexBatch<'_>,
+    mkey: &[u8],
+    last_meta: &mut Option<(Vec<u8>, TranscriptMeta)>,
+) -> Result<Option<TranscriptMeta>, IndexError> {
+    let Some(b) = batch.get(mkey)? else {
+        return Ok(None);
+    };
+    Ok(Some(match last_meta.take() {
+        Some((bytes, m)) if bytes == b => {
+            debug_assert_eq!(
+                decode::<TranscriptMeta>("transcript meta", &b)
+                    .ok()
+                    .as_ref(),
+                Some(&m),
+                "a meta is the decoding of its bytes"
+            );
+            m
+        }
+        _ => decode("transcript meta", &b)?,
+    }))
+}
+
+/// Indexes one decoded session event into `m` and the batch; false when
+/// the event does not change the transcript (the meta is then left as is).
+fn apply_event(
+    batch: &mut IndexBatch<'_>,
+    sid: &str,
+    m: &mut TranscriptMeta,
+    decoded: DecodedEvent,
+    loc: &Locator,
+    last: &mut Option<LastRecord>,
+) -> Result<bool, IndexError> {
+    let DecodedEvent {
+        event,
+        seed,
+        known_size,
+    } = decoded;
+    match &event {
+        SessionEvent::Created { state, .. } => {
+            clear_entries(batch, sid)?;
+            *m = TranscriptMeta {
+                generation: state.generation,
+                raw_seq: m.raw_seq,
+                ..TranscriptMeta::default()
+            };
+            let (entries, leaf) = match &seed {
+                Some((entries, leaf)) => (entries.as_slice(), leaf.as_ref()),
+                None => (state.transcript.entries(), state.transcript.leaf()),
+            };
+            index_seed(batch, sid, m, entries, leaf, loc)?;
+        }
+        SessionEvent::EntryAppended { entry } => {
+            apply_append(batch, sid, m, entry, loc, known_size, last)?;
+        }
+        SessionEvent::LeafMoved { leaf } => {
+            m.leaf = leaf.clone();
+            sync_path(batch, sid, m, u64::MAX)?;
+        }
+        SessionEvent::HistoryRewritten {
+            generation,
+            entries,
+            leaf,
+        } => {
+            clear_entries(batch, sid)?;
+            reset_entries(m);
+            for (k, e) in entries.iter().enumerate() {
+                let k = u32::try_from(k).unwrap_or(u32::MAX);
+                index_entry(batch, sid, m, e, loc, k, None, last)?;
+            }
+            m.generation = *generation;
+            m.leaf = leaf.clone();
+            sync_path(batch, sid, m, u64::MAX)?;
+        }
+        SessionEvent::TranscriptRewritten {
+            generation,
+            written,
+            reparented,
+            removed,
+            leaf,
+        } => {
+            let stable_below =
+                apply_delta_rewrite(batch, sid, m, loc, written, reparented, removed)?;
+            m.generation = *generation;
+            m.leaf = leaf.clone();
+            sync_path(batch, sid, m, stable_below)?;
+            // Written entries above the rewritten part of the path
+            // moved in the log: their path links follow.
+            let changed = written.iter().map(|w| &w.id);
+            refresh_path_links(
+                batch,
+                sid,
+                m,
+                changed.chain(reparented.iter().map(|r| &r.0)),
+            )?;
+        }
+        SessionEvent::StateCleared => {
+            clear_entries(batch, sid)?;
+            reset_entries(m);
+            m.generation = m.generation.saturating_add(1);
+            m.leaf = None;
+        }
+        _ => return Ok(false),
+    }
+    Ok(true)
+}
+
+/// An appended entry: its records, then the active path (one link more in
+/// the common case of an append under the leaf, O(1)).
+fn apply_append(
+    batch: &mut IndexBatch<'_>,
+    sid: &str,
+    m: &mut TranscriptMeta,
+    entry: &Entry,
+    loc: &Locator,
+    known_size: Option<u64>,
+    last: &mut Option<LastRecord>,
+) -> Result<(), IndexError> {
+    let under_leaf = entry.parent_id == m.leaf;
+    let indexed = index_entry(batch, sid, m, entry, loc, 0, known_size, last)?;
+    m.leaf = Some(entry.id.clone());
+    match indexed {
+        Some((d, value)) if under_leaf && d == m.path_len => {
+            append_path_link(batch, sid, d, &value)?;
+            m.path_len = d.saturating_add(1);
+        }
+        _ => sync_path(batch, sid, m, u64::MAX)?,
+    }
+    Ok(())
 }
 
 impl Indexer for TranscriptIndexer {
