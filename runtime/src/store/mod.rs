@@ -17,6 +17,7 @@
 //! - `header` and `list_headers` never load state; `stats().full_loads`
 //!   counts the loads that do, so callers (and tests) can prove it.
 
+pub mod backend;
 pub mod conformance;
 pub mod exchange;
 pub mod file;
@@ -35,6 +36,9 @@ use crate::session::{
     SessionStatus,
 };
 
+pub use backend::{
+    AppendReceipt, BoxedSource, ChangeMark, FullLoadBackend, TranscriptBackend, TranscriptHead,
+};
 pub use file::{FileStore, FileStoreOptions};
 pub use log::{LogStore, LogStoreOptions, SessionIndexer};
 pub use memory::MemoryStore;
@@ -171,8 +175,8 @@ pub trait SessionStore: Send + Sync {
     fn stats(&self) -> StoreStats;
     /// The store's native transcript surface for session handles (indexed
     /// heads, sources and appends without full loads). `None` (the
-    /// default): handles use [`crate::handle::FullLoadBackend`].
-    fn transcript_backend(&self) -> Option<&dyn crate::handle::TranscriptBackend> {
+    /// default): handles use [`FullLoadBackend`].
+    fn transcript_backend(&self) -> Option<&dyn TranscriptBackend> {
         None
     }
 }

@@ -6,8 +6,10 @@ use spool_engine::{AppendOutcome, ExpectedVersion};
 
 use super::transcript::{self, LogTranscriptSource};
 use super::LogStore;
-use crate::handle::{AppendReceipt, BoxedSource, ChangeMark, TranscriptBackend, TranscriptHead};
 use crate::session::{SessionEvent, SessionId};
+use crate::store::backend::{
+    AppendReceipt, BoxedSource, ChangeMark, TranscriptBackend, TranscriptHead,
+};
 use crate::store::{SessionStore, StoreError};
 use crate::transcript::resident::entry_size;
 use crate::transcript::{EntryId, TranscriptVersion};
@@ -39,9 +41,7 @@ impl TranscriptBackend for LogStore {
     /// a recovered engine is a new open with marks of its own. `None`
     /// while a rebuild runs or with the store closed.
     fn change_mark(&self) -> Option<ChangeMark> {
-        let mark = self.engine().ok()?.index().change_mark();
-        mark.is_settled()
-            .then(|| ChangeMark::new(mark.instance(), mark.changes()))
+        super::common::index_mark(self.engine().ok()?.index())
     }
 
     fn source(&self, id: &SessionId) -> Result<BoxedSource<'_>, StoreError> {

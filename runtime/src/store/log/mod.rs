@@ -32,11 +32,15 @@
 //! the store itself: options, open and recovery, and [`SessionStore`].
 
 mod backend;
+mod common;
 mod sessions;
 mod snapshots;
 pub mod transcript;
 
 pub(crate) use sessions::stored_kind;
+
+pub(crate) use common::{be_u64, engine_err};
+pub use common::{PURGE_EVENT_KIND, SESSION_EVENT_PREFIX};
 pub use sessions::{header_record_reencoded, SessionIndexer};
 
 use std::path::{Path, PathBuf};
@@ -53,11 +57,11 @@ use self::sessions::{
 };
 use self::snapshots::CACHE_SNAPSHOT;
 use self::transcript::{DecodeMemo, TranscriptIndexer};
-use crate::handle::TranscriptBackend;
 use crate::session::{
     encode_event, AgentSession, AgentSessionInfo, SessionEvent, SessionId, SessionInfoList,
     SessionStatus, SkippedSession,
 };
+use crate::store::TranscriptBackend;
 use crate::store::{ListQuery, LoadCounter, SessionStore, StoreError, StoreStats};
 
 /// Name of the engine indexer that keeps session headers.
@@ -65,12 +69,6 @@ pub const SESSION_INDEXER: &str = "sessions";
 
 /// Version of the session index layout; bumping it rebuilds the index.
 pub const SESSION_INDEX_VERSION: u32 = 2;
-
-/// Prefix of the engine event kinds of session events.
-pub const SESSION_EVENT_PREFIX: &str = "session.";
-
-/// Engine event kind of the store-level purge marker.
-pub const PURGE_EVENT_KIND: &str = "spool.purge";
 
 /// A load that replays at least this many commits writes a snapshot.
 pub const SNAPSHOT_TAIL_COMMITS: u64 = 64;
@@ -80,10 +78,6 @@ const CLOSE_WAIT_MAX: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Commits read from the engine per batch while loading.
 pub(super) const LOAD_BATCH_COMMITS: usize = 256;
-
-pub(crate) fn be_u64(b: &[u8]) -> Option<u64> {
-    Some(u64::from_be_bytes(b.get(..8)?.try_into().ok()?))
-}
 
 /// Options of a [`LogStore`].
 #[derive(Clone, Debug)]
@@ -178,10 +172,6 @@ impl std::fmt::Debug for LogStore {
             .field("dir", &self.dir)
             .finish_non_exhaustive()
     }
-}
-
-pub(crate) fn engine_err(e: spool_engine::Error) -> StoreError {
-    StoreError::Engine(e)
 }
 
 impl LogStore {

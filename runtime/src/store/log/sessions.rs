@@ -581,9 +581,9 @@ impl Indexer for SessionIndexer {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::handle::TranscriptBackend;
     use crate::session::AgentSession;
     use crate::store::log::{LogStore, LogStoreOptions};
+    use crate::store::TranscriptBackend;
     use crate::store::{ListQuery, SessionStore, StoreError};
 
     /// What every reader of the log matches on: the prefix, then the kind.

@@ -39,12 +39,12 @@ use std::cell::RefCell;
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, Weak};
 
-use spool_engine::{ChangeMark, LogPosition, RecordedCommit, Store};
+use spool_engine::{LogPosition, RecordedCommit, Store};
 
-use super::record::EntryRecord;
-use super::source::PathHint;
+use super::record::{EntryKey, EntryRecord};
 use crate::session::codec::{decode_event_split, TranscriptParts};
 use crate::session::{SessionEvent, SessionId};
+use crate::store::ChangeMark;
 use crate::transcript::{Entry, EntryId};
 
 /// Decodings handed to the transcript indexer so that it does not make
@@ -277,10 +277,6 @@ pub const ENTRY_CACHE_OVERHEAD_BYTES: u64 = 128;
 /// when it is read again while remembered.
 pub const ENTRY_CACHE_GHOSTS_MAX: usize = 8192;
 
-/// Where a decoded entry came from in the log: commit position, event
-/// index in the commit, entry index in the event.
-pub(super) type EntryKey = (LogPosition, u32, u32);
-
 /// A decoded log entry as cached: the stream (session) of its commit and
 /// the entry as the log holds it, except its parent, which is the one the
 /// index gave the reader that cached it (readers always take the parent
@@ -419,13 +415,16 @@ impl EntryCache {
     /// they are. A hit is kept in its hint (the entry is immutable; a
     /// later eviction only drops the cache's reference), a miss read from
     /// the log when the entry is loaded.
-    pub(super) fn peek_hints(&self, hints: &mut [PathHint]) {
+    pub(super) fn peek_hints<'h>(
+        &self,
+        hints: impl IntoIterator<Item = (EntryKey, &'h mut Option<Arc<CachedEntry>>)>,
+    ) {
         let c = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         if c.young.is_empty() && c.old.is_empty() {
             return;
         }
-        for h in hints {
-            h.cached = c.young.get(&h.key).or_else(|| c.old.get(&h.key)).cloned();
+        for (key, cached) in hints {
+            *cached = c.young.get(&key).or_else(|| c.old.get(&key)).cloned();
         }
     }
 
@@ -532,9 +531,10 @@ impl Memo {
         }
     }
 
-    /// Whether the kept values are `sid`'s and current at `now`.
-    fn holds(&self, now: ChangeMark, sid: &str) -> bool {
-        self.mark == Some(now) && self.sid == sid
+    /// Whether the kept values are `sid`'s and current at `now` (never
+    /// at an unknown mark).
+    fn holds(&self, now: Option<ChangeMark>, sid: &str) -> bool {
+        now.is_some() && self.mark == now && self.sid == sid
     }
 
     /// Makes the memo `sid`'s under `mark` (the mark taken before the read
@@ -557,10 +557,11 @@ thread_local! {
 
 /// The value of `key` in the slots `slots` picks: the kept one while the
 /// index's mark is still `before`, else `read()`'s, kept under `before`.
-/// `before` is the index's mark taken before `read` runs.
+/// `before` is the index's mark taken before `read` runs ([`index_mark`]:
+/// `None` while the index is not settled, which keeps nothing).
 fn kept<K: PartialEq + Clone, V: Clone, const N: usize, E>(
     slots: fn(&mut Memo) -> &mut Slots<K, V, N>,
-    before: ChangeMark,
+    before: Option<ChangeMark>,
     sid: &str,
     key: &K,
     read: impl FnOnce() -> Result<V, E>,
@@ -576,7 +577,7 @@ fn kept<K: PartialEq + Clone, V: Clone, const N: usize, E>(
         return Ok(hit);
     }
     let value = read()?;
-    if before.is_settled() {
+    if let Some(before) = before {
         MEMO.with(|m| {
             let mut m = m.borrow_mut();
             m.keep_under(before, sid);
@@ -588,7 +589,7 @@ fn kept<K: PartialEq + Clone, V: Clone, const N: usize, E>(
 
 /// `sid`'s path block `block`, through the memo (see [`kept`]).
 pub(crate) fn path_block<E>(
-    before: ChangeMark,
+    before: Option<ChangeMark>,
     sid: &str,
     block: u64,
     read: impl FnOnce() -> Result<Option<Vec<u8>>, E>,
@@ -604,7 +605,7 @@ pub(crate) fn path_block<E>(
 
 /// `sid`'s entry record of `id`, through the memo (see [`kept`]).
 pub(crate) fn record<E>(
-    before: ChangeMark,
+    before: Option<ChangeMark>,
     sid: &str,
     id: &EntryId,
     read: impl FnOnce() -> Result<Option<Arc<EntryRecord>>, E>,
@@ -617,10 +618,12 @@ mod tests {
     use super::*;
     use spool_engine::{EventData, ExpectedVersion, Options, Store};
 
+    use crate::store::log::common::index_mark;
+
     /// `path_block` through `read`, counting the reads that ran.
     fn block(store: &Store, sid: &str, block: u64, reads: &mut u32) -> Option<Arc<[u8]>> {
         let index = store.index();
-        path_block(index.change_mark(), sid, block, || -> Result<_, ()> {
+        path_block(index_mark(index), sid, block, || -> Result<_, ()> {
             *reads += 1;
             Ok(Some(
                 format!("{sid}/{block}/{:?}", index.change_mark()).into_bytes(),
@@ -693,7 +696,8 @@ mod tests {
     }
     use super::super::source::LogTranscriptSource;
     use super::super::test_support::{append_n, open, seeded_created, user, writer_session};
-    use crate::handle::{HandleOptions, TranscriptBackend};
+    use crate::handle::HandleOptions;
+    use crate::store::TranscriptBackend;
     use crate::store::{LogStore, SessionStore};
     use crate::transcript::{CancelToken, ContentBlock, Message, ReadResult};
     use crate::transcript::{EntryKind, EntrySource};

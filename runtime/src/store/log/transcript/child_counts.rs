@@ -6,7 +6,7 @@ use spool_engine::{IndexBatch, IndexError};
 
 use super::keys::{child_key, child_prefix, count_key, entry_key};
 use super::record::{get_record, put_record, EntryRecord, Writer, RECORD_FORMAT};
-use crate::store::log::be_u64;
+use crate::store::log::common::be_u64;
 use crate::transcript::entry::ENTRY_ID_LEN_MAX;
 use crate::transcript::EntryId;
 
@@ -302,8 +302,9 @@ mod tests {
     };
     use super::super::TRANSCRIPT_INDEXER;
     use super::*;
-    use crate::handle::{HandleOptions, TranscriptBackend};
+    use crate::handle::HandleOptions;
     use crate::session::SessionId;
+    use crate::store::TranscriptBackend;
     use crate::transcript::{ChildLinks, Entry};
 
     use crate::transcript::CancelToken;

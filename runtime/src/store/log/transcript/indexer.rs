@@ -17,6 +17,7 @@ use super::keys::{
     child_key, count_key, custom_all_key, custom_key, custom_next_key, entry_key, label_key,
     meta_key, sk, ENTRY_TAGS,
 };
+use super::keys::{TRANSCRIPT_INDEXER, TRANSCRIPT_INDEX_VERSION};
 use super::path_blocks::{
     append_path_link, path_link_id, path_value, write_path_blocks, PathBlocks,
 };
@@ -25,40 +26,14 @@ use super::record::{
     TranscriptMeta,
 };
 use super::seed_table::{encode_seed_bucket, seed_bucket, seed_key, SeedRecord, SEED_BUCKETS};
-use super::{TRANSCRIPT_INDEXER, TRANSCRIPT_INDEX_VERSION};
 use crate::session::codec::{decode_appended_entry, decode_event_split, TranscriptParts};
 use crate::session::{decode_event, SessionEvent};
-use crate::store::log::{be_u64, PURGE_EVENT_KIND, SESSION_EVENT_PREFIX};
+use crate::store::log::common::{be_u64, PURGE_EVENT_KIND, SESSION_EVENT_PREFIX};
 use crate::transcript::{
-    entry_size, entry_summary, first_kept_depth, ChildLinks, Entry, EntryFacts, EntryId, EntryKind,
-    EntrySource, PathFacts, PathMarker, ResidentError, TREE_SUMMARY_CHARS_MAX,
+    custom_type, entry_size, entry_summary, first_kept_depth, label_value, parent_json_len,
+    ChildLinks, Entry, EntryFacts, EntryId, EntrySource, PathFacts, PathMarker, ResidentError,
+    TREE_SUMMARY_CHARS_MAX,
 };
-
-/// Bytes of a parent id in an entry's JSON encoding (`"id"` or `null`).
-fn parent_json_len(p: &Option<EntryId>) -> u64 {
-    match p {
-        Some(id) => u64::try_from(id.as_bytes().len())
-            .unwrap_or(u64::MAX)
-            .saturating_add(2),
-        None => 4,
-    }
-}
-
-fn label_value(entry: &Entry) -> Option<(EntryId, Option<String>)> {
-    match &entry.kind {
-        EntryKind::Label { target_id, label } => {
-            Some((target_id.clone(), label.clone().filter(|l| !l.is_empty())))
-        }
-        _ => None,
-    }
-}
-
-pub(super) fn custom_type(entry: &Entry) -> Option<&str> {
-    match &entry.kind {
-        EntryKind::Custom { custom_type, .. } => Some(custom_type),
-        _ => None,
-    }
-}
 
 /// Maintains the transcript index from the log. See the module docs.
 ///

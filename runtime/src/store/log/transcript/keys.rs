@@ -5,6 +5,12 @@
 
 use crate::transcript::EntryId;
 
+/// Name of the engine indexer that keeps transcripts.
+pub const TRANSCRIPT_INDEXER: &str = "transcript";
+
+/// Version of the transcript index layout; bumping it rebuilds the index.
+pub const TRANSCRIPT_INDEX_VERSION: u32 = 9;
+
 const TAG_META: u8 = b'm';
 
 pub(super) const TAG_ENTRY: u8 = b'e';

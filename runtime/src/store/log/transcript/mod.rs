@@ -130,25 +130,12 @@ pub use accelerators::{
     ENTRY_CACHE_OVERHEAD_BYTES,
 };
 pub use indexer::TranscriptIndexer;
+pub use keys::{TRANSCRIPT_INDEXER, TRANSCRIPT_INDEX_VERSION};
 pub use record::{EntryRecord, TranscriptMeta};
 pub use seed_table::{encode_seed_bucket, seed_bucket_records, SeedRecord, SEED_BUCKETS};
-pub use source::{LogTranscriptSource, SOURCE_RECORD_CACHE_MAX};
-
-use std::collections::BTreeMap;
-
-use spool_engine::Index;
-
-use self::keys::{meta_key, sk, TAG_ENTRY, TAG_SEED};
-use crate::session::SessionId;
-use crate::store::log::engine_err;
-use crate::store::StoreError;
-use crate::transcript::EntryId;
-
-/// Name of the engine indexer that keeps transcripts.
-pub const TRANSCRIPT_INDEXER: &str = "transcript";
-
-/// Version of the transcript index layout; bumping it rebuilds the index.
-pub const TRANSCRIPT_INDEX_VERSION: u32 = 9;
+pub use source::{
+    entry_ids, entry_records, read_meta, LogTranscriptSource, SOURCE_RECORD_CACHE_MAX,
+};
 
 /// The decoders of the transcript index's other values (active-path
 /// blocks and their links, `n` child counts, the meta record), for the
@@ -162,7 +149,7 @@ pub mod fuzzing {
         path_link_id,
     };
     use super::record::{decode, encode, TranscriptMeta};
-    use crate::store::log::be_u64;
+    use crate::store::log::common::be_u64;
     use crate::transcript::EntryId;
 
     /// A record's bytes with its child count and only child replaced, as an
@@ -234,71 +221,4 @@ pub mod fuzzing {
     pub fn encode_meta(m: &TranscriptMeta) -> Result<Vec<u8>, String> {
         encode("transcript meta", m).map_err(|e| e.to_string())
     }
-}
-
-/// The transcript meta of a session, `None` if it has none.
-pub fn read_meta(index: &Index, sid: &SessionId) -> Result<Option<TranscriptMeta>, StoreError> {
-    match index
-        .get(TRANSCRIPT_INDEXER, &meta_key(sid.as_str()))
-        .map_err(engine_err)?
-    {
-        Some(b) => rmp_serde::from_slice(&b)
-            .map(Some)
-            .map_err(|e| StoreError::Corrupt {
-                id: sid.clone(),
-                reason: format!("transcript meta index entry: {e}"),
-            }),
-        None => Ok(None),
-    }
-}
-
-/// Every entry id of a session's current generation, in id byte order.
-pub fn entry_ids(index: &Index, sid: &SessionId) -> Result<Vec<EntryId>, StoreError> {
-    Ok(entry_records(index, sid)?
-        .into_iter()
-        .map(|(id, _)| id)
-        .collect())
-}
-
-/// Every entry record of a session's current generation (the encoded
-/// [`EntryRecord`]), in id byte order: the `e` keys and the seed table's
-/// records that no `e` key shadows.
-pub fn entry_records(
-    index: &Index,
-    sid: &SessionId,
-) -> Result<Vec<(EntryId, Vec<u8>)>, StoreError> {
-    let corrupt = |reason: String| StoreError::Corrupt {
-        id: sid.clone(),
-        reason,
-    };
-    let parse = |b: &[u8]| {
-        EntryId::parse_bytes(b)
-            .ok()
-            .ok_or_else(|| corrupt("malformed entry id in the transcript index".into()))
-    };
-    let mut out: BTreeMap<Vec<u8>, Option<(EntryId, Vec<u8>)>> = BTreeMap::new();
-    let prefix = sk(TAG_SEED, sid.as_str());
-    for kv in index.scan_prefix(TRANSCRIPT_INDEXER, &prefix) {
-        let (k, v) = kv.map_err(engine_err)?;
-        let records = seed_bucket_records(&v)
-            .map_err(|e| corrupt(format!("seed bucket {:?}: {e}", k.get(prefix.len()..))))?;
-        for (id, record) in records {
-            // A duplicate id (damaged data): the first stays, as in `Transcript`.
-            if !out.contains_key(id) {
-                out.insert(id.to_vec(), Some((parse(id)?, record.to_vec())));
-            }
-        }
-    }
-    let prefix = sk(TAG_ENTRY, sid.as_str());
-    for kv in index.scan_prefix(TRANSCRIPT_INDEXER, &prefix) {
-        let (k, v) = kv.map_err(engine_err)?;
-        let raw = k.get(prefix.len()..).unwrap_or_default();
-        let record = if v.is_empty() {
-            None
-        } else {
-            Some((parse(raw)?, v))
-        };
-        out.insert(raw.to_vec(), record);
-    }
-    Ok(out.into_values().flatten().collect())
 }

@@ -5,10 +5,9 @@
 
 use spool_engine::{IndexBatch, IndexError, LogPosition};
 
-use super::accelerators::EntryKey;
 use super::keys::{sk, TAG_PATH};
-use super::record::EntryRecord;
-use crate::store::log::be_u64;
+use super::record::{EntryKey, EntryRecord};
+use crate::store::log::common::be_u64;
 use crate::transcript::entry::ENTRY_ID_LEN_MAX;
 use crate::transcript::EntryId;
 
@@ -461,9 +460,10 @@ mod tests {
     use super::super::indexer::TranscriptIndexer;
     use super::super::source::LogTranscriptSource;
     use super::super::{read_meta, TRANSCRIPT_INDEXER, TRANSCRIPT_INDEX_VERSION};
-    use crate::handle::{HandleOptions, TranscriptBackend};
+    use crate::handle::HandleOptions;
     use crate::session::{SessionEvent, SessionId};
     use crate::store::StoreError;
+    use crate::store::TranscriptBackend;
     use crate::store::{LogStore, SessionStore};
     use crate::transcript::EntrySource;
     use crate::transcript::{CancelToken, ContentBlock, Message, ReadResult};

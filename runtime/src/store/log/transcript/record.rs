@@ -7,9 +7,13 @@ use serde::{Deserialize, Serialize};
 use spool_engine::{IndexBatch, IndexError, LogPosition};
 
 use super::keys::entry_key;
+use super::keys::TRANSCRIPT_INDEXER;
 use super::seed_table::{find_in_seed_bucket, seed_bucket, seed_key, seed_lookup, SeedLookup};
-use super::TRANSCRIPT_INDEXER;
 use crate::transcript::{Anchor, EntryId, PathFacts, PathMarker, TranscriptVersion};
+
+/// Where a decoded entry came from in the log: commit position, event
+/// index in the commit, entry index in the event.
+pub(super) type EntryKey = (LogPosition, u32, u32);
 
 /// Per-session transcript facts kept by the index.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

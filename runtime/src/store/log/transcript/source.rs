@@ -4,23 +4,25 @@
 
 use std::borrow::Cow;
 use std::cell::RefCell;
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
-use spool_engine::{CommitRef, LogPosition, LogSpan, RecordedCommit, Store};
+use spool_engine::{CommitRef, Index, LogPosition, LogSpan, RecordedCommit, Store};
 
-use super::accelerators::{self, CachedEntry, EntryCache, EntryKey, ENTRY_CACHE_OVERHEAD_BYTES};
-use super::keys::{child_prefix, count_key, custom_all_key, custom_key, label_prefix};
+use super::accelerators::{self, CachedEntry, EntryCache, ENTRY_CACHE_OVERHEAD_BYTES};
+use super::keys::{
+    child_prefix, count_key, custom_all_key, custom_key, label_prefix, meta_key, sk, TAG_ENTRY,
+    TAG_SEED, TRANSCRIPT_INDEXER,
+};
 use super::path_blocks::{
     block_link, block_links, decode_path_link, path_block_key, path_damage, path_link_id,
     path_slot, PATH_BLOCK_DEPTHS,
 };
-use super::record::{locate_record, EntryRecord};
-use super::seed_table::seed_lookup;
-use super::{read_meta, TRANSCRIPT_INDEXER};
+use super::record::{locate_record, EntryKey, EntryRecord, TranscriptMeta};
+use super::seed_table::{seed_bucket_records, seed_lookup};
 use crate::session::codec::{decode_appended_entry_as, decode_entry_at, event_entry_offsets};
 use crate::session::{decode_event, SessionEvent, SessionId};
-use crate::store::log::{be_u64, engine_err, SESSION_EVENT_PREFIX};
+use crate::store::log::common::{be_u64, engine_err, index_mark, SESSION_EVENT_PREFIX};
 use crate::store::StoreError;
 use crate::transcript::{
     ChildLinks, CustomRef, Entry, EntryFacts, EntryId, EntrySource, PathFacts,
@@ -331,8 +333,7 @@ impl LogTranscriptSource {
                 self.corrupt(format!("index record of entry {id}: {e}"))
             })?)))
         };
-        let Some(r) = accelerators::record(index.change_mark(), self.sid.as_str(), id, read)?
-        else {
+        let Some(r) = accelerators::record(index_mark(index), self.sid.as_str(), id, read)? else {
             return Ok(None);
         };
         let mut cache = self.records.borrow_mut();
@@ -349,7 +350,7 @@ impl LogTranscriptSource {
     fn path_block(&self, block: u64) -> Result<Option<Arc<[u8]>>, StoreError> {
         let index = self.engine.index();
         let sid = self.sid.as_str();
-        accelerators::path_block(index.change_mark(), sid, block, || {
+        accelerators::path_block(index_mark(index), sid, block, || {
             index
                 .get(TRANSCRIPT_INDEXER, &path_block_key(sid, block))
                 .map_err(engine_err)
@@ -965,7 +966,8 @@ impl EntrySource for LogTranscriptSource {
             hints.clear();
             return Ok(None);
         }
-        self.entries.peek_hints(&mut hints.hints);
+        let slots = hints.hints.iter_mut().map(|h| (h.key, &mut h.cached));
+        self.entries.peek_hints(slots);
         *self.span_plan.borrow_mut() = page_span_plan(hints.hints.iter(), bytes);
         Ok(Some(out))
     }
@@ -1026,12 +1028,80 @@ impl EntrySource for LogTranscriptSource {
     }
 }
 
+/// The transcript meta of a session, `None` if it has none.
+pub fn read_meta(index: &Index, sid: &SessionId) -> Result<Option<TranscriptMeta>, StoreError> {
+    match index
+        .get(TRANSCRIPT_INDEXER, &meta_key(sid.as_str()))
+        .map_err(engine_err)?
+    {
+        Some(b) => rmp_serde::from_slice(&b)
+            .map(Some)
+            .map_err(|e| StoreError::Corrupt {
+                id: sid.clone(),
+                reason: format!("transcript meta index entry: {e}"),
+            }),
+        None => Ok(None),
+    }
+}
+
+/// Every entry id of a session's current generation, in id byte order.
+pub fn entry_ids(index: &Index, sid: &SessionId) -> Result<Vec<EntryId>, StoreError> {
+    Ok(entry_records(index, sid)?
+        .into_iter()
+        .map(|(id, _)| id)
+        .collect())
+}
+
+/// Every entry record of a session's current generation (the encoded
+/// [`EntryRecord`]), in id byte order: the `e` keys and the seed table's
+/// records that no `e` key shadows.
+pub fn entry_records(
+    index: &Index,
+    sid: &SessionId,
+) -> Result<Vec<(EntryId, Vec<u8>)>, StoreError> {
+    let corrupt = |reason: String| StoreError::Corrupt {
+        id: sid.clone(),
+        reason,
+    };
+    let parse = |b: &[u8]| {
+        EntryId::parse_bytes(b)
+            .ok()
+            .ok_or_else(|| corrupt("malformed entry id in the transcript index".into()))
+    };
+    let mut out: BTreeMap<Vec<u8>, Option<(EntryId, Vec<u8>)>> = BTreeMap::new();
+    let prefix = sk(TAG_SEED, sid.as_str());
+    for kv in index.scan_prefix(TRANSCRIPT_INDEXER, &prefix) {
+        let (k, v) = kv.map_err(engine_err)?;
+        let records = seed_bucket_records(&v)
+            .map_err(|e| corrupt(format!("seed bucket {:?}: {e}", k.get(prefix.len()..))))?;
+        for (id, record) in records {
+            // A duplicate id (damaged data): the first stays, as in `Transcript`.
+            if !out.contains_key(id) {
+                out.insert(id.to_vec(), Some((parse(id)?, record.to_vec())));
+            }
+        }
+    }
+    let prefix = sk(TAG_ENTRY, sid.as_str());
+    for kv in index.scan_prefix(TRANSCRIPT_INDEXER, &prefix) {
+        let (k, v) = kv.map_err(engine_err)?;
+        let raw = k.get(prefix.len()..).unwrap_or_default();
+        let record = if v.is_empty() {
+            None
+        } else {
+            Some((parse(raw)?, v))
+        };
+        out.insert(raw.to_vec(), record);
+    }
+    Ok(out.into_values().flatten().collect())
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::test_support::{append_n, open, user, writer_session};
     use super::*;
-    use crate::handle::{HandleOptions, TranscriptBackend};
+    use crate::handle::HandleOptions;
     use crate::store::SessionStore;
+    use crate::store::TranscriptBackend;
     use crate::transcript::CancelToken;
 
     /// `single_chain` says yes exactly while every entry is on the path

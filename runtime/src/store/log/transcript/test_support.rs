@@ -5,19 +5,21 @@ use std::sync::Arc;
 
 use spool_engine::Index;
 
+use super::keys::TRANSCRIPT_INDEXER;
 use super::keys::{child_prefix, count_key, sk, TAG_PATH};
 use super::path_blocks::{
     block_links, decode_path_link, path_block_key, path_slot, path_value, PATH_BLOCK_DEPTHS,
 };
 use super::record::EntryRecord;
 use super::source::LogTranscriptSource;
-use super::{entry_records, read_meta, TRANSCRIPT_INDEXER};
-use crate::handle::{HandleOptions, SessionHandle, TranscriptBackend};
+use super::source::{entry_records, read_meta};
+use crate::handle::{HandleOptions, SessionHandle};
 use crate::hooks::SessionHookStack;
 use crate::observer::NullSink;
 use crate::session::AgentDefinition;
 use crate::session::{SessionEvent, SessionId};
-use crate::store::log::SESSION_EVENT_PREFIX;
+use crate::store::log::common::SESSION_EVENT_PREFIX;
+use crate::store::TranscriptBackend;
 use crate::store::{LogStore, LogStoreOptions, SessionStore};
 use crate::transcript::{entry_size, EntryId, EntryKind, EntrySource};
 use crate::transcript::{ContentBlock, Message};
