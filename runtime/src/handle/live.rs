@@ -5,12 +5,12 @@ use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
-use super::backend::{FullLoadBackend, TranscriptBackend};
 use super::registry::{self, Refused};
 use super::snapshot::{self, ResidentSnapshot, Reuse};
 use super::{HandleError, HandleOptions};
 use crate::observer::{EventSink, RuntimeEvent};
 use crate::session::{SessionEvent, SessionId, SessionStatus};
+use crate::store::{FullLoadBackend, TranscriptBackend};
 use crate::store::{SessionStore, StoreError};
 use crate::transcript::{now_ms, Budget, Entry, EntryId, EntryKind, EntrySource};
 

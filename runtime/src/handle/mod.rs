@@ -65,7 +65,6 @@
 //! See [`rewrite`]: `prepare_rewrite` / `commit_rewrite` and the helpers
 //! built on them.
 
-mod backend;
 mod live;
 mod navigation;
 pub mod reads;
@@ -75,7 +74,9 @@ mod snapshot;
 
 use std::time::Duration;
 
-pub use backend::{
+/// The store-facing traits live with the stores; their old paths stay.
+#[doc(hidden)]
+pub use crate::store::backend::{
     AppendReceipt, BoxedSource, ChangeMark, FullLoadBackend, TranscriptBackend, TranscriptHead,
 };
 pub use live::{HandleEvent, SessionHandle};

@@ -38,9 +38,9 @@ use std::sync::Arc;
 
 use serde::Serialize;
 
-use super::backend::{ChangeMark, TranscriptBackend};
 use super::live::{Inner, SessionHandle};
 use super::HandleError;
+use crate::store::{ChangeMark, TranscriptBackend};
 use crate::transcript::{
     read_branch_page, read_context, read_custom_page, read_entry, read_navigation, Budget,
     CancelToken, Continuation, Entry, EntryId, EntryPage, NavigationFacts, PageBudget, PageOrder,

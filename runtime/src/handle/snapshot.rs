@@ -9,10 +9,10 @@ use std::sync::Arc;
 
 use serde::Serialize;
 
-use super::backend::{AppendReceipt, TranscriptBackend, TranscriptHead};
 use super::HandleError;
 use crate::session::{AgentSessionInfo, SessionId};
 use crate::store::StoreError;
+use crate::store::{AppendReceipt, TranscriptBackend, TranscriptHead};
 use crate::transcript::{
     entry_size, select_resident_sized, BoundaryCounts, Budget, ChildLinks, CustomRef, Entry,
     EntryFacts, EntryId, EntrySource, ModelContext, NavLinks, PathFacts, ResidentSelection,

@@ -17,6 +17,7 @@
 //! - `header` and `list_headers` never load state; `stats().full_loads`
 //!   counts the loads that do, so callers (and tests) can prove it.
 
+pub mod backend;
 pub mod conformance;
 pub mod exchange;
 pub mod file;
@@ -25,9 +26,7 @@ pub mod memory;
 mod open;
 #[cfg(feature = "postgres")]
 pub mod postgres;
-mod read_memo;
 mod repository;
-pub mod transcript_index;
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -37,6 +36,9 @@ use crate::session::{
     SessionStatus,
 };
 
+pub use backend::{
+    AppendReceipt, BoxedSource, ChangeMark, FullLoadBackend, TranscriptBackend, TranscriptHead,
+};
 pub use file::{FileStore, FileStoreOptions};
 pub use log::{LogStore, LogStoreOptions, SessionIndexer};
 pub use memory::MemoryStore;
@@ -44,6 +46,10 @@ pub use open::{is_postgres_location, open_store};
 #[cfg(feature = "postgres")]
 pub use postgres::{PostgresOptions, PostgresStore};
 pub use repository::SessionRepository;
+
+/// The transcript index's old path.
+#[doc(hidden)]
+pub use log::transcript as transcript_index;
 
 /// A store operation failed. `NotFound` and `Conflict` are expected
 /// outcomes callers handle; the others are faults.
@@ -169,8 +175,8 @@ pub trait SessionStore: Send + Sync {
     fn stats(&self) -> StoreStats;
     /// The store's native transcript surface for session handles (indexed
     /// heads, sources and appends without full loads). `None` (the
-    /// default): handles use [`crate::handle::FullLoadBackend`].
-    fn transcript_backend(&self) -> Option<&dyn crate::handle::TranscriptBackend> {
+    /// default): handles use [`FullLoadBackend`].
+    fn transcript_backend(&self) -> Option<&dyn TranscriptBackend> {
         None
     }
 }

@@ -511,6 +511,25 @@ pub fn now_ms() -> i64 {
         .unwrap_or(0)
 }
 
+/// The target and resolved label of a label entry (an empty label
+/// clears it: `None`); `None` for any other entry.
+pub(crate) fn label_value(entry: &Entry) -> Option<(EntryId, Option<String>)> {
+    match &entry.kind {
+        EntryKind::Label { target_id, label } => {
+            Some((target_id.clone(), label.clone().filter(|l| !l.is_empty())))
+        }
+        _ => None,
+    }
+}
+
+/// The custom type of a custom entry; `None` for any other entry.
+pub(crate) fn custom_type(entry: &Entry) -> Option<&str> {
+    match &entry.kind {
+        EntryKind::Custom { custom_type, .. } => Some(custom_type),
+        _ => None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -47,7 +47,8 @@ use serde::{Deserialize, Serialize};
 
 use super::entry::{Entry, EntryId};
 use super::path_facts::{path_facts_by_walk, PathFacts};
-use super::resident::{select_resident, Budget, EntrySource, ResidentError, ResidentSelection};
+use super::resident::{select_resident, Budget, ResidentError, ResidentSelection};
+use super::source::EntrySource;
 
 /// Maximum length of an encoded continuation accepted by
 /// [`Continuation::decode`], in bytes.

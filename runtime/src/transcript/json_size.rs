@@ -24,6 +24,17 @@ pub(crate) fn json_len<T: Serialize + ?Sized>(value: &T) -> Option<u64> {
     Some(c.0)
 }
 
+/// Bytes of a parent id in an entry's JSON encoding (`"id"` or `null`).
+/// Ids are ASCII letters, digits, `_` and `-`: never escaped.
+pub(crate) fn parent_json_len(p: &Option<crate::transcript::EntryId>) -> u64 {
+    match p {
+        Some(id) => u64::try_from(id.as_str().len())
+            .unwrap_or(u64::MAX)
+            .saturating_add(2),
+        None => 4,
+    }
+}
+
 /// Length of `s` as a JSON string, quotes included. Not inlined: one
 /// copy, vectorized once, instead of one per serialized type.
 #[inline(never)]

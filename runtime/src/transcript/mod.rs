@@ -16,12 +16,14 @@ pub mod path_facts;
 pub mod resident;
 pub mod rewrite;
 pub mod shared_seq;
+pub mod source;
 pub mod tree;
 
 pub use context::{
     build_context, context_messages, context_start, path_settings, split_model, ContextMessage,
     ContextRole, ModelContext, PathMarker, SYNTHETIC_TOOL_RESULT_TEXT,
 };
+pub(crate) use entry::{custom_type, label_value};
 pub use entry::{
     now_ms, ContentBlock, Entry, EntryId, EntryKind, InvalidEntryId, Message, StopReason, Usage,
 };
@@ -31,18 +33,20 @@ pub use history::{
     PageBudget, PageOrder, Position, ReadError, ReadResult, ReadScope, TranscriptVersion,
     VersionConflict, CONTINUATION_ENCODED_LEN_MAX, CONTINUATION_FORMAT, NAV_CHILDREN_MAX,
 };
+pub(crate) use json_size::parent_json_len;
 pub use path_facts::{first_kept_depth, path_facts_by_walk, Anchor, IndexedTranscript, PathFacts};
 pub(crate) use resident::select_resident_sized;
 pub use resident::{
     entry_size, select_resident, AppendedEntry, BoundaryCounts, Budget, ChildLinks, CustomRef,
-    EntryFacts, EntrySource, NavLinks, OmittedEntry, ResidentError, ResidentSelection,
-    CHILD_LINKS_MAX, DEFAULT_RESIDENT_BYTES_MAX, DEFAULT_RESIDENT_EVENTS_MAX,
+    EntryFacts, NavLinks, OmittedEntry, ResidentError, ResidentSelection, CHILD_LINKS_MAX,
+    DEFAULT_RESIDENT_BYTES_MAX, DEFAULT_RESIDENT_EVENTS_MAX,
 };
 pub use rewrite::{
     redact, remove_trailing_entries, truncate_tool_results, MappedEntry, Replacement, RewriteError,
     RewritePlan, TrailingRemoval, TOOL_RESULT_TRUNCATE_BYTES_MIN, TRAILING_SCAN_ENTRIES_MAX,
 };
 pub use shared_seq::SharedSeq;
+pub use source::EntrySource;
 pub use tree::{
     entry_summary, Navigation, Transcript, TranscriptError, TreeRow, TREE_SUMMARY_CHARS_MAX,
 };

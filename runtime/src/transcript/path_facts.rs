@@ -32,7 +32,8 @@ use serde::{Deserialize, Serialize};
 
 use super::context::PathMarker;
 use super::entry::{Entry, EntryId, EntryKind};
-use super::resident::{walk_path, EntrySource, ResidentError};
+use super::resident::{walk_path, ResidentError};
+use super::source::EntrySource;
 use super::tree::{Transcript, TranscriptError};
 
 /// An entry on a path and its depth (0 = the root of the path).

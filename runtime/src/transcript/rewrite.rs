@@ -36,7 +36,9 @@ use serde::Serialize;
 use super::context::PathMarker;
 use super::entry::{ContentBlock, Entry, EntryId, EntryKind, Message};
 use super::history::TranscriptVersion;
-use super::resident::{entry_size, EntryFacts, EntrySource};
+use super::json_size::parent_json_len;
+use super::resident::{entry_size, EntryFacts};
+use super::source::EntrySource;
 use super::tree::{Transcript, TranscriptError};
 
 /// Maximum number of entries [`remove_trailing_entries`] examines before
@@ -120,17 +122,6 @@ pub enum RewriteError<E: std::error::Error + 'static> {
 
 fn src<E: std::error::Error + 'static>(e: E) -> RewriteError<E> {
     RewriteError::Source(e)
-}
-
-/// Bytes of a parent id in an entry's JSON encoding (`"id"` or `null`).
-/// Ids are ASCII letters, digits, `_` and `-`: never escaped.
-fn parent_json_len(p: &Option<EntryId>) -> u64 {
-    match p {
-        Some(id) => u64::try_from(id.as_str().len())
-            .unwrap_or(u64::MAX)
-            .saturating_add(2),
-        None => 4,
-    }
 }
 
 fn signed(after: u64, before: u64) -> i64 {

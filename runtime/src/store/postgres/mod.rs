@@ -146,11 +146,11 @@ use super::{
     ListOrder, ListQuery, LoadCounter, SessionStore, SortDirection, StoreError, StoreStats,
     MAX_PAGE_LIMIT,
 };
-use crate::handle::{AppendReceipt, BoxedSource, TranscriptBackend, TranscriptHead};
 use crate::session::{
     decode_event, decode_snapshot, encode_event, encode_snapshot, AgentSession, AgentSessionInfo,
     SessionEvent, SessionId, SessionInfoList, SessionStatus, SkippedSession,
 };
+use crate::store::backend::{AppendReceipt, BoxedSource, TranscriptBackend, TranscriptHead};
 
 /// Commits read per query while loading.
 pub const LOAD_BATCH_COMMITS: i64 = 256;

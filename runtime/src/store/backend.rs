@@ -1,4 +1,8 @@
-//! The store-facing surface of session handles: [`TranscriptBackend`].
+//! The store-facing surface of session handles: [`TranscriptBackend`],
+//! what it reports ([`TranscriptHead`], [`AppendReceipt`], [`ChangeMark`])
+//! and [`FullLoadBackend`] for stores without transcript indexes. It lives
+//! with the stores, which implement it; it never imports `handle/`.
+//!
 //!
 //! A store that keeps transcript indexes (the log store) implements it
 //! natively: `head` and `source` answer from its indexes and
@@ -14,8 +18,8 @@
 use std::borrow::Cow;
 use std::sync::{Arc, Mutex};
 
+use super::{SessionStore, StoreError};
 use crate::session::{AgentSession, AgentSessionInfo, SessionEvent, SessionId};
-use crate::store::{SessionStore, StoreError};
 use crate::transcript::{
     ChildLinks, CustomRef, Entry, EntryFacts, EntryId, EntrySource, PathFacts, Transcript,
     TranscriptVersion,
@@ -73,7 +77,7 @@ impl ChangeMark {
 /// An entry source bound to one session, reading through a backend.
 pub type BoxedSource<'a> = Box<dyn EntrySource<Error = StoreError> + 'a>;
 
-/// The store-facing surface of [`SessionHandle`](super::SessionHandle)s.
+/// The store-facing surface of [`SessionHandle`](crate::handle::SessionHandle)s.
 pub trait TranscriptBackend: Send + Sync {
     /// A process-unique identity of the store (the writer registry key).
     fn identity(&self) -> String;

@@ -1,0 +1,159 @@
+//! Snapshots of the log store and loads: a session's fold at some version
+//! kept in the engine's index cache area, and [`LogStore::load_at`], which
+//! starts from one and replays the tail. Snapshots are a cache only.
+//!
+//! A snapshot is the fold of a session at some version, kept in the
+//! engine's index *cache* area (key `s` ++ id; value: u64 BE stream
+//! version, i64 BE updated-at, then [`encode_snapshot`] bytes). Policy: a
+//! `load` that replayed at least [`SNAPSHOT_TAIL_COMMITS`] commits beyond
+//! the snapshot it started from (or from the start) writes a new one, so
+//! the next load costs the snapshot plus a short tail. A snapshot that
+//! fails to decode, has another schema, or does not fit the stream is
+//! ignored and the events are replayed. Snapshots are a cache: a rebuild
+//! drops them.
+
+use super::sessions::key;
+use super::{
+    be_u64, engine_err, LogStore, LOAD_BATCH_COMMITS, SESSION_EVENT_PREFIX, SESSION_INDEXER,
+    SNAPSHOT_TAIL_COMMITS,
+};
+use crate::session::{decode_event, decode_snapshot, encode_snapshot, AgentSession, SessionId};
+use crate::store::StoreError;
+
+/// Tag of a snapshot in the cache area (its own key space: `s` there is not the
+/// status listing key of the index proper).
+pub(super) const CACHE_SNAPSHOT: u8 = b's';
+
+impl LogStore {
+    fn read_snapshot(
+        &self,
+        id: &SessionId,
+        base: u64,
+        head: u64,
+    ) -> Option<(u64, i64, AgentSession)> {
+        let decoded = |bytes: &[u8]| {
+            let version = be_u64(bytes.get(..8)?)?;
+            let updated = i64::from_be_bytes(bytes.get(8..16)?.try_into().ok()?);
+            if version <= base || version > head {
+                return None;
+            }
+            let session = decode_snapshot(bytes.get(16..)?).ok()?;
+            Some((version, updated, session))
+        };
+        let (version, updated, session) = self
+            .engine()
+            .ok()?
+            .index()
+            .with_cache(SESSION_INDEXER, &key(CACHE_SNAPSHOT, id.as_str()), decoded)
+            .ok()?
+            .flatten()?;
+        if session.id() != id {
+            return None;
+        }
+        Some((version, updated, session))
+    }
+
+    fn write_snapshot(&self, session: &AgentSession, stream_version: u64) {
+        // A snapshot is a cache entry: failing to write one costs only time.
+        if let Ok(bytes) = encode_snapshot(session) {
+            let mut v = Vec::with_capacity(16 + bytes.len());
+            v.extend_from_slice(&stream_version.to_be_bytes());
+            v.extend_from_slice(&session.info().updated_at_ms.to_be_bytes());
+            v.extend_from_slice(&bytes);
+            if let Ok(engine) = self.engine() {
+                let _ = engine.index().put_cache(
+                    SESSION_INDEXER,
+                    &key(CACHE_SNAPSHOT, session.id().as_str()),
+                    &v,
+                );
+            }
+        }
+    }
+
+    /// Loads the session as of stream version `upto` (inclusive), or its
+    /// head when `None`. Used by `load` and by time travel.
+    pub fn load_at(
+        &self,
+        id: &SessionId,
+        upto: Option<u64>,
+    ) -> Result<Option<AgentSession>, StoreError> {
+        let Some(head) = self
+            .engine()?
+            .stream_version(id.as_str())
+            .map_err(engine_err)?
+        else {
+            return Ok(None);
+        };
+        let Some((_, base)) = self.record(id)? else {
+            return Ok(None);
+        };
+        if head <= base {
+            return Ok(None);
+        }
+        let target = match upto {
+            Some(v) => base.saturating_add(v).min(head),
+            None => head,
+        };
+        if target <= base {
+            return Ok(None);
+        }
+        self.loads.bump();
+        let snapshot = if upto.is_none() {
+            self.read_snapshot(id, base, head)
+        } else {
+            None
+        };
+        let (mut session, mut from, mut version, mut updated) = match snapshot {
+            Some((v, u, s)) => (Some(s), v + 1, v, u),
+            None => (None, base + 1, base, 0),
+        };
+        let mut replayed = 0u64;
+        while from <= target {
+            let want = (target - from + 1).min(LOAD_BATCH_COMMITS as u64) as usize;
+            let batch = self
+                .engine()?
+                .read_stream(id.as_str(), from, want)
+                .map_err(engine_err)?;
+            if batch.is_empty() {
+                break;
+            }
+            for c in &batch {
+                let mut events = Vec::with_capacity(c.events.len());
+                for (i, e) in c.events.iter().enumerate() {
+                    if !e.kind.starts_with(SESSION_EVENT_PREFIX) {
+                        continue;
+                    }
+                    events.push(decode_event(&e.payload).map_err(|source| {
+                        StoreError::Encoding {
+                            context: format!(
+                                "session {id}, stream version {}, event {i}",
+                                c.info.version
+                            ),
+                            source,
+                        }
+                    })?);
+                }
+                let folded = match session.take() {
+                    Some(s) => s.replay_onto(events.iter()),
+                    None => AgentSession::replay(events.iter()),
+                };
+                session = Some(folded.map_err(|e| StoreError::Corrupt {
+                    id: id.clone(),
+                    reason: format!("stream version {}: {e}", c.info.version),
+                })?);
+                version = c.info.version;
+                updated = c.info.timestamp_ms;
+                from = c.info.version + 1;
+                replayed += 1;
+            }
+        }
+        let Some(session) = session else {
+            return Ok(None);
+        };
+        let session = session.reconstitute(version - base, updated);
+        if upto.is_none() && replayed >= SNAPSHOT_TAIL_COMMITS {
+            self.write_snapshot(&session, version);
+        }
+        Ok(Some(session))
+    }
+}
