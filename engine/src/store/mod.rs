@@ -226,10 +226,19 @@ pub(crate) fn wait_writer<'a>(
 impl Inner {
     /// Refuse every later write until a reopen; `cause` is kept for the refusals (only
     /// the first failure's: later ones follow from it).
-    pub(crate) fn poison(&self, cause: &dyn std::fmt::Display) {
+    pub(crate) fn poison(&self, cause: &dyn std::error::Error) {
         let mut c = lock(&self.poison_cause);
         if c.is_none() {
-            *c = Some(cause.to_string());
+            // The whole chain: an I/O error's message names the call and the file,
+            // its source what the system said (e.g. a full disk).
+            let mut text = cause.to_string();
+            let mut next = cause.source();
+            while let Some(e) = next {
+                text.push_str(": ");
+                text.push_str(&e.to_string());
+                next = e.source();
+            }
+            *c = Some(text);
         }
         self.poisoned.store(true, Ordering::Release);
     }

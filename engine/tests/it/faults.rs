@@ -250,7 +250,13 @@ fn a_full_disk_poisons_and_every_refusal_names_the_cause() {
     let first = s
         .append(commit("a", ExpectedVersion::Exact(1), b"2"))
         .unwrap_err();
-    assert!(first.to_string().contains(&no_space), "{first}");
+    let mut chain = first.to_string();
+    let mut next = std::error::Error::source(&first);
+    while let Some(e) = next {
+        chain.push_str(&format!(": {e}"));
+        next = e.source();
+    }
+    assert!(chain.contains(&no_space), "{chain}");
     for _ in 0..2 {
         let later = s
             .append(commit("a", ExpectedVersion::Exact(1), b"3"))
