@@ -201,6 +201,7 @@ fn tool_call(call: &str) -> EntryKind {
                 id: call.into(),
                 name: "cat".into(),
                 arguments: json!({"path": "big.log"}),
+                signature: None,
             }],
             stop_reason: StopReason::ToolUse,
             usage: Usage::default(),

@@ -143,7 +143,11 @@ fn entry_strings_bytes(e: &Entry) -> usize {
             .iter()
             .map(|b| match b {
                 ContentBlock::Text { text } => text.len(),
-                ContentBlock::Thinking { thinking } => thinking.len(),
+                ContentBlock::Thinking {
+                    thinking,
+                    signature,
+                    ..
+                } => thinking.len() + signature.as_ref().map_or(0, String::len),
                 ContentBlock::ToolCall { id, name, .. } => id.len() + name.len(),
                 ContentBlock::Image { mime_type, data } => mime_type.len() + data.len(),
             })
@@ -1094,10 +1098,26 @@ mod fast {
                     r.key("text")?;
                     ContentBlock::Text { text: r.string()? }
                 }
-                (b"thinking", 2) => {
+                (b"thinking", n @ 2..=4) => {
                     r.key("thinking")?;
+                    let thinking = r.string()?;
+                    // The optional fields, in serde's order, each written
+                    // only when set.
+                    let mut signature = None;
+                    let mut redacted = false;
+                    for _ in 2..n {
+                        match r.str()? {
+                            "signature" if signature.is_none() && !redacted => {
+                                signature = Some(r.string()?)
+                            }
+                            "redacted" if !redacted => redacted = r.bool()?,
+                            _ => return None,
+                        }
+                    }
                     ContentBlock::Thinking {
-                        thinking: r.string()?,
+                        thinking,
+                        signature,
+                        redacted,
                     }
                 }
                 (b"image", 3) => {
@@ -1253,8 +1273,11 @@ mod tests {
         let text = |n: usize| "é".repeat(n);
         let blocks = vec![
             ContentBlock::text("hi"),
+            ContentBlock::thinking(text(200)),
             ContentBlock::Thinking {
-                thinking: text(200),
+                thinking: text(20),
+                signature: Some("sig".repeat(100)),
+                redacted: true,
             },
             ContentBlock::Image {
                 mime_type: "image/png".into(),
@@ -1299,6 +1322,7 @@ mod tests {
                         id: "c1".into(),
                         name: "read".into(),
                         arguments: serde_json::json!({"path": "/x", "n": [1, -2.5, null]}),
+                        signature: Some("s".into()),
                     }],
                     stop_reason: StopReason::Aborted,
                     usage: Usage::default(),

@@ -13,7 +13,7 @@ use crate::session_open::{parse_id, runtime_err, runtime_for};
 fn block_text(b: &ContentBlock) -> String {
     match b {
         ContentBlock::Text { text } => text.clone(),
-        ContentBlock::Thinking { thinking } => format!("(thinking) {thinking}"),
+        ContentBlock::Thinking { thinking, .. } => format!("(thinking) {thinking}"),
         ContentBlock::ToolCall {
             name, arguments, ..
         } => format!("→ {name}({arguments})"),
