@@ -521,7 +521,7 @@ fn labels(entries: &[Value]) -> BTreeMap<String, String> {
 
 /// (role, first text) of each context message.
 fn context_of(dir: &Path, id: &str) -> Vec<(String, String)> {
-    json(dir, &["context", id, "--json"])
+    json(dir, &["context", id, "--json"])["messages"]
         .as_array()
         .unwrap()
         .iter()
@@ -894,7 +894,7 @@ fn replay_at_version_matches_the_session_as_saved_at_that_version() {
         step(&mut s);
         s = store.save(s).unwrap();
         saved.push(json(&path, &["show", &id, "--json"]));
-        contexts.push(json(&path, &["context", &id, "--json"]));
+        contexts.push(json(&path, &["context", &id, "--json"])["messages"].clone());
     }
     assert_eq!(saved.len() as u64, s.version());
     for (i, want) in saved.iter().enumerate() {
@@ -926,4 +926,105 @@ fn replay_at_version_matches_the_session_as_saved_at_that_version() {
     let err = fails(&path, &["replay"]);
     assert!(err.contains("hint:") && err.contains("owner"), "{err}");
     drop(store);
+}
+
+/// `context --format openai|anthropic` prints the context as the model
+/// APIs take it: the system prompt present, every tool result answering a
+/// call made before it; `context --json` carries the system prompt, model
+/// and thinking level.
+#[test]
+fn context_prints_the_shapes_model_apis_take() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let ids = demo(&store);
+    let mut tool_results = 0;
+    for id in &ids {
+        let show = json(&store, &["show", id, "--json"]);
+        let prompt = show["state"]["system_prompt"].as_str().unwrap().to_string();
+        assert!(!prompt.is_empty(), "the demo sessions have system prompts");
+        let ctx = json(&store, &["context", id, "--json"]);
+        assert_eq!(ctx["system_prompt"], prompt.as_str());
+        assert_eq!(ctx["session"], id.as_str());
+        assert!(ctx.get("model").is_some() && ctx.get("thinking_level").is_some());
+        let n = ctx["messages"].as_array().unwrap().len();
+
+        let openai = json(&store, &["context", id, "--format", "openai", "--json"]);
+        let msgs = openai["messages"].as_array().unwrap();
+        assert_eq!(
+            msgs[0],
+            serde_json::json!({"role": "system", "content": prompt})
+        );
+        let mut calls = std::collections::HashSet::new();
+        for m in msgs {
+            for c in m["tool_calls"].as_array().into_iter().flatten() {
+                assert_eq!(c["type"], "function");
+                assert!(c["function"]["arguments"].is_string(), "{c}");
+                calls.insert(c["id"].as_str().unwrap().to_string());
+            }
+            if m["role"] == "tool" {
+                tool_results += 1;
+                assert!(calls.contains(m["tool_call_id"].as_str().unwrap()), "{m}");
+            }
+            assert!(
+                ["system", "user", "assistant", "tool"].contains(&m["role"].as_str().unwrap()),
+                "{m}"
+            );
+        }
+        assert!(msgs.len() >= n.min(1), "{openai}");
+
+        let anthropic = json(&store, &["context", id, "--format", "anthropic", "--json"]);
+        assert_eq!(anthropic["system"], prompt.as_str());
+        let mut uses = std::collections::HashSet::new();
+        for m in anthropic["messages"].as_array().unwrap() {
+            assert!(m["role"] == "user" || m["role"] == "assistant", "{m}");
+            for b in m["content"].as_array().unwrap() {
+                match b["type"].as_str().unwrap() {
+                    "tool_use" => {
+                        assert_eq!(m["role"], "assistant");
+                        uses.insert(b["id"].as_str().unwrap().to_string());
+                    }
+                    "tool_result" => {
+                        assert_eq!(m["role"], "user");
+                        assert!(uses.contains(b["tool_use_id"].as_str().unwrap()), "{b}");
+                    }
+                    "text" | "thinking" | "redacted_thinking" | "image" => {}
+                    other => panic!("unexpected block {other}"),
+                }
+            }
+        }
+        // Without --json: the same body, pretty-printed.
+        let out = run(&store, &["context", id, "--format", "anthropic"]);
+        assert!(out.status.success(), "{}", stderr(&out));
+        let text: Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(text, anthropic);
+    }
+    assert!(tool_results > 0, "the demo has tool calls");
+}
+
+/// A pi session with signed thinking, imported, replays to Anthropic with
+/// each thinking block's signature.
+#[test]
+fn pi_thinking_signatures_reach_the_anthropic_body() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let lines = [
+        r#"{"type":"session","version":3,"id":"signed","timestamp":"2025-01-01T00:00:00Z","cwd":"/w"}"#,
+        r#"{"type":"message","id":"u1","parentId":null,"timestamp":"2025-01-01T00:00:01Z","message":{"role":"user","content":"hi"}}"#,
+        r#"{"type":"message","id":"a1","parentId":"u1","timestamp":"2025-01-01T00:00:02Z","message":{"role":"assistant","provider":"anthropic","model":"claude-x","stopReason":"stop","content":[{"type":"thinking","thinking":"hm","thinkingSignature":"SIG-1"},{"type":"text","text":"hello"}]}}"#,
+    ];
+    let p = dir.path().join("signed.jsonl");
+    std::fs::write(&p, lines.join("\n") + "\n").unwrap();
+    json(
+        &store,
+        &["import", "--format", "pi", p.to_str().unwrap(), "--json"],
+    );
+    let body = json(
+        &store,
+        &["context", "signed", "--format", "anthropic", "--json"],
+    );
+    assert_eq!(body["model"], "claude-x");
+    assert_eq!(
+        body["messages"][1]["content"][0],
+        serde_json::json!({"type": "thinking", "thinking": "hm", "signature": "SIG-1"})
+    );
 }

@@ -79,8 +79,9 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
         Command::Context {
             id,
             budget_bytes,
+            format,
             json,
-        } => context::run(need_store(&store)?, &id, budget_bytes, json),
+        } => context::run_as(need_store(&store)?, &id, budget_bytes, format, json),
         Command::Stats { top, json } => stats::run(need_store(&store)?, top, json),
         Command::Replay {
             id,
