@@ -203,7 +203,13 @@ fn run(store: Arc<dyn SessionStore>, ops: &[Op], budget: Budget) -> Result<(), T
         let s = h.snapshot();
         let sel = &s.selection;
         sel.leaf.as_ref().is_some_and(|l| {
-            sel.omitted.iter().any(|o| &o.id == l) && sel.pinned.as_ref() != Some(l)
+            sel.omitted.iter().any(|o| {
+                &o.id == l
+                    && matches!(
+                        o.kind.as_str(),
+                        "message" | "custom_message" | "branch_summary"
+                    )
+            }) && sel.pinned.as_ref() != Some(l)
         })
     };
     for (step, op) in ops.iter().enumerate() {

@@ -528,7 +528,10 @@ proptest! {
         let segment = &path[context_start(&path)..];
         prop_assert_eq!(segment.len() as u64, c.context_entries);
         // The leaf is never dropped for an older entry.
-        let leaf_omitted = s.omitted.iter().any(|o| Some(&o.id) == t.leaf());
+        let leaf_omitted = s.omitted.iter().any(|o| {
+            Some(&o.id) == t.leaf()
+                && matches!(o.kind.as_str(), "message" | "custom_message" | "branch_summary")
+        });
         if leaf_omitted {
             prop_assert!(s.entries.is_empty());
             prop_assert_eq!(s.omitted.len(), 1);
@@ -680,10 +683,14 @@ fn extend_matches(b: &mut B, budget: Budget, text: &str) {
     let appended = appended_user(b, text);
     let want = select_resident(&b.t, b.t.leaf(), budget).unwrap();
     let want_sizes: SharedSeq<u64> = want.entries.iter().map(|e| entry_size(e)).collect();
-    let leaf_omitted = s
-        .omitted
-        .iter()
-        .any(|o| s.leaf.as_ref() == Some(&o.id) && s.pinned.as_ref() != Some(&o.id));
+    let leaf_omitted = s.omitted.iter().any(|o| {
+        s.leaf.as_ref() == Some(&o.id)
+            && s.pinned.as_ref() != Some(&o.id)
+            && matches!(
+                o.kind.as_str(),
+                "message" | "custom_message" | "branch_summary"
+            )
+    });
     if (leaf_omitted || entry_size(&appended[0]) > budget.bytes_max) && budget.events_max > 0 {
         // An oversized new leaf, or a selection whose oversized leaf ended
         // it, is for the full selection.

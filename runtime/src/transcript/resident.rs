@@ -15,9 +15,11 @@
 //! Two rules keep the working set a context a model can be given:
 //!
 //! * **The leaf is never dropped for an older entry**: a leaf larger than
-//!   the byte budget is recorded as omitted and nothing older is held (not
-//!   even the pinned compaction), rather than a context that ends on an
-//!   older turn.
+//!   the byte budget that gives the context a message (a message, custom
+//!   message or branch summary) is recorded as omitted and nothing older is
+//!   held (not even the pinned compaction), rather than a context that ends
+//!   on an older turn. A leaf that gives no message (plugin state, a label,
+//!   a setting) is omitted and the walk goes on: the context is the same.
 //! * **A tool result is held only with its call**: a held result whose call
 //!   the budget left out (beyond the budget, or in an omitted entry between
 //!   it and the nearest held assistant message) is dropped too, bytes and
@@ -658,15 +660,16 @@ pub(crate) fn select_resident_sized<S: EntrySource + ?Sized>(
                             .kind
                     }
                 };
+                // The leaf is never dropped for an older entry: with a
+                // leaf that gives the context a message omitted, nothing
+                // older is held (not even the pin).
+                leaf_omitted = &cur == leaf && gives_message(&kind);
                 sel.omitted.push(OmittedEntry {
                     id: cur.clone(),
                     kind,
                     size,
                 });
                 sel.omitted_at.push(len_u64(entries.len()));
-                // The leaf is never dropped for an older entry: with the
-                // leaf omitted, nothing older is held (not even the pin).
-                leaf_omitted = &cur == leaf;
             } else if size > bytes_left {
                 break;
             } else {
@@ -761,6 +764,12 @@ pub(crate) fn select_resident_sized<S: EntrySource + ?Sized>(
     sel.entries = SharedSeq::from(entries);
     sel.links = SharedSeq::from(links);
     Ok((sel, sizes))
+}
+
+/// Whether an entry of this kind ([`Entry::kind_name`]) can give the
+/// context a message (the others only settings, or nothing).
+fn gives_message(kind: &str) -> bool {
+    matches!(kind, "message" | "custom_message" | "branch_summary")
 }
 
 /// A held tool result whose call is in no held assistant message before it
@@ -1220,7 +1229,10 @@ impl ResidentSelection {
         }
         // A new leaf over the byte budget is omitted, and then nothing
         // older may be held: the full selection settles that.
-        if take_fresh > 0 && *fresh_sizes.last()? > budget.bytes_max {
+        if take_fresh > 0
+            && *fresh_sizes.last()? > budget.bytes_max
+            && gives_message(last.kind_name())
+        {
             return None;
         }
 
