@@ -122,8 +122,9 @@ fn session_ids(dir: &Path) -> Vec<String> {
         .collect()
 }
 
+/// The context messages of `context --json`.
 fn context(dir: &Path, id: &str) -> Value {
-    ok_json(&run(dir, &["context", id, "--json"]))
+    ok_json(&run(dir, &["context", id, "--json"]))["messages"].clone()
 }
 
 fn contexts(dir: &Path) -> BTreeMap<String, Value> {

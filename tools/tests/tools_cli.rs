@@ -867,7 +867,8 @@ fn replay_at_version_matches_the_session_as_saved_at_that_version() {
         .unwrap();
     let id = s.id().to_string();
     let mut saved: Vec<Value> = vec![json(&path, &["show", &id, "--json"])];
-    let mut contexts: Vec<Value> = vec![json(&path, &["context", &id, "--json"])];
+    let mut contexts: Vec<Value> =
+        vec![json(&path, &["context", &id, "--json"])["messages"].clone()];
     type Step = Box<dyn Fn(&mut AgentSession)>;
     let first = std::rc::Rc::new(std::cell::RefCell::new(None));
     let f2 = first.clone();
