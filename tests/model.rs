@@ -445,6 +445,7 @@ impl ModelSession {
                         id: call_id.clone(),
                         name: tool.clone(),
                         arguments: arguments.clone(),
+                        signature: None,
                     }],
                     StopReason::ToolUse,
                     u1,

@@ -230,6 +230,7 @@ impl AgentLoop for ScriptedLoop {
                                 id: call_id.clone(),
                                 name: tool.clone(),
                                 arguments: arguments.clone(),
+                                signature: None,
                             }],
                             StopReason::ToolUse,
                             u1,

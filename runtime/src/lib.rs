@@ -17,6 +17,7 @@ pub mod agent_loop;
 pub mod error;
 pub mod handle;
 pub mod hooks;
+pub mod import;
 pub mod observer;
 pub mod runtime;
 pub mod session;

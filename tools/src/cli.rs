@@ -44,6 +44,17 @@ pub enum ImportFormat {
     Pi,
 }
 
+/// Shapes `context` prints.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ContextFormat {
+    /// spool's context messages (with entry ids, model and thinking level).
+    Spool,
+    /// OpenAI Chat Completions: `{"model", "messages"}`, the system prompt first.
+    Openai,
+    /// Anthropic Messages: `{"model", "system", "messages"}`.
+    Anthropic,
+}
+
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Build a sample store with branching sessions and show it (the main job).
@@ -97,6 +108,10 @@ pub enum Command {
         /// Resident byte budget for the working set the context is built from.
         #[arg(long, value_name = "N")]
         budget_bytes: Option<u64>,
+        /// The shape to print: spool's own messages, OpenAI Chat Completions
+        /// messages, or an Anthropic Messages request body.
+        #[arg(long, value_enum, default_value = "spool")]
+        format: ContextFormat,
         /// Print one JSON document instead of text.
         #[arg(long)]
         json: bool,

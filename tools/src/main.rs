@@ -9,7 +9,6 @@ mod cli;
 mod cmd;
 mod engine_open;
 mod out;
-mod pi;
 mod session_open;
 
 use std::process::ExitCode;

@@ -44,7 +44,23 @@ impl Store {
     /// A commit whose id an earlier commit has is a retry: it writes nothing and
     /// returns [`AppendOutcome::AlreadyCommitted`] with the earlier commit.
     pub fn append(&self, commit: NewCommit) -> Result<AppendOutcome, Error> {
-        self.append_commit(commit, false)
+        self.append_commit(commit, false, None)
+    }
+
+    /// Checks `commit` as an append would before writing (stream id, event
+    /// count and kinds, record size against this store's limit) without
+    /// writing anything: an import checks every commit before its first write.
+    pub fn check_commit(&self, commit: &NewCommit) -> Result<(), Error> {
+        validate(commit, self.inner.opts.record_bytes_max).map(|_| ())
+    }
+
+    /// [`Store::append`] with the commit time given by the caller instead of
+    /// read from the clock: for imports that rebuild a history with its
+    /// original times. Such a time may lie before earlier commits' times (the
+    /// log does not order commits by time); commits appended later without a
+    /// given time still get times no earlier than any time seen.
+    pub fn append_at(&self, commit: NewCommit, timestamp_ms: i64) -> Result<AppendOutcome, Error> {
+        self.append_commit(commit, false, Some(timestamp_ms))
     }
 
     /// [`Store::append`] under a commit id drawn here: 122 random bits from the
@@ -65,14 +81,16 @@ impl Store {
             commit_id: crate::commit_id::fresh(),
             events,
         };
-        self.append_commit(commit, true)
+        self.append_commit(commit, true, None)
     }
 
     /// `drawn_here`: the commit id was drawn by [`Store::append_fresh`].
+    /// `given_ts`: the commit time, when the caller chose it.
     pub(super) fn append_commit(
         &self,
         commit: NewCommit,
         drawn_here: bool,
+        given_ts: Option<i64>,
     ) -> Result<AppendOutcome, Error> {
         let inner = &*self.inner;
         if inner.read_only {
@@ -131,8 +149,8 @@ impl Store {
         }
         w.next_seq += 1;
         let seq = w.next_seq;
-        let ts = now_ms().max(w.last_ts);
-        w.last_ts = ts;
+        let ts = given_ts.unwrap_or_else(|| now_ms().max(w.last_ts));
+        w.last_ts = w.last_ts.max(ts);
         let version = actual.unwrap_or(0) + 1;
         let position = LogPosition {
             segment: w.tail_seg,

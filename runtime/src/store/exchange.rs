@@ -21,9 +21,8 @@
 //!    session are consecutive and in version order, starting at 1.
 //!    `EVENT` is the [`SessionEvent`] in its serde JSON form (an object
 //!    tagged by `"type"`, e.g. `{"type":"entry_appended","entry":{...}}`).
-//!    `timestamp_ms` is the original commit time (informational: the
-//!    store that imports assigns its own commit times, so a session's
-//!    `updated_at` after import is the import time).
+//!    `timestamp_ms` is the commit time; an import gives each commit its
+//!    original time, so a session's `updated_at` survives the round trip.
 //! 3. The **end line**, always the last:
 //!    `{"end":true,"sessions":S,"commits":C,"events":E}` with the totals.
 //!    A file without it is truncated and is refused.
@@ -33,18 +32,21 @@
 //!
 //! # Import guarantees
 //!
-//! [`read_export`] parses every line, and [`import_sessions`] folds every
-//! session with [`AgentSession::replay`] and checks the target store
-//! (no session with the same id, no stream of that name that is not a
-//! purged session, no commit id already taken) **before writing anything**.
-//! A malformed or truncated file is refused with the line number. Each
-//! commit is then appended through the engine under its exact version
-//! fence, with the same event kinds (`session.<kind>`) and encoding
-//! ([`encode_event`]) as [`LogStore`] uses. Should an append still fail
-//! (I/O, a concurrent writer), every session this import wrote is purged
-//! again, so no half-imported session stays visible; a crash in the middle
-//! of an import can leave a prefix of the commits of one session (a valid
-//! session at an earlier version), never a torn commit.
+//! An import ([`import_from`]) reads its source twice. The first pass
+//! parses every line ([`ExportReader`], one session in memory at a time),
+//! folds every session with [`AgentSession::replay`] and checks the target
+//! store (no session with the same id, no stream of that name that is not
+//! a purged session, no commit id already taken, every commit within the
+//! store's record limit) **before writing anything**. A malformed or
+//! truncated file is refused with the line number. The second pass appends
+//! each commit through the engine under its exact version fence and with
+//! its original commit time, with the same event kinds (`session.<kind>`)
+//! and encoding ([`encode_event`]) as [`LogStore`] uses, and the log is
+//! synced once at the end. Should an append still fail (I/O, a concurrent
+//! writer), every session this import wrote is purged again, so no
+//! half-imported session stays visible; a crash in the middle of an import
+//! can leave a prefix of the commits of one session (a valid session at an
+//! earlier version), never a torn commit.
 
 use std::collections::HashSet;
 use std::io::{BufRead, Write};
@@ -108,6 +110,8 @@ pub enum ExchangeError {
         reason: String,
         rolled_back: bool,
     },
+    #[error("syncing the imported commits to disk failed")]
+    SyncFailed(#[source] StoreError),
     #[error("{context}: {source}")]
     Io {
         context: String,
@@ -158,7 +162,7 @@ pub struct ImportCommit {
     /// Session version this commit creates (1-based, dense).
     pub version: u64,
     pub commit_id: Uuid,
-    /// The original commit time (informational; the store assigns its own).
+    /// The original commit time, which the import keeps.
     pub timestamp_ms: i64,
     pub events: Vec<SessionEvent>,
     /// Source line of each event (for error messages); empty or 0 when
@@ -458,54 +462,83 @@ pub fn read_line_bounded<R: BufRead>(
     }
 }
 
-/// Parses a whole `spool-export` file. Every line is checked (header,
-/// commit grouping, contiguous sessions, the end line and its totals);
-/// the sessions are not folded here (see [`ImportSession::validate`]).
-pub fn read_export<R: BufRead>(mut r: R) -> Result<Vec<ImportSession>, ExchangeError> {
-    let mut buf = Vec::new();
-    let mut line_no = 0u64;
-    let mut header_seen = false;
-    let mut end: Option<(u64, ExportEnd)> = None;
-    let mut sessions: Vec<ImportSession> = Vec::new();
-    let mut seen_ids: HashSet<SessionId> = HashSet::new();
-    let mut events_total = 0u64;
-    // The commit being read: (line of its first event, expected count).
-    let mut open: Option<u32> = None;
-    loop {
-        let had = read_line_bounded(&mut r, &mut buf, EXPORT_LINE_BYTES_MAX).map_err(|e| {
-            ExchangeError::Malformed {
-                line: line_no + 1,
-                reason: e.to_string(),
-            }
-        })?;
-        let Some(_newline) = had else { break };
-        line_no += 1;
-        let malformed = |reason: String| ExchangeError::Malformed {
-            line: line_no,
-            reason,
-        };
-        let text = std::str::from_utf8(&buf).map_err(|e| malformed(format!("not UTF-8: {e}")))?;
-        if text.trim().is_empty() {
-            continue;
+/// Any line after the header, parsed straight into its fields (no
+/// intermediate JSON tree of the line): an end line has `end`, an event
+/// line the rest.
+#[derive(Deserialize)]
+struct BodyLine {
+    end: Option<bool>,
+    sessions: Option<u64>,
+    commits: Option<u64>,
+    events: Option<u64>,
+    session: Option<SessionId>,
+    version: Option<u64>,
+    commit_id: Option<Uuid>,
+    timestamp_ms: Option<i64>,
+    index: Option<u32>,
+    events_in_commit: Option<u32>,
+    event: Option<SessionEvent>,
+}
+
+fn json_reason(what: &str, e: &serde_json::Error) -> String {
+    format!(
+        "{what} ({e}){}",
+        if e.is_eof() {
+            "; the file may be truncated"
+        } else {
+            ""
         }
-        if let Some((end_line, _)) = &end {
-            return Err(malformed(format!(
-                "data after the end line (line {end_line})"
-            )));
-        }
-        let value: serde_json::Value = serde_json::from_str(text).map_err(|e| {
-            malformed(format!(
-                "not a JSON object ({e}){}",
-                if e.is_eof() {
-                    "; the file may be truncated"
-                } else {
-                    ""
+    )
+}
+
+/// Reads a `spool-export` file one session at a time, checking every line
+/// (header, commit grouping, contiguous sessions, the end line and its
+/// totals) as it goes; the sessions are not folded here (see
+/// [`ImportSession::validate`]). Memory holds one session, not the file.
+pub struct ExportReader<R> {
+    r: R,
+    buf: Vec<u8>,
+    line_no: u64,
+    header: ExportHeader,
+    /// The session being read.
+    cur: Option<ImportSession>,
+    /// Events the open commit still expects (its announced count).
+    open: Option<u32>,
+    seen_ids: HashSet<SessionId>,
+    totals: ExportCounts,
+    end_line: Option<u64>,
+}
+
+impl<R: BufRead> ExportReader<R> {
+    /// Reads and checks the header line.
+    pub fn new(mut r: R) -> Result<Self, ExchangeError> {
+        let mut buf = Vec::new();
+        let mut line_no = 0u64;
+        let header = loop {
+            let had = read_line_bounded(&mut r, &mut buf, EXPORT_LINE_BYTES_MAX).map_err(|e| {
+                ExchangeError::Malformed {
+                    line: line_no + 1,
+                    reason: e.to_string(),
                 }
-            ))
-        })?;
-        if !header_seen {
-            let h: ExportHeader = serde_json::from_value(value)
-                .map_err(|e| malformed(format!("not a spool-export header: {e}")))?;
+            })?;
+            if had.is_none() {
+                return Err(ExchangeError::Malformed {
+                    line: line_no.max(1),
+                    reason: "empty file: no spool-export header".into(),
+                });
+            }
+            line_no += 1;
+            let malformed = |reason: String| ExchangeError::Malformed {
+                line: line_no,
+                reason,
+            };
+            let text =
+                std::str::from_utf8(&buf).map_err(|e| malformed(format!("not UTF-8: {e}")))?;
+            if text.trim().is_empty() {
+                continue;
+            }
+            let h: ExportHeader = serde_json::from_str(text)
+                .map_err(|e| malformed(json_reason("not a spool-export header", &e)))?;
             if h.format != EXPORT_FORMAT {
                 return Err(malformed(format!(
                     "format {:?} is not {EXPORT_FORMAT:?}",
@@ -518,126 +551,198 @@ pub fn read_export<R: BufRead>(mut r: R) -> Result<Vec<ImportSession>, ExchangeE
                     h.version
                 )));
             }
-            header_seen = true;
-            continue;
-        }
-        if value.get("end").is_some() {
-            let e: ExportEnd = serde_json::from_value(value)
-                .map_err(|e| malformed(format!("malformed end line: {e}")))?;
-            if let Some(n) = open {
+            break h;
+        };
+        Ok(ExportReader {
+            r,
+            buf,
+            line_no,
+            header,
+            cur: None,
+            open: None,
+            seen_ids: HashSet::new(),
+            totals: ExportCounts::default(),
+            end_line: None,
+        })
+    }
+
+    /// The file's header.
+    pub fn header(&self) -> &ExportHeader {
+        &self.header
+    }
+
+    /// The next session, `None` after the end line (once the rest of the
+    /// file is checked to be blank).
+    pub fn next_session(&mut self) -> Result<Option<ImportSession>, ExchangeError> {
+        loop {
+            let had = read_line_bounded(&mut self.r, &mut self.buf, EXPORT_LINE_BYTES_MAX)
+                .map_err(|e| ExchangeError::Malformed {
+                    line: self.line_no + 1,
+                    reason: e.to_string(),
+                })?;
+            if had.is_none() {
+                return match self.end_line {
+                    Some(_) => Ok(None),
+                    None => Err(ExchangeError::Truncated { line: self.line_no }),
+                };
+            }
+            self.line_no += 1;
+            let line_no = self.line_no;
+            let malformed = |reason: String| ExchangeError::Malformed {
+                line: line_no,
+                reason,
+            };
+            let text =
+                std::str::from_utf8(&self.buf).map_err(|e| malformed(format!("not UTF-8: {e}")))?;
+            if text.trim().is_empty() {
+                continue;
+            }
+            if let Some(end_line) = self.end_line {
                 return Err(malformed(format!(
-                    "end line inside a commit ({n} events announced, fewer given)"
+                    "data after the end line (line {end_line})"
                 )));
             }
-            let commits: u64 = sessions.iter().map(|s| s.commits.len() as u64).sum();
-            if !e.end
-                || e.sessions != sessions.len() as u64
-                || e.commits != commits
-                || e.events != events_total
-            {
+            let line: BodyLine = serde_json::from_str(text)
+                .map_err(|e| malformed(json_reason("not a spool-export line", &e)))?;
+            if let Some(end) = line.end {
+                let (Some(sessions), Some(commits), Some(events)) =
+                    (line.sessions, line.commits, line.events)
+                else {
+                    return Err(malformed(
+                        "malformed end line: it needs sessions, commits and events".into(),
+                    ));
+                };
+                if let Some(n) = self.open {
+                    return Err(malformed(format!(
+                        "end line inside a commit ({n} events announced, fewer given)"
+                    )));
+                }
+                let t = self.totals;
+                if !end || sessions != t.sessions || commits != t.commits || events != t.events {
+                    return Err(malformed(format!(
+                        "end line says {sessions} sessions, {commits} commits, {events} events; the file has {}, {}, {}",
+                        t.sessions, t.commits, t.events
+                    )));
+                }
+                self.end_line = Some(line_no);
+                if let Some(s) = self.cur.take() {
+                    return Ok(Some(s));
+                }
+                continue;
+            }
+            let missing = |f: &str| malformed(format!("malformed event line: missing field `{f}`"));
+            let ev = ExportEventLine {
+                session: line.session.ok_or_else(|| missing("session"))?,
+                version: line.version.ok_or_else(|| missing("version"))?,
+                commit_id: line.commit_id.ok_or_else(|| missing("commit_id"))?,
+                timestamp_ms: line.timestamp_ms.ok_or_else(|| missing("timestamp_ms"))?,
+                index: line.index.ok_or_else(|| missing("index"))?,
+                events_in_commit: line
+                    .events_in_commit
+                    .ok_or_else(|| missing("events_in_commit"))?,
+                event: line.event.ok_or_else(|| missing("event"))?,
+            };
+            if ev.events_in_commit == 0 || ev.index >= ev.events_in_commit {
                 return Err(malformed(format!(
-                    "end line says {} sessions, {} commits, {} events; the file has {}, {commits}, {events_total}",
-                    e.sessions,
-                    e.commits,
-                    e.events,
-                    sessions.len()
+                    "event index {} of a commit of {} events",
+                    ev.index, ev.events_in_commit
                 )));
             }
-            end = Some((line_no, e));
-            continue;
-        }
-        let ev: ExportEventLine = serde_json::from_value(value)
-            .map_err(|e| malformed(format!("malformed event line: {e}")))?;
-        if ev.events_in_commit == 0 || ev.index >= ev.events_in_commit {
-            return Err(malformed(format!(
-                "event index {} of a commit of {} events",
-                ev.index, ev.events_in_commit
-            )));
-        }
-        match open {
-            Some(n) => {
-                // Continue the open commit of the last session.
-                let commit = sessions
-                    .last_mut()
-                    .filter(|s| s.id == ev.session)
-                    .and_then(|s| s.commits.last_mut())
-                    .filter(|c| c.version == ev.version && c.commit_id == ev.commit_id)
-                    .ok_or_else(|| {
-                        malformed(
-                            "the previous commit is incomplete (this line belongs to another commit)"
-                                .into(),
-                        )
-                    })?;
-                if n != ev.events_in_commit
-                    || ev.index as usize != commit.events.len()
-                    || ev.timestamp_ms != commit.timestamp_ms
-                {
-                    return Err(malformed(format!(
-                        "event {} of commit {} does not continue it",
-                        ev.index, ev.commit_id
-                    )));
-                }
-                commit.events.push(ev.event);
-                commit.lines.push(line_no);
-            }
-            None => {
-                if ev.index != 0 {
-                    return Err(malformed(format!(
-                        "a commit starts with event index {}",
-                        ev.index
-                    )));
-                }
-                let same = sessions.last().is_some_and(|s| s.id == ev.session);
-                if !same {
-                    if !seen_ids.insert(ev.session.clone()) {
+            let mut finished: Option<ImportSession> = None;
+            match self.open {
+                Some(n) => {
+                    // Continue the open commit of the current session.
+                    let commit = self
+                        .cur
+                        .as_mut()
+                        .filter(|s| s.id == ev.session)
+                        .and_then(|s| s.commits.last_mut())
+                        .filter(|c| c.version == ev.version && c.commit_id == ev.commit_id)
+                        .ok_or_else(|| {
+                            malformed(
+                                "the previous commit is incomplete (this line belongs to another commit)"
+                                    .into(),
+                            )
+                        })?;
+                    if n != ev.events_in_commit
+                        || ev.index as usize != commit.events.len()
+                        || ev.timestamp_ms != commit.timestamp_ms
+                    {
                         return Err(malformed(format!(
-                            "session {} appears again after other sessions (its lines must be contiguous)",
-                            ev.session
+                            "event {} of commit {} does not continue it",
+                            ev.index, ev.commit_id
                         )));
                     }
-                    sessions.push(ImportSession {
-                        id: ev.session.clone(),
-                        commits: Vec::new(),
+                    commit.events.push(ev.event);
+                    commit.lines.push(line_no);
+                }
+                None => {
+                    if ev.index != 0 {
+                        return Err(malformed(format!(
+                            "a commit starts with event index {}",
+                            ev.index
+                        )));
+                    }
+                    let same = self.cur.as_ref().is_some_and(|s| s.id == ev.session);
+                    if !same {
+                        if !self.seen_ids.insert(ev.session.clone()) {
+                            return Err(malformed(format!(
+                                "session {} appears again after other sessions (its lines must be contiguous)",
+                                ev.session
+                            )));
+                        }
+                        finished = self.cur.replace(ImportSession {
+                            id: ev.session.clone(),
+                            commits: Vec::new(),
+                        });
+                        self.totals.sessions += 1;
+                    }
+                    let s = self
+                        .cur
+                        .as_mut()
+                        .ok_or_else(|| malformed("no session".into()))?;
+                    let want = s.commits.last().map_or(1, |c| c.version + 1);
+                    if ev.version != want {
+                        return Err(malformed(format!(
+                            "session {}: expected version {want}, found {}",
+                            ev.session, ev.version
+                        )));
+                    }
+                    s.commits.push(ImportCommit {
+                        version: ev.version,
+                        commit_id: ev.commit_id,
+                        timestamp_ms: ev.timestamp_ms,
+                        events: vec![ev.event],
+                        lines: vec![line_no],
                     });
+                    self.totals.commits += 1;
                 }
-                let s = sessions
-                    .last_mut()
-                    .ok_or_else(|| malformed("no session".into()))?;
-                let want = s.commits.last().map_or(1, |c| c.version + 1);
-                if ev.version != want {
-                    return Err(malformed(format!(
-                        "session {}: expected version {want}, found {}",
-                        ev.session, ev.version
-                    )));
-                }
-                s.commits.push(ImportCommit {
-                    version: ev.version,
-                    commit_id: ev.commit_id,
-                    timestamp_ms: ev.timestamp_ms,
-                    events: vec![ev.event],
-                    lines: vec![line_no],
-                });
+            }
+            self.totals.events += 1;
+            let done = self
+                .cur
+                .as_ref()
+                .and_then(|s| s.commits.last())
+                .is_some_and(|c| c.events.len() as u32 == ev.events_in_commit);
+            self.open = if done {
+                None
+            } else {
+                Some(ev.events_in_commit)
+            };
+            if finished.is_some() {
+                return Ok(finished);
             }
         }
-        events_total += 1;
-        let done = sessions
-            .last()
-            .and_then(|s| s.commits.last())
-            .is_some_and(|c| c.events.len() as u32 == ev.events_in_commit);
-        open = if done {
-            None
-        } else {
-            Some(ev.events_in_commit)
-        };
     }
-    if !header_seen {
-        return Err(ExchangeError::Malformed {
-            line: line_no.max(1),
-            reason: "empty file: no spool-export header".into(),
-        });
-    }
-    if end.is_none() {
-        return Err(ExchangeError::Truncated { line: line_no });
+}
+
+/// Parses a whole `spool-export` file into memory (see [`ExportReader`]
+/// for a reader that holds one session at a time).
+pub fn read_export<R: BufRead>(r: R) -> Result<Vec<ImportSession>, ExchangeError> {
+    let mut reader = ExportReader::new(r)?;
+    let mut sessions = Vec::new();
+    while let Some(s) = reader.next_session()? {
+        sessions.push(s);
     }
     Ok(sessions)
 }
@@ -673,131 +778,89 @@ pub struct ImportedSession {
     pub entries: u64,
 }
 
-/// Checks that `sessions` can be imported into `store` (every session
-/// folds; no id or commit id is taken) without writing anything. Returns
-/// the stream version each session continues from (0, or the version of
-/// the purge that ended an earlier incarnation).
-pub fn check_import(
-    store: &LogStore,
-    sessions: &[ImportSession],
-    opts: &ImportOptions,
-) -> Result<Vec<u64>, ExchangeError> {
-    let mut ids = HashSet::new();
-    let mut commit_ids = HashSet::new();
-    let mut bases = Vec::with_capacity(sessions.len());
-    for s in sessions {
-        let line = s
-            .commits
-            .first()
-            .and_then(|c| c.lines.first())
-            .copied()
-            .unwrap_or(0);
-        if !ids.insert(s.id.clone()) {
-            return Err(ExchangeError::Malformed {
-                line,
-                reason: format!("session {} appears twice", s.id),
-            });
-        }
-        s.validate()?;
-        if store.header(&s.id)?.is_some() {
-            return Err(ExchangeError::SessionExists { id: s.id.clone() });
-        }
-        let engine = store.engine()?;
-        let base = match engine.stream_version(s.id.as_str()).map_err(engine_err)? {
-            None => 0,
-            Some(head) => {
-                // A stream without a session header is either a purged
-                // session (its last commit is the purge marker) or some
-                // other stream that must not be mixed with a session.
-                let last = engine
-                    .read_stream(s.id.as_str(), head, 1)
-                    .map_err(engine_err)?;
-                let purged = last
-                    .first()
-                    .is_some_and(|c| c.events.iter().any(|e| e.kind == PURGE_EVENT_KIND));
-                if !purged {
-                    return Err(ExchangeError::StreamExists { id: s.id.clone() });
-                }
-                head
-            }
-        };
-        bases.push(base);
-        if !opts.fresh_commit_ids {
-            for c in &s.commits {
-                let taken = !commit_ids.insert(c.commit_id)
-                    || engine
-                        .commit_by_id(c.commit_id)
-                        .map_err(engine_err)?
-                        .is_some();
-                if taken {
-                    return Err(ExchangeError::CommitIdTaken {
-                        id: s.id.clone(),
-                        version: c.version,
-                        commit_id: c.commit_id,
-                    });
-                }
-            }
-        }
-    }
-    Ok(bases)
+/// Where an import is, for a progress display.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ImportProgress {
+    /// The first pass (nothing written yet) has checked this many commits.
+    Checked { commits: u64 },
+    /// The second pass has written `commits` of `total`.
+    Written { commits: u64, total: u64 },
 }
 
-/// Imports `sessions` into `store` (see the module docs for the
-/// guarantees). `on_commit` is called after each appended commit (for
-/// progress). Nothing is written unless every session validates.
-pub fn import_sessions(
-    store: &LogStore,
-    sessions: &[ImportSession],
-    opts: &ImportOptions,
-    on_commit: &mut dyn FnMut(),
-) -> Result<Vec<ImportedSession>, ExchangeError> {
-    let bases = check_import(store, sessions, opts)?;
-    let mut written: Vec<SessionId> = Vec::new();
-    let mut report = Vec::with_capacity(sessions.len());
-    for (s, base) in sessions.iter().zip(bases) {
-        written.push(s.id.clone());
-        for c in &s.commits {
-            if let Err(reason) = append_commit(store, s, c, base, opts) {
-                let rolled_back = written
-                    .iter()
-                    .all(|id| store.delete(id).is_ok() && matches!(store.header(id), Ok(None)));
-                return Err(ExchangeError::ImportFailed {
-                    id: s.id.clone(),
-                    version: c.version,
-                    reason,
-                    rolled_back,
-                });
-            }
-            on_commit();
-        }
-        let entries = match store.load(&s.id) {
-            Ok(Some(loaded)) => loaded.state().transcript.len() as u64,
-            _ => 0,
-        };
-        report.push(ImportedSession {
-            id: s.id.clone(),
-            version: s.commits.len() as u64,
-            events: s.event_count(),
-            entries,
-        });
-    }
-    Ok(report)
+/// Sessions to import, which an import reads twice: once to check them
+/// all, once to write them. Both passes must yield the same sessions in
+/// the same order (a source read from a file re-reads the file).
+pub trait ImportSource {
+    /// Calls `f` on every session, in order; stops at `f`'s first error.
+    fn for_each_session(
+        &mut self,
+        f: &mut dyn FnMut(ImportSession) -> Result<(), ExchangeError>,
+    ) -> Result<(), ExchangeError>;
 }
 
-fn append_commit(
-    store: &LogStore,
-    s: &ImportSession,
+impl ImportSource for &[ImportSession] {
+    fn for_each_session(
+        &mut self,
+        f: &mut dyn FnMut(ImportSession) -> Result<(), ExchangeError>,
+    ) -> Result<(), ExchangeError> {
+        self.iter().try_for_each(|s| f(s.clone()))
+    }
+}
+
+/// A `spool-export` file read from its path, one session at a time.
+pub struct ExportFile {
+    path: std::path::PathBuf,
+}
+
+impl ExportFile {
+    pub fn new(path: impl Into<std::path::PathBuf>) -> Self {
+        ExportFile { path: path.into() }
+    }
+}
+
+impl ImportSource for ExportFile {
+    fn for_each_session(
+        &mut self,
+        f: &mut dyn FnMut(ImportSession) -> Result<(), ExchangeError>,
+    ) -> Result<(), ExchangeError> {
+        let file = std::fs::File::open(&self.path).map_err(|source| ExchangeError::Io {
+            context: format!("opening {}", self.path.display()),
+            source,
+        })?;
+        let mut reader = ExportReader::new(std::io::BufReader::with_capacity(1 << 16, file))?;
+        while let Some(s) = reader.next_session()? {
+            f(s)?;
+        }
+        Ok(())
+    }
+}
+
+/// What the first pass learnt of one session.
+struct Planned {
+    id: SessionId,
+    /// The stream version the session continues from.
+    base: u64,
+    commits: u64,
+    events: u64,
+    entries: u64,
+}
+
+/// The engine commit that imports `c` (its events encoded as a
+/// [`LogStore`] writes them).
+fn new_commit(
+    s: &SessionId,
     c: &ImportCommit,
     base: u64,
     opts: &ImportOptions,
-) -> Result<(), String> {
+) -> Result<NewCommit, String> {
     let mut events = Vec::with_capacity(c.events.len());
     for ev in &c.events {
         let payload = encode_event(ev).map_err(|e| format!("encoding {}: {e}", ev.kind()))?;
         events.push(EventData::new(stored_kind(ev), payload));
     }
-    let commit = NewCommit {
-        stream: s.id.as_str().to_string(),
+    Ok(NewCommit {
+        stream: s.as_str().to_string(),
         expected: ExpectedVersion::Exact(base + c.version - 1),
         commit_id: if opts.fresh_commit_ids {
             Uuid::new_v4()
@@ -805,20 +868,255 @@ fn append_commit(
             c.commit_id
         },
         events,
-    };
-    let engine = store.engine().map_err(|e| e.to_string())?;
-    match engine.append(commit) {
-        Ok(AppendOutcome::Committed(_)) => Ok(()),
-        Ok(AppendOutcome::AlreadyCommitted(info)) => Err(format!(
-            "commit id {} had already landed (stream {} version {})",
-            info.commit_id, info.stream, info.version
-        )),
-        Ok(AppendOutcome::Conflict { actual, .. }) => Err(format!(
-            "version conflict: the stream moved to {} meanwhile",
-            actual.unwrap_or(0)
-        )),
-        Err(e) => Err(e.to_string()),
+    })
+}
+
+/// Checks one session against `store` and the sessions before it in the
+/// same import, writing nothing.
+fn check_session(
+    store: &LogStore,
+    s: &ImportSession,
+    opts: &ImportOptions,
+    ids: &mut HashSet<SessionId>,
+    commit_ids: &mut HashSet<Uuid>,
+) -> Result<Planned, ExchangeError> {
+    let line = s
+        .commits
+        .first()
+        .and_then(|c| c.lines.first())
+        .copied()
+        .unwrap_or(0);
+    if !ids.insert(s.id.clone()) {
+        return Err(ExchangeError::Malformed {
+            line,
+            reason: format!("session {} appears twice", s.id),
+        });
     }
+    let folded = s.validate()?;
+    if store.header(&s.id)?.is_some() {
+        return Err(ExchangeError::SessionExists { id: s.id.clone() });
+    }
+    let engine = store.engine()?;
+    let base = match engine.stream_version(s.id.as_str()).map_err(engine_err)? {
+        None => 0,
+        Some(head) => {
+            // A stream without a session header is either a purged
+            // session (its last commit is the purge marker) or some
+            // other stream that must not be mixed with a session.
+            let last = engine
+                .read_stream(s.id.as_str(), head, 1)
+                .map_err(engine_err)?;
+            let purged = last
+                .first()
+                .is_some_and(|c| c.events.iter().any(|e| e.kind == PURGE_EVENT_KIND));
+            if !purged {
+                return Err(ExchangeError::StreamExists { id: s.id.clone() });
+            }
+            head
+        }
+    };
+    for c in &s.commits {
+        if !opts.fresh_commit_ids {
+            let taken = !commit_ids.insert(c.commit_id)
+                || engine
+                    .commit_by_id(c.commit_id)
+                    .map_err(engine_err)?
+                    .is_some();
+            if taken {
+                return Err(ExchangeError::CommitIdTaken {
+                    id: s.id.clone(),
+                    version: c.version,
+                    commit_id: c.commit_id,
+                });
+            }
+        }
+        // Every commit must fit the store's record limit before the first
+        // write, so an oversized entry writes nothing.
+        let line = c.lines.first().copied().unwrap_or(0);
+        let commit =
+            new_commit(&s.id, c, base, opts).map_err(|reason| ExchangeError::Malformed {
+                line,
+                reason: format!("session {} version {}: {reason}", s.id, c.version),
+            })?;
+        if let Err(e) = engine.check_commit(&commit) {
+            // Name the line of the commit's largest event: the likely cause.
+            let largest = (0..commit.events.len())
+                .max_by_key(|&i| commit.events[i].payload.len())
+                .and_then(|i| c.lines.get(i).copied())
+                .unwrap_or(line);
+            return Err(ExchangeError::Malformed {
+                line: largest,
+                reason: format!(
+                    "session {} version {} cannot be stored: {e}",
+                    s.id, c.version
+                ),
+            });
+        }
+    }
+    Ok(Planned {
+        id: s.id.clone(),
+        base,
+        commits: s.commits.len() as u64,
+        events: s.event_count(),
+        entries: folded.state().transcript.len() as u64,
+    })
+}
+
+/// Checks that `sessions` can be imported into `store` (every session
+/// folds; no id or commit id is taken; every commit fits the store's
+/// record limit) without writing anything. Returns the stream version
+/// each session continues from (0, or the version of the purge that ended
+/// an earlier incarnation).
+pub fn check_import(
+    store: &LogStore,
+    sessions: &[ImportSession],
+    opts: &ImportOptions,
+) -> Result<Vec<u64>, ExchangeError> {
+    let mut ids = HashSet::new();
+    let mut commit_ids = HashSet::new();
+    sessions
+        .iter()
+        .map(|s| check_session(store, s, opts, &mut ids, &mut commit_ids).map(|p| p.base))
+        .collect()
+}
+
+/// Imports `sessions` into `store` (see [`import_from`]). `on_commit` is
+/// called after each written commit.
+pub fn import_sessions(
+    store: &LogStore,
+    sessions: &[ImportSession],
+    opts: &ImportOptions,
+    on_commit: &mut dyn FnMut(),
+) -> Result<Vec<ImportedSession>, ExchangeError> {
+    import_from(store, &mut { sessions }, opts, &mut |p| {
+        if let ImportProgress::Written { .. } = p {
+            on_commit()
+        }
+    })
+}
+
+/// Imports every session of `source` into `store`, all or nothing (see the
+/// module docs). The first pass checks every session and writes nothing;
+/// the second appends each commit under its exact version fence with its
+/// original commit time, and the log is synced once at the end (open the
+/// store with [`spool_engine::Durability::Buffered`] for a bulk import:
+/// with `Immediate` every append is synced on its own).
+pub fn import_from(
+    store: &LogStore,
+    source: &mut dyn ImportSource,
+    opts: &ImportOptions,
+    progress: &mut dyn FnMut(ImportProgress),
+) -> Result<Vec<ImportedSession>, ExchangeError> {
+    let mut plan: Vec<Planned> = Vec::new();
+    {
+        let mut ids = HashSet::new();
+        let mut commit_ids = HashSet::new();
+        let mut checked = 0u64;
+        source.for_each_session(&mut |s| {
+            plan.push(check_session(store, &s, opts, &mut ids, &mut commit_ids)?);
+            checked += s.commits.len() as u64;
+            progress(ImportProgress::Checked { commits: checked });
+            Ok(())
+        })?;
+    }
+    let total: u64 = plan.iter().map(|p| p.commits).sum();
+    let engine = store.engine()?;
+    let mut written: Vec<SessionId> = Vec::new();
+    let mut done = 0u64;
+    let mut next = 0usize;
+    // The failure of the second pass: which session and version, why.
+    let mut failure: Option<(SessionId, u64, String)> = None;
+    let res = source.for_each_session(&mut |s| {
+        let fail = |version: u64, reason: String| ExchangeError::ImportFailed {
+            id: s.id.clone(),
+            version,
+            reason,
+            rolled_back: false,
+        };
+        let p = match plan.get(next) {
+            Some(p) if p.id == s.id && p.commits == s.commits.len() as u64 => p,
+            _ => {
+                return Err(fail(
+                    0,
+                    "the source changed between the check and the write".into(),
+                ))
+            }
+        };
+        next += 1;
+        written.push(s.id.clone());
+        for c in &s.commits {
+            let outcome = new_commit(&s.id, c, p.base, opts).and_then(|commit| {
+                engine
+                    .append_at(commit, c.timestamp_ms)
+                    .map_err(|e| e.to_string())
+            });
+            let reason = match outcome {
+                Ok(AppendOutcome::Committed(_)) => None,
+                Ok(AppendOutcome::AlreadyCommitted(info)) => Some(format!(
+                    "commit id {} had already landed (stream {} version {})",
+                    info.commit_id, info.stream, info.version
+                )),
+                Ok(AppendOutcome::Conflict { actual, .. }) => Some(format!(
+                    "version conflict: the stream moved to {} meanwhile",
+                    actual.unwrap_or(0)
+                )),
+                Err(e) => Some(e),
+            };
+            if let Some(reason) = reason {
+                failure = Some((s.id.clone(), c.version, reason.clone()));
+                return Err(fail(c.version, reason));
+            }
+            done += 1;
+            progress(ImportProgress::Written {
+                commits: done,
+                total,
+            });
+        }
+        Ok(())
+    });
+    if let Err(e) = res {
+        let Some(last) = written.last().cloned() else {
+            // The second pass failed before its first write.
+            return Err(e);
+        };
+        // Purge what this import wrote, so no half-imported session stays
+        // visible.
+        let rolled_back = written
+            .iter()
+            .all(|id| store.delete(id).is_ok() && matches!(store.header(id), Ok(None)))
+            && engine.flush().is_ok();
+        let (id, version, reason) = match (failure, e) {
+            (Some(f), _) => f,
+            (
+                None,
+                ExchangeError::ImportFailed {
+                    id,
+                    version,
+                    reason,
+                    ..
+                },
+            ) => (id, version, reason),
+            (None, e) => (last, 0, e.to_string()),
+        };
+        return Err(ExchangeError::ImportFailed {
+            id,
+            version,
+            reason,
+            rolled_back,
+        });
+    }
+    engine
+        .flush()
+        .map_err(|e| ExchangeError::SyncFailed(StoreError::Engine(e)))?;
+    Ok(plan
+        .into_iter()
+        .map(|p| ImportedSession {
+            id: p.id,
+            version: p.commits,
+            events: p.events,
+            entries: p.entries,
+        })
+        .collect())
 }
 
 #[cfg(test)]
@@ -909,6 +1207,129 @@ mod tests {
         let err = import_sessions(&sb, &sessions, &ImportOptions::default(), &mut || {});
         assert!(matches!(err, Err(ExchangeError::SessionExists { .. })));
         assert_eq!(sb.engine().unwrap().last_seq(), before);
+    }
+
+    /// The lines of an export with the header's export time blanked.
+    fn without_export_time(bytes: &[u8]) -> Vec<String> {
+        let text = String::from_utf8(bytes.to_vec()).unwrap();
+        let mut lines: Vec<String> = text.lines().map(str::to_string).collect();
+        let mut h: ExportHeader = serde_json::from_str(&lines[0]).unwrap();
+        h.exported_at_ms = 0;
+        lines[0] = serde_json::to_string(&h).unwrap();
+        lines
+    }
+
+    #[test]
+    fn export_import_export_is_identical_but_for_the_export_time() {
+        let a = tempfile::tempdir().unwrap();
+        let b = tempfile::tempdir().unwrap();
+        let sa = store(a.path());
+        let id = sample(&sa);
+        let first = export(&sa, &id);
+        // Import a while later, so a store that stamped its own times
+        // would differ.
+        std::thread::sleep(std::time::Duration::from_millis(5));
+        let sb = store(b.path());
+        let sessions = read_export(&first[..]).unwrap();
+        import_sessions(&sb, &sessions, &ImportOptions::default(), &mut || {}).unwrap();
+        let second = export(&sb, &id);
+        assert_eq!(without_export_time(&first), without_export_time(&second));
+        let (ha, hb) = (
+            sa.header(&id).unwrap().unwrap(),
+            sb.header(&id).unwrap().unwrap(),
+        );
+        assert_eq!(ha.updated_at_ms, hb.updated_at_ms);
+        assert_eq!(ha.created_at_ms, hb.created_at_ms);
+        assert_eq!(
+            sa.load(&id).unwrap().unwrap().info(),
+            sb.load(&id).unwrap().unwrap().info()
+        );
+    }
+
+    #[test]
+    fn a_file_that_fails_midway_writes_nothing() {
+        let a = tempfile::tempdir().unwrap();
+        let sa = store(a.path());
+        let one = sample(&sa);
+        let two = sample(&sa);
+        let mut w = ExportWriter::new(Vec::new()).unwrap();
+        w.session(&sa, &one).unwrap();
+        w.session(&sa, &two).unwrap();
+        let text = String::from_utf8(w.finish().unwrap().0).unwrap();
+        // Break the second session's last event: the first session is
+        // whole, so a writer that did not check everything first would
+        // have written it.
+        let lines: Vec<&str> = text.lines().collect();
+        let n = lines.len();
+        let broken = lines[n - 2].replace("\"entry_appended\"", "\"no_such_event\"");
+        let broken = if broken == lines[n - 2] {
+            lines[n - 2].replacen("\"type\":\"", "\"type\":\"x_", 1)
+        } else {
+            broken
+        };
+        let mut v: Vec<String> = lines.iter().map(|l| l.to_string()).collect();
+        v[n - 2] = broken;
+        let path = a.path().join("broken.jsonl");
+        std::fs::write(&path, v.join("\n") + "\n").unwrap();
+        let b = tempfile::tempdir().unwrap();
+        let sb = store(b.path());
+        let err = import_from(
+            &sb,
+            &mut ExportFile::new(&path),
+            &ImportOptions::default(),
+            &mut |_| {},
+        )
+        .unwrap_err();
+        assert!(
+            matches!(err, ExchangeError::Malformed { line, .. } if line == n as u64 - 1),
+            "{err}"
+        );
+        assert_eq!(sb.engine().unwrap().last_seq(), 0, "nothing written");
+        // The intact file imports both.
+        std::fs::write(&path, &text).unwrap();
+        let rep = import_from(
+            &sb,
+            &mut ExportFile::new(&path),
+            &ImportOptions::default(),
+            &mut |_| {},
+        )
+        .unwrap();
+        assert_eq!(rep.len(), 2);
+        assert_eq!(rep[1].entries, 3);
+    }
+
+    #[test]
+    fn a_commit_over_the_record_limit_writes_nothing() {
+        let a = tempfile::tempdir().unwrap();
+        let sa = store(a.path());
+        let id = sample(&sa);
+        let mut sessions = read_export(&export(&sa, &id)[..]).unwrap();
+        let big = "x".repeat(70_000);
+        if let Some(SessionEvent::EntryAppended { entry }) =
+            sessions[0].commits[3].events.first_mut()
+        {
+            entry.kind = EntryKind::Message {
+                message: Message::User {
+                    content: vec![ContentBlock::text(big)],
+                },
+            };
+        } else {
+            panic!("unexpected event layout");
+        }
+        let b = tempfile::tempdir().unwrap();
+        let sb = LogStore::open(
+            b.path(),
+            LogStoreOptions {
+                durability: spool_engine::Durability::Buffered,
+                record_bytes_max: Some(64 << 10),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        let err =
+            import_sessions(&sb, &sessions, &ImportOptions::default(), &mut || {}).unwrap_err();
+        assert!(matches!(err, ExchangeError::Malformed { .. }), "{err}");
+        assert_eq!(sb.engine().unwrap().last_seq(), 0, "nothing written");
     }
 
     #[test]

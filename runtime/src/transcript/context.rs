@@ -476,6 +476,53 @@ fn pair_tool_calls(raw: Vec<ContextMessage>) -> Vec<ContextMessage> {
     out
 }
 
+/// What a byte budget kept of a context and what it left out: the
+/// summary of a [`super::ResidentSelection`] a user reads.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[non_exhaustive]
+pub struct BudgetReport {
+    pub bytes_max: u64,
+    pub context_entries: u64,
+    pub resident_entries: u64,
+    pub resident_bytes: u64,
+    /// Every context entry is resident.
+    pub complete: bool,
+    /// Context entries left out because each alone exceeds the budget.
+    pub omitted: Vec<super::OmittedEntry>,
+    /// Older context entries beyond the budget, in path order.
+    pub beyond_budget: Vec<EntryId>,
+}
+
+impl BudgetReport {
+    /// The report of `sel`, a selection made for the leaf of `path` (its
+    /// root→leaf path).
+    pub fn of(path: &[&Entry], sel: &super::ResidentSelection) -> BudgetReport {
+        let held: std::collections::HashSet<&EntryId> = sel
+            .entries
+            .iter()
+            .map(|e| &e.id)
+            .chain(sel.omitted.iter().map(|o| &o.id))
+            .collect();
+        let start = context_start(path);
+        let beyond_budget = path
+            .get(start..)
+            .unwrap_or_default()
+            .iter()
+            .filter(|e| !held.contains(&e.id))
+            .map(|e| e.id.clone())
+            .collect();
+        BudgetReport {
+            bytes_max: sel.budget.bytes_max,
+            context_entries: sel.counts.context_entries,
+            resident_entries: sel.counts.resident_entries,
+            resident_bytes: sel.counts.resident_bytes,
+            complete: sel.complete,
+            omitted: sel.omitted.clone(),
+            beyond_budget,
+        }
+    }
+}
+
 impl super::tree::Transcript {
     /// The model context at the current leaf (empty when the leaf is
     /// `None`).

@@ -415,11 +415,23 @@ pub enum ContentBlock {
     },
     Thinking {
         thinking: String,
+        /// The provider's signature over the thinking (opaque): a provider
+        /// that signs its thinking refuses a replayed block without it.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        signature: Option<String>,
+        /// The provider redacted the thinking: `thinking` is empty or a
+        /// placeholder and `signature` holds the encrypted payload.
+        #[serde(default, skip_serializing_if = "is_false")]
+        redacted: bool,
     },
     ToolCall {
         id: String,
         name: String,
         arguments: serde_json::Value,
+        /// Provider data tied to the call (opaque), e.g. the thought
+        /// signature a provider asks to be sent back with it.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        signature: Option<String>,
     },
     Image {
         mime_type: String,
@@ -469,9 +481,36 @@ impl Usage {
     }
 }
 
+fn is_false(b: &bool) -> bool {
+    !*b
+}
+
 impl ContentBlock {
     pub fn text(s: impl Into<String>) -> Self {
         ContentBlock::Text { text: s.into() }
+    }
+
+    /// An unsigned thinking block.
+    pub fn thinking(s: impl Into<String>) -> Self {
+        ContentBlock::Thinking {
+            thinking: s.into(),
+            signature: None,
+            redacted: false,
+        }
+    }
+
+    /// A tool call without provider data.
+    pub fn tool_call(
+        id: impl Into<String>,
+        name: impl Into<String>,
+        arguments: serde_json::Value,
+    ) -> Self {
+        ContentBlock::ToolCall {
+            id: id.into(),
+            name: name.into(),
+            arguments,
+            signature: None,
+        }
     }
 }
 

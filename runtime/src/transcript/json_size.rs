@@ -596,11 +596,18 @@ mod tests {
     fn block() -> impl Strategy<Value = ContentBlock> {
         prop_oneof![
             text().prop_map(|text| ContentBlock::Text { text }),
-            text().prop_map(|thinking| ContentBlock::Thinking { thinking }),
+            (text(), prop::option::of(text()), any::<bool>()).prop_map(
+                |(thinking, signature, redacted)| ContentBlock::Thinking {
+                    thinking,
+                    signature,
+                    redacted
+                }
+            ),
             (text(), text(), value()).prop_map(|(id, name, arguments)| ContentBlock::ToolCall {
                 id,
                 name,
-                arguments
+                arguments,
+                signature: None,
             }),
         ]
     }

@@ -8,6 +8,7 @@
 //! version-fenced history reads ([`history`]) and rewrite planning
 //! ([`rewrite`]).
 
+pub mod api_format;
 pub mod context;
 pub mod entry;
 pub mod history;
@@ -20,8 +21,8 @@ pub mod source;
 pub mod tree;
 
 pub use context::{
-    build_context, context_messages, context_start, path_settings, split_model, ContextMessage,
-    ContextRole, ModelContext, PathMarker, SYNTHETIC_TOOL_RESULT_TEXT,
+    build_context, context_messages, context_start, path_settings, split_model, BudgetReport,
+    ContextMessage, ContextRole, ModelContext, PathMarker, SYNTHETIC_TOOL_RESULT_TEXT,
 };
 pub(crate) use entry::{custom_type, label_value};
 pub use entry::{

@@ -12,6 +12,20 @@
 //!   walk: it and every older context entry are not resident, and the
 //!   selection says so (`complete == false`, with counts).
 //!
+//! Two rules keep the working set a context a model can be given:
+//!
+//! * **The leaf is never dropped for an older entry**: a leaf larger than
+//!   the byte budget that gives the context a message (a message, custom
+//!   message or branch summary) is recorded as omitted and nothing older is
+//!   held (not even the pinned compaction), rather than a context that ends
+//!   on an older turn. A leaf that gives no message (plugin state, a label,
+//!   a setting) is omitted and the walk goes on: the context is the same.
+//! * **A tool result is held only with its call**: a held result whose call
+//!   the budget left out (beyond the budget, or in an omitted entry between
+//!   it and the nearest held assistant message) is dropped too, bytes and
+//!   all. A result that is an orphan in the transcript itself stays; the
+//!   context drops it.
+//!
 //! **Unit of the byte budget**: the length in bytes of an entry's compact
 //! JSON encoding (`serde_json::to_vec(entry)`), see [`entry_size`]. It is
 //! deterministic for a given entry. **Events**: each resident entry and each
@@ -82,7 +96,7 @@ impl AppendedEntry for Arc<Entry> {
 use serde::Serialize;
 
 use super::context::{context_messages_segment, ModelContext, PathMarker};
-use super::entry::{Entry, EntryId, EntryKind};
+use super::entry::{ContentBlock, Entry, EntryId, EntryKind, Message};
 use super::path_facts::{path_facts_by_walk, PathFacts};
 use super::shared_seq::{Appended, MapLast, SharedSeq};
 use super::tree::Transcript;
@@ -335,6 +349,12 @@ pub struct ResidentSelection {
     /// while it drops the oldest of the other held entries.
     #[serde(skip)]
     pin_slot: PinSlot,
+    /// The walk left out entries the budget alone would have held (an
+    /// omitted leaf ended it, or tool results went with their calls), so
+    /// the held entries are not the newest that fit:
+    /// [`ResidentSelection::extended`] defers to the full selection.
+    #[serde(skip)]
+    ruled: bool,
 }
 
 impl ResidentSelection {
@@ -412,6 +432,7 @@ pub(crate) fn select_resident_sized<S: EntrySource + ?Sized>(
         compaction_keeps_prefix: false,
         omitted_at: Vec::new(),
         pin_slot: PinSlot::None,
+        ruled: false,
     };
     let Some(leaf) = leaf else {
         return Ok((sel, Vec::new()));
@@ -472,6 +493,7 @@ pub(crate) fn select_resident_sized<S: EntrySource + ?Sized>(
     let mut newer: Option<EntryId> = None;
     let mut seen: u64 = 0;
     let mut pin_placed = false;
+    let mut leaf_omitted = false;
     while seen < context_entries {
         // How many more entries the walk likely takes (the one that ends
         // it included), from the mean size of those kept so far: the
@@ -520,6 +542,10 @@ pub(crate) fn select_resident_sized<S: EntrySource + ?Sized>(
                             .kind
                     }
                 };
+                // The leaf is never dropped for an older entry: with a
+                // leaf that gives the context a message omitted, nothing
+                // older is held (not even the pin).
+                leaf_omitted = &cur == leaf && gives_message(&kind);
                 sel.omitted.push(OmittedEntry {
                     id: cur.clone(),
                     kind,
@@ -543,6 +569,16 @@ pub(crate) fn select_resident_sized<S: EntrySource + ?Sized>(
         }
         seen = seen.saturating_add(1);
         newer = Some(cur);
+        if leaf_omitted {
+            break;
+        }
+    }
+    if leaf_omitted {
+        sel.ruled = true;
+        if !pin_placed {
+            pin = None;
+            sel.pinned = None;
+        }
     }
     if !pin_placed {
         // The walk stopped before the pinned compaction: it is the oldest
@@ -562,6 +598,7 @@ pub(crate) fn select_resident_sized<S: EntrySource + ?Sized>(
     for at in &mut sel.omitted_at {
         *at = resident.saturating_sub(*at);
     }
+    drop_orphan_results(&mut sel, &mut entries, &mut sizes, &mut path_child);
     sel.counts.resident_entries = u64::try_from(entries.len()).unwrap_or(u64::MAX);
     sel.counts.omitted_entries = u64::try_from(sel.omitted.len()).unwrap_or(u64::MAX);
     sel.counts.beyond_budget_entries = context_entries
@@ -609,6 +646,113 @@ pub(crate) fn select_resident_sized<S: EntrySource + ?Sized>(
     sel.entries = SharedSeq::from(entries);
     sel.links = SharedSeq::from(links);
     Ok((sel, sizes))
+}
+
+/// Whether an entry of this kind ([`Entry::kind_name`]) can give the
+/// context a message (the others only settings, or nothing).
+fn gives_message(kind: &str) -> bool {
+    matches!(kind, "message" | "custom_message" | "branch_summary")
+}
+
+/// A held tool result whose call is in no held assistant message before it
+/// is dropped (with its size and path child), so the working set never
+/// holds a result without its call: the pair is held or dropped together.
+/// `entries` are in path order; the omitted records' places follow.
+fn drop_orphan_results(
+    sel: &mut ResidentSelection,
+    entries: &mut Vec<Arc<Entry>>,
+    sizes: &mut Vec<u64>,
+    path_child: &mut Vec<Option<Option<EntryId>>>,
+) {
+    // Only a result whose call the budget left out: the walk stopped
+    // before the context start, or an omitted record lies between the
+    // result and the nearest held assistant message. (A result that is an
+    // orphan in the transcript itself is left to the context, which
+    // drops it, so a complete selection holds every context entry.)
+    let beyond = sel.counts.context_entries
+        > len_u64(entries.len()).saturating_add(len_u64(sel.omitted.len()));
+    let keep: Vec<bool> = (0..entries.len())
+        .map(|i| !must_drop(|j| entries.get(j).map(|e| &**e), i, &sel.omitted_at, beyond))
+        .collect();
+    if keep.iter().all(|&k| k) {
+        return;
+    }
+    sel.ruled = true;
+    let mut dropped_before = Vec::with_capacity(entries.len() + 1);
+    let mut dropped = 0u64;
+    for (i, &k) in keep.iter().enumerate() {
+        dropped_before.push(dropped);
+        if !k {
+            dropped += 1;
+            sel.counts.resident_bytes = sel.counts.resident_bytes.saturating_sub(sizes[i]);
+        }
+    }
+    dropped_before.push(dropped);
+    for at in &mut sel.omitted_at {
+        let before = usize::try_from(*at)
+            .ok()
+            .and_then(|a| dropped_before.get(a))
+            .copied()
+            .unwrap_or(dropped);
+        *at = at.saturating_sub(before);
+    }
+    let mut it = keep.iter();
+    entries.retain(|_| *it.next().unwrap_or(&true));
+    let mut it = keep.iter();
+    sizes.retain(|_| *it.next().unwrap_or(&true));
+    let mut it = keep.iter();
+    path_child.retain(|_| *it.next().unwrap_or(&true));
+}
+
+/// Whether the held tool result at `i` (path order) goes because the
+/// budget left its call out: it is an orphan among the held entries, and
+/// either no held assistant message precedes it while the walk stopped
+/// before the context start (`beyond`), or an omitted record lies between
+/// it and the nearest held assistant message.
+fn must_drop<'a>(
+    entries: impl Fn(usize) -> Option<&'a Entry> + Copy,
+    i: usize,
+    omitted_at: &[u64],
+    beyond: bool,
+) -> bool {
+    if !orphan_result_at(entries, i) {
+        return false;
+    }
+    let assistant = (0..i).rev().find(|&j| {
+        matches!(
+            entries(j).map(|e| &e.kind),
+            Some(EntryKind::Message {
+                message: Message::Assistant { .. }
+            })
+        )
+    });
+    let (lo, cut) = match assistant {
+        Some(j) => (len_u64(j + 1), false),
+        None => (0, beyond),
+    };
+    cut || omitted_at.iter().any(|&at| at >= lo && at <= len_u64(i))
+}
+
+/// Whether `entries[i]` (path order) is a tool result whose call is not in
+/// the latest assistant message held before it.
+fn orphan_result_at<'a>(entries: impl Fn(usize) -> Option<&'a Entry> + Copy, i: usize) -> bool {
+    let Some(EntryKind::Message {
+        message: Message::ToolResult { tool_call_id, .. },
+    }) = entries(i).map(|e| &e.kind)
+    else {
+        return false;
+    };
+    for e in (0..i).rev().filter_map(entries) {
+        if let EntryKind::Message {
+            message: Message::Assistant { content, .. },
+        } = &e.kind
+        {
+            return !content
+                .iter()
+                .any(|b| matches!(b, ContentBlock::ToolCall { id, .. } if id == tool_call_id));
+        }
+    }
+    true
 }
 
 /// Most depths asked per [`EntrySource::path_range`] call by the
@@ -883,6 +1027,9 @@ impl ResidentSelection {
                 .all(|(e, &n)| entry_size(e) == n),
             "appended sizes are the entries' sizes"
         );
+        if self.ruled {
+            return None;
+        }
         let budget = self.budget;
         let leaf = self.leaf.as_ref()?;
         let facts = self.path_facts.as_ref()?;
@@ -961,6 +1108,14 @@ impl ResidentSelection {
                 break;
             }
             take_fresh += 1;
+        }
+        // A new leaf over the byte budget is omitted, and then nothing
+        // older may be held: the full selection settles that.
+        if take_fresh > 0
+            && *fresh_sizes.last()? > budget.bytes_max
+            && gives_message(last.kind_name())
+        {
+            return None;
         }
 
         // The held entries besides the pin, oldest first, are dropped
@@ -1085,6 +1240,7 @@ impl ResidentSelection {
         };
         // Entries weigh their bytes: an arena is replaced once what it
         // keeps alive beyond the window exceeds the byte budget.
+        let new_resident = new_entries.len();
         let entries = self.entries.extended(
             pin_res,
             r,
@@ -1094,6 +1250,30 @@ impl ResidentSelection {
                 ..Appended::new(new_entries)
             },
         )?;
+        // No tool result held without its call (as the full selection
+        // rules: see `drop_orphan_results`): a result before the first held
+        // assistant message, or a new one, that would go is for the full
+        // selection to settle.
+        let held = |j: usize| entries.get(j).map(|e| &**e);
+        let n = entries.len();
+        let context_entries = new_facts.context_entries();
+        let beyond = context_entries > len_u64(n).saturating_add(len_u64(omitted.len()));
+        let first_assistant = (0..n)
+            .find(|&j| {
+                matches!(
+                    held(j).map(|e| &e.kind),
+                    Some(EntryKind::Message {
+                        message: Message::Assistant { .. }
+                    })
+                )
+            })
+            .unwrap_or(n);
+        if (0..first_assistant)
+            .chain(n.saturating_sub(new_resident).max(first_assistant)..n)
+            .any(|i| must_drop(held, i, &omitted_at, beyond))
+        {
+            return None;
+        }
         let links = self.links.extended(
             pin_res,
             r,
@@ -1104,7 +1284,6 @@ impl ResidentSelection {
         )?;
         let out_sizes = sizes.extended(pin_res, r, Appended::new(new_sizes))?;
 
-        let context_entries = new_facts.context_entries();
         let resident_entries = len_u64(entries.len());
         let omitted_entries = len_u64(omitted.len());
         let counts = BoundaryCounts {
@@ -1138,6 +1317,7 @@ impl ResidentSelection {
                 path_facts: Some(new_facts),
                 omitted_at,
                 pin_slot,
+                ruled: false,
             },
             out_sizes,
         ))

@@ -514,8 +514,14 @@ pub fn redact<'a>(
                 ContentBlock::Text { text } => ContentBlock::Text {
                     text: matcher(text),
                 },
-                ContentBlock::Thinking { thinking } => ContentBlock::Thinking {
+                ContentBlock::Thinking {
+                    thinking,
+                    signature,
+                    redacted,
+                } => ContentBlock::Thinking {
                     thinking: matcher(thinking),
+                    signature: signature.clone(),
+                    redacted: *redacted,
                 },
                 other => other.clone(),
             })

@@ -166,16 +166,110 @@ fn oversized_entry_is_omitted_not_truncated_and_older_entries_stay() {
     assert_eq!(data["payload"].as_str().unwrap().len(), 5 * 1024 * 1024);
 }
 
+/// A leaf over the byte budget is omitted, and nothing older is held in
+/// its place: a context of the user turn without the newer assistant
+/// answer would ask the model the same question again.
+#[test]
+fn an_oversized_leaf_is_never_dropped_for_an_older_entry() {
+    let mut b = B::new();
+    b.user("question");
+    let c = b.compaction("S", &id("nope"));
+    b.user("again");
+    let a = b.assistant(&"a".repeat(1000));
+    let s = sel(&b.t, Budget::new(300, 100));
+    assert!(s.entries.is_empty(), "{:?}", s.entries);
+    assert_eq!(s.omitted.len(), 1);
+    assert_eq!(s.omitted[0].id, a);
+    assert_eq!(s.pinned, None, "not even the compaction {c} is held");
+    assert!(!s.complete);
+    assert_eq!(s.counts.beyond_budget_entries, s.counts.context_entries - 1);
+    assert!(s.context().messages.is_empty());
+    // With room for the leaf, it is held first.
+    let s = sel(&b.t, Budget::new(4096, 100));
+    assert_eq!(s.entries.last().map(|e| &e.id), Some(&a));
+}
+
+/// A tool result is held only with its call: when the assistant message
+/// that made the call is beyond the budget or omitted, its results go too.
+#[test]
+fn a_tool_result_is_never_held_without_its_call() {
+    // Beyond the budget: the results fit, the call does not.
+    let mut b = B::new();
+    b.user("go");
+    let call = b.add(EntryKind::Message {
+        message: spool_runtime::transcript::Message::Assistant {
+            content: vec![
+                spool_runtime::transcript::ContentBlock::text("x".repeat(600)),
+                spool_runtime::transcript::ContentBlock::tool_call(
+                    "c1",
+                    "read",
+                    serde_json::json!({}),
+                ),
+            ],
+            stop_reason: spool_runtime::transcript::StopReason::ToolUse,
+            usage: Default::default(),
+            model: None,
+            error_message: None,
+        },
+    });
+    let r1 = b.result("c1", "read", "r1");
+    let leaf = b.assistant("done");
+    let budget_bytes = size_of(&b.t, &r1) + size_of(&b.t, &leaf) + size_of(&b.t, &call) / 2;
+    let s = sel(&b.t, Budget::new(budget_bytes, 100));
+    let held: Vec<&EntryId> = s.entries.iter().map(|e| &e.id).collect();
+    assert_eq!(held, [&leaf], "the result went with its call");
+    assert_eq!(
+        s.counts.resident_bytes,
+        size_of(&b.t, &leaf),
+        "the dropped result's bytes are not counted"
+    );
+    assert_eq!(
+        s.counts.resident_entries + s.counts.omitted_entries + s.counts.beyond_budget_entries,
+        s.counts.context_entries
+    );
+    // Omitted (over the whole budget): the walk goes on past the call,
+    // and the older user turn is held, but not the result.
+    let s = sel(&b.t, Budget::new(size_of(&b.t, &call) - 1, 100));
+    let held: Vec<&EntryId> = s.entries.iter().map(|e| &e.id).collect();
+    assert!(!held.contains(&&r1), "{held:?}");
+    assert!(held.contains(&&leaf));
+    assert_eq!(s.omitted.len(), 1);
+    assert_eq!(s.omitted[0].id, call);
+    // Extending such a selection keeps the rule (or defers to the full
+    // selection).
+    let before = sel(&b.t, Budget::new(budget_bytes, 100));
+    let sizes: SharedSeq<u64> = before.entries.iter().map(|e| entry_size(e)).collect();
+    let appended = {
+        let n = b.result("c1", "read", "late");
+        vec![b.t.get(&n).unwrap().clone()]
+    };
+    if let Some((next, _)) = before.extended(&sizes, &appended) {
+        let want = sel(&b.t, Budget::new(budget_bytes, 100));
+        assert_eq!(
+            next.entries
+                .iter()
+                .map(|e| e.id.clone())
+                .collect::<Vec<_>>(),
+            want.entries
+                .iter()
+                .map(|e| e.id.clone())
+                .collect::<Vec<_>>()
+        );
+    }
+}
+
 #[test]
 fn omitted_records_use_event_slots() {
     let mut b = B::new();
     for _ in 0..5 {
         b.custom("blob", serde_json::json!("y".repeat(500)));
     }
-    let s = sel(&b.t, Budget::new(100, 3));
-    assert_eq!(s.omitted.len(), 3);
-    assert_eq!(s.counts.beyond_budget_entries, 2);
-    assert!(s.entries.is_empty());
+    let leaf = b.user("u");
+    let s = sel(&b.t, Budget::new(300, 3));
+    assert_eq!(s.omitted.len(), 2);
+    assert_eq!(s.counts.beyond_budget_entries, 3);
+    let held: Vec<&EntryId> = s.entries.iter().map(|e| &e.id).collect();
+    assert_eq!(held, [&leaf]);
 }
 
 #[test]
@@ -433,9 +527,33 @@ proptest! {
         let path = t.current_path().unwrap();
         let segment = &path[context_start(&path)..];
         prop_assert_eq!(segment.len() as u64, c.context_entries);
+        // The leaf is never dropped for an older entry.
+        let leaf_omitted = s.omitted.iter().any(|o| {
+            Some(&o.id) == t.leaf()
+                && matches!(o.kind.as_str(), "message" | "custom_message" | "branch_summary")
+        });
+        if leaf_omitted {
+            prop_assert!(s.entries.is_empty());
+            prop_assert_eq!(s.omitted.len(), 1);
+        }
         let pinned = s.pinned.as_ref();
         let expect_pin = s.path_facts.as_ref().and_then(|f| f.compaction.as_ref()).map(|a| &a.id);
-        prop_assert_eq!(pinned, if events_max > 0 { expect_pin } else { None });
+        prop_assert_eq!(pinned, if events_max > 0 && !leaf_omitted { expect_pin } else { None });
+        // No tool result is held without its call: when the latest
+        // assistant message before a held result on the path made its
+        // call, that message is held too.
+        let held_ids: Vec<&EntryId> = s.entries.iter().map(|e| &e.id).collect();
+        for (k, e) in segment.iter().enumerate() {
+            let EntryKind::Message { message: spool_runtime::transcript::Message::ToolResult { tool_call_id, .. } } = &e.kind else { continue };
+            if !held_ids.contains(&&e.id) { continue; }
+            let call = segment[..k].iter().rev().find(|p| matches!(&p.kind, EntryKind::Message { message: spool_runtime::transcript::Message::Assistant { .. } }));
+            if let Some(a) = call {
+                let EntryKind::Message { message: spool_runtime::transcript::Message::Assistant { content, .. } } = &a.kind else { continue };
+                if content.iter().any(|b| matches!(b, spool_runtime::transcript::ContentBlock::ToolCall { id, .. } if id == tool_call_id)) {
+                    prop_assert!(held_ids.contains(&&a.id), "result {} held without its call {}", e.id, a.id);
+                }
+            }
+        }
         let mut held: Vec<&EntryId> = s.entries.iter().map(|e| &e.id).collect();
         held.extend(s.omitted.iter().map(|o| &o.id));
         if let Some(p) = pinned {
@@ -444,19 +562,34 @@ proptest! {
         }
         held.retain(|h| Some(*h) != pinned);
         let rest: Vec<&Entry> = segment.iter().copied().filter(|e| Some(&e.id) != pinned).collect();
+        // Besides the pin, the held entries are the newest of the segment,
+        // less tool results dropped with their calls.
+        let oldest = rest.iter().position(|e| held.contains(&&e.id)).unwrap_or(rest.len());
+        let mut dropped = 0usize;
+        for e in &rest[oldest..] {
+            if !held.contains(&&e.id) {
+                dropped += 1;
+                prop_assert!(
+                    matches!(&e.kind, EntryKind::Message { message: spool_runtime::transcript::Message::ToolResult { .. } }),
+                    "only tool results are passed over: {:?}", e.kind
+                );
+            }
+        }
         let taken = held.len();
-        let mut want: Vec<&EntryId> = rest[rest.len() - taken..].iter().map(|e| &e.id).collect();
-        held.sort();
-        want.sort();
-        prop_assert_eq!(held, want);
+        prop_assert_eq!(rest.len() - oldest, taken + dropped);
         // Held entries are in path order.
         let order: Vec<&EntryId> = s.entries.iter().map(|e| &e.id).collect();
         let mut in_path: Vec<&EntryId> = segment.iter().map(|e| &e.id).filter(|i| order.contains(i)).collect();
         in_path.dedup();
         prop_assert_eq!(order, in_path);
-        // The walk stopped only because the next entry did not fit.
-        if c.beyond_budget_entries > 0 {
-            let next = rest[rest.len() - taken - 1];
+        // The walk stopped only because the next entry did not fit (when
+        // no result was dropped at its oldest end, which hides where).
+        let result_before = oldest > 0 && matches!(
+            &rest[oldest - 1].kind,
+            EntryKind::Message { message: spool_runtime::transcript::Message::ToolResult { .. } }
+        );
+        if c.beyond_budget_entries > 0 && !leaf_omitted && dropped == 0 && oldest > 0 && !result_before {
+            let next = rest[oldest - 1];
             let size = entry_size(next);
             prop_assert!(
                 c.resident_entries + c.omitted_entries == events_max
@@ -550,7 +683,21 @@ fn extend_matches(b: &mut B, budget: Budget, text: &str) {
     let appended = appended_user(b, text);
     let want = select_resident(&b.t, b.t.leaf(), budget).unwrap();
     let want_sizes: SharedSeq<u64> = want.entries.iter().map(|e| entry_size(e)).collect();
-    assert_eq!(s.extended(&sizes, &appended), Some((want, want_sizes)));
+    let leaf_omitted = s.omitted.iter().any(|o| {
+        s.leaf.as_ref() == Some(&o.id)
+            && s.pinned.as_ref() != Some(&o.id)
+            && matches!(
+                o.kind.as_str(),
+                "message" | "custom_message" | "branch_summary"
+            )
+    });
+    if (leaf_omitted || entry_size(&appended[0]) > budget.bytes_max) && budget.events_max > 0 {
+        // An oversized new leaf, or a selection whose oversized leaf ended
+        // it, is for the full selection.
+        assert_eq!(s.extended(&sizes, &appended), None);
+    } else {
+        assert_eq!(s.extended(&sizes, &appended), Some((want, want_sizes)));
+    }
 }
 
 /// Appends a user entry under the leaf; the chain `extended` is given.
@@ -736,7 +883,13 @@ proptest! {
                 }
             }
         }
-        prop_assert_eq!(got, Some((want, want_sizes)));
+        match got {
+            Some(g) => prop_assert_eq!(g, (want, want_sizes)),
+            // Deferred to the full selection (an oversized leaf, now or
+            // before, or a tool result whose call is not held), which
+            // only a selection that holds something can need.
+            None => prop_assert!(events_max > 0),
+        }
     }
 }
 

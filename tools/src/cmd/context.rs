@@ -1,19 +1,28 @@
-//! `spool context`: the model context of a session as it is built from its leaf.
+//! `spool context`: the model context of a session as it is built from its
+//! leaf, in spool's shape or in a model API's (the library builds both;
+//! this command prints).
 
 use std::path::Path;
 use std::process::ExitCode;
 
+use serde::Serialize;
+use spool_runtime::transcript::api_format::{request_body, ApiFormat};
 use spool_runtime::transcript::{
-    select_resident, Budget, ContentBlock, ModelContext, DEFAULT_RESIDENT_EVENTS_MAX,
+    select_resident, Budget, BudgetReport, ContentBlock, ContextMessage, ModelContext,
+    DEFAULT_RESIDENT_EVENTS_MAX,
 };
 
+use crate::cli::ContextFormat;
 use crate::out::{ellipsize, human_bytes, print_json, Result, ToolError};
 use crate::session_open::{parse_id, runtime_err, runtime_for};
+
+/// The `--json` shape of the spool format.
+const CONTEXT_JSON_VERSION: u32 = 1;
 
 fn block_text(b: &ContentBlock) -> String {
     match b {
         ContentBlock::Text { text } => text.clone(),
-        ContentBlock::Thinking { thinking } => format!("(thinking) {thinking}"),
+        ContentBlock::Thinking { thinking, .. } => format!("(thinking) {thinking}"),
         ContentBlock::ToolCall {
             name, arguments, ..
         } => format!("→ {name}({arguments})"),
@@ -23,12 +32,55 @@ fn block_text(b: &ContentBlock) -> String {
     }
 }
 
+#[derive(Serialize)]
+struct Model<'a> {
+    provider: &'a str,
+    model_id: &'a str,
+}
+
+#[derive(Serialize)]
+struct ContextJson<'a> {
+    version: u32,
+    session: &'a str,
+    system_prompt: &'a str,
+    model: Option<Model<'a>>,
+    thinking_level: Option<&'a str>,
+    messages: &'a [ContextMessage],
+    /// With `--budget-bytes`: what the budget kept and left out.
+    budget: Option<&'a BudgetReport>,
+}
+
+fn budget_note(b: &BudgetReport) -> String {
+    format!(
+        "resident: {} of {} context entries, {} of budget {}, {} omitted, {} beyond the budget, {}",
+        b.resident_entries,
+        b.context_entries,
+        human_bytes(b.resident_bytes),
+        human_bytes(b.bytes_max),
+        b.omitted.len(),
+        b.beyond_budget.len(),
+        if b.complete { "complete" } else { "incomplete" }
+    )
+}
+
+/// The spool format without a budget (the demo's call).
 pub fn run(dir: &Path, id: &str, budget_bytes: Option<u64>, json: bool) -> Result<ExitCode> {
+    run_as(dir, id, budget_bytes, ContextFormat::Spool, json)
+}
+
+pub fn run_as(
+    dir: &Path,
+    id: &str,
+    budget_bytes: Option<u64>,
+    format: ContextFormat,
+    json: bool,
+) -> Result<ExitCode> {
     let id = parse_id(id)?;
     let rt = runtime_for(dir, false)?;
     let s = rt.get_session(&id).map_err(|e| runtime_err(&id, e))?;
     let transcript = &s.state().transcript;
-    let (ctx, note): (ModelContext, Option<String>) = match budget_bytes {
+    let system_prompt = s.state().system_prompt.as_str();
+    let (ctx, budget): (ModelContext, Option<BudgetReport>) = match budget_bytes {
         None => (
             transcript
                 .context()
@@ -42,28 +94,48 @@ pub fn run(dir: &Path, id: &str, budget_bytes: Option<u64>, json: bool) -> Resul
                 Budget::new(bytes, DEFAULT_RESIDENT_EVENTS_MAX),
             )
             .map_err(|e| ToolError::with_source("selecting the resident context failed", e))?;
-            let note = format!(
-                "resident: {} of {} context entries, {} of budget {}, {} omitted, {}",
-                sel.counts.resident_entries,
-                sel.counts.context_entries,
-                human_bytes(sel.counts.resident_bytes),
-                human_bytes(bytes),
-                sel.counts.omitted_entries,
-                if sel.complete {
-                    "complete"
-                } else {
-                    "incomplete"
-                }
-            );
-            (sel.context(), Some(note))
+            let path = transcript
+                .current_path()
+                .map_err(|e| ToolError::with_source("reading the path failed", e))?;
+            (sel.context(), Some(BudgetReport::of(&path, &sel)))
         }
     };
-    if json {
-        print_json(&ctx.messages)?;
-        if let Some(n) = note {
-            eprintln!("{n}");
+    let api = match format {
+        ContextFormat::Spool => None,
+        ContextFormat::Openai => Some(ApiFormat::OpenAi),
+        ContextFormat::Anthropic => Some(ApiFormat::Anthropic),
+    };
+    if let Some(api) = api {
+        let body = request_body(api, system_prompt, &ctx);
+        if json {
+            print_json(&body)?;
+        } else {
+            let text = serde_json::to_string_pretty(&body)
+                .map_err(|e| ToolError::with_source("formatting the context failed", e))?;
+            crate::outln!("{text}");
+        }
+        if let Some(b) = &budget {
+            eprintln!("{}", budget_note(b));
         }
         return Ok(ExitCode::SUCCESS);
+    }
+    if json {
+        print_json(&ContextJson {
+            version: CONTEXT_JSON_VERSION,
+            session: id.as_str(),
+            system_prompt,
+            model: ctx.model.as_ref().map(|(p, m)| Model {
+                provider: p,
+                model_id: m,
+            }),
+            thinking_level: ctx.thinking_level.as_deref(),
+            messages: &ctx.messages,
+            budget: budget.as_ref(),
+        })?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    if !system_prompt.is_empty() {
+        crate::outln!("system: {}", ellipsize(system_prompt, 100));
     }
     if let Some((p, m)) = &ctx.model {
         crate::outln!("model: {p}/{m}");
@@ -79,8 +151,11 @@ pub fn run(dir: &Path, id: &str, budget_bytes: Option<u64>, json: bool) -> Resul
             ellipsize(&text.join(" "), 100)
         );
     }
-    if let Some(n) = note {
-        crate::outln!("{n}");
+    if let Some(b) = &budget {
+        crate::outln!("{}", budget_note(b));
+        for o in &b.omitted {
+            crate::outln!("  omitted {} ({}, {})", o.id, o.kind, human_bytes(o.size));
+        }
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -1,26 +1,33 @@
 //! `spool import`: sessions from a `spool export` file or a pi-style
 //! coding-agent session file.
 //!
-//! The whole file is parsed, every session folded and the store checked
-//! (no existing session with the same id) before anything is written; see
-//! `spool_runtime::store::exchange` for the guarantees and `crate::pi`
-//! for the pi mapping.
+//! The library does the work (`spool_runtime::store::exchange` for the
+//! guarantees, `spool_runtime::import::pi` for the pi mapping): every
+//! session is read, folded and checked against the store before anything
+//! is written, then written with buffered appends and one sync at the end.
+//! This command opens the store, draws the progress bar and prints.
 
 use std::fs::File;
 use std::io::BufReader;
 use std::path::Path;
 use std::process::ExitCode;
+use std::time::{Duration, Instant};
 
-use indicatif::{ProgressBar, ProgressStyle};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde::Serialize;
+use spool_engine::Durability;
+use spool_runtime::import::pi::read_pi;
 use spool_runtime::store::exchange::{
-    import_sessions, read_export, ExchangeError, ImportOptions, ImportSession, ImportedSession,
+    import_from, ExchangeError, ExportFile, ImportOptions, ImportProgress, ImportSession,
+    ImportSource, ImportedSession,
 };
+use spool_runtime::store::{LogStore, LogStoreOptions};
 
 use crate::cli::ImportFormat;
 use crate::out::{print_doc, Result, Table, ToolError};
-use crate::pi::read_pi;
-use crate::session_open::writable;
+
+/// A progress bar shows once an import has run this long.
+const PROGRESS_AFTER: Duration = Duration::from_secs(1);
 
 #[derive(Serialize)]
 struct Report<'a> {
@@ -29,6 +36,9 @@ struct Report<'a> {
     /// For pi files: the file's format version.
     #[serde(skip_serializing_if = "Option::is_none")]
     pi_version: Option<u64>,
+    /// For pi files: lines skipped as pi skips them (not JSON), 1-based.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    skipped_lines: Option<&'a [u64]>,
     commits: u64,
     sessions: &'a [ImportedSession],
 }
@@ -49,11 +59,68 @@ fn exchange_err(file: &Path, e: ExchangeError) -> ToolError {
             "nothing was imported; pass --fresh-commit-ids to give the commits new ids"
         }
         ExchangeError::StreamExists { .. } => "nothing was imported; import into another store",
-        ExchangeError::ImportFailed { reason, .. } if reason.contains("exceeds the maximum") => "a commit is over the store's record size limit; retrying cannot help",
-        ExchangeError::ImportFailed { .. } => "run `spool --store DIR verify`, then retry",
+        ExchangeError::ImportFailed { reason, .. } if reason.contains("exceeds the maximum") => {
+            "a commit is over the store's record size limit; retrying cannot help"
+        }
+        ExchangeError::ImportFailed { .. } | ExchangeError::SyncFailed(_) => {
+            "run `spool --store DIR verify`, then retry"
+        }
         _ => "nothing was imported",
     };
     file_err(file, e).hint(hint)
+}
+
+/// Progress on stderr, drawn only once the import has run a second.
+struct Progress {
+    bar: ProgressBar,
+    started: Instant,
+    shown: bool,
+    styled: bool,
+}
+
+impl Progress {
+    fn new() -> Self {
+        let bar = ProgressBar::with_draw_target(None, ProgressDrawTarget::hidden());
+        Progress {
+            bar,
+            started: Instant::now(),
+            shown: false,
+            styled: false,
+        }
+    }
+
+    fn update(&mut self, p: ImportProgress) {
+        if !self.shown && self.started.elapsed() >= PROGRESS_AFTER {
+            self.shown = true;
+            self.bar.set_draw_target(ProgressDrawTarget::stderr());
+        }
+        match p {
+            ImportProgress::Checked { commits } => {
+                if commits == 0 || !self.styled {
+                    self.styled = true;
+                    self.bar.set_style(
+                        ProgressStyle::with_template("checking {pos} commits ({elapsed})")
+                            .unwrap_or_else(|_| ProgressStyle::default_spinner()),
+                    );
+                }
+                self.bar.set_position(commits);
+            }
+            ImportProgress::Written { commits, total } => {
+                if self.bar.length() != Some(total) {
+                    self.bar.set_length(total);
+                    self.bar.set_style(
+                        ProgressStyle::with_template(
+                            "importing [{bar:30}] {pos}/{len} commits ({elapsed}, {per_sec})",
+                        )
+                        .unwrap_or_else(|_| ProgressStyle::default_bar())
+                        .progress_chars("=> "),
+                    );
+                }
+                self.bar.set_position(commits);
+            }
+            _ => {}
+        }
+    }
 }
 
 pub fn run(
@@ -66,47 +133,56 @@ pub fn run(
     let f = File::open(file).map_err(|e| {
         ToolError::with_source(format!("cannot open {}", file.display()), e).hint("check the path")
     })?;
-    let reader = BufReader::new(f);
-    let (sessions, pi_version): (Vec<ImportSession>, Option<u64>) = match format {
-        ImportFormat::Spool => (
-            read_export(reader).map_err(|e| exchange_err(file, e))?,
-            None,
-        ),
-        ImportFormat::Pi => {
-            let name = file
-                .file_name()
-                .map(|n| n.to_string_lossy().into_owned())
-                .unwrap_or_default();
-            let s = read_pi(reader, &name).map_err(|e| {
-                file_err(file, e).hint("nothing was imported; is this a pi session file (.jsonl)?")
-            })?;
-            (vec![s.import], Some(s.file_version))
+    let mut pi: Option<(Vec<ImportSession>, u64, Vec<u64>)> = None;
+    if let ImportFormat::Pi = format {
+        let name = file
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let s = read_pi(BufReader::new(f), &name).map_err(|e| {
+            file_err(file, e).hint("nothing was imported; is this a pi session file (.jsonl)?")
+        })?;
+        for line in &s.skipped_lines {
+            eprintln!(
+                "warning: {} line {line} skipped: not JSON (pi skips it too)",
+                file.display()
+            );
         }
-    };
-    let commits: u64 = sessions.iter().map(|s| s.commits.len() as u64).sum();
-    let (_store, _rt) = writable(dir)?;
-    let pb = if commits >= 1000 {
-        let pb = ProgressBar::new(commits);
-        pb.set_style(
-            ProgressStyle::with_template("importing [{bar:30}] {pos}/{len} commits ({elapsed})")
-                .unwrap_or_else(|_| ProgressStyle::default_bar())
-                .progress_chars("=> "),
-        );
-        pb
-    } else {
-        ProgressBar::hidden()
-    };
+        pi = Some((vec![s.import], s.file_version, s.skipped_lines));
+    }
+    // Buffered appends and one sync at the end (the import syncs before it
+    // reports success).
+    let store = LogStore::open(
+        dir,
+        LogStoreOptions {
+            durability: Durability::Buffered,
+            ..Default::default()
+        },
+    )
+    .map_err(|e| {
+        ToolError::with_source(format!("opening {} failed", dir.display()), e)
+            .hint("another process may own the store; stop it or use a read-only command")
+    })?;
     let opts = ImportOptions::default().fresh_commit_ids(fresh_commit_ids);
-    let imported = import_sessions(&_store, &sessions, &opts, &mut || pb.inc(1))
+    let mut progress = Progress::new();
+    let mut export_file = ExportFile::new(file);
+    let mut slice: &[ImportSession] = pi.as_ref().map_or(&[], |(s, _, _)| s.as_slice());
+    let source: &mut dyn ImportSource = match format {
+        ImportFormat::Spool => &mut export_file,
+        ImportFormat::Pi => &mut slice,
+    };
+    let imported = import_from(&store, source, &opts, &mut |p| progress.update(p))
         .map_err(|e| exchange_err(file, e))?;
-    pb.finish_and_clear();
+    progress.bar.finish_and_clear();
+    let commits: u64 = imported.iter().map(|s| s.version).sum();
     let report = Report {
         file: file.display().to_string(),
         format: match format {
             ImportFormat::Spool => "spool",
             ImportFormat::Pi => "pi",
         },
-        pi_version,
+        pi_version: pi.as_ref().map(|p| p.1),
+        skipped_lines: pi.as_ref().map(|p| p.2.as_slice()),
         commits,
         sessions: &imported,
     };
@@ -131,7 +207,8 @@ pub fn run(
         "imported {} session(s), {commits} commit(s) from {}{}",
         imported.len(),
         file.display(),
-        pi_version
+        report
+            .pi_version
             .map(|v| format!(" (pi session format v{v})"))
             .unwrap_or_default()
     );

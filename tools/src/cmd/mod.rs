@@ -101,10 +101,17 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
         Command::Context {
             id,
             budget_bytes,
+            format,
             json,
         } => {
             let dir = need_store(&store)?;
-            context::run(dir, resolve_id(dir, &id)?.as_str(), budget_bytes, json)
+            context::run_as(
+                dir,
+                resolve_id(dir, &id)?.as_str(),
+                budget_bytes,
+                format,
+                json,
+            )
         }
         Command::Stats { top, json } => {
             let dir = need_store(&store)?;

@@ -477,7 +477,9 @@ fn demo_then_inspect_every_session() {
     assert_eq!(entries.iter().filter(|e| e["is_leaf"] == true).count(), 1);
 
     let ctx = stdout_json(&run(&store, &["context", parent, "--json"]));
-    let roles: Vec<&str> = ctx
+    assert_eq!(ctx["version"], 1);
+    assert!(ctx["budget"].is_null());
+    let roles: Vec<&str> = ctx["messages"]
         .as_array()
         .unwrap()
         .iter()
@@ -499,7 +501,17 @@ fn demo_then_inspect_every_session() {
         &store,
         &["context", parent, "--budget-bytes", "600", "--json"],
     ));
-    assert!(small.as_array().unwrap().len() < roles.len());
+    assert!(small["messages"].as_array().unwrap().len() < roles.len());
+    let budget = &small["budget"];
+    assert_eq!(budget["bytes_max"], 600);
+    assert_eq!(budget["complete"], false);
+    let left_out = budget["omitted"].as_array().unwrap().len()
+        + budget["beyond_budget"].as_array().unwrap().len();
+    assert_eq!(
+        budget["resident_entries"].as_u64().unwrap() + left_out as u64,
+        budget["context_entries"].as_u64().unwrap(),
+        "{budget}"
+    );
 
     for args in [&["show", "nope"][..], &["tree", "a/b"][..]] {
         let out = run(&store, args);

@@ -122,8 +122,9 @@ fn session_ids(dir: &Path) -> Vec<String> {
         .collect()
 }
 
+/// The context messages of `context --json`.
 fn context(dir: &Path, id: &str) -> Value {
-    ok_json(&run(dir, &["context", id, "--json"]))
+    ok_json(&run(dir, &["context", id, "--json"]))["messages"].clone()
 }
 
 fn contexts(dir: &Path) -> BTreeMap<String, Value> {
@@ -201,6 +202,7 @@ fn tool_call(call: &str) -> EntryKind {
                 id: call.into(),
                 name: "cat".into(),
                 arguments: json!({"path": "big.log"}),
+                signature: None,
             }],
             stop_reason: StopReason::ToolUse,
             usage: Usage::default(),

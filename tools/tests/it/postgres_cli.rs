@@ -41,7 +41,7 @@ fn session_commands_work_on_a_postgres_store() {
     let shown = spool(&url, &["show", id, "--json"]);
     assert_eq!(shown["state"]["metadata"]["ticket"], "OPS-142");
     let ctx = spool(&url, &["context", id, "--json"]);
-    assert_eq!(ctx.as_array().unwrap().len(), 6, "{ctx}");
+    assert_eq!(ctx["messages"].as_array().unwrap().len(), 6, "{ctx}");
     let tree = spool(&url, &["tree", id, "--json"]);
     assert!(tree["entries"].as_array().unwrap().len() >= 9);
 }

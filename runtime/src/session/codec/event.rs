@@ -54,7 +54,11 @@ fn entry_strings_bytes(e: &Entry) -> usize {
             .iter()
             .map(|b| match b {
                 ContentBlock::Text { text } => text.len(),
-                ContentBlock::Thinking { thinking } => thinking.len(),
+                ContentBlock::Thinking {
+                    thinking,
+                    signature,
+                    ..
+                } => thinking.len() + signature.as_ref().map_or(0, String::len),
                 ContentBlock::ToolCall { id, name, .. } => id.len() + name.len(),
                 ContentBlock::Image { mime_type, data } => mime_type.len() + data.len(),
             })

@@ -753,10 +753,26 @@ fn blocks(r: &mut Reader<'_>) -> Option<Vec<ContentBlock>> {
                 r.key("text")?;
                 ContentBlock::Text { text: r.string()? }
             }
-            (b"thinking", 2) => {
+            (b"thinking", n @ 2..=4) => {
                 r.key("thinking")?;
+                let thinking = r.string()?;
+                // The optional fields, in serde's order, each written
+                // only when set.
+                let mut signature = None;
+                let mut redacted = false;
+                for _ in 2..n {
+                    match r.str()? {
+                        "signature" if signature.is_none() && !redacted => {
+                            signature = Some(r.string()?)
+                        }
+                        "redacted" if !redacted => redacted = r.bool()?,
+                        _ => return None,
+                    }
+                }
                 ContentBlock::Thinking {
-                    thinking: r.string()?,
+                    thinking,
+                    signature,
+                    redacted,
                 }
             }
             (b"image", 3) => {

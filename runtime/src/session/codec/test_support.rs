@@ -15,8 +15,11 @@ pub(super) fn samples() -> Vec<Entry> {
     let text = |n: usize| "é".repeat(n);
     let blocks = vec![
         ContentBlock::text("hi"),
+        ContentBlock::thinking(text(200)),
         ContentBlock::Thinking {
-            thinking: text(200),
+            thinking: text(20),
+            signature: Some("sig".repeat(100)),
+            redacted: true,
         },
         ContentBlock::Image {
             mime_type: "image/png".into(),
@@ -61,6 +64,7 @@ pub(super) fn samples() -> Vec<Entry> {
                     id: "c1".into(),
                     name: "read".into(),
                     arguments: serde_json::json!({"path": "/x", "n": [1, -2.5, null]}),
+                    signature: Some("s".into()),
                 }],
                 stop_reason: StopReason::Aborted,
                 usage: Usage::default(),

@@ -91,6 +91,7 @@ impl B {
                 id: cid.to_string(),
                 name: name.to_string(),
                 arguments: serde_json::json!({}),
+                signature: None,
             })
             .collect();
         self.assistant_full(content, stop_reason, None)
@@ -183,7 +184,7 @@ pub fn render_one(m: &ContextMessage) -> String {
         .map(|b| match b {
             ContentBlock::Text { text } => text.clone(),
             ContentBlock::ToolCall { id, .. } => format!("call({id})"),
-            ContentBlock::Thinking { thinking } => format!("thinking({thinking})"),
+            ContentBlock::Thinking { thinking, .. } => format!("thinking({thinking})"),
             ContentBlock::Image { .. } => "image".to_string(),
             _ => "?".to_string(),
         })

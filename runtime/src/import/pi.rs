@@ -8,7 +8,7 @@
 //! * **v1 → v2**: v1 entries have no `id`/`parentId`; they form a linear
 //!   chain. Each entry gets a fresh 8-hex-digit id and the previous entry
 //!   as parent; a compaction's `firstKeptEntryIndex` (an index into the
-//!   file's lines, the header being 0) becomes the `firstKeptEntryId` of
+//!   file's entries, the header being 0) becomes the `firstKeptEntryId` of
 //!   the entry at that index.
 //! * **v2 → v3**: message entries with role `hookMessage` become role
 //!   `custom`.
@@ -25,28 +25,38 @@
 //! `pi.compactionSummary`. So the context built from the leaf is the one
 //! pi's `buildSessionContext` shows, message for message (spool
 //! additionally pairs tool calls with results and leaves out errored
-//! assistant turns, as pi's provider layer does before sending).
+//! assistant turns, as pi's provider layer does before sending). What a
+//! replay to the provider needs is kept: thinking blocks keep their
+//! `thinkingSignature` and `redacted` flag, tool calls their
+//! `thoughtSignature`.
 //!
-//! Where pi is lenient this reader is strict, because an import must not
-//! silently lose data: a line that is not JSON, an unknown entry type or
-//! message role, an invalid or duplicate id, and a parent id that no
-//! earlier line defines (pi would show such an entry as an extra root) are
-//! refused with the line number. Blank lines are skipped. Not kept:
-//! compaction and branch-summary `details`/`fromHook` (extension data that
-//! never reaches the model), assistant `api` and cost figures, the
-//! thinking signatures of thinking blocks.
+//! pi's loader skips a line that is not JSON (e.g. two objects glued
+//! together on one line), and so does this reader: each skipped line's
+//! number is reported in [`PiSession::skipped_lines`]. Everything else that
+//! pi would accept silently with a loss is refused, because an import must
+//! not silently lose data: an unknown entry type or message role, an
+//! invalid or duplicate id, and a parent id that no earlier line defines
+//! (pi would show such an entry as an extra root) are refused with the
+//! line number. Blank lines are skipped. Not kept: compaction and
+//! branch-summary `details`/`fromHook` (extension data that never reaches
+//! the model), assistant `api`, `responseId` and cost figures, and text
+//! blocks' `textSignature`.
+//!
+//! Memory: one line's JSON tree at a time (its values are moved, not
+//! copied, into the entry), the entries, and an id map.
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::io::BufRead;
 
 use serde_json::{Map, Value};
-use spool_runtime::session::encode_event;
-use spool_runtime::session::{AgentDefinition, AgentState, ModelConfig, SessionEvent, SessionId};
-use spool_runtime::store::exchange::{read_line_bounded, ImportCommit, ImportSession};
-use spool_runtime::transcript::{
-    path_settings, ContentBlock, Entry, EntryId, EntryKind, Message, StopReason, Transcript, Usage,
-};
 use uuid::Uuid;
+
+use crate::session::encode_event;
+use crate::session::{AgentDefinition, AgentState, ModelConfig, SessionEvent, SessionId};
+use crate::store::exchange::{read_line_bounded, ImportCommit, ImportSession};
+use crate::transcript::{
+    path_settings, ContentBlock, Entry, EntryId, EntryKind, Message, StopReason, Usage,
+};
 
 /// Newest pi session format version this reader understands.
 pub const PI_VERSION_MAX: u64 = 3;
@@ -63,6 +73,7 @@ pub const PI_AGENT_NAME: &str = "pi";
 /// A pi file could not be read. `line` is 1-based (0: the file as a whole).
 #[derive(Debug, thiserror::Error)]
 #[error("line {line}: {reason}")]
+#[non_exhaustive]
 pub struct PiError {
     pub line: u64,
     pub reason: String,
@@ -77,50 +88,46 @@ fn err(line: u64, reason: impl Into<String>) -> PiError {
 
 /// What was read, besides the session itself.
 #[derive(Debug)]
+#[non_exhaustive]
 pub struct PiSession {
     pub import: ImportSession,
     pub file_version: u64,
+    /// Lines skipped as pi skips them (not JSON), 1-based, in file order.
+    pub skipped_lines: Vec<u64>,
 }
 
 /// Reads a pi session file into one session to import. `source` names the
 /// file in the session's description.
 pub fn read_pi<R: BufRead>(mut r: R, source: &str) -> Result<PiSession, PiError> {
-    // Every non-blank line, parsed, with its line number.
-    let mut lines: Vec<(u64, Map<String, Value>)> = Vec::new();
     let mut buf = Vec::new();
     let mut line_no = 0u64;
-    loop {
-        let had = read_line_bounded(&mut r, &mut buf, PI_LINE_BYTES_MAX)
-            .map_err(|e| err(line_no + 1, e.to_string()))?;
-        if had.is_none() {
-            break;
+    let mut skipped_lines = Vec::new();
+    // The next non-blank line that is JSON, with its number.
+    let mut next_line = |skipped: &mut Vec<u64>| -> Result<Option<(u64, Value)>, PiError> {
+        loop {
+            let had = read_line_bounded(&mut r, &mut buf, PI_LINE_BYTES_MAX)
+                .map_err(|e| err(line_no + 1, e.to_string()))?;
+            if had.is_none() {
+                return Ok(None);
+            }
+            line_no += 1;
+            let text =
+                std::str::from_utf8(&buf).map_err(|e| err(line_no, format!("not UTF-8: {e}")))?;
+            if text.trim().is_empty() {
+                continue;
+            }
+            match serde_json::from_str::<Value>(text) {
+                Ok(v) => return Ok(Some((line_no, v))),
+                // pi's loader skips what JSON.parse refuses.
+                Err(_) => skipped.push(line_no),
+            }
         }
-        line_no += 1;
-        let text =
-            std::str::from_utf8(&buf).map_err(|e| err(line_no, format!("not UTF-8: {e}")))?;
-        if text.trim().is_empty() {
-            continue;
-        }
-        let v: Value = serde_json::from_str(text).map_err(|e| {
-            err(
-                line_no,
-                format!(
-                    "not JSON ({e}){}",
-                    if e.is_eof() {
-                        "; the file may be truncated"
-                    } else {
-                        ""
-                    }
-                ),
-            )
-        })?;
-        match v {
-            Value::Object(m) => lines.push((line_no, m)),
-            _ => return Err(err(line_no, "not a JSON object")),
-        }
-    }
-    let Some((hline, header)) = lines.first().cloned() else {
+    };
+    let Some((hline, header)) = next_line(&mut skipped_lines)? else {
         return Err(err(0, "empty file: no pi session header"));
+    };
+    let Value::Object(header) = header else {
+        return Err(err(hline, "not a JSON object"));
     };
     if header.get("type").and_then(Value::as_str) != Some("session") {
         return Err(err(
@@ -149,53 +156,57 @@ pub fn read_pi<R: BufRead>(mut r: R, source: &str) -> Result<PiSession, PiError>
     let header_ts = header.get("timestamp").and_then(parse_time);
     let cwd = header.get("cwd").and_then(Value::as_str).unwrap_or("");
 
-    // Migrate to v3 as pi does, then map.
-    let mut ids: Vec<Option<String>> = vec![None; lines.len()];
-    if version < 2 {
-        let mut taken = HashSet::new();
-        let mut prev: Option<String> = None;
-        for i in 1..lines.len() {
+    // Each line is migrated to v3 as pi does, mapped, and its JSON dropped.
+    // v1 ids by entry index (the header being 0), for compaction indexes.
+    let mut v1_ids: Vec<Option<EntryId>> = vec![None];
+    let mut prev: Option<EntryId> = None;
+    // Entry id -> index in `entries`: the parent checks and the path walk.
+    let mut index: HashMap<EntryId, usize> = HashMap::new();
+    let mut entries: Vec<(u64, Entry)> = Vec::new();
+    let mut session_name: Option<String> = None;
+    let mut last_ts = header_ts.unwrap_or(0);
+    while let Some((line, v)) = next_line(&mut skipped_lines)? {
+        let Value::Object(mut m) = v else {
+            return Err(err(line, "not a JSON object"));
+        };
+        if version < 2 {
             let new_id = loop {
-                let g = EntryId::generate().as_str().to_string();
-                if taken.insert(g.clone()) {
+                let g = EntryId::generate();
+                if !index.contains_key(&g) && prev.as_ref() != Some(&g) {
                     break g;
                 }
             };
-            ids[i] = Some(new_id.clone());
-            let (_, m) = &mut lines[i];
-            m.insert("id".into(), Value::String(new_id.clone()));
+            m.insert("id".into(), Value::String(new_id.as_str().to_string()));
             m.insert(
                 "parentId".into(),
-                prev.clone().map(Value::String).unwrap_or(Value::Null),
+                prev.as_ref()
+                    .map(|p| Value::String(p.as_str().to_string()))
+                    .unwrap_or(Value::Null),
             );
-            prev = Some(new_id);
             if m.get("type").and_then(Value::as_str) == Some("compaction") {
                 if let Some(idx) = m.get("firstKeptEntryIndex").and_then(Value::as_u64) {
                     // pi resolves the index among the file's entries
                     // (header = 0); only earlier ones have ids yet.
                     let target = usize::try_from(idx)
                         .ok()
-                        .filter(|&t| t >= 1 && t < i)
-                        .and_then(|t| ids[t].clone());
+                        .and_then(|t| v1_ids.get(t).cloned().flatten());
                     if let Some(t) = target {
-                        m.insert("firstKeptEntryId".into(), Value::String(t));
+                        m.insert(
+                            "firstKeptEntryId".into(),
+                            Value::String(t.as_str().to_string()),
+                        );
                     }
                     m.remove("firstKeptEntryIndex");
                 }
             }
+            v1_ids.push(Some(new_id.clone()));
+            prev = Some(new_id);
         }
-    }
-
-    let mut transcript = Transcript::new();
-    let mut entries: Vec<(u64, Entry)> = Vec::with_capacity(lines.len());
-    let mut session_name: Option<String> = None;
-    let mut last_ts = header_ts.unwrap_or(0);
-    for (line, m) in lines.iter().skip(1) {
-        let line = *line;
         let ty = m
             .get("type")
             .and_then(Value::as_str)
-            .ok_or_else(|| err(line, "the entry has no \"type\""))?;
+            .ok_or_else(|| err(line, "the entry has no \"type\""))?
+            .to_string();
         if ty == "session" {
             return Err(err(line, "a second session header"));
         }
@@ -205,7 +216,7 @@ pub fn read_pi<R: BufRead>(mut r: R, source: &str) -> Result<PiSession, PiError>
             .ok_or_else(|| err(line, format!("the {ty} entry has no id")))?;
         let eid =
             EntryId::parse(raw_id).map_err(|e| err(line, format!("entry id {raw_id:?}: {e}")))?;
-        if transcript.contains(&eid) {
+        if index.contains_key(&eid) {
             return Err(err(line, format!("entry id {eid} is used twice")));
         }
         let parent = match m.get("parentId") {
@@ -216,7 +227,7 @@ pub fn read_pi<R: BufRead>(mut r: R, source: &str) -> Result<PiSession, PiError>
                 if pid == eid {
                     return Err(err(line, format!("entry {eid} is its own parent")));
                 }
-                if !transcript.contains(&pid) {
+                if !index.contains_key(&pid) {
                     return Err(err(
                         line,
                         format!(
@@ -238,30 +249,45 @@ pub fn read_pi<R: BufRead>(mut r: R, source: &str) -> Result<PiSession, PiError>
             })
             .unwrap_or(last_ts);
         last_ts = ts;
-        let kind = map_entry(ty, m, &eid, version).map_err(|r| err(line, r))?;
+        let kind = map_entry(&ty, &mut m, &eid, version).map_err(|r| err(line, r))?;
         if let EntryKind::SessionInfo { name: Some(n) } = &kind {
             if !n.trim().is_empty() {
                 session_name = Some(n.trim().to_string());
             }
         }
-        let entry = Entry {
-            id: eid,
-            parent_id: parent,
-            timestamp_ms: ts,
-            kind,
-        };
-        transcript
-            .append(entry.clone())
-            .map_err(|e| err(line, e.to_string()))?;
-        entries.push((line, entry));
+        index.insert(eid.clone(), entries.len());
+        entries.push((
+            line,
+            Entry {
+                id: eid,
+                parent_id: parent,
+                timestamp_ms: ts,
+                kind,
+            },
+        ));
     }
+
+    // The settings in force at the leaf (the last entry): walk its path.
+    let mut path: Vec<&Entry> = Vec::new();
+    let mut at = entries.last().map(|(_, e)| e);
+    while let Some(e) = at {
+        path.push(e);
+        if path.len() > entries.len() {
+            return Err(err(0, "the entries' parent links form a cycle"));
+        }
+        at = e
+            .parent_id
+            .as_ref()
+            .and_then(|p| index.get(p))
+            .map(|&i| &entries[i].1);
+    }
+    path.reverse();
+    let (model, thinking) = path_settings(&path);
+    drop(path);
+    drop(index);
 
     // The session: a `created` event with the settings in force at the
     // leaf, then one `entry_appended` per entry (the last is the leaf).
-    let path = transcript
-        .current_path()
-        .map_err(|e| err(0, e.to_string()))?;
-    let (model, thinking) = path_settings(&path);
     let model = model
         .map(|(p, m)| ModelConfig::new(p, m))
         .unwrap_or_default();
@@ -346,6 +372,7 @@ pub fn read_pi<R: BufRead>(mut r: R, source: &str) -> Result<PiSession, PiError>
     Ok(PiSession {
         import: ImportSession { id, commits },
         file_version: version,
+        skipped_lines,
     })
 }
 
@@ -362,15 +389,15 @@ fn opt_str(m: &Map<String, Value>, key: &str) -> Option<String> {
 /// Maps one (migrated) pi entry to an entry kind.
 fn map_entry(
     ty: &str,
-    m: &Map<String, Value>,
+    m: &mut Map<String, Value>,
     own_id: &EntryId,
     version: u64,
 ) -> Result<EntryKind, String> {
     Ok(match ty {
         "message" => {
             let msg = m
-                .get("message")
-                .and_then(Value::as_object)
+                .get_mut("message")
+                .and_then(Value::as_object_mut)
                 .ok_or("the message entry has no \"message\" object")?;
             map_message(msg, version)?
         }
@@ -402,13 +429,13 @@ fn map_entry(
         },
         "custom" => EntryKind::Custom {
             custom_type: get_str(m, "customType")?.to_string(),
-            data: m.get("data").cloned().unwrap_or(Value::Null),
+            data: m.remove("data").unwrap_or(Value::Null),
         },
         "custom_message" => EntryKind::CustomMessage {
             custom_type: get_str(m, "customType")?.to_string(),
-            content: content(m.get("content"))?,
+            content: content(m.remove("content"))?,
             display: m.get("display").and_then(Value::as_bool).unwrap_or(false),
-            details: m.get("details").filter(|d| !d.is_null()).cloned(),
+            details: m.remove("details").filter(|d| !d.is_null()),
         },
         "label" => {
             let target = get_str(m, "targetId")?;
@@ -425,21 +452,22 @@ fn map_entry(
     })
 }
 
-fn map_message(msg: &Map<String, Value>, version: u64) -> Result<EntryKind, String> {
+fn map_message(msg: &mut Map<String, Value>, version: u64) -> Result<EntryKind, String> {
     let role = msg
         .get("role")
         .and_then(Value::as_str)
-        .ok_or("the message has no \"role\"")?;
+        .ok_or("the message has no \"role\"")?
+        .to_string();
     // v2 -> v3: the hookMessage role was renamed to custom.
     let role = if role == "hookMessage" && version < 3 {
         "custom"
     } else {
-        role
+        role.as_str()
     };
     let message = |message| EntryKind::Message { message };
     Ok(match role {
         "user" => message(Message::User {
-            content: content(msg.get("content"))?,
+            content: content(msg.remove("content"))?,
         }),
         "assistant" => {
             let provider = msg.get("provider").and_then(Value::as_str).unwrap_or("");
@@ -464,15 +492,16 @@ fn map_message(msg: &Map<String, Value>, version: u64) -> Result<EntryKind, Stri
                     .filter(|t| t.is_finite() && *t >= 0.0)
                     .map_or(0, |t| t as u64)
             };
+            let usage = Usage {
+                input_tokens: tokens("input"),
+                output_tokens: tokens("output"),
+                cache_read_tokens: tokens("cacheRead"),
+                cache_write_tokens: tokens("cacheWrite"),
+            };
             message(Message::Assistant {
-                content: content(msg.get("content"))?,
+                content: content(msg.remove("content"))?,
                 stop_reason,
-                usage: Usage {
-                    input_tokens: tokens("input"),
-                    output_tokens: tokens("output"),
-                    cache_read_tokens: tokens("cacheRead"),
-                    cache_write_tokens: tokens("cacheWrite"),
-                },
+                usage,
                 model,
                 error_message: opt_str(msg, "errorMessage"),
             })
@@ -484,14 +513,14 @@ fn map_message(msg: &Map<String, Value>, version: u64) -> Result<EntryKind, Stri
                 .and_then(Value::as_str)
                 .unwrap_or("")
                 .to_string(),
-            content: content(msg.get("content"))?,
+            content: content(msg.remove("content"))?,
             is_error: msg.get("isError").and_then(Value::as_bool).unwrap_or(false),
         }),
         "custom" => EntryKind::CustomMessage {
             custom_type: get_str(msg, "customType")?.to_string(),
-            content: content(msg.get("content"))?,
+            content: content(msg.remove("content"))?,
             display: msg.get("display").and_then(Value::as_bool).unwrap_or(false),
-            details: msg.get("details").filter(|d| !d.is_null()).cloned(),
+            details: msg.remove("details").filter(|d| !d.is_null()),
         },
         "branchSummary" => EntryKind::BranchSummary {
             from_id: msg
@@ -507,22 +536,23 @@ fn map_message(msg: &Map<String, Value>, version: u64) -> Result<EntryKind, Stri
             details: None,
         },
         "bashExecution" => {
-            let whole = Value::Object(msg.clone());
-            if msg
+            let excluded = msg
                 .get("excludeFromContext")
                 .and_then(Value::as_bool)
-                .unwrap_or(false)
-            {
+                .unwrap_or(false);
+            let text = (!excluded).then(|| bash_execution_text(msg));
+            let whole = Value::Object(std::mem::take(msg));
+            if let Some(text) = text {
+                EntryKind::CustomMessage {
+                    custom_type: "pi.bashExecution".into(),
+                    content: vec![ContentBlock::text(text)],
+                    display: true,
+                    details: Some(whole),
+                }
+            } else {
                 EntryKind::Custom {
                     custom_type: "pi.bashExecution".into(),
                     data: whole,
-                }
-            } else {
-                EntryKind::CustomMessage {
-                    custom_type: "pi.bashExecution".into(),
-                    content: vec![ContentBlock::text(bash_execution_text(msg))],
-                    display: true,
-                    details: Some(whole),
                 }
             }
         }
@@ -557,35 +587,66 @@ fn bash_execution_text(msg: &Map<String, Value>) -> String {
 }
 
 /// Message content: a string (one text block) or an array of blocks.
-fn content(v: Option<&Value>) -> Result<Vec<ContentBlock>, String> {
+fn content(v: Option<Value>) -> Result<Vec<ContentBlock>, String> {
     match v {
         None | Some(Value::Null) => Ok(Vec::new()),
-        Some(Value::String(s)) => Ok(vec![ContentBlock::text(s.clone())]),
-        Some(Value::Array(blocks)) => blocks.iter().map(block).collect(),
+        Some(Value::String(s)) => Ok(vec![ContentBlock::text(s)]),
+        Some(Value::Array(blocks)) => blocks.into_iter().map(block).collect(),
         Some(other) => Err(format!(
-            "content {other} is neither text nor a list of blocks"
+            "content {} is neither text nor a list of blocks",
+            json_kind(&other)
         )),
     }
 }
 
-fn block(b: &Value) -> Result<ContentBlock, String> {
-    let m = b.as_object().ok_or("a content block is not an object")?;
-    let ty = get_str(m, "type")?;
-    Ok(match ty {
+fn json_kind(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+fn take_str(m: &mut Map<String, Value>, key: &str) -> Result<String, String> {
+    match m.remove(key) {
+        Some(Value::String(s)) => Ok(s),
+        _ => Err(format!("\"{key}\" is missing or not a string")),
+    }
+}
+
+fn take_opt_str(m: &mut Map<String, Value>, key: &str) -> Option<String> {
+    match m.remove(key) {
+        Some(Value::String(s)) => Some(s),
+        _ => None,
+    }
+}
+
+fn block(b: Value) -> Result<ContentBlock, String> {
+    let Value::Object(mut m) = b else {
+        return Err("a content block is not an object".into());
+    };
+    let ty = take_str(&mut m, "type")?;
+    Ok(match ty.as_str() {
         "text" => ContentBlock::Text {
-            text: get_str(m, "text")?.to_string(),
+            text: take_str(&mut m, "text")?,
         },
         "thinking" => ContentBlock::Thinking {
-            thinking: get_str(m, "thinking")?.to_string(),
+            thinking: take_str(&mut m, "thinking")?,
+            signature: take_opt_str(&mut m, "thinkingSignature"),
+            redacted: m.get("redacted").and_then(Value::as_bool).unwrap_or(false),
         },
         "toolCall" => ContentBlock::ToolCall {
-            id: get_str(m, "id")?.to_string(),
-            name: get_str(m, "name")?.to_string(),
-            arguments: m.get("arguments").cloned().unwrap_or(Value::Null),
+            id: take_str(&mut m, "id")?,
+            name: take_str(&mut m, "name")?,
+            arguments: m.remove("arguments").unwrap_or(Value::Null),
+            signature: take_opt_str(&mut m, "thoughtSignature"),
         },
         "image" => ContentBlock::Image {
-            mime_type: get_str(m, "mimeType")?.to_string(),
-            data: get_str(m, "data")?.to_string(),
+            mime_type: take_str(&mut m, "mimeType")?,
+            data: take_str(&mut m, "data")?,
         },
         other => return Err(format!("unknown content block type {other:?}")),
     })
@@ -759,6 +820,113 @@ mod tests {
         );
     }
 
+    const HEAD: &str = r#"{"type":"session","version":3,"id":"sig","timestamp":"2025-01-01T00:00:00Z","cwd":"/w"}"#;
+
+    fn entries_of(s: &PiSession) -> Vec<&Entry> {
+        s.import
+            .commits
+            .iter()
+            .flat_map(|c| &c.events)
+            .filter_map(|e| match e {
+                SessionEvent::EntryAppended { entry } => Some(entry),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn thinking_and_tool_call_signatures_are_kept() {
+        let user = r#"{"type":"message","id":"u1","parentId":null,"timestamp":"2025-01-01T00:00:01Z","message":{"role":"user","content":"hi"}}"#;
+        let asst = r#"{"type":"message","id":"a1","parentId":"u1","timestamp":"2025-01-01T00:00:02Z","message":{"role":"assistant","provider":"anthropic","model":"claude","stopReason":"toolUse","content":[{"type":"thinking","thinking":"hm","thinkingSignature":"SIG1"},{"type":"thinking","thinking":"","thinkingSignature":"ENC","redacted":true},{"type":"toolCall","id":"c1","name":"read","arguments":{"path":"x"},"thoughtSignature":"TS"}]}}"#;
+        let file = format!("{HEAD}\n{user}\n{asst}\n");
+        let s = read_pi(file.as_bytes(), "t").unwrap();
+        let entries = entries_of(&s);
+        let EntryKind::Message {
+            message: Message::Assistant { content, .. },
+        } = &entries[1].kind
+        else {
+            panic!("{:?}", entries[1].kind)
+        };
+        assert_eq!(
+            content,
+            &vec![
+                ContentBlock::Thinking {
+                    thinking: "hm".into(),
+                    signature: Some("SIG1".into()),
+                    redacted: false
+                },
+                ContentBlock::Thinking {
+                    thinking: String::new(),
+                    signature: Some("ENC".into()),
+                    redacted: true
+                },
+                ContentBlock::ToolCall {
+                    id: "c1".into(),
+                    name: "read".into(),
+                    arguments: serde_json::json!({"path": "x"}),
+                    signature: Some("TS".into())
+                },
+            ]
+        );
+        // The signatures survive the store's codec.
+        for c in &s.import.commits {
+            for ev in &c.events {
+                let back = crate::session::decode_event(&encode_event(ev).unwrap()).unwrap();
+                assert_eq!(&back, ev);
+            }
+        }
+    }
+
+    #[test]
+    fn lines_pi_skips_are_skipped_and_reported() {
+        let a = r#"{"type":"custom","id":"a1","parentId":null,"timestamp":"2025-01-01T00:00:00Z","customType":"x"}"#;
+        let b = r#"{"type":"custom","id":"b1","parentId":"a1","timestamp":"2025-01-01T00:00:00Z","customType":"x"}"#;
+        // Two objects glued together on one line, as pi's own history
+        // has them: JSON.parse refuses the line and pi skips it.
+        let file = format!("{HEAD}\n{a}\n{a}{b}\n\n{b}\n{{\"type\":\n");
+        let s = read_pi(file.as_bytes(), "t").unwrap();
+        assert_eq!(s.skipped_lines, vec![3, 6]);
+        let ids: Vec<&str> = entries_of(&s).iter().map(|e| e.id.as_str()).collect();
+        assert_eq!(ids, vec!["a1", "b1"]);
+        s.import.validate().unwrap();
+    }
+
+    #[test]
+    fn a_message_over_the_record_limit_writes_nothing() {
+        use crate::store::exchange::{import_from, ExchangeError, ImportOptions};
+        use crate::store::{LogStore, LogStoreOptions};
+        let small = r#"{"type":"message","id":"u1","parentId":null,"timestamp":"2025-01-01T00:00:01Z","message":{"role":"user","content":"hi"}}"#;
+        let big = format!(
+            r#"{{"type":"message","id":"u2","parentId":"u1","timestamp":"2025-01-01T00:00:02Z","message":{{"role":"user","content":"{}"}}}}"#,
+            "x".repeat(100_000)
+        );
+        let file = format!("{HEAD}\n{small}\n{big}\n");
+        let s = read_pi(file.as_bytes(), "t").unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let store = LogStore::open(
+            dir.path(),
+            LogStoreOptions {
+                durability: spool_engine::Durability::Buffered,
+                record_bytes_max: Some(64 << 10),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        let sessions = vec![s.import];
+        let err = import_from(
+            &store,
+            &mut sessions.as_slice(),
+            &ImportOptions::default(),
+            &mut |_| {},
+        )
+        .unwrap_err();
+        assert!(
+            matches!(err, ExchangeError::Malformed { line: 3, .. }),
+            "{err}"
+        );
+        assert_eq!(store.engine().unwrap().last_seq(), 0, "nothing written");
+    }
+
     #[test]
     fn dangling_and_duplicate_ids_name_the_line() {
         let head = r#"{"type":"session","version":3,"id":"s","timestamp":"2025-01-01T00:00:00Z","cwd":""}"#;
@@ -768,8 +936,9 @@ mod tests {
         assert_eq!(e.line, 4, "{e}");
         let e = read_pi(format!("{head}\n{a}\n{a}\n").as_bytes(), "t").unwrap_err();
         assert_eq!(e.line, 3, "{e}");
-        let e = read_pi(format!("{head}\n{a}\n{{\"type\":").as_bytes(), "t").unwrap_err();
-        assert_eq!(e.line, 3, "{e}");
+        // A cut last line is not JSON: skipped, as pi skips it.
+        let s = read_pi(format!("{head}\n{a}\n{{\"type\":").as_bytes(), "t").unwrap();
+        assert_eq!(s.skipped_lines, vec![3]);
         let v4 = head.replace("\"version\":3", "\"version\":4");
         assert_eq!(read_pi(v4.as_bytes(), "t").unwrap_err().line, 1);
     }
