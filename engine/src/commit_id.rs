@@ -23,7 +23,7 @@ std::thread_local! {
 /// repeat would be a second commit with the id, which `Store::append`
 /// would take for a retry of the first). So it stays 122 bits from the
 /// operating system, drawn 256 ids per call instead of one call per commit
-/// (the call was ~3 % of a buffered append). The bytes belong to the
+/// (the call was a visible part of a buffered append). The bytes belong to the
 /// thread and to the process that drew them: after a `fork` the child
 /// draws afresh instead of repeating the parent's next ids.
 pub(crate) fn fresh() -> Uuid {

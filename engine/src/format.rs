@@ -1,6 +1,7 @@
 //! The on-disk format: segment header, record frame and commit payload.
 //!
-//! Everything is little-endian with explicit widths; see ARCHITECTURE.md at the repository root for the byte map.
+//! Everything is little-endian with explicit widths; the byte map is in docs/format.md at
+//! the repository root ("Segment header", "Record frame", "Commit payload").
 
 use crate::types::{CommitInfo, EventData, ExpectedVersion, LogPosition, RecordedCommit};
 use uuid::Uuid;

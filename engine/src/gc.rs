@@ -148,8 +148,8 @@ fn parse_gc_segment_name(n: &str) -> Option<u64> {
     format::parse_segment_file_name(base)
 }
 
-/// Manifest bytes: magic, version u32, old count u32, old ids (u64 each), new count u32,
-/// new ids, masked crc32 of everything before it. Little-endian.
+/// The manifest's bytes for the old and new segment ids; the layout is in docs/format.md,
+/// "GC manifest".
 fn encode_manifest(old: &[u64], new: &[u64]) -> Vec<u8> {
     let mut b = Vec::with_capacity(24 + 8 * (old.len() + new.len()));
     b.extend_from_slice(&MANIFEST_MAGIC);

@@ -21,7 +21,8 @@
 //!   reports what was lost, by segment and offset.
 //! - All log I/O goes through [`vfs::Vfs`], so tests can inject faults and crashes.
 //!
-//! The on-disk format is in [`mod@format`] and ARCHITECTURE.md at the repository root.
+//! The on-disk format is in [`mod@format`] and, byte by byte, in docs/format.md at the
+//! repository root.
 
 mod commit_id;
 mod error;

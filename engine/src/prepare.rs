@@ -20,19 +20,17 @@
 //!   wake-up is an interrupt to the other core), so after such a group the thread
 //!   does not sleep at once: it polls the job channel for up to that long, and the
 //!   next group reaches it without a wake-up on either side. A lone durable writer's
-//!   indexers then run during its fdatasync. With 200 µs, five alternating pairs of `handle_append 3000 durable 1`:
-//!   medians ~15.4 k against ~11.6 k appends/s (4 of 5 faster), for ~90–117 against
-//!   ~37–53 µs of the process's CPU per append: one more core is kept busy while the
-//!   writer writes back to back. In twelve alternating pairs of `spool bench
-//!   --workload append-durable` the lone writer was faster in 8 but its medians moved
-//!   ~2 % and its ratios to the raw loop and SQLite not at all: off by default.
+//!   indexers then run during its fdatasync. The cost is one more core kept busy
+//!   while the writer writes back to back, and the benchmark's lone durable writer
+//!   gained no clear margin over its peers, so it is off by default (see
+//!   BENCHMARKS.md, Decisions).
 //! - A poll that ends without a job (the writer paused, or the disk's fdatasync is
 //!   longer than the window) makes the thread skip polling after the next 2, then 4,
 //!   ... up to `POLL_BACKOFF_MAX` such groups; a poll that catches one resets that.
 //!   So a writer slower than the window, or a slow disk, costs at most one window per
 //!   `POLL_BACKOFF_MAX` groups. After any other group (many writers, every core busy
 //!   encoding commits; or one large commit) the thread sleeps at once: polling after
-//!   every group measured slower with 16 writers.
+//!   every group was slower with many writers.
 //!
 //! The thread holds only a [`Weak`] reference to the store, taken for the length of
 //! one job, so it never keeps a closed store alive; it ends when the store (which owns

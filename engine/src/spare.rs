@@ -2,7 +2,7 @@
 //!
 //! Creating a segment preallocates it (with [`crate::Preallocate::ZeroFill`], 64 MiB of
 //! zeros by default), writes its header and fsyncs it. Done by the writer that fills the
-//! active segment, that is a stall of about 0.1 s on one commit every 64 MiB of log.
+//! active segment, that is a long stall on one commit every segment's worth of log.
 //! Instead, once the active segment is half full, the spare is built under
 //! [`SPARE_SEGMENT_FILE`], which no reader of the log looks at; the writer that needs
 //! the next segment renames the spare into place and fsyncs the directory.

@@ -50,11 +50,10 @@ impl Preallocate {
     ///
     /// With `Immediate`, overwriting written blocks keeps metadata out of the
     /// commits' fdatasyncs. With `Buffered`, the kernel's page allocation and
-    /// delayed block allocation move from the writer's `pwrite` (~4 KiB of new
-    /// page cache every two or three commits) to the thread that fills the
-    /// spare: one buffered writer ran 8 % more commits/s than with `Sparse`
-    /// (`spool bench --workload append-buffered`, five alternating pairs,
-    /// faster in all five; see BENCHMARKS.md, round 15).
+    /// delayed block allocation move from the writer's `pwrite` (new page
+    /// cache every few commits) to the thread that fills the
+    /// spare, off the commit path, so a buffered writer commits faster than
+    /// with `Sparse` (see BENCHMARKS.md, Decisions).
     pub fn resolve(self, durability: Durability) -> Preallocate {
         match (self, durability) {
             (Preallocate::Auto, Durability::Immediate | Durability::Buffered) => {
@@ -65,15 +64,14 @@ impl Preallocate {
     }
 }
 
-/// When the segment after the active one is created (see `spare.rs` and ARCHITECTURE.md).
+/// When the segment after the active one is created (see `spare.rs`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub enum NextSegment {
     /// Once the active segment is half full, a background thread builds the next one
     /// (preallocated, header written, fsynced) under a spare name; the writer that fills
     /// the active segment renames it into place and fsyncs the directory. Creating a
-    /// 64 MiB zero-filled segment takes about 0.1 s, which then stays off the commit
-    /// path. Costs one segment of disk space ahead and a short-lived thread per segment.
+    /// zero-filled segment is slow, and this keeps it off the commit path. Costs one segment of disk space ahead and a short-lived thread per segment.
     #[default]
     Background,
     /// The same spare, built by the writer whose group finds the active segment half
@@ -111,19 +109,20 @@ pub struct Options {
     pub next_segment: NextSegment,
     /// How long the index thread polls for a lone durable writer's next group before
     /// it sleeps: zero by default ([`INDEX_THREAD_POLL_DEFAULT_US`]: never), at most
-    /// [`INDEX_THREAD_POLL_MAX_US`]. With a window (200 µs was measured), a group of
+    /// [`INDEX_THREAD_POLL_MAX_US`]. With a window, a group of
     /// fewer than 4 commits that follows the previous group within it goes to the
     /// index thread, which runs its indexers during the fdatasync and then polls for
     /// the next one instead of sleeping (no wake-up on either side); polls that end
     /// empty back off. The cost is a second core kept busy while a writer commits
-    /// back to back; the gain measured from none to a third more commits/s (the
-    /// measurements are in ARCHITECTURE.md, the write path). Without a window such
+    /// back to back; the gain varies with the machine (see BENCHMARKS.md,
+    /// Decisions). Without a window such
     /// groups are indexed by their writer after the fdatasync.
     pub index_thread_poll: Duration,
 }
 
 /// Default of [`Options::index_thread_poll`], in microseconds: zero, no polling (its
-/// gain was not clear in `spool bench`, its cost a second core; see there).
+/// gain was not clear in the benchmark, its cost a second core; see BENCHMARKS.md,
+/// Decisions).
 pub const INDEX_THREAD_POLL_DEFAULT_US: u64 = 0;
 /// Largest [`Options::index_thread_poll`], in microseconds (a longer one is clamped).
 pub const INDEX_THREAD_POLL_MAX_US: u64 = 10_000;

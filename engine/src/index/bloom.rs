@@ -7,7 +7,7 @@
 use uuid::Uuid;
 
 // Commit ids: 24 bits (3 bytes) and 16 hashes per id, about 0.002% false positives per
-// filter (measured; blocking costs a little precision). A false positive costs a search
+// filter (blocking costs a little precision). A false positive costs a search
 // of the named stream's version blocks and then of every stream's (see
 // `Store::append`), O(commits / 64) index reads, so the rate is kept very low.
 const BITS_PER_ITEM: u64 = 24;

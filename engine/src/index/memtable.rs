@@ -2,21 +2,21 @@
 //!
 //! Appends read and write it by single keys (about eight reads and six
 //! writes per one-entry commit), reads of ranges are rarer. A `BTreeMap`
-//! served both, but its point lookups were slow here: a memtable holds up
-//! to ~25k keys that share long prefixes (a tag and a 36-byte session id),
-//! so a lookup compared ~28 keys byte by byte, ~930 instructions under
-//! callgrind, and such lookups were ~10 % of an append's instructions.
+//! served both, but its point lookups were slow here: a memtable holds
+//! tens of thousands of keys that share long prefixes (a tag and a 36-byte
+//! session id), so a lookup compared dozens of keys byte by byte, and such
+//! lookups were a large part of an append's instructions.
 //! Point reads and writes now go through a hash map of the keys, and only
 //! a key that is new to the memtable enters the ordered key set that range
 //! reads walk. Both hold the same shared key
 //! bytes. The map hashes with foldhash (seeded per map): std's SipHash
-//! took ~300 instructions per key here.
+//! was much slower per key here.
 //!
 //! A new key is not put in order when it is written: it waits in a list of
 //! pending keys until a range read needs it. Appends write about one new
 //! key each and rarely read ranges, and a `BTreeSet` insert compares keys
 //! that share ~50 leading bytes at every level, on the appending thread
-//! (~3 % of its time in `spool bench`'s buffered appends). Before a range
+//! (a visible part of its time in buffered appends). Before a range
 //! read of the live memtable the index moves its pending keys into the set
 //! ([`MemTable::settle`], sorted first), so a range read among appends
 //! costs what the inserts cost before, once. A range read itself walks the

@@ -10,9 +10,8 @@ use super::*;
 ///
 /// The writes go in one by one, in key order, with the move recorded in the redo log
 /// first (see [`crate::index::redo`] for why a crash in the middle loses nothing). One
-/// `apply_batch` of the same writes cost sled about twice as much per key: three
-/// alternating pairs of `spool bench --workload append-buffered` gave 76.4, 72.0 and
-/// 84.3 k commits/s with the batch and 76.7, 82.6 and 93.0 k key by key.
+/// `apply_batch` of the same writes cost sled more per key (see BENCHMARKS.md,
+/// Decisions).
 pub(super) fn move_into_sled(
     tree: &sled::Tree,
     frozen: &RwLock<Option<Arc<MemTable>>>,

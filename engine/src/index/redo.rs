@@ -1,8 +1,8 @@
 //! The redo log of the index's moves into sled: `DIR/index/moves.redo`.
 //!
 //! A move writes a full memtable into sled key by key, in key order. That
-//! costs sled about half of what one `apply_batch` of the same writes cost
-//! (a batch holds sled's log reservation open and builds a hash map of
+//! costs sled less than one `apply_batch` of the same writes (see
+//! BENCHMARKS.md, Decisions; a batch holds sled's log reservation open and builds a hash map of
 //! copies of every write), but it is not atomic: sled recovers a prefix of
 //! its own log after a crash, and a prefix that ends inside a move leaves
 //! some keys with the move's values and others with the values before it.
@@ -34,11 +34,8 @@
 //! pages pass their threshold: how many of its pages reach the disk was not
 //! measured.
 //!
-//! Record layout, all integers little-endian (as in the segments): u32
-//! body length, u32 CRC-32 of the body, then the body: u8 format (1), u32
-//! write count, then each write: u8 kind (0 remove, 1 insert), u32 key
-//! length, the key, and for an insert u32 value length and the value. A
-//! reader checks every length against the bytes left before using it, so
+//! The record layout is in docs/format.md, "The redo log of moves into
+//! sled". A reader checks every length against the bytes left before using it, so
 //! hostile bytes fail the read with the file and the offset named, and an
 //! open holds no more than one record's body (at most
 //! [`REDO_RECORD_BYTES_MAX`] and never more than the file) while it

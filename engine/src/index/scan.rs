@@ -28,7 +28,7 @@ impl Index {
     /// reach the frozen memtable and sled only from there, so a key the complete filter
     /// does not contain is in no layer. It is asked after the memtable, a hash lookup
     /// where most of an append's reads hit (its filter lookup, a likely cache miss in
-    /// a large filter, was ~4 % of a buffered append), and spares a miss (a fresh
+    /// a large filter, was a visible part of a buffered append), and spares a miss (a fresh
     /// entry id, a first child) the frozen memtable's lookup and sled's.
     pub(super) fn read_key(&self, k: &[u8]) -> Result<Option<Vec<u8>>, IndexError> {
         self.read_key_with(k, |v| v.map(<[u8]>::to_vec))

@@ -67,7 +67,7 @@ impl Store {
     /// operating system (drawn 256 ids at a time per thread, afresh after a
     /// `fork`), which no earlier commit has. So it cannot be a retry, and the
     /// lookup that recognizes retries (a probe of the commit-id filter, a likely
-    /// cache miss, ~2 % of a buffered append) is skipped. The id is in the
+    /// cache miss, a visible part of a buffered append) is skipped. The id is in the
     /// outcome's [`CommitInfo`]; a later [`Store::append`] with it is a retry.
     pub fn append_fresh(
         &self,
@@ -110,7 +110,7 @@ impl Store {
             }
         }
         if !drawn_here && w.ids.may_contain(commit.commit_id) {
-            // The filter knows the id (or it is a false positive, ~0.002% per filter): look for it
+            // The filter knows the id (or it is a rare false positive): look for it
             // in the named stream's version blocks, newest first; failing that, in every
             // stream's (a retry on another stream is refused).
             let head = w.heads.get(&commit.stream).copied().unwrap_or(0);

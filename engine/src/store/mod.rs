@@ -59,8 +59,8 @@ const MAX_GATHER_NANOS: u64 = 2_000_000;
 /// Smallest durable group whose index writes are always prepared on the index thread
 /// during its fdatasync ([`crate::prepare`]); a smaller one only when groups come back
 /// to back ([`Options::index_thread_poll`]). Handing a group to a sleeping thread
-/// costs a thread wake-up on each side, about what preparing two or three commits
-/// costs; sixteen writers (groups of about 15) measured faster with the thread.
+/// costs a thread wake-up on each side, comparable to preparing a few commits; with
+/// many writers (large groups) the thread is faster.
 pub(crate) const PREPARE_THREAD_COMMITS_MIN: usize = 4;
 /// Smallest durable group, in frame bytes, whose index writes are always prepared on
 /// the index thread: its fdatasync writes back at least this much, which takes far
@@ -70,13 +70,11 @@ pub(crate) const PREPARE_THREAD_BYTES_MIN: usize = 256 << 10;
 /// Bytes per `pwrite` when zero-filling a new segment (and a torn tail). The kernel
 /// sizes the page-cache folios a write creates by the write's length (ext4 with large
 /// folios), and every later commit's small `pwrite`, and the fdatasync after it, walk
-/// all the blocks of the folio they land in. With 1 MiB fill writes a lone durable
-/// writer spent a median ~59 µs of CPU per append against ~48 µs with 16 KiB (eight
-/// alternating runs of `handle_append 3000 durable 1`: 8.5 k against 10.0 k appends/s);
-/// buffered appends and 16 writers (one `pwrite` per group) measured no different.
-/// Filling 64 MiB takes longer (~20 ms of `pwrite` and ~50 ms of `fsync` against ~14
-/// and ~40 ms), on the spare's thread, off the commit path. 4 KiB writes measured no
-/// better than 16 KiB in a plain `pwrite` + `fdatasync` loop and fill at half the speed.
+/// all the blocks of the folio they land in. Large fill writes made a lone durable
+/// writer spend more CPU per append than 16 KiB ones; buffered appends and many
+/// writers (one `pwrite` per group) did not differ. Filling a segment in 16 KiB writes
+/// takes longer, but on the spare's thread, off the commit path. 4 KiB writes were no
+/// better than 16 KiB and fill slower (see BENCHMARKS.md, Decisions).
 pub const ZERO_FILL_CHUNK_BYTES: usize = 16 << 10;
 
 /// A contiguous run of frames in the pending buffer, all for one segment.
@@ -115,8 +113,8 @@ pub(crate) struct Writer {
     pub(crate) leader: bool,
     /// Head version of every stream, including commits sequenced but not yet
     /// acknowledged: version checks never touch the index. Built by the open scan.
-    /// (foldhash, as the per-commit maps below: std's SipHash cost ~100
-    /// instructions a lookup, several per commit.)
+    /// (foldhash, as the per-commit maps below: std's SipHash is slow for
+    /// several lookups per commit.)
     pub(crate) heads: foldhash::HashMap<String, u64>,
     /// Commit ids sequenced but not yet applied to the index.
     pending_ids: foldhash::HashMap<Uuid, CommitInfo>,

@@ -92,7 +92,7 @@ impl EntryId {
     ///
     /// The bits come from a per-thread generator seeded once from the
     /// operating system's randomness (a random UUID), not from a system
-    /// call per id: the `getrandom` call was ~3 % of an append's time.
+    /// call per id: the `getrandom` call was a visible part of an append.
     /// Ids need not be unpredictable, only unlikely to repeat, and a
     /// writer checks every generated id against the session's entries
     /// before using it (32 bits collide within a long session).
@@ -156,8 +156,8 @@ impl EntryId {
     }
 
     /// The id's bytes (its string's), without [`EntryId::as_str`]'s UTF-8
-    /// check: index keys and records hold ids as bytes, and that check was
-    /// ~115 instructions per call, several calls per append.
+    /// check: index keys and records hold ids as bytes, and that check
+    /// would run several times per append.
     pub fn as_bytes(&self) -> &[u8] {
         match &self.0 {
             Repr::Inline { len, bytes } => bytes.get(..usize::from(*len)).unwrap_or(bytes),

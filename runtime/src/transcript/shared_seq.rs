@@ -6,9 +6,8 @@
 //! stays readable. With plain vectors every publication copied every
 //! resident entry's shared pointer (one atomic increment each, and one
 //! decrement when the old snapshot went): the append cost grew with the
-//! budget (`handle_append` example, buffered: 14–23 µs of the appending
-//! thread per append at 64 KiB, 103–120 µs at 4 MiB, about 2.3 k resident
-//! entries; 15–19 µs at 4 MiB with this type). Here the elements live in an
+//! budget, where with this type it stays flat (see BENCHMARKS.md,
+//! Decisions). Here the elements live in an
 //! append-only arena of write-once slots shared by the versions; a
 //! version is a window over it plus two loose ends:
 //!

@@ -796,7 +796,7 @@ pub fn entry_summary(entry: &Entry, max_chars: usize) -> (String, Option<&'stati
 /// characters it has, reading at most `room` characters: the word ends
 /// at whitespace (`char::is_whitespace`), at the end of `s`, or after
 /// `room` characters. ASCII is read a byte at a time (decoding each char
-/// was most of a summary's cost, ~4 % of an append's instructions), the
+/// was most of a summary's cost, a visible part of an append), the
 /// first other byte hands the rest to the char loop.
 fn word_end(s: &str, room: usize) -> (usize, usize) {
     let bytes = s.as_bytes();

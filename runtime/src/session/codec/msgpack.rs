@@ -78,8 +78,8 @@ impl<'a> Reader<'a> {
 
     /// Checked with `simdutf8` (the same answer as `std::str::from_utf8`,
     /// with vector instructions where the CPU has them): a page read
-    /// checks every entry's text, ~8 % of its samples with the standard
-    /// library's check.
+    /// checks every entry's text, a visible part of its time with the
+    /// standard library's check.
     fn str(&mut self) -> Option<&'a str> {
         simdutf8::basic::from_utf8(self.str_bytes()?).ok()
     }
@@ -93,9 +93,9 @@ impl<'a> Reader<'a> {
     /// length) is matched in one comparison; any other form is read
     /// with [`Reader::str_bytes`]. Both accept exactly the same bytes.
     /// Inlined at every call so that `want` is a constant there and the
-    /// comparison a few loads, not a `memcmp` call: those calls were
-    /// ~9 % of decoding an entry in a page read's profile, and none are
-    /// left.
+    /// comparison a few loads, not a `memcmp` call: those calls were a
+    /// visible part of decoding an entry in a page read's profile, and
+    /// none are left.
     #[inline(always)]
     fn key(&mut self, want: &str) -> Option<()> {
         let w = want.as_bytes();

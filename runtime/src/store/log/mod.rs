@@ -97,7 +97,7 @@ pub struct LogStoreOptions {
     pub lock_wait: Option<std::time::Duration>,
     /// How long the engine's index thread polls for a lone durable writer's
     /// next commit before it sleeps (engine default when `None`: zero, never).
-    /// With a window (200 µs was measured) a lone writer's indexers run
+    /// With a window a lone writer's indexers run
     /// during its fdatasync, for a second core kept busy while it commits
     /// back to back. See [`spool_engine::Options::index_thread_poll`].
     pub index_thread_poll: Option<std::time::Duration>,

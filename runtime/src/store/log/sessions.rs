@@ -7,15 +7,9 @@
 //!
 //! Maintained from the log by [`SessionIndexer`], in the same atomic sled
 //! batch as the engine's own stream heads, and rebuilt from the log like
-//! them (deleting `DIR/index/` loses nothing):
-//!
-//! | key | value | use |
-//! | --- | --- | --- |
-//! | `h` ++ id | header record | `header`, the append pre-check, listing all |
-//! | `s` ++ status byte ++ id | header record | listing by status |
-//! | `p` ++ u8 len ++ parent id ++ id | header record | listing children |
-//! | `x` ++ id | u64 BE stream version of the purge | purged sessions |
-//! | `k` ++ id | reason | sessions whose events do not decode |
+//! them (deleting `DIR/index/` loses nothing). The keys (by id, status and
+//! parent, purges, broken sessions) and the header record's bytes are in
+//! docs/format.md, "Indexer `sessions`".
 //!
 //! A header record (see `encode_record`) is a fixed binary encoding of
 //! the header without its id (the key has it) plus the stream version base
@@ -68,8 +62,7 @@ pub(super) fn key(tag: u8, id: &str) -> Vec<u8> {
 
 /// The engine event kind of a session event: [`SESSION_EVENT_PREFIX`] and
 /// [`SessionEvent::kind`], built without the formatting machinery (one
-/// per appended event: `format!` cost ~700 instructions of an append's
-/// ~65 thousand).
+/// per appended event, where `format!` was a visible part of an append).
 pub(crate) fn stored_kind(ev: &SessionEvent) -> String {
     let kind = ev.kind();
     let mut s = String::with_capacity(SESSION_EVENT_PREFIX.len() + kind.len());
@@ -149,20 +142,8 @@ struct Fields {
 
 /// Encodes a session header record: the header without its id (which is
 /// in every key that holds a record) plus the stream version base of its
-/// incarnation.
-///
-/// | bytes | field |
-/// | --- | --- |
-/// | 1 | format ([`RECORD_FORMAT`]) |
-/// | 1 | status byte |
-/// | 1 | flags (bit 0: has a parent) |
-/// | 8 | u64 BE session version |
-/// | 8 | u64 BE stream version base (the purge that ended the previous incarnation, or 0) |
-/// | 8 | i64 BE created at (ms) |
-/// | 8 | i64 BE updated at (ms) |
-/// | 1 + n | u8 length, parent id (only with the parent flag) |
-/// | 4 + n | u32 BE length, agent name |
-/// | 4 + n | u32 BE length, label |
+/// incarnation. The layout (starting with [`RECORD_FORMAT`]) is in
+/// docs/format.md, "Indexer `sessions`", header record.
 fn encode_record(
     f: &Fields,
     version: u64,

@@ -3,8 +3,8 @@
 //! starts from one and replays the tail. Snapshots are a cache only.
 //!
 //! A snapshot is the fold of a session at some version, kept in the
-//! engine's index *cache* area (key `s` ++ id; value: u64 BE stream
-//! version, i64 BE updated-at, then [`encode_snapshot`] bytes). Policy: a
+//! engine's index *cache* area (its key and value bytes, which end with
+//! the [`encode_snapshot`] bytes, are in docs/format.md, "Snapshots"). Policy: a
 //! `load` that replayed at least [`SNAPSHOT_TAIL_COMMITS`] commits beyond
 //! the snapshot it started from (or from the start) writes a new one, so
 //! the next load costs the snapshot plus a short tail. A snapshot that

@@ -58,7 +58,7 @@ use crate::transcript::{Entry, EntryId};
 /// outcome (`HandedOver`'s drop). The transcript indexer takes an entry
 /// only for the very bytes it is indexing, of the same session
 /// (`DecodeMemo::take_appended`): it then neither decodes the event nor
-/// measures the entry (~10 % of an append's instructions). Anything else
+/// measures the entry (a large part of an append's instructions). Anything else
 /// (a rebuild, a replay, bytes that differ) decodes as before. The bytes
 /// are the entry's encoding, and decoding an encoding gives the entry
 /// back (the codec's round-trip tests and fuzz target), so the index is

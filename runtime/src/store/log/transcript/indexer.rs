@@ -61,7 +61,7 @@ impl TranscriptIndexer {
 /// Index values the last commit wrote, kept decoded with their bytes: the
 /// next commit reads those bytes back (the next append's parent record, the
 /// session's meta) and takes the decoded value instead of decoding them
-/// (~2k and ~0.9k instructions of a ~55k append). Only bytes equal to the
+/// (a visible part of an append). Only bytes equal to the
 /// kept ones are answered from it, so it answers what decoding them would,
 /// whatever was written or discarded in between.
 #[derive(Debug, Default)]
@@ -386,7 +386,7 @@ fn index_seed(
     loc: &Locator,
 ) -> Result<(), IndexError> {
     debug_assert_eq!(meta.entries, 0, "a seed is indexed into a cleared session");
-    // foldhash: std's SipHash over thousands of ids was ~3 % of a fork.
+    // foldhash: std's SipHash over thousands of ids was a visible part of a fork.
     let mut at: foldhash::HashMap<&EntryId, usize> =
         foldhash::HashMap::with_capacity_and_hasher(entries.len(), Default::default());
     let mut records: Vec<EntryRecord> = Vec::with_capacity(entries.len());

@@ -1,7 +1,8 @@
 //! Keys of the transcript index: the tag bytes and the functions that build
 //! each key (`m`, `e`, `c`, `n`, `t`, `T`, `a`, `l`; the `E` seed and `p`
 //! path keys are built next to their values). Keys only: nothing here reads
-//! or writes the index.
+//! or writes the index. The key layout is in docs/format.md, "Indexer
+//! `transcript`".
 
 use crate::transcript::EntryId;
 

@@ -5,25 +5,14 @@
 //! reads through them, and the read [`accelerators`].
 //!
 //! # The index
-//! and the [`EntrySource`] that reads entries through it.
 //!
 //! Maintained from the log by [`TranscriptIndexer`] in the same memtable
 //! (and move into sled) as the engine's own indexes, and rebuilt from the log like
 //! them (deleting `DIR/index/` loses nothing). Every key starts with a tag
-//! byte, the session id's length (u8) and the session id:
-//!
-//! | tag | rest of the key | value |
-//! | --- | --- | --- |
-//! | `m` | — | [`TranscriptMeta`]: generation, raw seq, updated at, leaf, counters |
-//! | `e` | entry id | [`EntryRecord`] in its binary encoding ([`EntryRecord::encode`]): number of children and the only child's id when there is exactly one, where the entry is in the log, size, kind, parent, [`PathMarker`], [`PathFacts`], append seq, summary; empty: a tombstone over the entry's seed table record (the entry was removed) |
-//! | `E` | u8 bucket | the seed table: the records of a `created` event's seed transcript, spread over at most [`SEED_BUCKETS`] (256) keys by a hash of the id (`seed_bucket`), as [`encode_seed_bucket`] writes it: a format byte (2), a u32 BE record count, a u32 BE offset per record, then the records sorted by id, each a u8 id length, the id, a u32 BE record length and the record. An `e` key shadows a seed record: any later change to a seeded entry writes its record there |
-//! | `c` | u8 len ++ parent id ++ u64 BE seq | child id (children in append order), only for a parent with two or more children |
-//! | `n` | parent id | only for a parent without an `e` record (an orphan's absent parent): u64 BE number of children, then the only child's id when there is exactly one |
-//! | `t` | u32 BE len ++ custom type ++ u64 BE ordinal | custom entry id (empty = removed) |
-//! | `T` | custom type | u64 BE next ordinal of that type |
-//! | `a` | u64 BE ordinal | custom entry id of any type (empty = removed) |
-//! | `l` | u8 len ++ target id ++ u64 BE seq | MessagePack `Option<String>` of a label entry |
-//! | `p` | u64 BE block (`depth >> 6`) | the active path's depths `64 × block ..` (up to 64 of them, fewer only in the last block), in depth order, each a u16 BE length then its link: the entry at that depth on the current leaf's path with its log position (u64 BE segment, u64 BE offset, u32 BE event, u32 BE entry index), `entry_size` (u64 BE), id (u8 length + bytes), and for an orphan at depth 0 the id of its absent parent (see `path_value`); a link is 33 to `PATH_LINK_BYTES_MAX` (289) bytes, a block value at most `PATH_BLOCK_BYTES_MAX` (18,624) bytes |
+//! byte, the session id's length (u8) and the session id; the keys (the
+//! [`TranscriptMeta`], [`EntryRecord`]s, the seed table, child links and
+//! counts, custom-entry lists, labels and the active path's blocks) and
+//! their values are laid out in docs/format.md, "Indexer `transcript`".
 //!
 //! Events read: `created` (the seed transcript of a fork), `entry_appended`,
 //! `leaf_moved`, `history_rewritten` (whole form), `transcript_rewritten`

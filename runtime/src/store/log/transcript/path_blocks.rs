@@ -1,7 +1,8 @@
 //! The active path (`p` keys): the root→leaf path of the current leaf in
 //! blocks of 64 depths, the encoding of a block and its links, and
 //! [`PathBlocks`], through which the indexer reads, changes and writes
-//! whole blocks.
+//! whole blocks. The byte layout is in docs/format.md, "Indexer
+//! `transcript`".
 
 use spool_engine::{IndexBatch, IndexError, LogPosition};
 
@@ -51,12 +52,11 @@ const PATH_BLOCK_BYTES_MAX: usize =
     PATH_BLOCK_DEPTHS as usize * (PATH_LINK_LEN_BYTES + PATH_LINK_BYTES_MAX);
 
 /// The path link of an entry on the active path: where its bytes are in
-/// the log (u64 BE segment, u64 BE offset, u32 BE event, u32 BE entry
-/// index), its size (u64 BE), its id (u8 length + bytes) and, only for an
-/// orphan at depth 0 (a parent the index does not know), that parent's
-/// id; a root-first page is answered from these links alone (the parent
-/// of the entry at depth `d > 0` is the entry at `d - 1`). A block value
-/// is its depths' links in depth order, each after its u16 BE length.
+/// the log, its size, its id and, only for an orphan at depth 0 (a parent
+/// the index does not know), that parent's id; a root-first page is
+/// answered from these links alone (the parent of the entry at depth
+/// `d > 0` is the entry at `d - 1`). The link and block layouts are in
+/// docs/format.md, "Indexer `transcript`", active-path block.
 pub(super) fn path_value(id: &EntryId, r: &EntryRecord) -> Vec<u8> {
     let key = (
         LogPosition {

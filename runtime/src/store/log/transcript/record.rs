@@ -1,7 +1,8 @@
 //! The transcript index's values for one session and one entry:
 //! [`TranscriptMeta`] and [`EntryRecord`] with their binary encoding, and
 //! reading and writing an entry's record in an index batch (its `e` key,
-//! else its seed table record).
+//! else its seed table record). The bytes are laid out in docs/format.md,
+//! "Indexer `transcript`".
 
 use serde::{Deserialize, Serialize};
 use spool_engine::{IndexBatch, IndexError, LogPosition};
@@ -99,7 +100,8 @@ impl EntryRecord {
 
 /// Format byte that starts every encoded [`EntryRecord`] (a record of
 /// another format is malformed: the index layout version rebuilds old
-/// indexes before they are read).
+/// indexes before they are read); the record's layout is in
+/// docs/format.md, "Indexer `transcript`".
 pub(super) const RECORD_FORMAT: u8 = 2;
 
 /// Appends the big-endian, length-prefixed fields of an index value.
@@ -245,10 +247,9 @@ const MARKER_MODEL: u8 = 3;
 const MARKER_THINKING: u8 = 4;
 
 impl EntryRecord {
-    /// The record's index value: its format byte (`RECORD_FORMAT`), then its fields in
-    /// declaration order (integers u64/u32 BE, strings u32 BE length +
-    /// UTF-8, options a 0/1 byte then the value, the marker a tag byte then
-    /// its fields). The child count and the only child come first, so a
+    /// The record's index value: its format byte (`RECORD_FORMAT`), then its
+    /// fields; the bytes are laid out in docs/format.md, "Indexer
+    /// `transcript`", entry record. The child count and the only child come first, so a
     /// children lookup reads them without decoding the rest
     /// ([`EntryRecord::decode_children`]).
     pub fn encode(&self) -> Vec<u8> {

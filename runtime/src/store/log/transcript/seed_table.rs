@@ -1,6 +1,7 @@
 //! The seed table (`E` keys): a fork's seed records spread over at most
 //! [`SEED_BUCKETS`] keys, their encoding and the lookup of one id in them.
-//! Pure functions over bytes: nothing here touches the index.
+//! Pure functions over bytes: nothing here touches the index. The bucket
+//! layout is in docs/format.md, "Indexer `transcript`".
 
 use super::keys::{sk, TAG_SEED};
 use crate::transcript::EntryId;
@@ -38,10 +39,9 @@ pub(super) fn seed_key(sid: &str, bucket: u8) -> Vec<u8> {
 /// One record of a seed bucket: (id bytes, record bytes).
 pub type SeedRecord<'v> = (&'v [u8], &'v [u8]);
 
-/// Encodes a seed bucket value from its records: format byte (2), u32 BE
-/// record count, one u32 BE offset per record (where it starts in the
-/// value), then the records sorted by id bytes, each a u8 id length, the
-/// id, a u32 BE record length and the record. The sorted offset table
+/// Encodes a seed bucket value from its records, sorted by id bytes behind
+/// an offset table (the layout is in docs/format.md, "Indexer
+/// `transcript`", seed bucket). The sorted offset table
 /// lets a lookup binary-search the bucket instead of walking it (a new
 /// id, which every append checks, is a miss that would read the whole
 /// bucket). Ids are at most 255 bytes and records at most `u32::MAX`
