@@ -281,7 +281,7 @@ pub enum Command {
     },
 
     /// Export sessions as JSONL (one event per line; see the `spool-export`
-    /// format in the ARCHITECTURE notes). `import` reads it back.
+    /// format in docs/format.md). `import` reads it back.
     Export {
         /// Session id or unique prefix to export (or use --all).
         #[arg(required_unless_present = "all", conflicts_with = "all")]

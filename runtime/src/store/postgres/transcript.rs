@@ -2,7 +2,7 @@
 //! that reads entries through it (schema version 2).
 //!
 //! The same index as the log store's
-//! ([`transcript_index`](crate::store::transcript_index)), kept in tables:
+//! (`store::log::transcript`), kept in tables:
 //!
 //! | where | key | holds |
 //! | --- | --- | --- |
