@@ -921,7 +921,7 @@ mod tests {
         )
         .unwrap_err();
         assert!(
-            matches!(err, ExchangeError::Malformed { line: 3, .. }),
+            matches!(err, ExchangeError::Unstorable { line: 3, .. }),
             "{err}"
         );
         assert_eq!(store.engine().unwrap().last_seq(), 0, "nothing written");

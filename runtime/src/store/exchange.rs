@@ -110,9 +110,19 @@ pub enum ExchangeError {
         reason: String,
         rolled_back: bool,
     },
+    /// A commit the store would refuse (e.g. over its record size
+    /// limit); found before anything is written.
+    #[error("line {line}: session {id} version {version} cannot be stored")]
+    Unstorable {
+        line: u64,
+        id: SessionId,
+        version: u64,
+        #[source]
+        source: spool_engine::Error,
+    },
     #[error("syncing the imported commits to disk failed")]
     SyncFailed(#[source] StoreError),
-    #[error("{context}: {source}")]
+    #[error("{context}")]
     Io {
         context: String,
         #[source]
@@ -944,12 +954,11 @@ fn check_session(
                 .max_by_key(|&i| commit.events[i].payload.len())
                 .and_then(|i| c.lines.get(i).copied())
                 .unwrap_or(line);
-            return Err(ExchangeError::Malformed {
+            return Err(ExchangeError::Unstorable {
                 line: largest,
-                reason: format!(
-                    "session {} version {} cannot be stored: {e}",
-                    s.id, c.version
-                ),
+                id: s.id.clone(),
+                version: c.version,
+                source: e,
             });
         }
     }
@@ -1328,7 +1337,16 @@ mod tests {
         .unwrap();
         let err =
             import_sessions(&sb, &sessions, &ImportOptions::default(), &mut || {}).unwrap_err();
-        assert!(matches!(err, ExchangeError::Malformed { .. }), "{err}");
+        assert!(
+            matches!(
+                err,
+                ExchangeError::Unstorable {
+                    source: spool_engine::Error::RecordTooLarge { .. },
+                    ..
+                }
+            ),
+            "{err}"
+        );
         assert_eq!(sb.engine().unwrap().last_seq(), 0, "nothing written");
     }
 

@@ -59,6 +59,11 @@ fn exchange_err(file: &Path, e: ExchangeError) -> ToolError {
             "nothing was imported; pass --fresh-commit-ids to give the commits new ids"
         }
         ExchangeError::StreamExists { .. } => "nothing was imported; import into another store",
+        ExchangeError::Unstorable {
+            source: spool_engine::Error::RecordTooLarge { .. },
+            ..
+        } => "nothing was imported; a commit is over the store's record size limit, so retrying cannot help: store less in one entry",
+        ExchangeError::Unstorable { .. } => "nothing was imported; fix the entry the line holds",
         ExchangeError::ImportFailed { reason, .. } if reason.contains("exceeds the maximum") => {
             "a commit is over the store's record size limit; retrying cannot help"
         }
