@@ -27,10 +27,27 @@ pub const RECORD_KIND_COMMIT: u8 = 1;
 pub const RECORD_BYTES_MAX_DEFAULT: u32 = 16 << 20;
 /// Hard cap for [`crate::Options::record_bytes_max`] (256 MiB).
 pub const RECORD_BYTES_HARD_CAP: u32 = 256 << 20;
-/// Default segment size (64 MiB).
+/// Default largest segment size (64 MiB): segments grow to it (see
+/// [`crate::Options::segment_bytes_max`]).
 pub const SEGMENT_BYTES_MAX_DEFAULT: u64 = 64 << 20;
+/// Capacity of a store's first segment (1 MiB, or `segment_bytes_max` if smaller); each
+/// next segment doubles the capacity of the one before, up to `segment_bytes_max`, so a
+/// small store stays small on disk.
+pub const SEGMENT_BYTES_START: u64 = 1 << 20;
 /// Smallest accepted segment size (a record larger than a segment gets one of its own).
 pub const SEGMENT_BYTES_MIN: u64 = 4096;
+
+/// Capacity of a new segment that follows a segment of capacity `prev` (`None`: the
+/// store has none yet): double `prev`, at least [`SEGMENT_BYTES_START`] and at most
+/// `max` (`max` wins over the start). A record larger than this gets a segment sized for
+/// it, by the caller.
+pub(crate) fn next_segment_capacity(prev: Option<u64>, max: u64) -> u64 {
+    let start = SEGMENT_BYTES_START.min(max);
+    match prev {
+        None => start,
+        Some(p) => p.saturating_mul(2).clamp(start, max.max(start)),
+    }
+}
 /// Largest number of events in one commit.
 pub const EVENTS_PER_COMMIT_MAX: usize = 65_536;
 /// Longest stream id in bytes (stream ids are 1..=255 bytes of UTF-8).

@@ -1,8 +1,11 @@
 //! The next segment, prepared ahead ([`crate::NextSegment`]).
 //!
-//! Creating a segment preallocates it (with [`crate::Preallocate::ZeroFill`], 64 MiB of
-//! zeros by default), writes its header and fsyncs it. Done by the writer that fills the
-//! active segment, that is a long stall on one commit every segment's worth of log.
+//! Creating a segment preallocates it (with [`crate::Preallocate::ZeroFill`], up to
+//! 64 MiB of zeros by default), writes its header and fsyncs it. Done by the writer
+//! that fills the active segment, that is a long stall on one commit every segment's
+//! worth of log. The spare has the capacity the next segment is due
+//! ([`crate::Options::segment_bytes_max`]); a roll that needs another (a record larger
+//! than that) creates its segment itself and leaves the spare for a later roll.
 //! Instead, once the active segment is half full, the spare is built under
 //! [`SPARE_SEGMENT_FILE`], which no reader of the log looks at; the writer that needs
 //! the next segment renames the spare into place and fsyncs the directory.
@@ -138,6 +141,16 @@ impl Slot {
 
     pub fn is_empty(&self) -> bool {
         matches!(self, Slot::Empty)
+    }
+
+    /// Drop a built spare whose capacity is not `capacity`, removing its file, so one
+    /// of the capacity now due can be built: segments grow, and a roll sized for a
+    /// large record passes the spare by. If the file cannot be removed the spare stays
+    /// (a new build could not create its file).
+    pub fn discard_unless(&mut self, capacity: u64, vfs: &dyn Vfs, dir: &Path) {
+        if matches!(self, Slot::Done(Ok(s)) if s.capacity != capacity) && remove(vfs, dir).is_ok() {
+            *self = Slot::Empty;
+        }
     }
 }
 

@@ -31,9 +31,9 @@ pub enum Preallocate {
     /// allocation or extent conversion, so fdatasync commits no metadata, and a
     /// buffered commit's `pwrite` lands in page-cache pages and blocks that already
     /// exist. The zeros cost a second write of every byte to the disk, and a segment
-    /// takes its whole size on disk from its creation (64 MiB by default); the spare
-    /// segment (see `NextSegment`) is filled on a background thread, the first one
-    /// when the store is created.
+    /// takes its whole size on disk from its creation (segments grow, see
+    /// [`Options::segment_bytes_max`]); the spare segment (see `NextSegment`) is
+    /// filled on a background thread, the first one when the store is created.
     /// (Plain writes only: no platform call such as fallocate(2), which would need
     /// `unsafe` and still leave unwritten extents to convert on the first overwrite.)
     ZeroFill,
@@ -86,7 +86,11 @@ pub enum NextSegment {
 #[derive(Clone)]
 pub struct Options {
     pub durability: Durability,
-    /// Size of a segment file (a larger record gets a segment of its own).
+    /// Largest size of a segment file. Segments grow: a store's first segment is
+    /// created with [`crate::SEGMENT_BYTES_START`] bytes (or this, if smaller), and each
+    /// next one with double the capacity of the one before, up to this; a record larger
+    /// than the capacity due gets a segment sized for it. A segment's capacity is its
+    /// file length, so reopening continues with the sizes on disk.
     pub segment_bytes_max: u64,
     /// Largest record payload accepted (≤ [`crate::RECORD_BYTES_HARD_CAP`]).
     pub record_bytes_max: u32,

@@ -137,15 +137,15 @@ impl Store {
             });
         }
         if w.tail_off + frame_len > w.tail_cap {
-            // Roll: the leader that writes this frame creates the next segment. A record
-            // larger than a segment gets a segment of its own.
+            // Roll: the leader that writes this frame creates the next segment, double
+            // the current one's capacity up to the maximum. A record larger than that
+            // gets a segment sized for it.
             w.tail_seg = w.next_segment_id;
             w.next_segment_id += 1;
             w.tail_off = SEGMENT_HEADER_BYTES;
-            w.tail_cap = inner
-                .opts
-                .segment_bytes_max
-                .max(SEGMENT_HEADER_BYTES + frame_len);
+            w.tail_cap =
+                format::next_segment_capacity(Some(w.tail_cap), inner.opts.segment_bytes_max)
+                    .max(SEGMENT_HEADER_BYTES + frame_len);
         }
         w.next_seq += 1;
         let seq = w.next_seq;
@@ -525,7 +525,10 @@ impl Store {
         {
             return;
         }
+        let capacity =
+            format::next_segment_capacity(Some(active.capacity), inner.opts.segment_bytes_max);
         let mut slot = lock(&inner.spare);
+        slot.discard_unless(capacity, &*inner.opts.vfs, &inner.dir);
         if !slot.is_empty() {
             return;
         }
@@ -535,7 +538,7 @@ impl Store {
             preallocate: inner.opts.preallocate,
             durability: inner.opts.durability,
             id: next_id,
-            capacity: inner.opts.segment_bytes_max,
+            capacity,
         };
         *slot = match mode {
             NextSegment::Background => match plan.clone().spawn() {

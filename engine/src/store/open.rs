@@ -120,6 +120,11 @@ impl Store {
         // The active segment is the last in log order, unless that one was written by GC
         // (or the log is empty): then a new one starts.
         let last = segment::in_log_order(segments.values()).pop();
+        // A new active segment follows the last one's capacity (see `next_segment_capacity`).
+        let new_cap = format::next_segment_capacity(
+            last.as_ref().map(|s| s.capacity),
+            opts.segment_bytes_max,
+        );
         let mut next_segment_id = state.max_id.max(1);
         let active = match last.filter(|s| s.compacted.is_none()) {
             Some(s) => s.clone(),
@@ -139,7 +144,7 @@ impl Store {
                 } else {
                     state.max_id + 1
                 };
-                let seg = create_segment(&*vfs, dir, &opts, id, opts.segment_bytes_max)?;
+                let seg = create_segment(&*vfs, dir, &opts, id, new_cap)?;
                 segments.insert(id, seg.clone());
                 next_segment_id = id;
                 seg
@@ -271,6 +276,8 @@ pub(super) fn scan_log(
     // Per stream, the last commit the index says it holds (see `index_has`).
     let mut last_indexed: foldhash::HashMap<String, CommitInfo> = Default::default();
     let count = opened.len();
+    // The capacity of the segment before this one in log order.
+    let mut prev_cap = None;
     for (i, seg) in opened.into_iter().enumerate() {
         let OpenedSegment {
             id,
@@ -281,6 +288,7 @@ pub(super) fn scan_log(
             header,
             ..
         } = seg;
+        let before_cap = prev_cap.replace(map.len() as u64);
         // Only the last segment in log order, if the writer made it, may have a torn
         // tail or an unfinished header.
         let is_last = i + 1 == count && !matches!(&header, Ok(h) if h.compacted.is_some());
@@ -319,7 +327,8 @@ pub(super) fn scan_log(
                 if read_only {
                     continue;
                 }
-                let capacity = opts.segment_bytes_max.max(map.len() as u64);
+                let capacity = format::next_segment_capacity(before_cap, opts.segment_bytes_max)
+                    .max(map.len() as u64);
                 drop(map);
                 init_segment_file(
                     &*file,

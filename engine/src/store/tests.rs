@@ -15,6 +15,30 @@ fn the_active_segment_is_read_through_a_map_of_its_acknowledged_prefix() {
         .durability(Durability::Buffered)
         .segment_bytes_max(8 << 20);
     let s = Store::open(dir.path(), opts).unwrap();
+    // Segments grow from 1 MiB: fill segments 1 to 3 so the one under test (id 4) has
+    // the full 8 MiB.
+    let mut f = 0;
+    while s
+        .inner
+        .segments
+        .read()
+        .unwrap()
+        .values()
+        .last()
+        .unwrap()
+        .capacity
+        < 8 << 20
+    {
+        let o = s
+            .append(NewCommit::new(
+                "fill",
+                ExpectedVersion::Exact(f),
+                vec![EventData::new("e", vec![0; 256 << 10])],
+            ))
+            .unwrap();
+        assert!(matches!(o, AppendOutcome::Committed(_)));
+        f += 1;
+    }
     let mut written: Vec<(LogPosition, Vec<u8>)> = Vec::new();
     fn append(s: &Store, i: u64, written: &mut Vec<(LogPosition, Vec<u8>)>) {
         // 3,000 to 5,000 bytes, so records straddle page and map boundaries.
@@ -43,7 +67,7 @@ fn the_active_segment_is_read_through_a_map_of_its_acknowledged_prefix() {
     let active = |s: &Store| s.segment_at(written_first(s)).unwrap();
     fn written_first(s: &Store) -> LogPosition {
         LogPosition {
-            segment: *s.inner.segments.read().unwrap().keys().next().unwrap(),
+            segment: *s.inner.segments.read().unwrap().keys().nth(3).unwrap(),
             offset: SEGMENT_HEADER_BYTES,
         }
     }
@@ -131,7 +155,8 @@ fn a_failed_prefix_map_fails_the_read_and_the_next_read_maps() {
     )
     .unwrap();
     let mut last = None;
-    for i in 0..400u64 {
+    // Past the 1 MiB first segment and more than the slack into the 2 MiB second one.
+    for i in 0..700u64 {
         let o = s
             .append(NewCommit::new(
                 "s",
@@ -159,12 +184,12 @@ fn a_failed_prefix_map_fails_the_read_and_the_next_read_maps() {
     assert_eq!(vfs.injected(), 1);
     assert_eq!(seg.map_state(), None);
     // Not poisoned; the next read maps the prefix and reads the record.
-    assert_eq!(s.visit_at(pos, |c| c.seq).unwrap(), 400);
+    assert_eq!(s.visit_at(pos, |c| c.seq).unwrap(), 700);
     assert!(matches!(seg.map_state(), Some((_, false))));
     let o = s
         .append(NewCommit::new(
             "s",
-            ExpectedVersion::Exact(400),
+            ExpectedVersion::Exact(700),
             vec![EventData::new("e", vec![1])],
         ))
         .unwrap();

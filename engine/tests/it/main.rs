@@ -6,6 +6,7 @@ mod common;
 mod basic;
 mod faults;
 mod gc;
+mod growth;
 mod index;
 mod process;
 mod recovery;
