@@ -26,6 +26,22 @@ pub enum Error {
         offset: u64,
         problem: String,
     },
+    /// The last segment ends in bytes that are not a valid record, where the index
+    /// records that commits up to `synced_seq` were on disk: the bytes are damage to
+    /// acknowledged commits, not the write in flight at a crash. Nothing was trimmed.
+    #[error(
+        "segment {segment} at offset {offset}: {problem}; the index records commits up to          seq {synced_seq} as on disk, the log's valid records end at seq {last_seq}:          acknowledged commits are damaged, not torn (`verify --salvage` copies every          readable commit)"
+    )]
+    DamagedTail {
+        /// File name of the segment (e.g. `0000000000000001.seg`).
+        segment: String,
+        offset: u64,
+        problem: String,
+        /// Highest seq the index records as synced to disk.
+        synced_seq: u64,
+        /// Seq of the last valid record in the log.
+        last_seq: u64,
+    },
     /// Another owner holds the store's lock file.
     #[error("store is locked by another owner: {}", path.display())]
     Locked { path: PathBuf },

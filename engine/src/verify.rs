@@ -252,7 +252,26 @@ pub fn verify(dir: impl AsRef<Path>, opts: Options) -> Result<VerifyReport, Erro
                     problem: p,
                     written_end,
                 } => {
-                    if is_last {
+                    let synced = match &index {
+                        Some((ix, _, _)) if is_last && index_failed.is_none() => {
+                            ix.synced_seq().unwrap_or(0)
+                        }
+                        _ => 0,
+                    };
+                    if is_last && synced > hist.last_seq {
+                        // The index records commits past this point as on disk: the
+                        // next open refuses instead of trimming (see `Error::DamagedTail`).
+                        report.errors.push(problem(
+                            &name,
+                            scan.end,
+                            format!(
+                                "{p}; the index records commits up to seq {synced} as on \
+                                 disk, the log's valid records end at seq {}: acknowledged \
+                                 commits are damaged, not torn",
+                                hist.last_seq
+                            ),
+                        ));
+                    } else if is_last {
                         report.torn_tail_bytes += written_end - scan.end;
                     } else {
                         report.errors.push(problem(&name, scan.end, p));

@@ -59,6 +59,9 @@ pub const INDEX_FORMAT_VERSION: u32 = 2;
 
 const META_FORMAT: &[u8] = b"\x00meta:format";
 const META_APPLIED: &[u8] = b"\x00meta:applied";
+/// The highest seq known to be in the log on disk: written only after the fdatasync
+/// that covered that commit (see [`Index::synced_seq`]).
+const META_SYNCED: &[u8] = b"\x00meta:synced";
 /// Present only while a move into sled runs: names the move's record in the redo log
 /// (see [`crate::index::redo`]).
 const META_MOVING: &[u8] = b"\x00meta:moving";

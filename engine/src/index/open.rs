@@ -383,6 +383,19 @@ impl Index {
         Ok(self.applied_marker()?.0)
     }
 
+    /// The highest seq the index records as on disk in the log: it was written after
+    /// the fdatasync that covered that commit, so a log whose valid records end before
+    /// it lost acknowledged commits. 0 when the index holds no such mark (a new, lost or
+    /// rebuilt index, or one written before the mark existed): no evidence.
+    pub(crate) fn synced_seq(&self) -> Result<u64, Error> {
+        match self.read_key(META_SYNCED)? {
+            Some(v) => {
+                be_u64(&v).ok_or_else(|| Error::Index(IndexError::Malformed("synced seq".into())))
+            }
+            None => Ok(0),
+        }
+    }
+
     /// The applied seq and the commit id of that commit (which must match the log's
     /// record with that seq, or the index describes another history).
     pub(crate) fn applied_marker(&self) -> Result<(u64, Option<Uuid>), Error> {

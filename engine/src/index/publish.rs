@@ -9,7 +9,7 @@ impl Index {
     /// new applied seq; a full memtable moves into sled whole (see [`crate::index::redo`]).
     pub(crate) fn apply(&self, commits: &[RecordedCommit]) -> Result<(), IndexError> {
         let writes = self.prepare(commits)?;
-        self.publish(commits, writes)
+        self.publish(commits, writes, false)
     }
 
     /// The registered indexers' writes for `commits` (consecutive, in seq order, the
@@ -89,6 +89,7 @@ impl Index {
         &self,
         commits: &[RecordedCommit],
         writes: PreparedWrites,
+        synced: bool,
     ) -> Result<(), IndexError> {
         let Some(last) = commits.last() else {
             return Ok(());
@@ -182,6 +183,9 @@ impl Index {
                 _ => {
                     mem.writes.insert(META_APPLIED, Some(marker.to_vec()));
                 }
+            }
+            if synced {
+                set_synced(mem, last.info.seq);
             }
             mem.commits += commits.len();
             // Under the write lock: a reader that sees any of these writes
@@ -314,5 +318,34 @@ impl Index {
             self.redo.as_deref(),
             &writes,
         )
+    }
+}
+
+/// Raises the synced mark in the memtable to `seq` (never lowers it: two flushes may
+/// finish out of order).
+fn set_synced(mem: &mut Mem, seq: u64) {
+    let v = seq.to_be_bytes();
+    match mem.writes.get_mut(META_SYNCED) {
+        Some(Some(old)) if old.len() == v.len() => {
+            if be_u64(old).is_none_or(|o| o < seq) {
+                old.copy_from_slice(&v);
+            }
+        }
+        _ => {
+            mem.writes.insert(META_SYNCED, Some(v.to_vec()));
+        }
+    }
+}
+
+impl Index {
+    /// Records that every commit up to `seq` is on disk: called only after the
+    /// fdatasync that covered them (a `Buffered` store's flush). Goes to sled with
+    /// the memtable's next move.
+    pub(crate) fn mark_synced(&self, seq: u64) {
+        if seq == 0 {
+            return;
+        }
+        let mut guard = self.mem.write().unwrap_or_else(|e| e.into_inner());
+        set_synced(&mut guard, seq);
     }
 }

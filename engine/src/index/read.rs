@@ -354,12 +354,14 @@ impl Index {
     /// Every engine and indexer entry (not the cache), for comparing two indexes.
     /// Not the marker of a move into sled in progress either: it is the move's
     /// bookkeeping, not an entry, and a dump taken during a background move would
-    /// otherwise differ from the same index's dump after it.
+    /// otherwise differ from the same index's dump after it. Nor the synced mark: it
+    /// records what was fsynced, not what the log holds, so a rebuild (which syncs
+    /// nothing) has none.
     pub fn dump(&self) -> Result<Vec<KeyValue>, Error> {
         let mut out = Vec::new();
         for kv in self.merged(&[]) {
             let kv = kv?;
-            if kv.0 != META_MOVING {
+            if kv.0 != META_MOVING && kv.0 != META_SYNCED {
                 out.push(kv);
             }
         }

@@ -450,7 +450,11 @@ impl Store {
         }
         let published = prepared
             .unwrap_or_else(|| inner.index.prepare(&batch))
-            .and_then(|writes| inner.index.publish(&batch, writes))
+            // An `Immediate` group is on disk by now: the index may record it as synced.
+            .and_then(|writes| {
+                let synced = inner.opts.durability == Durability::Immediate;
+                inner.index.publish(&batch, writes, synced)
+            })
             .map_err(Error::Index);
         (published.map(|()| (seg, ends)), batch)
     }

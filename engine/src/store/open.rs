@@ -267,6 +267,9 @@ pub(super) fn scan_log(
         index.clear(layout)?;
     }
     let (applied, applied_id) = index.applied_marker()?;
+    // Commits the index records as on disk: evidence only while the index matches
+    // the log (see the torn-tail case below).
+    let synced = index.synced_seq()?;
     let mut hist = HistoryCheck::default();
     let mut pending: Vec<RecordedCommit> = Vec::new();
     let mut segments = BTreeMap::new();
@@ -440,6 +443,19 @@ pub(super) fn scan_log(
             } => {
                 if !is_last {
                     return Err(Error::corrupt(&name, scan.end, problem));
+                }
+                // A torn tail is the write in flight at a crash, so it holds only
+                // commits after every one known to be on disk. When the index (matching
+                // this log) records a synced seq beyond the last valid record, these
+                // bytes held acknowledged commits: damage, refused, nothing trimmed.
+                if !read_only && !index_stale && synced > hist.last_seq {
+                    return Err(Error::DamagedTail {
+                        segment: name,
+                        offset: scan.end,
+                        problem,
+                        synced_seq: synced,
+                        last_seq: hist.last_seq,
+                    });
                 }
                 if !read_only {
                     // A torn tail of the last segment: the write that was in flight when

@@ -519,3 +519,196 @@ fn a_frame_planted_in_message_text_is_never_adopted() {
         "a refused open changed the segment"
     );
 }
+
+/// The last record of a closed store (its index flushed, so the index's synced mark is
+/// in sled) damaged by one flipped bit, at every byte of the record: that commit was
+/// acknowledged after it reached the disk, so the owner's open refuses instead of
+/// trimming it as a torn tail, writes nothing, and `verify` reports the damage. Both
+/// durabilities: a `Buffered` store's close flushes, which records the mark too.
+#[test]
+fn a_bit_flip_in_an_acknowledged_last_record_is_refused_not_trimmed() {
+    for durability in [Durability::Immediate, Durability::Buffered] {
+        let src = tempfile::tempdir().unwrap();
+        let opts = || test_opts().durability(durability);
+        let infos = write_commits(src.path(), opts(), 5);
+        let last = infos.last().unwrap().clone();
+        let rec_len = {
+            let s = Store::open_read_only(src.path(), opts()).unwrap();
+            s.read_at(last.position).unwrap().record_bytes as u64
+        };
+        let name = format::segment_file_name(last.position.segment);
+        let mut damaged_tails = 0;
+        for at in last.position.offset..last.position.offset + rec_len {
+            let ctx = format!("{durability:?} flip at {at}");
+            let dir = tempfile::tempdir().unwrap();
+            copy_tree(src.path(), dir.path());
+            let path = seg_path(dir.path(), last.position.segment);
+            let mut bytes = std::fs::read(&path).unwrap();
+            bytes[at as usize] ^= 1 << (at % 8);
+            std::fs::write(&path, &bytes).unwrap();
+
+            let r = verify(dir.path(), opts()).unwrap();
+            assert!(!r.ok, "{ctx}: {r:?}");
+            assert_eq!(r.torn_tail_bytes, 0, "{ctx}: {r:?}");
+            assert!(r.errors.iter().any(|e| e.segment == name), "{ctx}: {r:?}");
+            match Store::open(dir.path(), opts()) {
+                Err(Error::DamagedTail {
+                    segment,
+                    offset,
+                    synced_seq,
+                    last_seq,
+                    ..
+                }) => {
+                    damaged_tails += 1;
+                    assert_eq!(segment, name, "{ctx}");
+                    assert_eq!(offset, last.position.offset, "{ctx}");
+                    assert_eq!((synced_seq, last_seq), (last.seq, last.seq - 1), "{ctx}");
+                }
+                // A flip that makes the frame claim other bytes may be reported as
+                // mid-log damage instead; a refusal either way.
+                Err(Error::Corrupt { segment, .. }) => assert_eq!(segment, name, "{ctx}"),
+                other => panic!("{ctx}: expected a refusal, got {:?}", other.map(|_| ())),
+            }
+            assert_eq!(
+                std::fs::read(&path).unwrap(),
+                bytes,
+                "{ctx}: the refused open wrote to the segment"
+            );
+            // The error points at salvage, which keeps every intact commit.
+            let msg = Store::open(dir.path(), opts()).err().unwrap().to_string();
+            assert!(msg.contains("verify --salvage"), "{ctx}: {msg}");
+        }
+        assert!(
+            damaged_tails > 0,
+            "{durability:?}: no flip was a damaged tail"
+        );
+    }
+}
+
+fn copy_tree(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        let target = to.join(e.file_name());
+        if e.file_type().unwrap().is_dir() {
+            copy_tree(&e.path(), &target);
+        } else if e.file_name() != "LOCK" {
+            std::fs::copy(e.path(), target).unwrap();
+        }
+    }
+}
+
+/// The write in flight at a crash (an `Immediate` group whose fdatasync never
+/// happened) is a torn tail: it lies past the index's synced mark, so the open trims
+/// it as before and keeps every acknowledged commit.
+#[test]
+fn a_torn_write_past_the_synced_mark_is_trimmed() {
+    let dir = PathBuf::from("/store");
+    let mut torn = 0;
+    for seed in 0..40u64 {
+        let ctx = format!("seed {seed}");
+        let sim = SimVfs::new();
+        let ix = tempfile::tempdir().unwrap();
+        let opts = |v: &SimVfs| {
+            test_opts()
+                .vfs(Arc::new(v.clone()))
+                .durability(Durability::Immediate)
+                .index_dir(ix.path().join("index"))
+        };
+        let s = Store::open(&dir, opts(&sim)).unwrap();
+        for i in 0..5u64 {
+            s.append(commit("a", ExpectedVersion::Exact(i), &[i as u8; 300]))
+                .unwrap();
+        }
+        s.flush_index().unwrap();
+        sim.crash_at_sync(1, seed);
+        assert!(s
+            .append(commit("a", ExpectedVersion::Exact(5), &[9u8; 3000]))
+            .is_err());
+        drop(s);
+        let after = sim.after_crash();
+        let r = verify(&dir, opts(&after)).unwrap();
+        assert!(r.ok, "{ctx}: {r:?}");
+        if r.torn_tail_bytes > 0 {
+            torn += 1;
+        }
+        let s = Store::open(&dir, opts(&after)).unwrap_or_else(|e| panic!("{ctx}: {e}"));
+        assert!(s.last_seq() >= 5, "{ctx}");
+        assert_eq!(s.stream_version("a").unwrap(), Some(s.last_seq()), "{ctx}");
+        drop(s);
+        let r = verify(&dir, opts(&after)).unwrap();
+        assert!(r.ok && r.torn_tail_bytes == 0, "{ctx}: {r:?}");
+    }
+    assert!(torn > 0, "no seed left a torn tail");
+}
+
+/// `Buffered` commits are published to the index before they are synced and may be
+/// lost at a power loss, torn or whole: the synced mark covers only what a flush
+/// synced, so the open trims the lost tail and rebuilds the index, and a damaged
+/// commit that a flush covered is still refused.
+#[test]
+fn buffered_commits_lost_at_power_loss_open_but_flushed_ones_are_guarded() {
+    let dir = PathBuf::from("/store");
+    for seed in 0..20u64 {
+        let ctx = format!("seed {seed}");
+        let sim = SimVfs::new();
+        let ix = tempfile::tempdir().unwrap();
+        let opts = |v: &SimVfs| {
+            test_opts()
+                .vfs(Arc::new(v.clone()))
+                .durability(Durability::Buffered)
+                .buffered_flush_interval(std::time::Duration::from_secs(3600))
+                .index_dir(ix.path().join("index"))
+        };
+        let s = Store::open(&dir, opts(&sim)).unwrap();
+        let mut flushed = None;
+        for i in 0..6u64 {
+            let info = committed(
+                s.append(commit("a", ExpectedVersion::Exact(i), &[i as u8; 500]))
+                    .unwrap(),
+            );
+            if i == 2 {
+                s.flush().unwrap();
+                flushed = Some(info);
+            }
+        }
+        let flushed = flushed.unwrap();
+        s.flush_index().unwrap();
+        assert_eq!(s.index().applied_seq().unwrap(), 6);
+        sim.crash(seed);
+        drop(s);
+        let after = sim.after_crash();
+        let s = Store::open(&dir, opts(&after)).unwrap_or_else(|e| panic!("{ctx}: {e}"));
+        assert!(s.last_seq() >= flushed.seq, "{ctx}");
+        drop(s);
+
+        // Damage inside the last flushed commit, with the later ones gone.
+        let sim = SimVfs::new();
+        let ix2 = tempfile::tempdir().unwrap();
+        let opts2 = |v: &SimVfs| {
+            test_opts()
+                .vfs(Arc::new(v.clone()))
+                .durability(Durability::Buffered)
+                .buffered_flush_interval(std::time::Duration::from_secs(3600))
+                .index_dir(ix2.path().join("index"))
+        };
+        let s = Store::open(&dir, opts2(&sim)).unwrap();
+        let mut last = None;
+        for i in 0..3u64 {
+            last = Some(committed(
+                s.append(commit("a", ExpectedVersion::Exact(i), &[i as u8; 500]))
+                    .unwrap(),
+            ));
+        }
+        s.close().unwrap();
+        let last = last.unwrap();
+        let path = seg_path(&dir, last.position.segment);
+        let mut bytes = sim.read_file(&path).unwrap();
+        bytes[(last.position.offset + 40 + seed) as usize] ^= 0x10;
+        sim.write_file_durable(&path, bytes).unwrap();
+        match Store::open(&dir, opts2(&sim)) {
+            Err(Error::DamagedTail { synced_seq, .. }) => assert_eq!(synced_seq, 3, "{ctx}"),
+            other => panic!("{ctx}: expected DamagedTail, got {:?}", other.map(|_| ())),
+        }
+    }
+}
