@@ -59,7 +59,7 @@ fn exchange_err(file: &Path, e: ExchangeError) -> ToolError {
             "nothing was imported; fix or re-export the file (`spool export`)"
         }
         ExchangeError::CommitIdTaken { .. } => {
-            "nothing was imported; pass --fresh-commit-ids to give the commits new ids (a purged session's commits stay in the log, ids included)"
+            "nothing was imported; pass --fresh-commit-ids to give the commits new ids (a purged session's commits keep their ids until `compact --gc` collects their segments)"
         }
         ExchangeError::StreamExists { .. } => "nothing was imported; import into another store",
         ExchangeError::Unstorable {

@@ -6,8 +6,8 @@
 //! be created or imported again. On the log store its records stay in the
 //! log (with a purge marker) until `compact --gc` reclaims their segment
 //! (the active segment is never collected), and their commit ids stay
-//! taken with them, so re-importing an export of the purged session needs
-//! `import --fresh-commit-ids`. On PostgreSQL the session's rows are
+//! taken with them, so until then re-importing an export of the purged
+//! session needs `import --fresh-commit-ids`. On PostgreSQL the session's rows are
 //! deleted at once.
 //!
 //! An id no session has is a failure (exit 2): a purged session cannot be
@@ -68,7 +68,7 @@ pub fn run(dir: &Path, id: &SessionId, force: bool, json: bool) -> Result<ExitCo
         );
         if !is_postgres(dir) {
             crate::outln!(
-                "its records stay in the log (reclaimed by `spool --store DIR compact --gc`); importing it again needs `import --fresh-commit-ids`"
+                "its records and commit ids stay in the log until `spool --store DIR compact --gc` collects their segments; until then, importing it again needs `import --fresh-commit-ids`"
             );
         }
     }
