@@ -7,7 +7,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 /// spool: an embedded, event-sourced store for AI-agent sessions.
 ///
 /// Every command works on the store directory given with `--store`; demo,
-/// sessions, show, tree, context, delete and stats also work on a
+/// sessions, show, tree, context, delete, purge and stats also work on a
 /// PostgreSQL store (`--store postgres://…`), and the others refuse a URL. A session
 /// id argument may be a unique prefix of the id (at least 4 characters).
 /// Commands that print data print aligned text by default and one JSON
@@ -328,6 +328,20 @@ pub enum Command {
         /// this delete's load and its save, as a concurrent `delete` would.
         #[arg(long, hide = true)]
         test_concurrent_delete: bool,
+        /// Print one JSON document instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+
+    /// Purge a deleted session: remove it from the store so its id can be
+    /// created or imported again. Cannot be undone. On a store directory
+    /// its records stay in the log until `compact --gc`.
+    Purge {
+        /// Session id, or a unique prefix of one (at least 4 characters).
+        id: String,
+        /// Purge the session even if it is not deleted.
+        #[arg(long)]
+        force: bool,
         /// Print one JSON document instead of text.
         #[arg(long)]
         json: bool,

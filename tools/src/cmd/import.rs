@@ -48,15 +48,18 @@ fn file_err(file: &Path, e: impl std::error::Error + Send + Sync + 'static) -> T
 }
 
 fn exchange_err(file: &Path, e: ExchangeError) -> ToolError {
+    if let ExchangeError::SessionExists { id } = &e {
+        let hint = format!(
+            "nothing was imported; if session {id} is deleted, `spool --store DIR purge {id}` frees its id (then import with --fresh-commit-ids); otherwise import into another store"
+        );
+        return file_err(file, e).hint(hint);
+    }
     let hint = match &e {
         ExchangeError::Malformed { .. } | ExchangeError::Truncated { .. } => {
             "nothing was imported; fix or re-export the file (`spool export`)"
         }
-        ExchangeError::SessionExists { .. } => {
-            "nothing was imported; an id stays taken in a store even after `delete` (a deleted session keeps its id): import into another store"
-        }
         ExchangeError::CommitIdTaken { .. } => {
-            "nothing was imported; pass --fresh-commit-ids to give the commits new ids"
+            "nothing was imported; pass --fresh-commit-ids to give the commits new ids (a purged session's commits keep their ids until `compact --gc` collects their segments)"
         }
         ExchangeError::StreamExists { .. } => "nothing was imported; import into another store",
         ExchangeError::Unstorable {

@@ -17,6 +17,7 @@ mod export;
 mod gc;
 mod import;
 mod log;
+mod purge;
 mod replay;
 pub mod sessions;
 pub mod show;
@@ -167,6 +168,10 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
             let dir = need_store(&store)?;
             delete::run(dir, &resolve_id(dir, &id)?, test_concurrent_delete, json)
         }
+        Command::Purge { id, force, json } => {
+            let dir = need_store(&store)?;
+            purge::run(dir, &resolve_id(dir, &id)?, force, json)
+        }
         Command::Compact {
             id,
             all,
@@ -212,7 +217,7 @@ pub fn need_store(store: &Option<PathBuf>) -> Result<&Path> {
 /// The commands that work on a PostgreSQL store (`--store postgres://…`):
 /// they need sessions only, not the log. Every other command reads or
 /// writes the log's files and refuses a URL.
-pub const POSTGRES_COMMANDS: &str = "demo, sessions, show, tree, context, delete, stats";
+pub const POSTGRES_COMMANDS: &str = "demo, sessions, show, tree, context, delete, purge, stats";
 
 /// The `--store` directory of a command that works on the log's files:
 /// a PostgreSQL URL is refused, never taken for a path.

@@ -940,3 +940,162 @@ fn stress_refuses_bad_arguments_and_stops_when_every_writer_failed() {
     assert!(err.contains("all 2 of 2 writer(s) failed"), "{err}");
     assert!(err.contains("exceeds the maximum"), "{err}");
 }
+
+/// Opens `dir` with small segments and sends `n` messages of about 2 KiB
+/// to session `id` (created first when `None`); returns the session id.
+fn fill_session(dir: &Path, id: Option<&str>, n: usize) -> String {
+    use spool_runtime::actions::SendMessage;
+    use spool_runtime::agent_loop::ScriptedLoopFactory;
+    use spool_runtime::hooks::SessionHookStack;
+    use spool_runtime::observer::NullSink;
+    use spool_runtime::session::{AgentDefinition, SessionId};
+    use spool_runtime::store::{LogStore, LogStoreOptions, SessionStore};
+    use spool_runtime::SessionRuntime;
+    use std::sync::Arc;
+
+    let store = Arc::new(
+        LogStore::open(
+            dir,
+            LogStoreOptions {
+                segment_bytes_max: Some(64 * 1024),
+                ..Default::default()
+            },
+        )
+        .unwrap(),
+    );
+    let rt = SessionRuntime::new(
+        store as Arc<dyn SessionStore>,
+        Arc::new(NullSink),
+        SessionHookStack::empty(),
+    );
+    let id = match id {
+        Some(id) => SessionId::parse(id).unwrap(),
+        None => rt
+            .create(AgentDefinition::new("a", "d", "p"), None)
+            .unwrap()
+            .id()
+            .clone(),
+    };
+    let loops = Arc::new(ScriptedLoopFactory::echo());
+    for j in 0..n {
+        let text = format!("{j} {}", "x".repeat(2000));
+        rt.execute(&id, &SendMessage::new(text, loops.clone()))
+            .unwrap();
+    }
+    id.to_string()
+}
+
+#[test]
+fn purge_frees_a_deleted_sessions_id_so_its_export_imports_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let demo = stdout_json(&run(&store, &["demo", "--json"]));
+    let id = demo["created"][0].as_str().unwrap().to_string();
+    let file = dir.path().join("one.jsonl");
+    let out = run(&store, &["export", &id, "--out", file.to_str().unwrap()]);
+    assert!(out.status.success(), "{out:?}");
+    let show_before = stdout_json(&run(&store, &["show", &id, "--json"]));
+    let ctx_before = stdout_json(&run(&store, &["context", &id, "--json"]));
+    let import = |args: &[&str]| {
+        let mut all = vec!["import", file.to_str().unwrap()];
+        all.extend_from_slice(args);
+        run(&store, &all)
+    };
+
+    assert!(run(&store, &["delete", &id]).status.success());
+    // The deleted session still holds the id; the hint names the purge.
+    let out = import(&[]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains(&format!("purge {id}")), "{err}");
+
+    // Purge by prefix.
+    let purged = stdout_json(&run(&store, &["purge", &id[..8], "--json"]));
+    assert_eq!(purged["version"], 1);
+    assert_eq!(purged["id"], id.as_str());
+    assert_eq!(purged["status"], "deleted");
+    assert_eq!(purged["already_purged"], false);
+    assert!(purged["session_version"].as_u64().unwrap() > 0);
+    // Gone from reads and listings, deleted ones included.
+    let out = run(&store, &["show", &id]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no session"));
+    let all = stdout_json(&run(&store, &["sessions", "--status", "deleted", "--json"]));
+    assert!(
+        !all.to_string().contains(&id),
+        "a purged session is listed: {all}"
+    );
+
+    // Its commits are still in the log, so their ids are taken...
+    let out = import(&[]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--fresh-commit-ids"), "{err}");
+    // ...and with fresh commit ids the import succeeds and reads back.
+    let out = import(&["--fresh-commit-ids"]);
+    assert!(out.status.success(), "{out:?}");
+    let show_after = stdout_json(&run(&store, &["show", &id, "--json"]));
+    assert_eq!(show_after, show_before);
+    let ctx_after = stdout_json(&run(&store, &["context", &id, "--json"]));
+    assert_eq!(ctx_after, ctx_before);
+    assert!(run(&store, &["verify"]).status.success());
+}
+
+#[test]
+fn purge_refuses_an_active_session_without_force_and_an_absent_id() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let demo = stdout_json(&run(&store, &["demo", "--json"]));
+    let id = demo["created"][0].as_str().unwrap().to_string();
+    let status = stdout_json(&run(&store, &["show", &id, "--json"]))["header"]["status"].clone();
+    assert_ne!(status, "deleted");
+
+    let out = run(&store, &["purge", &id]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("not deleted") && err.contains("--force"),
+        "{err}"
+    );
+    // Nothing changed.
+    let show = stdout_json(&run(&store, &["show", &id, "--json"]));
+    assert_eq!(show["header"]["status"], status);
+
+    let purged = stdout_json(&run(&store, &["purge", &id, "--force", "--json"]));
+    assert_eq!(purged["status"], status);
+    assert_eq!(purged["already_purged"], false);
+    assert_eq!(run(&store, &["show", &id]).status.code(), Some(2));
+
+    // A purged id, like one that never existed, is no session (exit 2).
+    for absent in [id.as_str(), "00000000-0000-4000-8000-000000000000"] {
+        let out = run(&store, &["purge", absent]);
+        assert_eq!(out.status.code(), Some(2), "{absent}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("no session"), "{err}");
+    }
+}
+
+#[test]
+fn compact_gc_after_a_purge_frees_the_commit_ids_of_sealed_segments() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let id = fill_session(&store, None, 20);
+    let file = dir.path().join("one.jsonl");
+    let out = run(&store, &["export", &id, "--out", file.to_str().unwrap()]);
+    assert!(out.status.success(), "{out:?}");
+    let show_before = stdout_json(&run(&store, &["show", &id, "--json"]));
+    assert!(run(&store, &["delete", &id]).status.success());
+    assert!(run(&store, &["purge", &id]).status.success());
+    // Another session's writes seal the segments the purged one is in.
+    fill_session(&store, None, 60);
+    let gc = stdout_json(&run(&store, &["compact", "--gc", "--json"]));
+    assert!(
+        gc["streams_removed"].to_string().contains(&id),
+        "the purged stream is not collected: {gc}"
+    );
+    // No commit id is taken any more: the plain import succeeds.
+    let out = run(&store, &["import", file.to_str().unwrap()]);
+    assert!(out.status.success(), "{out:?}");
+    let show_after = stdout_json(&run(&store, &["show", &id, "--json"]));
+    assert_eq!(show_after, show_before);
+}

@@ -126,7 +126,7 @@ fn malformed_urls_do_not_print_the_password() {
 /// On PostgreSQL, `demo` suggests only commands that work there (no
 /// `log`, no `verify`), each of which then succeeds; session id prefixes
 /// resolve; a delete that loses a race to another delete reports
-/// "already deleted".
+/// "already deleted"; `purge` removes the deleted session.
 #[test]
 fn demo_suggestions_prefixes_and_delete_work_on_a_postgres_store() {
     let Some(server) =
@@ -192,4 +192,17 @@ fn demo_suggestions_prefixes_and_delete_work_on_a_postgres_store() {
     assert!(most
         .windows(2)
         .all(|w| w[0]["version"].as_u64() >= w[1]["version"].as_u64()));
+
+    // `purge` refuses an active session, removes the deleted one (by
+    // prefix), and then finds no session.
+    let out = spool_output(&url, &["purge", &ids[1]]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--force"));
+    let purged = spool(&url, &["purge", &id[..8], "--json"]);
+    assert_eq!(purged["status"], "deleted", "{purged}");
+    assert_eq!(purged["already_purged"], false, "{purged}");
+    assert_eq!(spool_output(&url, &["show", id]).status.code(), Some(2));
+    assert_eq!(spool_output(&url, &["purge", id]).status.code(), Some(2));
+    let stats = spool(&url, &["stats", "--json"]);
+    assert_eq!(stats["sessions"], 3, "{stats}");
 }
