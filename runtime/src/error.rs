@@ -32,6 +32,11 @@ pub enum RuntimeError {
         #[source]
         source: Box<ActionError>,
     },
+    /// A writer handle (owner `holder`) is open on the session in this
+    /// process, so the session pipeline refuses to run; nothing was
+    /// stored. Close the handle (or write through it) and retry.
+    #[error("session {id}: a writer handle (owner {holder}) is open in this process; close it before executing actions")]
+    WriterHeld { id: SessionId, holder: u64 },
     /// A hook failed. `persisted_version` is `Some(v)` when the failure
     /// came after version `v` was durably stored (AfterSave, AfterCreate);
     /// `None` means nothing was stored.
@@ -56,6 +61,7 @@ impl RuntimeError {
             RuntimeError::InvalidTransition { .. } => "invalid_transition",
             RuntimeError::ActionFailed { .. } => "action_failed",
             RuntimeError::HookFailed { .. } => "hook_failed",
+            RuntimeError::WriterHeld { .. } => "writer_held",
         }
     }
 

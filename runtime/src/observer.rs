@@ -5,7 +5,11 @@
 //! a missing session `[SessionLoadFailed]`; a stale save
 //! `[SessionLoaded, SessionActionExecuted, SessionSaveFailed]`; a failed
 //! create `[SessionSaveFailed]`. A failing action adds
-//! `SessionActionFailed`, a failing hook `SessionHookFailed`.
+//! `SessionActionFailed`, a failing hook `SessionHookFailed`. An execute
+//! refused because a writer handle is open emits `[SessionActionFailed]`
+//! (or, when the handle opened while the action ran, ends in
+//! `SessionSaveFailed` instead of the save). A committed handle write
+//! emits `[SessionSaved]`.
 
 use std::sync::{Mutex, RwLock};
 

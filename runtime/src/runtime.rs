@@ -11,12 +11,19 @@
 //! 7. `SessionSaved`.
 //!
 //! # Execute pipeline (`execute`, `delete`)
+//! 0. Writer check: while a writer handle is open on the session in this
+//!    process (the one-writer-per-session registry of [`crate::handle`]),
+//!    the pipeline refuses at once with `WriterHeld` and emits
+//!    `[SessionActionFailed]` (kind `writer_held`); nothing is loaded or
+//!    stored.
 //! 1. Load. Missing or failing: `SessionLoadFailed`, error returned.
 //! 2. AfterLoad hooks. 3. `SessionLoaded`.
 //! 4. The action (a deleted session fails here with `SessionDeleted`).
 //! 5. AfterAction hooks. 6. BeforeSave hooks.
 //! 7. `SessionActionExecuted` (real before/after versions).
-//! 8. `store.save` (optimistic: a stale version is `Conflict`). On
+//! 8. The writer check again (a writer handle opened while the action
+//!    ran): `WriterHeld`, reported as `SessionSaveFailed`, nothing stored.
+//!    Then `store.save` (optimistic: a stale version is `Conflict`). On
 //!    failure: `SessionSaveFailed`, error returned.
 //! 9. AfterSave hooks. 10. `SessionSaved`.
 //!
@@ -37,13 +44,44 @@
 //! - Reads (`get_session`, `session_info`, `list_sessions`) run no hooks
 //!   and persist nothing. `get_session` reports `SessionLoaded` /
 //!   `SessionLoadFailed`; `session_info` never loads state.
+//!
+//! # Writers: executes and handles
+//! An execute does not take the writer slot: concurrent executes on one
+//! session stay fenced by the session version alone (the loser gets
+//! `Conflict`), and `open_handle` with a writer succeeds while an execute
+//! runs. The execute then refuses at its second writer check, or, when the
+//! handle opened between that check and the commit, the commit lands and
+//! the handle's next write meets `HandleError::Conflict` (its snapshot is
+//! older; `refresh` republishes). Nothing is ever lost or merged silently.
+//! Executes from another process, or through another store instance,
+//! are not in the registry: the version fence alone orders them.
+//!
+//! # Handle writes are outside the save pipeline
+//! Writes through a [`SessionHandle`] (appends, leaf moves, branches,
+//! labels, rewrites — `spool compact` among them) commit transcript events
+//! without loading the session, so no hook stage runs for them: every
+//! stage hands a hook the whole `&mut AgentSession`, which a bounded handle
+//! does not hold. What is promised instead: every committed handle write
+//! is reported to this runtime's event sink as exactly one `SessionSaved`
+//! with the committed session version and the session's status, after the
+//! handle's replacement snapshot is published (also when that publication
+//! fails: the commit happened); a refused or conflicting write commits
+//! nothing and emits nothing. To act on handle writes, listen for
+//! `SessionSaved` on the sink, or subscribe to the handle
+//! ([`SessionHandle::subscribe`]: the published snapshot and the
+//! operation's name). To enforce a policy on transcript changes before
+//! they are stored, write through `execute` with an action (the navigation
+//! actions [`MoveLeaf`](crate::handle::MoveLeaf),
+//! [`BranchWithSummary`](crate::handle::BranchWithSummary) and
+//! [`SetLabel`](crate::handle::SetLabel) exist for that), where every hook
+//! stage applies.
 
 use std::path::Path;
 use std::sync::Arc;
 
 use crate::actions::{ActionError, DeleteSession, ForkSession, SessionAction};
 use crate::error::RuntimeError;
-use crate::handle::{HandleError, HandleOptions, SessionHandle};
+use crate::handle::{writer_holder, writer_identity, HandleError, HandleOptions, SessionHandle};
 use crate::hooks::{HookStage, SessionHookStack};
 use crate::observer::{EventSink, NullSink, RuntimeEvent};
 use crate::session::{
@@ -277,6 +315,24 @@ impl SessionRuntime {
         id: &SessionId,
         action: &dyn SessionAction,
     ) -> Result<AgentSession, RuntimeError> {
+        // One writer per session per process: an open writer handle owns
+        // the session's writes here (checked before any work and again
+        // just before the save; the version fence covers what slips
+        // between the second check and the commit).
+        let identity = writer_identity(&self.store);
+        if let Some(holder) = writer_holder(&identity, id) {
+            let err = RuntimeError::WriterHeld {
+                id: id.clone(),
+                holder,
+            };
+            self.emit(RuntimeEvent::SessionActionFailed {
+                session_id: id.clone(),
+                action: action.name().to_string(),
+                error: err.to_string(),
+                error_kind: err.kind().to_string(),
+            });
+            return Err(err);
+        }
         let mut session = self.load(id)?;
         self.run_hooks(HookStage::AfterLoad, &mut session, None)?;
         self.loaded(&session);
@@ -306,6 +362,18 @@ impl SessionRuntime {
             before_status,
             after_status: session.status(),
         });
+        if let Some(holder) = writer_holder(&identity, id) {
+            let err = RuntimeError::WriterHeld {
+                id: id.clone(),
+                holder,
+            };
+            self.emit(RuntimeEvent::SessionSaveFailed {
+                session_id: id.clone(),
+                error: err.to_string(),
+                error_kind: err.kind().to_string(),
+            });
+            return Err(err);
+        }
         let persisted = self
             .store
             .save(session)
@@ -346,7 +414,9 @@ impl SessionRuntime {
     /// resident snapshot, transcript-level writes (for a writer handle; one
     /// per session per process), history reads and prepared rewrites.
     /// Handle writes run no session hooks; each commit is reported to this
-    /// runtime's event sink as `SessionSaved`.
+    /// runtime's event sink as `SessionSaved` (see the module docs). While
+    /// a writer handle is open, `execute` and `delete` on the session
+    /// refuse with `WriterHeld`.
     pub fn open_handle(
         &self,
         id: &SessionId,

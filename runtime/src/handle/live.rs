@@ -701,6 +701,23 @@ fn fresh_id(
     }
 }
 
+/// The writer-registry key of `store`: the identity a writer handle
+/// opened over it registers under (the store's own backend's, or the
+/// full-load adapter's, which is the store's address).
+pub(crate) fn writer_identity(store: &Arc<dyn SessionStore>) -> String {
+    match store.transcript_backend() {
+        Some(b) => b.identity(),
+        None => FullLoadBackend::new(store.clone()).identity(),
+    }
+}
+
+/// The owner of the writer handle open on `id` under `identity` (see
+/// [`writer_identity`]) in this process, if any. The runtime's session
+/// pipeline refuses to run while one is open (see [`crate::runtime`]).
+pub(crate) fn writer_holder(identity: &str, id: &SessionId) -> Option<u64> {
+    registry::holder(identity, id.as_str())
+}
+
 /// Releases a writer slot taken during `open` if opening fails.
 struct ReleaseOnError {
     identity: String,

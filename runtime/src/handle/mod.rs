@@ -35,11 +35,13 @@
 //! previous resident entries plus the new ones, trimmed to the budget
 //! (cost proportional to the budget). Only then the handle notifies the
 //! handle's subscribers and emits `SessionSaved` on the runtime's event
-//! sink (so observers see every commit). Session hooks do not run for
-//! handle writes: hooks belong to the session-level pipeline
+//! sink (so observers see every commit: exactly one `SessionSaved` per
+//! committed write, with the committed session version). Session hooks do
+//! not run for handle writes: hooks belong to the session-level pipeline
 //! ([`SessionRuntime::execute`](crate::SessionRuntime::execute)), which
 //! also offers the navigation actions ([`MoveLeaf`], [`BranchWithSummary`],
-//! [`SetLabel`]).
+//! [`SetLabel`]); see "Handle writes are outside the save pipeline" in
+//! [`crate::runtime`].
 //!
 //! A failed write keeps the old snapshot. A committed write whose
 //! publication fails invalidates the handle ([`HandleError::PublicationFailed`],
@@ -51,6 +53,9 @@
 //! process-wide registry keyed by the backend's identity and the session
 //! id): a second writer is refused ([`HandleError::WriterBusy`]) or waits
 //! ([`HandleOptions::wait_for_writer`]). Read-only handles are unlimited.
+//! The runtime's session pipeline honours the registry too: while a writer
+//! handle is open, `execute` and `delete` on that session refuse with
+//! `RuntimeError::WriterHeld` and store nothing.
 //! Closing or dropping a handle releases its writer slot; reads and
 //! rewrites prepared on a closed, invalidated or replaced handle report
 //! owner lost.
@@ -79,6 +84,7 @@ use std::time::Duration;
 pub use crate::store::backend::{
     AppendReceipt, BoxedSource, ChangeMark, FullLoadBackend, TranscriptBackend, TranscriptHead,
 };
+pub(crate) use live::{writer_holder, writer_identity};
 pub use live::{HandleEvent, SessionHandle};
 pub use navigation::{BranchWithSummary, MoveLeaf, SetLabel};
 pub use reads::{HistoryRead, HistorySelection, HistoryValue};

@@ -18,6 +18,7 @@ mod handle_publication;
 mod handle_retained;
 mod handle_rewrite;
 mod handle_scale;
+mod handle_writers;
 mod listing_scale;
 mod postgres;
 mod postgres_handle;

@@ -409,9 +409,10 @@ fn handle_err(id: &SessionId, what: &str, e: HandleError) -> ToolError {
     ToolError::with_source(format!("session {id}: {what} failed"), e).hint_from_cause(hint)
 }
 
-/// The hidden test hook: another writer (the runtime's session pipeline,
-/// which does not go through the handle's writer slot) appends a custom
-/// entry between prepare and commit.
+/// The hidden test hook: another writer appends a custom entry between
+/// prepare and commit, straight through the store as a second process
+/// would (the runtime's own pipeline refuses while this command's writer
+/// handle is open).
 struct ConcurrentWrite;
 
 impl SessionAction for ConcurrentWrite {
@@ -486,9 +487,15 @@ fn compact_one(ctx: &Ctx<'_>, id: &SessionId) -> Result<Report> {
         return Ok(report);
     }
     if ctx.test_concurrent_write {
-        ctx.rt
-            .execute(id, &ConcurrentWrite)
-            .map_err(|e| runtime_err(id, e))?;
+        let store = ctx.rt.store();
+        let mut session = store
+            .load(id)
+            .map_err(|e| runtime_err(id, e.into()))?
+            .ok_or_else(|| ToolError::new(format!("no session {id} in this store")))?;
+        ConcurrentWrite
+            .execute(&mut session)
+            .map_err(|e| ToolError::new(format!("session {id}: test write failed: {e}")))?;
+        store.save(session).map_err(|e| runtime_err(id, e.into()))?;
     }
     match handle.commit_rewrite(prepared, &cancel) {
         Ok(c) => {

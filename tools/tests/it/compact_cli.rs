@@ -683,8 +683,12 @@ fn a_commit_between_prepare_and_commit_is_a_version_conflict_library() {
         .expect("prepare");
     assert!(prepared.bytes_delta() < 0);
 
-    // Another writer commits.
-    rt.execute(&id, &AppendCustom).expect("concurrent commit");
+    // Another writer commits, straight through the store as a second
+    // process would (this process's pipeline refuses while the writer
+    // handle is open).
+    let mut other = rt.store().load(&id).unwrap().expect("stored");
+    AppendCustom.execute(&mut other).expect("append");
+    rt.store().save(other).expect("concurrent commit");
     let version_after_other = rt.session_info(&id).unwrap().version;
 
     match handle.commit_rewrite(prepared, &cancel) {
