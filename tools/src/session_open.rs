@@ -69,6 +69,22 @@ pub fn is_postgres(dir: &Path) -> bool {
         .is_some_and(spool_runtime::store::is_postgres_location)
 }
 
+/// The PostgreSQL store `--store` names (a `postgres://` URL), for the
+/// commands that need more than the `SessionStore` interface.
+pub fn postgres_store(dir: &Path) -> Result<spool_runtime::store::postgres::PostgresStore> {
+    let location = dir.to_str().unwrap_or_default();
+    spool_runtime::store::postgres::PostgresStore::connect(location).map_err(|e| {
+        ToolError::with_source(
+            format!(
+                "connecting to the PostgreSQL store {} failed",
+                crate::cmd::display_store(dir)
+            ),
+            e,
+        )
+        .hint("check the URL, the server and the credentials")
+    })
+}
+
 /// How [`runtime_for`] opens a store directory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Access {

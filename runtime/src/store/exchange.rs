@@ -343,60 +343,82 @@ impl<W: Write> ExportWriter<W> {
                     })?;
                     events.push(ev);
                 }
-                if events.is_empty() {
-                    return Err(ExchangeError::Unexportable {
-                        id: id.clone(),
-                        version,
-                        reason: "the commit carries no session events".into(),
-                    });
-                }
-                let n = events.len() as u32;
-                for (i, event) in events.into_iter().enumerate() {
-                    let line = ExportEventLine {
-                        session: id.clone(),
-                        version,
-                        commit_id: c.info.commit_id,
-                        timestamp_ms: c.info.timestamp_ms,
-                        index: i as u32,
-                        events_in_commit: n,
-                        event,
-                    };
-                    let text =
-                        serde_json::to_string(&line).map_err(|e| ExchangeError::Unexportable {
-                            id: id.clone(),
-                            version,
-                            reason: format!("event {i}: {e}"),
-                        })?;
-                    // An import must rebuild the same session: refuse an
-                    // event whose JSON form reads back differently (e.g.
-                    // a float that does not round-trip).
-                    let back: Result<ExportEventLine, _> = serde_json::from_str(&text);
-                    if back.as_ref().map(|b| b.event != line.event).unwrap_or(true) {
-                        return Err(ExchangeError::Unexportable {
-                            id: id.clone(),
-                            version,
-                            reason: format!(
-                                "event {i} ({}) does not read back identically from JSON",
-                                line.event.kind()
-                            ),
-                        });
-                    }
-                    self.out
-                        .write_all(text.as_bytes())
-                        .and_then(|()| self.out.write_all(b"\n"))
-                        .map_err(|source| ExchangeError::Io {
-                            context: "writing the export".into(),
-                            source,
-                        })?;
-                    self.counts.events += 1;
-                }
-                self.counts.commits += 1;
+                self.commit(id, version, c.info.commit_id, c.info.timestamp_ms, events)?;
                 commits += 1;
                 from = c.info.version + 1;
             }
         }
-        self.counts.sessions += 1;
+        self.end_session();
         Ok(commits)
+    }
+
+    /// Writes the lines of one commit of session `id`: `version` is the
+    /// session version it created, `events` its session events in order.
+    /// Each event is checked to survive the JSON round trip exactly. The
+    /// commits of a session are written consecutively and in version
+    /// order, then [`ExportWriter::end_session`] counts the session.
+    pub(crate) fn commit(
+        &mut self,
+        id: &SessionId,
+        version: u64,
+        commit_id: Uuid,
+        timestamp_ms: i64,
+        events: Vec<SessionEvent>,
+    ) -> Result<(), ExchangeError> {
+        if events.is_empty() {
+            return Err(ExchangeError::Unexportable {
+                id: id.clone(),
+                version,
+                reason: "the commit carries no session events".into(),
+            });
+        }
+        let n = events.len() as u32;
+        for (i, event) in events.into_iter().enumerate() {
+            let line = ExportEventLine {
+                session: id.clone(),
+                version,
+                commit_id,
+                timestamp_ms,
+                index: i as u32,
+                events_in_commit: n,
+                event,
+            };
+            let text = serde_json::to_string(&line).map_err(|e| ExchangeError::Unexportable {
+                id: id.clone(),
+                version,
+                reason: format!("event {i}: {e}"),
+            })?;
+            // An import must rebuild the same session: refuse an event
+            // whose JSON form reads back differently (e.g. a float that
+            // does not round-trip).
+            let back: Result<ExportEventLine, _> = serde_json::from_str(&text);
+            if back.as_ref().map(|b| b.event != line.event).unwrap_or(true) {
+                return Err(ExchangeError::Unexportable {
+                    id: id.clone(),
+                    version,
+                    reason: format!(
+                        "event {i} ({}) does not read back identically from JSON",
+                        line.event.kind()
+                    ),
+                });
+            }
+            self.out
+                .write_all(text.as_bytes())
+                .and_then(|()| self.out.write_all(b"\n"))
+                .map_err(|source| ExchangeError::Io {
+                    context: "writing the export".into(),
+                    source,
+                })?;
+            self.counts.events += 1;
+        }
+        self.counts.commits += 1;
+        Ok(())
+    }
+
+    /// Counts a session whose commits were written with
+    /// [`ExportWriter::commit`].
+    pub(crate) fn end_session(&mut self) {
+        self.counts.sessions += 1;
     }
 
     /// Totals so far.
@@ -881,15 +903,13 @@ fn new_commit(
     })
 }
 
-/// Checks one session against `store` and the sessions before it in the
-/// same import, writing nothing.
-fn check_session(
-    store: &LogStore,
+/// The store-independent checks of one session of an import: its id is
+/// not repeated in the same import (`ids`) and its events fold
+/// ([`ImportSession::validate`]). Returns the folded session.
+pub(crate) fn check_shape(
     s: &ImportSession,
-    opts: &ImportOptions,
     ids: &mut HashSet<SessionId>,
-    commit_ids: &mut HashSet<Uuid>,
-) -> Result<Planned, ExchangeError> {
+) -> Result<AgentSession, ExchangeError> {
     let line = s
         .commits
         .first()
@@ -902,7 +922,19 @@ fn check_session(
             reason: format!("session {} appears twice", s.id),
         });
     }
-    let folded = s.validate()?;
+    s.validate()
+}
+
+/// Checks one session against `store` and the sessions before it in the
+/// same import, writing nothing.
+fn check_session(
+    store: &LogStore,
+    s: &ImportSession,
+    opts: &ImportOptions,
+    ids: &mut HashSet<SessionId>,
+    commit_ids: &mut HashSet<Uuid>,
+) -> Result<Planned, ExchangeError> {
+    let folded = check_shape(s, ids)?;
     if store.header(&s.id)?.is_some() {
         return Err(ExchangeError::SessionExists { id: s.id.clone() });
     }

@@ -793,3 +793,83 @@ fn postgres_runs_the_session_runtime() {
     assert!(rt.purge(fork.id()).unwrap());
     assert!(!store.exists(fork.id()).unwrap());
 }
+
+/// An import into PostgreSQL is one transaction: commits keep their ids
+/// and times, and a failure in the write pass (here the source changes
+/// between the check and the write, after the first session is written)
+/// leaves nothing behind.
+#[test]
+fn postgres_import_keeps_commit_times_and_is_all_or_nothing() {
+    use spool_runtime::store::exchange::{
+        ExchangeError, ImportCommit, ImportOptions, ImportSession, ImportSource,
+    };
+    let Some(server) =
+        PgServer::start_or_skip("postgres_import_keeps_commit_times_and_is_all_or_nothing")
+    else {
+        return;
+    };
+    let store = connect(&server.conn_str());
+    let session = |agent: &str, stamp: i64| {
+        let s = fresh(agent);
+        ImportSession {
+            id: s.id().clone(),
+            commits: vec![ImportCommit {
+                version: 1,
+                commit_id: Uuid::new_v4(),
+                timestamp_ms: stamp,
+                events: s.pending_events().to_vec(),
+                lines: Vec::new(),
+            }],
+        }
+    };
+    let a = session("a", 1_000);
+    let b = session("b", 2_000);
+    let imported = store
+        .import_from(
+            &mut &[a.clone(), b.clone()][..],
+            &ImportOptions::default(),
+            &mut |_| {},
+        )
+        .expect("import");
+    assert_eq!(imported.len(), 2);
+    let commits = store.commits(&b.id).unwrap();
+    assert_eq!(commits.len(), 1);
+    assert_eq!(commits[0].created_at_ms, 2_000);
+    assert_eq!(commits[0].commit_id, b.commits[0].commit_id);
+    assert_eq!(store.header(&a.id).unwrap().unwrap().updated_at_ms, 1_000);
+
+    /// Yields `first` on the check pass and `second` on the write pass.
+    struct Changing {
+        first: Vec<ImportSession>,
+        second: Vec<ImportSession>,
+        calls: usize,
+    }
+    impl ImportSource for Changing {
+        fn for_each_session(
+            &mut self,
+            f: &mut dyn FnMut(ImportSession) -> Result<(), ExchangeError>,
+        ) -> Result<(), ExchangeError> {
+            self.calls += 1;
+            let list = if self.calls == 1 {
+                &self.first
+            } else {
+                &self.second
+            };
+            list.iter().try_for_each(|s| f(s.clone()))
+        }
+    }
+    let c = session("c", 3_000);
+    let d = session("d", 4_000);
+    let e = session("e", 5_000);
+    let mut source = Changing {
+        first: vec![c.clone(), d],
+        second: vec![c.clone(), e],
+        calls: 0,
+    };
+    let err = store
+        .import_from(&mut source, &ImportOptions::default(), &mut |_| {})
+        .expect_err("the source changed");
+    assert!(matches!(err, ExchangeError::ImportFailed { .. }), "{err}");
+    assert!(store.header(&c.id).unwrap().is_none(), "rolled back");
+    assert!(store.commits(&c.id).unwrap().is_empty(), "rolled back");
+}

@@ -13,11 +13,39 @@ use std::process::ExitCode;
 use indicatif::{ProgressBar, ProgressStyle};
 use spool_runtime::session::SessionId;
 use spool_runtime::store::exchange::{ExchangeError, ExportWriter};
+use spool_runtime::store::postgres::PostgresStore;
 use spool_runtime::store::LogStore;
 use spool_runtime::{ListQuery, SessionStore};
 
 use crate::out::{Result, ToolError};
-use crate::session_open::{parse_id, read_only};
+use crate::session_open::{is_postgres, parse_id, postgres_store, read_only};
+
+/// The store an export reads: a log-store directory (opened read-only)
+/// or a PostgreSQL database.
+enum Source {
+    Log(std::sync::Arc<LogStore>),
+    Postgres(PostgresStore),
+}
+
+impl Source {
+    fn sessions(&self) -> &dyn SessionStore {
+        match self {
+            Source::Log(s) => &**s,
+            Source::Postgres(s) => s,
+        }
+    }
+
+    fn export<W: Write>(
+        &self,
+        w: &mut ExportWriter<W>,
+        id: &SessionId,
+    ) -> std::result::Result<u64, ExchangeError> {
+        match self {
+            Source::Log(s) => w.session(s, id),
+            Source::Postgres(s) => s.export_session(w, id),
+        }
+    }
+}
 
 pub struct Args<'a> {
     /// `None`: every session (clap requires either an id or `--all`).
@@ -50,7 +78,7 @@ pub fn session_bar(n: u64, what: &str) -> ProgressBar {
     pb
 }
 
-fn ids_to_export(store: &LogStore, args: &Args<'_>) -> Result<Vec<SessionId>> {
+fn ids_to_export(store: &dyn SessionStore, args: &Args<'_>) -> Result<Vec<SessionId>> {
     if let Some(id) = args.id {
         return Ok(vec![parse_id(id)?]);
     }
@@ -73,11 +101,11 @@ fn ids_to_export(store: &LogStore, args: &Args<'_>) -> Result<Vec<SessionId>> {
     Ok(list.headers.into_iter().map(|h| h.id).collect())
 }
 
-fn write_all<W: Write>(store: &LogStore, ids: &[SessionId], out: W) -> Result<(W, u64, u64)> {
+fn write_all<W: Write>(store: &Source, ids: &[SessionId], out: W) -> Result<(W, u64, u64)> {
     let pb = session_bar(ids.len() as u64, "exporting");
     let mut w = ExportWriter::new(out).map_err(exchange_err)?;
     for id in ids {
-        w.session(store, id).map_err(exchange_err)?;
+        store.export(&mut w, id).map_err(exchange_err)?;
         pb.inc(1);
     }
     pb.finish_and_clear();
@@ -86,8 +114,12 @@ fn write_all<W: Write>(store: &LogStore, ids: &[SessionId], out: W) -> Result<(W
 }
 
 pub fn run(dir: &Path, args: Args<'_>) -> Result<ExitCode> {
-    let (store, _rt) = read_only(dir)?;
-    let ids = ids_to_export(&store, &args)?;
+    let store = if is_postgres(dir) {
+        Source::Postgres(postgres_store(dir)?)
+    } else {
+        Source::Log(read_only(dir)?.0)
+    };
+    let ids = ids_to_export(store.sessions(), &args)?;
     match args.out {
         None => {
             let stdout = std::io::stdout();

@@ -25,6 +25,7 @@ use spool_runtime::store::{LogStore, LogStoreOptions};
 
 use crate::cli::ImportFormat;
 use crate::out::{print_doc, Result, Table, ToolError};
+use crate::session_open::{is_postgres, postgres_store};
 
 /// A progress bar shows once an import has run this long.
 const PROGRESS_AFTER: Duration = Duration::from_secs(1);
@@ -158,29 +159,34 @@ pub fn run(
         }
         pi = Some((vec![s.import], s.file_version, s.skipped_lines));
     }
-    // Buffered appends and one sync at the end (the import syncs before it
-    // reports success).
-    let store = LogStore::open(
-        dir,
-        LogStoreOptions {
-            durability: Durability::Buffered,
-            ..Default::default()
-        },
-    )
-    .map_err(|e| {
-        ToolError::with_source(format!("opening {} failed", dir.display()), e)
-            .hint("another process may own the store; stop it or use a read-only command")
-    })?;
     let opts = ImportOptions::default().fresh_commit_ids(fresh_commit_ids);
     let mut progress = Progress::new();
     let mut export_file = ExportFile::new(file);
     let mut slice: &[ImportSession] = pi.as_ref().map_or(&[], |(s, _, _)| s.as_slice());
-    let source: &mut dyn ImportSource = match format {
+    let source: &mut (dyn ImportSource + Send) = match format {
         ImportFormat::Spool => &mut export_file,
         ImportFormat::Pi => &mut slice,
     };
-    let imported = import_from(&store, source, &opts, &mut |p| progress.update(p))
-        .map_err(|e| exchange_err(file, e))?;
+    let imported = if is_postgres(dir) {
+        // One transaction: all or nothing.
+        postgres_store(dir)?.import_from(source, &opts, &mut |p| progress.update(p))
+    } else {
+        // Buffered appends and one sync at the end (the import syncs
+        // before it reports success).
+        let store = LogStore::open(
+            dir,
+            LogStoreOptions {
+                durability: Durability::Buffered,
+                ..Default::default()
+            },
+        )
+        .map_err(|e| {
+            ToolError::with_source(format!("opening {} failed", dir.display()), e)
+                .hint_from_cause(None)
+        })?;
+        import_from(&store, source, &opts, &mut |p| progress.update(p))
+    }
+    .map_err(|e| exchange_err(file, e))?;
     progress.bar.finish_and_clear();
     let commits: u64 = imported.iter().map(|s| s.version).sum();
     let report = Report {

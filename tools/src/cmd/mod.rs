@@ -137,7 +137,7 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
             include_deleted,
             out,
         } => {
-            let dir = need_dir(&store, "export")?;
+            let dir = need_store(&store)?;
             let id = id.map(|id| resolve_id(dir, &id)).transpose()?;
             export::run(
                 dir,
@@ -153,13 +153,7 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
             format,
             fresh_commit_ids,
             json,
-        } => import::run(
-            need_dir(&store, "import")?,
-            &file,
-            format,
-            fresh_commit_ids,
-            json,
-        ),
+        } => import::run(need_store(&store)?, &file, format, fresh_commit_ids, json),
         Command::Delete {
             id,
             test_concurrent_delete,
@@ -217,7 +211,8 @@ pub fn need_store(store: &Option<PathBuf>) -> Result<&Path> {
 /// The commands that work on a PostgreSQL store (`--store postgres://…`):
 /// they need sessions only, not the log. Every other command reads or
 /// writes the log's files and refuses a URL.
-pub const POSTGRES_COMMANDS: &str = "demo, sessions, show, tree, context, delete, purge, stats";
+pub const POSTGRES_COMMANDS: &str =
+    "demo, sessions, show, tree, context, delete, purge, stats, export, import";
 
 /// The `--store` directory of a command that works on the log's files:
 /// a PostgreSQL URL is refused, never taken for a path.

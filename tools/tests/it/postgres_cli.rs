@@ -206,3 +206,145 @@ fn demo_suggestions_prefixes_and_delete_work_on_a_postgres_store() {
     let stats = spool(&url, &["stats", "--json"]);
     assert_eq!(stats["sessions"], 3, "{stats}");
 }
+
+/// `export` and `import` on PostgreSQL: a log store's sessions go into
+/// PostgreSQL and back out identically (ids, versions, commit ids, commit
+/// times, so `sessions --json` is the same), and an import that meets an
+/// existing session writes nothing at all (one transaction).
+#[test]
+fn export_and_import_round_trip_through_a_postgres_store() {
+    let Some(server) =
+        PgServer::start_or_skip("export_and_import_round_trip_through_a_postgres_store")
+    else {
+        return;
+    };
+    let url = server.url();
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("store");
+    let log = log.to_str().unwrap();
+    let out = spool_output(log, &["demo"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let first = dir.path().join("first.jsonl");
+    let out = spool_output(
+        log,
+        &[
+            "export",
+            "--all",
+            "--include-deleted",
+            "--out",
+            first.to_str().unwrap(),
+        ],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    let imported = spool(&url, &["import", first.to_str().unwrap(), "--json"]);
+    assert_eq!(
+        imported["sessions"].as_array().unwrap().len(),
+        4,
+        "{imported}"
+    );
+    let listing = |store: &str| {
+        let mut v = spool(store, &["sessions", "--json"]);
+        let list = v.as_array_mut().unwrap();
+        list.sort_by(|a, b| a["id"].as_str().cmp(&b["id"].as_str()));
+        serde_json::Value::Array(list.clone())
+    };
+    assert_eq!(listing(&url), listing(log));
+    let id = imported["sessions"][0]["id"].as_str().unwrap().to_string();
+    assert_eq!(
+        spool(&url, &["context", &id, "--json"]),
+        spool(log, &["context", &id, "--json"])
+    );
+
+    // Out of PostgreSQL: the same lines as the first export but for the
+    // header's export time.
+    let second = dir.path().join("second.jsonl");
+    let out = spool_output(
+        &url,
+        &[
+            "export",
+            "--all",
+            "--include-deleted",
+            "--out",
+            second.to_str().unwrap(),
+        ],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let body = |p: &std::path::Path| {
+        let text = std::fs::read_to_string(p).unwrap();
+        text.lines().skip(1).map(str::to_string).collect::<Vec<_>>()
+    };
+    assert_eq!(body(&first), body(&second));
+
+    // All or nothing: a file holding one new session and one that exists
+    // imports neither.
+    let fresh = dir.path().join("fresh");
+    let fresh = fresh.to_str().unwrap();
+    let out = spool_output(fresh, &["demo"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let new_id = spool(fresh, &["sessions", "--json"])[0]["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let mixed = dir.path().join("mixed.jsonl");
+    let mut lines: Vec<String> = std::fs::read_to_string(&first)
+        .unwrap()
+        .lines()
+        .map(str::to_string)
+        .collect();
+    let end = lines.pop().unwrap();
+    let fresh_export = dir.path().join("fresh.jsonl");
+    let out = spool_output(
+        fresh,
+        &["export", &new_id, "--out", fresh_export.to_str().unwrap()],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let extra: Vec<String> = std::fs::read_to_string(&fresh_export)
+        .unwrap()
+        .lines()
+        .map(str::to_string)
+        .collect();
+    // The new session first, then the ones PostgreSQL already has; the
+    // end line's totals are recomputed from the parts.
+    let mut body: Vec<String> = extra[1..extra.len() - 1].to_vec();
+    body.extend(lines[1..].iter().cloned());
+    let first_end: serde_json::Value = serde_json::from_str(&end).unwrap();
+    let extra_end: serde_json::Value = serde_json::from_str(extra.last().unwrap()).unwrap();
+    let sum = |k: &str| first_end[k].as_u64().unwrap() + extra_end[k].as_u64().unwrap();
+    let end = serde_json::json!({
+        "end": true,
+        "sessions": sum("sessions"),
+        "commits": sum("commits"),
+        "events": sum("events"),
+    });
+    let mut text = vec![lines[0].clone()];
+    text.extend(body);
+    text.push(end.to_string());
+    std::fs::write(&mixed, text.join("\n") + "\n").unwrap();
+    let before = listing(&url);
+    let out = spool_output(&url, &["import", mixed.to_str().unwrap()]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("already exists"), "{err}");
+    assert_eq!(listing(&url), before, "nothing imported");
+}

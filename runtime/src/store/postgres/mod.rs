@@ -120,6 +120,7 @@
 //! - `list_headers` counts `total` with a `count(*)` over the filter's
 //!   index; the page itself costs what it returns.
 
+mod exchange;
 mod pool;
 pub mod schema;
 mod tls;
