@@ -7,8 +7,8 @@ use clap::{Parser, Subcommand, ValueEnum};
 /// spool: an embedded, event-sourced store for AI-agent sessions.
 ///
 /// Every command works on the store directory given with `--store`; demo,
-/// sessions, show, tree, context, delete, purge and stats also work on a
-/// PostgreSQL store (`--store postgres://…`), and the others refuse a URL. A session
+/// sessions, show, tree, context, delete, purge, stats, export and import also
+/// work on a PostgreSQL store (`--store postgres://…`), and the others refuse a URL. A session
 /// id argument may be a unique prefix of the id (at least 4 characters).
 /// Commands that print data print aligned text by default and one JSON
 /// document with `--json`. Exit codes: 0 success, 1 a check found a problem
