@@ -165,3 +165,33 @@ impl IndexError {
         }
     }
 }
+
+/// `e` and each of its causes, joined by ": ", for a report that keeps an
+/// error as text (a `Display` shows only its own level, never its source).
+pub(crate) fn chain_text(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        text.push_str(": ");
+        text.push_str(&c.to_string());
+        cause = c.source();
+    }
+    text
+}
+
+#[cfg(test)]
+mod chain_tests {
+    use super::*;
+
+    #[test]
+    fn chain_text_names_every_cause_once() {
+        let e = Error::io(
+            std::path::Path::new("/x/0001.seg"),
+            "read_at",
+            std::io::Error::other("disk on fire"),
+        );
+        let text = chain_text(&e);
+        assert!(text.ends_with(": disk on fire"), "{text}");
+        assert_eq!(text.matches("disk on fire").count(), 1, "{text}");
+    }
+}

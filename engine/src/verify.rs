@@ -2,7 +2,7 @@
 //! compare the sled index (when present and not in use) with the log. Never writes to
 //! the store directory.
 
-use crate::error::{Error, IndexError};
+use crate::error::{chain_text, Error, IndexError};
 use crate::format::{self, SEGMENT_HEADER_BYTES};
 use crate::index::Index;
 use crate::segment::{self, HistoryCheck, Tail};
@@ -140,9 +140,9 @@ pub fn verify(dir: impl AsRef<Path>, opts: Options) -> Result<VerifyReport, Erro
                 Open(String),
             }
             let opened = copy_dir(&index_dir, &tmp.0)
-                .map_err(|e| Failed::Copy(format!("could not copy the index to check it: {e}")))
+                .map_err(|e| Failed::Copy(format!("could not copy the index to check it: {}", chain_text(&e))))
                 .and_then(|()| {
-                    Index::open_existing(&tmp.0).map_err(|e| Failed::Open(e.to_string()))
+                    Index::open_existing(&tmp.0).map_err(|e| Failed::Open(chain_text(&e)))
                 });
             match opened {
                 // Built from another arrangement of the log (before a GC): the next
@@ -157,7 +157,7 @@ pub fn verify(dir: impl AsRef<Path>, opts: Options) -> Result<VerifyReport, Erro
                         };
                         index = Some((ix, applied, tmp));
                     }
-                    Err(e) => report.errors.push(problem(INDEX_DIR, 0, e.to_string())),
+                    Err(e) => report.errors.push(problem(INDEX_DIR, 0, chain_text(&e))),
                 },
                 Ok(None) => report.index = IndexCheck::Outdated,
                 Err(Failed::Open(e)) => report.index = IndexCheck::Unreadable { problem: e },
@@ -178,7 +178,7 @@ pub fn verify(dir: impl AsRef<Path>, opts: Options) -> Result<VerifyReport, Erro
                 offset,
                 problem: p,
             } => problem(&segment, offset, p),
-            other => problem(INDEX_DIR, 0, other.to_string()),
+            other => problem(INDEX_DIR, 0, chain_text(&other)),
         });
     }
     let count = segs.len();
@@ -357,7 +357,7 @@ pub fn verify(dir: impl AsRef<Path>, opts: Options) -> Result<VerifyReport, Erro
                         ));
                     }
                 }
-                Err(e) => report.errors.push(problem(INDEX_DIR, 0, e.to_string())),
+                Err(e) => report.errors.push(problem(INDEX_DIR, 0, chain_text(&e))),
             }
         }
     }
@@ -374,7 +374,7 @@ fn check_index_entry(
     let i = &rec.info;
     match ix.stream_entry(&i.stream, i.version) {
         Err(e @ (Error::Index(IndexError::Sled(_)) | Error::Index(IndexError::Malformed(_)))) => {
-            return Some(e.to_string())
+            return Some(chain_text(&e))
         }
         Ok(Some(e)) if e.position == i.position && e.seq == i.seq && e.commit_id == i.commit_id => {
         }

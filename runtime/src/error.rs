@@ -99,3 +99,16 @@ impl RuntimeError {
         }
     }
 }
+
+/// `e` and each of its causes, joined by ": ", for events and reports that
+/// keep an error as text (a `Display` shows only its own level).
+pub(crate) fn chain_text(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        text.push_str(": ");
+        text.push_str(&c.to_string());
+        cause = c.source();
+    }
+    text
+}

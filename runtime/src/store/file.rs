@@ -443,7 +443,7 @@ impl SessionStore for FileStore {
                 Ok(None) => {}
                 Err(e) => skipped.push(SkippedSession {
                     location: path.display().to_string(),
-                    reason: e.to_string(),
+                    reason: crate::error::chain_text(&e),
                 }),
             }
         }
