@@ -140,7 +140,12 @@ pub fn verify(dir: impl AsRef<Path>, opts: Options) -> Result<VerifyReport, Erro
                 Open(String),
             }
             let opened = copy_dir(&index_dir, &tmp.0)
-                .map_err(|e| Failed::Copy(format!("could not copy the index to check it: {}", chain_text(&e))))
+                .map_err(|e| {
+                    Failed::Copy(format!(
+                        "could not copy the index to check it: {}",
+                        chain_text(&e)
+                    ))
+                })
                 .and_then(|()| {
                     Index::open_existing(&tmp.0).map_err(|e| Failed::Open(chain_text(&e)))
                 });

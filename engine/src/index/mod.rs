@@ -32,6 +32,8 @@ pub(crate) use self::keys::VERSIONS_PER_BLOCK;
 use self::keys::*;
 use self::memtable::{bound_ref, MemTable, Value};
 pub(crate) use self::mover::reclaim_sled_garbage;
+#[cfg(test)]
+pub(crate) use self::mover::FAIL_SLED_WRITES_OF;
 use self::mover::*;
 use self::open::*;
 use self::redo::RedoLog;

@@ -66,6 +66,8 @@ pub(super) fn write_move(
         tree.insert(META_MOVING, &redo::marker(&body)[..])?;
     }
     for (k, v) in sorted.iter().take(cut_after.unwrap_or(usize::MAX)) {
+        #[cfg(test)]
+        injected_sled_fault(k)?;
         match v {
             Some(v) => tree.insert(k, v.as_slice())?,
             None => tree.remove(k)?,
@@ -75,6 +77,25 @@ pub(super) fn write_move(
         tree.remove(META_MOVING)?;
     }
     Ok(redo_full)
+}
+
+/// Tests: a sled write of a key that contains these bytes fails, as a full disk
+/// under sled would (sled does its own I/O, outside the `Vfs`). Keyed by content, so
+/// a test that arms it with its own stream name disturbs no other test.
+#[cfg(test)]
+pub(crate) static FAIL_SLED_WRITES_OF: Mutex<Option<Vec<u8>>> = Mutex::new(None);
+
+#[cfg(test)]
+fn injected_sled_fault(key: &[u8]) -> Result<(), sled::Error> {
+    let armed = FAIL_SLED_WRITES_OF
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
+    match armed.as_deref() {
+        Some(needle) if key.windows(needle.len()).any(|w| w == needle) => Err(sled::Error::Io(
+            std::io::Error::other("injected: no space left on device"),
+        )),
+        _ => Ok(()),
+    }
 }
 
 /// `Tree::flush` (any tree flushes the whole database) inside an epoch pin: an IO
