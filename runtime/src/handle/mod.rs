@@ -72,18 +72,13 @@
 
 mod live;
 mod navigation;
-pub mod reads;
+mod reads;
 mod registry;
-pub mod rewrite;
+mod rewrite;
 mod snapshot;
 
 use std::time::Duration;
 
-/// The store-facing traits live with the stores; their old paths stay.
-#[doc(hidden)]
-pub use crate::store::backend::{
-    AppendReceipt, BoxedSource, ChangeMark, FullLoadBackend, TranscriptBackend, TranscriptHead,
-};
 pub(crate) use live::{writer_holder, writer_identity};
 pub use live::{HandleEvent, SessionHandle};
 pub use navigation::{BranchWithSummary, MoveLeaf, SetLabel};

@@ -13,20 +13,19 @@
 //!
 //! The status policy is documented in [`info`].
 
-pub mod codec;
-pub mod definition;
-pub mod events;
+pub(crate) mod codec;
+mod definition;
+mod events;
 mod fold;
-pub mod id;
-pub mod info;
-pub mod state;
+mod id;
+mod info;
+mod state;
 
 use serde::{Deserialize, Serialize};
 
 pub use codec::{
-    decode_appended_entry, decode_appended_entry_serde, decode_event, decode_event_serde,
-    decode_snapshot, decode_snapshot_serde, encode_event, encode_snapshot, CodecError,
-    EVENT_SCHEMA, MAX_CODEC_INPUT, SNAPSHOT_SCHEMA,
+    decode_appended_entry, decode_event, decode_snapshot, encode_event, encode_snapshot,
+    CodecError, EVENT_SCHEMA, MAX_CODEC_INPUT, SNAPSHOT_SCHEMA,
 };
 pub use definition::{AgentDefinition, Budget, ModelConfig};
 pub use events::SessionEvent;

@@ -9,16 +9,16 @@
 //! ([`rewrite`]).
 
 pub mod api_format;
-pub mod context;
-pub mod entry;
-pub mod history;
+mod context;
+mod entry;
+mod history;
 mod json_size;
-pub mod path_facts;
-pub mod resident;
-pub mod rewrite;
-pub mod shared_seq;
-pub mod source;
-pub mod tree;
+mod path_facts;
+mod resident;
+mod rewrite;
+mod shared_seq;
+mod source;
+mod tree;
 
 pub use context::{
     build_context, context_messages, context_start, path_settings, split_model, BudgetReport,
@@ -27,6 +27,7 @@ pub use context::{
 pub(crate) use entry::{custom_type, label_value};
 pub use entry::{
     now_ms, ContentBlock, Entry, EntryId, EntryKind, InvalidEntryId, Message, StopReason, Usage,
+    ENTRY_ID_LEN_MAX,
 };
 pub use history::{
     read_branch_page, read_context, read_custom_page, read_entry, read_navigation, CancelToken,

@@ -518,11 +518,9 @@ fn forks_clears_and_purges_are_indexed() {
         Err(HandleError::NotFound { .. })
     ));
     let engine = store.engine().unwrap();
-    assert!(
-        spool_runtime::store::transcript_index::read_meta(engine.index(), &id)
-            .unwrap()
-            .is_none()
-    );
+    assert!(spool_runtime::test_hooks::read_meta(engine.index(), &id)
+        .unwrap()
+        .is_none());
     drop(engine);
     let f2 = rt.open_handle(fork.id(), HandleOptions::reader()).unwrap();
     assert_eq!(f2.snapshot().counts().path_entries, 32);

@@ -22,15 +22,17 @@ mod snapshot;
 #[cfg(test)]
 mod test_support;
 
-pub use event::{
-    decode_appended_entry, decode_appended_entry_serde, decode_event, decode_event_serde,
-    encode_event,
-};
+pub use event::{decode_appended_entry, decode_event, encode_event};
+// The serde reference decoders, for the fuzz targets' cross-checks.
 pub(crate) use event::{
     decode_appended_entry_as, decode_entry_at, decode_event_split, decode_event_without_transcript,
     event_entry_offsets, TranscriptParts,
 };
-pub use snapshot::{decode_snapshot, decode_snapshot_serde, encode_snapshot};
+#[cfg(feature = "fuzzing")]
+pub use event::{decode_appended_entry_serde, decode_event_serde};
+#[cfg(feature = "fuzzing")]
+pub use snapshot::decode_snapshot_serde;
+pub use snapshot::{decode_snapshot, encode_snapshot};
 
 use serde::{Deserialize, Serialize};
 

@@ -61,7 +61,6 @@ pub fn decode_snapshot(bytes: &[u8]) -> Result<AgentSession, CodecError> {
 
 /// [`decode_snapshot`] through serde alone: the reference the hand reader
 /// is checked against (tests, the `event_decode` fuzz target).
-#[doc(hidden)]
 pub fn decode_snapshot_serde(bytes: &[u8]) -> Result<AgentSession, CodecError> {
     let s: SnapshotOwned = decode("snapshot", SNAPSHOT_SCHEMA, bytes)?;
     Ok(AgentSession {

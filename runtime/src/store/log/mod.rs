@@ -33,15 +33,15 @@
 
 mod backend;
 mod common;
-mod sessions;
+pub(crate) mod sessions;
 mod snapshots;
-pub mod transcript;
+pub(crate) mod transcript;
 
 pub(crate) use sessions::stored_kind;
 
 pub(crate) use common::{be_u64, engine_err};
 pub use common::{PURGE_EVENT_KIND, SESSION_EVENT_PREFIX};
-pub use sessions::{header_record_reencoded, SessionIndexer};
+pub(crate) use sessions::SessionIndexer;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};

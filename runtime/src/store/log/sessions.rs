@@ -316,7 +316,7 @@ pub(super) fn decode_record(id: SessionId, b: &[u8]) -> Result<(AgentSessionInfo
 /// re-encodes to the same bytes). It also converts the record to a header,
 /// which parses the parent id, for panics only: a parent that does not
 /// parse fails that conversion, not this function. Not an API.
-#[doc(hidden)]
+#[cfg_attr(not(feature = "fuzzing"), allow(dead_code))]
 pub fn header_record_reencoded(b: &[u8]) -> Result<Vec<u8>, String> {
     let v = decode_view(b)?;
     let id = SessionId::parse("fuzz").map_err(|e| e.to_string())?;

@@ -42,7 +42,7 @@ use postgres::{Client, Row, Statement, Transaction};
 
 use super::{Fail, PostgresStore};
 use crate::session::{decode_event, encode_event, SessionEvent, SessionId};
-use crate::store::transcript_index::TranscriptMeta;
+use crate::store::log::transcript::TranscriptMeta;
 use crate::store::StoreError;
 use crate::transcript::{
     entry_size, entry_summary, first_kept_depth, ChildLinks, CustomRef, Entry, EntryFacts, EntryId,
