@@ -89,7 +89,7 @@ pub struct AgentSession {
 /// the definition's model overrides the seed's unless it is the empty
 /// default; the label is the definition's label, falling back to its name.
 #[derive(Clone, Copy, Debug, Default)]
-pub struct SessionFactory;
+pub(crate) struct SessionFactory;
 
 impl SessionFactory {
     /// A fresh root session (version 0) whose pending list holds `Created`.

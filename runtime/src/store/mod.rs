@@ -135,7 +135,7 @@ pub struct StoreStats {
 
 /// A thread-safe counter of full loads, for store implementations.
 #[derive(Debug, Default)]
-pub struct LoadCounter(AtomicU64);
+pub(crate) struct LoadCounter(AtomicU64);
 
 impl LoadCounter {
     pub fn bump(&self) {

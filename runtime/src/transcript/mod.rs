@@ -20,13 +20,16 @@ mod shared_seq;
 mod source;
 mod tree;
 
+pub(crate) use context::path_settings;
+pub use context::PathMarker;
 pub use context::{
-    build_context, context_messages, context_start, path_settings, split_model, BudgetReport,
-    ContextMessage, ContextRole, ModelContext, PathMarker, SYNTHETIC_TOOL_RESULT_TEXT,
+    context_messages, context_start, BudgetReport, ContextMessage, ContextRole, ModelContext,
+    SYNTHETIC_TOOL_RESULT_TEXT,
 };
+pub(crate) use entry::now_ms;
 pub(crate) use entry::{custom_type, label_value};
 pub use entry::{
-    now_ms, ContentBlock, Entry, EntryId, EntryKind, InvalidEntryId, Message, StopReason, Usage,
+    ContentBlock, Entry, EntryId, EntryKind, InvalidEntryId, Message, StopReason, Usage,
     ENTRY_ID_LEN_MAX,
 };
 pub use history::{
@@ -36,17 +39,20 @@ pub use history::{
     VersionConflict, CONTINUATION_ENCODED_LEN_MAX, CONTINUATION_FORMAT, NAV_CHILDREN_MAX,
 };
 pub(crate) use json_size::parent_json_len;
-pub use path_facts::{first_kept_depth, path_facts_by_walk, Anchor, IndexedTranscript, PathFacts};
+pub(crate) use path_facts::first_kept_depth;
+pub use path_facts::{path_facts_by_walk, Anchor, IndexedTranscript, PathFacts};
 pub(crate) use resident::select_resident_sized;
 pub use resident::{
-    entry_size, select_resident, AppendedEntry, BoundaryCounts, Budget, ChildLinks, CustomRef,
-    EntryFacts, NavLinks, OmittedEntry, ResidentError, ResidentSelection, CHILD_LINKS_MAX,
-    DEFAULT_RESIDENT_BYTES_MAX, DEFAULT_RESIDENT_EVENTS_MAX,
+    entry_size, select_resident, Budget, ChildLinks, CustomRef, EntryFacts, OmittedEntry,
+    ResidentError, ResidentSelection, CHILD_LINKS_MAX, DEFAULT_RESIDENT_BYTES_MAX,
+    DEFAULT_RESIDENT_EVENTS_MAX,
 };
+pub use resident::{AppendedEntry, BoundaryCounts, NavLinks};
 pub use rewrite::{
-    redact, remove_trailing_entries, truncate_tool_results, MappedEntry, Replacement, RewriteError,
-    RewritePlan, TrailingRemoval, TOOL_RESULT_TRUNCATE_BYTES_MIN, TRAILING_SCAN_ENTRIES_MAX,
+    redact, remove_trailing_entries, truncate_tool_results, Replacement, RewriteError, RewritePlan,
+    TOOL_RESULT_TRUNCATE_BYTES_MIN, TRAILING_SCAN_ENTRIES_MAX,
 };
+pub use rewrite::{MappedEntry, TrailingRemoval};
 pub use shared_seq::SharedSeq;
 pub use source::EntrySource;
 pub use tree::{

@@ -121,7 +121,7 @@
 //!   index; the page itself costs what it returns.
 
 mod pool;
-pub mod schema;
+mod schema;
 mod tls;
 mod transcript;
 
@@ -139,7 +139,7 @@ use self::pool::{
 };
 pub use self::schema::{SchemaError, SCHEMA_VERSION};
 pub use self::tls::{SslMode, TlsConfigError};
-pub use self::transcript::{IndexFault, INDEX_CACHE_ENTRIES_MAX};
+pub use self::transcript::IndexFault;
 use self::transcript::{PgTranscriptSource, TxIndex};
 use super::log::SNAPSHOT_TAIL_COMMITS;
 use super::{
