@@ -43,7 +43,7 @@ pub mod handle;
 pub mod hooks;
 pub mod import;
 pub mod observer;
-mod runtime;
+pub mod runtime;
 pub mod session;
 pub mod store;
 #[cfg(feature = "test-hooks")]

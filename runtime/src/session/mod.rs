@@ -11,9 +11,9 @@
 //! Versions and `updated_at_ms` belong to the store: `create` persists
 //! version 1, every `save` +1 (see [`crate::store::SessionStore`]).
 //!
-//! The status policy is documented in [`info`].
+//! The status policy is documented on [`SessionStatus`].
 
-pub(crate) mod codec;
+pub mod codec;
 mod definition;
 mod events;
 mod fold;
@@ -89,7 +89,7 @@ pub struct AgentSession {
 /// the definition's model overrides the seed's unless it is the empty
 /// default; the label is the definition's label, falling back to its name.
 #[derive(Clone, Copy, Debug, Default)]
-pub(crate) struct SessionFactory;
+pub struct SessionFactory;
 
 impl SessionFactory {
     /// A fresh root session (version 0) whose pending list holds `Created`.
@@ -351,7 +351,7 @@ impl AgentSession {
         self.record(SessionEvent::LeafMoved { leaf })
     }
 
-    /// Changes the status following the policy in [`info`]. Returns whether
+    /// Changes the status following the policy on [`SessionStatus`]. Returns whether
     /// anything changed (same status is a no-op). Use
     /// [`AgentSession::mark_deleted`] to delete.
     pub fn set_status(&mut self, to: SessionStatus) -> Result<bool, SessionError> {

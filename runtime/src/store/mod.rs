@@ -17,11 +17,11 @@
 //! - `header` and `list_headers` never load state; `stats().full_loads`
 //!   counts the loads that do, so callers (and tests) can prove it.
 
-mod backend;
+pub mod backend;
 #[cfg(feature = "conformance")]
 pub mod conformance;
 pub mod exchange;
-mod file;
+pub mod file;
 pub mod log;
 mod memory;
 mod open;

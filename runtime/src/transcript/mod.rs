@@ -9,16 +9,18 @@
 //! ([`rewrite`]).
 
 pub mod api_format;
-mod context;
+// The modules whose docs explain a concept stay public (their items are
+// re-exported here too); the others hold a type or two.
+pub mod context;
 mod entry;
-mod history;
+pub mod history;
 mod json_size;
-mod path_facts;
-mod resident;
-mod rewrite;
+pub mod path_facts;
+pub mod resident;
+pub mod rewrite;
 mod shared_seq;
 mod source;
-mod tree;
+pub mod tree;
 
 pub(crate) use context::path_settings;
 pub use context::PathMarker;
@@ -39,8 +41,7 @@ pub use history::{
     VersionConflict, CONTINUATION_ENCODED_LEN_MAX, CONTINUATION_FORMAT, NAV_CHILDREN_MAX,
 };
 pub(crate) use json_size::parent_json_len;
-pub(crate) use path_facts::first_kept_depth;
-pub use path_facts::{path_facts_by_walk, Anchor, IndexedTranscript, PathFacts};
+pub use path_facts::{first_kept_depth, path_facts_by_walk, Anchor, IndexedTranscript, PathFacts};
 pub(crate) use resident::select_resident_sized;
 pub use resident::{
     entry_size, select_resident, Budget, ChildLinks, CustomRef, EntryFacts, OmittedEntry,

@@ -26,10 +26,10 @@
 //!
 //! # Layout
 //!
-//! [`sessions`] holds the session index and its [`SessionIndexer`];
-//! [`snapshots`] the snapshot cache and loads; [`backend`] the
-//! [`TranscriptBackend`] over the [`transcript`] index. This file holds
-//! the store itself: options, open and recovery, and [`SessionStore`].
+//! `sessions.rs` holds the session index and its indexer; `snapshots.rs`
+//! the snapshot cache and loads; `backend.rs` the [`TranscriptBackend`]
+//! over the `transcript/` index. This file holds the store itself:
+//! options, open and recovery, and [`SessionStore`].
 
 mod backend;
 mod common;
@@ -192,9 +192,8 @@ impl LogStore {
         Ok(LogStore::wrap(engine, opts, true, memo))
     }
 
-    /// Wraps an engine opened with [`LogStoreOptions::engine_options`] (it
-    /// must have the [`SessionIndexer`] and [`TranscriptIndexer`]
-    /// registered). [`LogStore::recover`] reopens it with default options.
+    /// Wraps an engine opened with [`LogStoreOptions::engine_options`]
+    /// (which registers the log store's session and transcript indexers). [`LogStore::recover`] reopens it with default options.
     pub fn from_engine(engine: Store) -> LogStore {
         let read_only = engine.is_read_only();
         LogStore::wrap(

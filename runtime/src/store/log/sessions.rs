@@ -337,9 +337,9 @@ pub(super) fn decode_keyed_record(id_bytes: &[u8], b: &[u8]) -> Result<AgentSess
 /// [`SessionIndexer::default`] checks a `created` event's transcript
 /// without keeping it; [`SessionIndexer::with_memo`] keeps its decoding
 /// for the transcript indexer that shares the memo
-/// ([`TranscriptIndexer::with_memo`]), which then does not decode it
+/// ([`TranscriptIndexer::with_memo`](crate::store::log::transcript::TranscriptIndexer::with_memo)), which then does not decode it
 /// again. Register the pair in that order, as
-/// [`LogStoreOptions::engine_options`] does.
+/// [`LogStoreOptions::engine_options`](crate::store::LogStoreOptions::engine_options) does.
 #[derive(Debug, Default)]
 pub struct SessionIndexer {
     memo: Option<Arc<DecodeMemo>>,

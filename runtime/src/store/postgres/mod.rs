@@ -57,7 +57,7 @@
 //! there, since it cannot block inside a runtime), but it holds up the
 //! task's executor thread for the request, as any blocking call would.
 //!
-//! # Tables (schema version [`SCHEMA_VERSION`], see [`schema`])
+//! # Tables (schema version [`SCHEMA_VERSION`])
 //!
 //! | table | key | holds |
 //! | --- | --- | --- |
