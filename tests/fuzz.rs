@@ -18,15 +18,16 @@ use spool_engine::vfs::{FaultKind, FaultVfs, OpenMode, SimVfs, Vfs};
 use spool_engine::{
     verify, Durability, EventData, ExpectedVersion, LogPosition, NewCommit, Options, Store,
 };
+use spool_runtime::fuzzing::{
+    self as tx, decode_appended_entry_serde, decode_event_serde, decode_snapshot_serde,
+    encode_seed_bucket, header_record_reencoded, seed_bucket_records, EntryRecord,
+    TRANSCRIPT_INDEXER,
+};
 use spool_runtime::session::{
-    decode_appended_entry, decode_appended_entry_serde, decode_event, decode_event_serde,
-    decode_snapshot, decode_snapshot_serde, encode_event, encode_snapshot, AgentDefinition,
-    AgentSession, SessionEvent, SessionId,
+    decode_appended_entry, decode_event, decode_snapshot, encode_event, encode_snapshot,
+    AgentDefinition, AgentSession, SessionEvent, SessionId,
 };
-use spool_runtime::store::log::{header_record_reencoded, SESSION_INDEXER};
-use spool_runtime::store::transcript_index::{
-    encode_seed_bucket, fuzzing as tx, seed_bucket_records, EntryRecord, TRANSCRIPT_INDEXER,
-};
+use spool_runtime::store::log::SESSION_INDEXER;
 use spool_runtime::store::{ListQuery, LogStore, LogStoreOptions, SessionStore};
 
 use crate::ops::{Op, Pick, Runner, StoreKind};

@@ -40,8 +40,8 @@ use std::time::Instant;
 
 use rusqlite::{params, Connection};
 use serde::{Deserialize, Serialize};
-use spool_runtime::handle::TranscriptBackend;
 use spool_runtime::session::{ExecutionStatus, SessionEvent};
+use spool_runtime::store::TranscriptBackend;
 use spool_runtime::store::{LogStore, LogStoreOptions, SessionStore};
 use spool_runtime::transcript::{ContentBlock, EntryKind, Message, Usage};
 use spool_runtime::{

@@ -39,12 +39,13 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
-use spool_runtime::handle::{HandleOptions, HistorySelection, SessionHandle, TranscriptBackend};
+use spool_runtime::handle::{HandleOptions, HistorySelection, SessionHandle};
 use spool_runtime::hooks::SessionHookStack;
 use spool_runtime::observer::NullSink;
 use spool_runtime::session::{
     AgentDefinition, AgentSession, SessionEvent, SessionId, SessionStatus,
 };
+use spool_runtime::store::TranscriptBackend;
 use spool_runtime::store::{LogStore, LogStoreOptions, SessionStore};
 use spool_runtime::transcript::{
     entry_size, Budget, CancelToken, ContentBlock, Entry, EntryId, EntryKind, Message, PageBudget,

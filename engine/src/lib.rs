@@ -23,6 +23,16 @@
 //!
 //! The on-disk format is in [`mod@format`] and, byte by byte, in docs/format.md at the
 //! repository root.
+//!
+//! # Cargo features
+//!
+//! None is on by default; both expose internals for the project's own tools and are not
+//! a stable API.
+//!
+//! - `fuzzing`: the `fuzzing` module, entry points of the fuzz targets into the index's
+//!   redo log (enabled by `spool-tests`, which holds the fuzz bodies).
+//! - `profiling`: the `profiling` module, the index's own sled setup for the profiling
+//!   examples (enabled for this crate's examples and tests).
 
 mod commit_id;
 mod error;
@@ -63,59 +73,15 @@ pub use types::{
 pub use uuid::Uuid;
 pub use verify::{verify, IndexCheck, VerifyProblem, VerifyReport};
 
-/// Entry points of the profiling examples (`examples/sled_insert.rs`) into the index's
-/// own use of sled, so they measure what the index runs; not a stable API.
-#[doc(hidden)]
-pub mod profiling {
-    use std::path::Path;
-
-    /// A sled database at `path`, configured as the index opens its own.
-    pub fn open_index_sled(path: &Path) -> Result<sled::Db, sled::Error> {
-        crate::index::Index::open_db_inner(Some(path))
-    }
-
-    /// The epoch reclamation a move into sled runs after its `writes`.
-    pub fn reclaim_after_move(writes: usize) {
-        crate::index::reclaim_sled_garbage(writes)
-    }
-}
-
-/// Entry points of the fuzz targets into formats the engine keeps private (the index's
-/// redo log); not a stable API.
-#[doc(hidden)]
-pub mod fuzzing {
-    use std::path::Path;
-
-    /// The writes a redo record body holds, or where and why it does not decode.
-    #[allow(clippy::type_complexity)]
-    pub fn redo_body_writes(body: &[u8]) -> Result<Vec<(Vec<u8>, Option<Vec<u8>>)>, String> {
-        crate::index::redo::decode_body(body).map_err(|(at, what)| format!("offset {at}: {what}"))
-    }
-
-    /// The body of a redo record holding `writes` (sorted by key, as a move writes them).
-    pub fn redo_body(writes: &[(Vec<u8>, Option<Vec<u8>>)]) -> Vec<u8> {
-        let refs: Vec<(&[u8], &Option<Vec<u8>>)> =
-            writes.iter().map(|(k, v)| (k.as_slice(), v)).collect();
-        crate::index::redo::encode_body(&refs).expect("a fuzz input is far below the record limit")
-    }
-
-    /// The value of sled's `MOVING` key naming the record with `body`.
-    pub fn redo_marker(body: &[u8]) -> Vec<u8> {
-        crate::index::redo::marker(body).to_vec()
-    }
-
-    /// Appends a record holding `body` to the redo log of the index directory `dir`.
-    pub fn redo_append(dir: &Path, body: &[u8]) -> Result<(), String> {
-        let mut log = crate::index::redo::RedoLog::open(dir).map_err(|e| e.to_string())?;
-        log.append(body).map(|_| ()).map_err(|e| e.to_string())
-    }
-
-    /// The record body the redo log of `dir` holds for `marker`, as open looks it up.
-    pub fn redo_find(dir: &Path, marker: &[u8]) -> Result<Option<Vec<u8>>, String> {
-        let mut log = crate::index::redo::RedoLog::open(dir).map_err(|e| e.to_string())?;
-        log.find(marker).map_err(|e| e.to_string())
-    }
-
-    /// Name of the redo log file in an index directory.
-    pub const REDO_FILE: &str = crate::index::redo::REDO_FILE;
-}
+// Public only with their features; compiled (private) in every other build
+// too, so they stay in step with the internals they reach.
+#[cfg(feature = "fuzzing")]
+pub mod fuzzing;
+#[cfg(not(feature = "fuzzing"))]
+#[allow(dead_code)]
+mod fuzzing;
+#[cfg(feature = "profiling")]
+pub mod profiling;
+#[cfg(not(feature = "profiling"))]
+#[allow(dead_code)]
+mod profiling;

@@ -14,7 +14,7 @@
 //!
 //! [`PgServer::start_with_tls`] starts a server with `ssl=on` and a given
 //! certificate, optionally refusing plain TCP connections; with the `tls`
-//! feature, [`TestPki`] makes a throwaway CA and a server certificate in
+//! feature, `TestPki` makes a throwaway CA and a server certificate in
 //! Rust (no openssl binary needed).
 
 #[cfg(feature = "tls")]

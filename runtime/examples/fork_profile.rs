@@ -10,10 +10,11 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use spool_runtime::handle::{HandleOptions, TranscriptBackend};
+use spool_runtime::handle::HandleOptions;
 use spool_runtime::hooks::SessionHookStack;
 use spool_runtime::observer::NullSink;
 use spool_runtime::session::SessionEvent;
+use spool_runtime::store::TranscriptBackend;
 use spool_runtime::store::{LogStore, LogStoreOptions, SessionStore};
 use spool_runtime::transcript::{
     Budget, ContentBlock, Entry, EntryId, EntryKind, Message, StopReason, Usage,

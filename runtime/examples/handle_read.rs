@@ -12,10 +12,11 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use spool_runtime::handle::{HandleOptions, HistorySelection, TranscriptBackend};
+use spool_runtime::handle::{HandleOptions, HistorySelection};
 use spool_runtime::hooks::SessionHookStack;
 use spool_runtime::observer::NullSink;
 use spool_runtime::session::{SessionEvent, SessionId};
+use spool_runtime::store::TranscriptBackend;
 use spool_runtime::store::{LogStore, LogStoreOptions, SessionStore};
 use spool_runtime::transcript::{
     Budget, CancelToken, ContentBlock, Entry, EntryId, EntryKind, Message, PageBudget, PageOrder,

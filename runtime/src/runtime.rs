@@ -39,7 +39,7 @@
 //!   not run for the follow-up. A post-persist hook failure is reported
 //!   (`SessionHookFailed`, then `SessionSaved` for the commit that did
 //!   happen) and returned as `HookFailed { persisted_version: Some(v) }`.
-//! - Status policy: see [`crate::session::info`]; Deleted is terminal.
+//! - Status policy: see [`SessionStatus`]; Deleted is terminal.
 //!   `delete` tombstones through the execute pipeline; `purge` removes.
 //! - Reads (`get_session`, `session_info`, `list_sessions`) run no hooks
 //!   and persist nothing. `get_session` reports `SessionLoaded` /

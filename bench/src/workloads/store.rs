@@ -32,9 +32,9 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use serde::Serialize;
-use spool_runtime::handle::TranscriptBackend;
 use spool_runtime::session::{AgentDefinition, AgentSession, SessionEvent, SessionId};
 use spool_runtime::store::exchange::ExportWriter;
+use spool_runtime::store::TranscriptBackend;
 use spool_runtime::store::{LogStore, LogStoreOptions, SessionStore};
 
 use crate::data;

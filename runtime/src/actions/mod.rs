@@ -6,7 +6,7 @@
 //! side effects belong in hooks or observers. If an action returns an
 //! error, nothing is saved.
 //!
-//! Status rules (see [`crate::session::info`] for the full policy):
+//! Status rules (see [`SessionStatus`](crate::session::SessionStatus) for the full policy):
 //! `SendMessage` needs an `Active` session (resume a suspended or finished
 //! one first); the settings actions (prompt, model, metadata, tasks,
 //! clear) work on any non-deleted session; every action on a deleted

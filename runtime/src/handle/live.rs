@@ -415,7 +415,7 @@ impl SessionHandle {
 
     /// Test hook: the next publication after a committed write fails (the
     /// write stays committed, the handle is invalidated).
-    #[doc(hidden)]
+    #[cfg(feature = "test-hooks")]
     pub fn fail_next_publication(&self) {
         self.inner
             .fail_next_publication
@@ -424,7 +424,7 @@ impl SessionHandle {
 
     /// Test hook: how many publications of this handle were extended from
     /// the previous snapshot without reading entries from the backend.
-    #[doc(hidden)]
+    #[cfg(feature = "test-hooks")]
     pub fn extended_publications(&self) -> u64 {
         self.inner.extended.load(Ordering::Relaxed)
     }

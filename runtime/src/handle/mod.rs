@@ -12,7 +12,7 @@
 //! by the history (exceptions: the navigation links of resident entries,
 //! at most [`CHILD_LINKS_MAX`](crate::transcript::CHILD_LINKS_MAX) ids
 //! each, and one small record per omitted oversized entry, which uses an
-//! event of the budget; with the [`FullLoadBackend`] of the memory and file
+//! event of the budget; with the [`FullLoadBackend`](crate::store::FullLoadBackend) of the memory and file
 //! stores the backend's cache also holds the whole session).
 //!
 //! # Writes
@@ -21,7 +21,7 @@
 //! handle builds the events itself, checks them against the store's
 //! indexes (the parent exists, the id is new, the session is not deleted)
 //! and commits them under the session version fence of its snapshot
-//! through [`TranscriptBackend::append_events`] — without loading the
+//! through [`TranscriptBackend::append_events`](crate::store::TranscriptBackend::append_events) — without loading the
 //! session. After the commit it publishes a replacement snapshot. For
 //! plain appends of a chain under the leaf that committed as the very next
 //! session version (the fence guarantees nothing came in between), the
@@ -79,11 +79,6 @@ mod snapshot;
 
 use std::time::Duration;
 
-/// The store-facing traits live with the stores; their old paths stay.
-#[doc(hidden)]
-pub use crate::store::backend::{
-    AppendReceipt, BoxedSource, ChangeMark, FullLoadBackend, TranscriptBackend, TranscriptHead,
-};
 pub(crate) use live::{writer_holder, writer_identity};
 pub use live::{HandleEvent, SessionHandle};
 pub use navigation::{BranchWithSummary, MoveLeaf, SetLabel};

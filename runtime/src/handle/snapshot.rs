@@ -71,7 +71,7 @@ impl ResidentSnapshot {
 
     /// The [`entry_size`] kept for each resident entry (aligned with
     /// [`ResidentSnapshot::entries`]); for tests.
-    #[doc(hidden)]
+    #[cfg(feature = "test-hooks")]
     pub fn resident_sizes(&self) -> &SharedSeq<u64> {
         &self.sizes
     }

@@ -655,7 +655,7 @@ fn block(b: Value) -> Result<ContentBlock, String> {
 /// A time: milliseconds since the epoch (a number) or an RFC 3339 /
 /// ISO 8601 string such as `2025-01-02T03:04:05.678Z` or
 /// `2025-01-02T05:04:05+02:00`.
-pub fn parse_time(v: &Value) -> Option<i64> {
+pub(crate) fn parse_time(v: &Value) -> Option<i64> {
     match v {
         Value::Number(n) => n.as_i64().or_else(|| n.as_f64().map(|f| f as i64)),
         Value::String(s) => parse_rfc3339_ms(s),

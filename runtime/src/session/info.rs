@@ -1,23 +1,4 @@
-//! Session headers and the session status policy.
-//!
-//! # Status policy
-//!
-//! | from \ to   | Active | Suspended | Completed | Failed | Deleted |
-//! |-------------|--------|-----------|-----------|--------|---------|
-//! | Active      | —      | yes       | yes       | yes    | yes     |
-//! | Suspended   | yes    | —         | yes       | yes    | yes     |
-//! | Completed   | yes¹   | no        | —         | no     | yes     |
-//! | Failed      | yes¹   | no        | no        | —      | yes     |
-//! | Deleted     | no     | no        | no        | no     | —       |
-//!
-//! ¹ Reopening a finished session is allowed (the `ResumeSession` action
-//! does it); a finished session cannot be suspended or flipped between
-//! Completed and Failed without being reopened first.
-//!
-//! A transition to the current status is a no-op (no event is recorded).
-//! `Deleted` is terminal: the runtime refuses every action on a deleted
-//! session with `SessionDeleted`, and the fold refuses any event after
-//! `Deleted` except `Touched`.
+//! Session headers and the session status.
 
 use serde::{Deserialize, Serialize};
 
@@ -25,6 +6,25 @@ use super::id::SessionId;
 
 /// The lifecycle status of a session (a cross-run concern; the status of a
 /// single run is [`crate::session::ExecutionStatus`]).
+///
+/// # Status policy
+///
+/// | from \ to   | Active | Suspended | Completed | Failed | Deleted |
+/// |-------------|--------|-----------|-----------|--------|---------|
+/// | Active      | —      | yes       | yes       | yes    | yes     |
+/// | Suspended   | yes    | —         | yes       | yes    | yes     |
+/// | Completed   | yes¹   | no        | —         | no     | yes     |
+/// | Failed      | yes¹   | no        | no        | —      | yes     |
+/// | Deleted     | no     | no        | no        | no     | —       |
+///
+/// ¹ Reopening a finished session is allowed (the `ResumeSession` action
+/// does it); a finished session cannot be suspended or flipped between
+/// Completed and Failed without being reopened first.
+///
+/// A transition to the current status is a no-op (no event is recorded).
+/// `Deleted` is terminal: the runtime refuses every action on a deleted
+/// session with `SessionDeleted`, and the fold refuses any event after
+/// `Deleted` except `Touched`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum SessionStatus {

@@ -11,22 +11,21 @@
 //! Versions and `updated_at_ms` belong to the store: `create` persists
 //! version 1, every `save` +1 (see [`crate::store::SessionStore`]).
 //!
-//! The status policy is documented in [`info`].
+//! The status policy is documented on [`SessionStatus`].
 
 pub mod codec;
-pub mod definition;
-pub mod events;
+mod definition;
+mod events;
 mod fold;
-pub mod id;
-pub mod info;
-pub mod state;
+mod id;
+mod info;
+mod state;
 
 use serde::{Deserialize, Serialize};
 
 pub use codec::{
-    decode_appended_entry, decode_appended_entry_serde, decode_event, decode_event_serde,
-    decode_snapshot, decode_snapshot_serde, encode_event, encode_snapshot, CodecError,
-    EVENT_SCHEMA, MAX_CODEC_INPUT, SNAPSHOT_SCHEMA,
+    decode_appended_entry, decode_event, decode_snapshot, encode_event, encode_snapshot,
+    CodecError, EVENT_SCHEMA, MAX_CODEC_INPUT, SNAPSHOT_SCHEMA,
 };
 pub use definition::{AgentDefinition, Budget, ModelConfig};
 pub use events::SessionEvent;
@@ -352,7 +351,7 @@ impl AgentSession {
         self.record(SessionEvent::LeafMoved { leaf })
     }
 
-    /// Changes the status following the policy in [`info`]. Returns whether
+    /// Changes the status following the policy on [`SessionStatus`]. Returns whether
     /// anything changed (same status is a no-op). Use
     /// [`AgentSession::mark_deleted`] to delete.
     pub fn set_status(&mut self, to: SessionStatus) -> Result<bool, SessionError> {

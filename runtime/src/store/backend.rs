@@ -13,7 +13,7 @@
 //! loaded session is cached per version), and the adapter's cache holds the
 //! whole transcript. A new store (e.g. PostgreSQL) gets bounded handles by
 //! implementing the trait and returning it from
-//! [`SessionStore::transcript_backend`](crate::store::SessionStore::transcript_backend).
+//! [`SessionStore::transcript_backend`].
 
 use std::borrow::Cow;
 use std::sync::{Arc, Mutex};

@@ -459,7 +459,7 @@ fn write_line<W: Write, T: Serialize>(out: &mut W, value: &T) -> Result<(), Exch
 /// Reads one line of at most `max` bytes into `buf` (without the newline).
 /// `Ok(None)` at end of input; `Ok(Some(true))` when the line ended with a
 /// newline, `Some(false)` when the input ended first.
-pub fn read_line_bounded<R: BufRead>(
+pub(crate) fn read_line_bounded<R: BufRead>(
     r: &mut R,
     buf: &mut Vec<u8>,
     max: usize,

@@ -18,11 +18,12 @@
 //!   counts the loads that do, so callers (and tests) can prove it.
 
 pub mod backend;
+#[cfg(feature = "conformance")]
 pub mod conformance;
 pub mod exchange;
 pub mod file;
 pub mod log;
-pub mod memory;
+mod memory;
 mod open;
 #[cfg(feature = "postgres")]
 pub mod postgres;
@@ -40,16 +41,12 @@ pub use backend::{
     AppendReceipt, BoxedSource, ChangeMark, FullLoadBackend, TranscriptBackend, TranscriptHead,
 };
 pub use file::{FileStore, FileStoreOptions};
-pub use log::{LogStore, LogStoreOptions, SessionIndexer};
+pub use log::{LogStore, LogStoreOptions};
 pub use memory::MemoryStore;
 pub use open::{is_postgres_location, open_store};
 #[cfg(feature = "postgres")]
 pub use postgres::{PostgresOptions, PostgresStore};
 pub use repository::SessionRepository;
-
-/// The transcript index's old path.
-#[doc(hidden)]
-pub use log::transcript as transcript_index;
 
 /// A store operation failed. `NotFound` and `Conflict` are expected
 /// outcomes callers handle; the others are faults.
@@ -138,7 +135,7 @@ pub struct StoreStats {
 
 /// A thread-safe counter of full loads, for store implementations.
 #[derive(Debug, Default)]
-pub struct LoadCounter(AtomicU64);
+pub(crate) struct LoadCounter(AtomicU64);
 
 impl LoadCounter {
     pub fn bump(&self) {

@@ -9,24 +9,30 @@
 //! ([`rewrite`]).
 
 pub mod api_format;
+// The modules whose docs explain a concept stay public (their items are
+// re-exported here too); the others hold a type or two.
 pub mod context;
-pub mod entry;
+mod entry;
 pub mod history;
 mod json_size;
 pub mod path_facts;
 pub mod resident;
 pub mod rewrite;
-pub mod shared_seq;
-pub mod source;
+mod shared_seq;
+mod source;
 pub mod tree;
 
+pub(crate) use context::path_settings;
+pub use context::PathMarker;
 pub use context::{
-    build_context, context_messages, context_start, path_settings, split_model, BudgetReport,
-    ContextMessage, ContextRole, ModelContext, PathMarker, SYNTHETIC_TOOL_RESULT_TEXT,
+    context_messages, context_start, BudgetReport, ContextMessage, ContextRole, ModelContext,
+    SYNTHETIC_TOOL_RESULT_TEXT,
 };
+pub(crate) use entry::now_ms;
 pub(crate) use entry::{custom_type, label_value};
 pub use entry::{
-    now_ms, ContentBlock, Entry, EntryId, EntryKind, InvalidEntryId, Message, StopReason, Usage,
+    ContentBlock, Entry, EntryId, EntryKind, InvalidEntryId, Message, StopReason, Usage,
+    ENTRY_ID_LEN_MAX,
 };
 pub use history::{
     read_branch_page, read_context, read_custom_page, read_entry, read_navigation, CancelToken,
@@ -38,14 +44,16 @@ pub(crate) use json_size::parent_json_len;
 pub use path_facts::{first_kept_depth, path_facts_by_walk, Anchor, IndexedTranscript, PathFacts};
 pub(crate) use resident::select_resident_sized;
 pub use resident::{
-    entry_size, select_resident, AppendedEntry, BoundaryCounts, Budget, ChildLinks, CustomRef,
-    EntryFacts, NavLinks, OmittedEntry, ResidentError, ResidentSelection, CHILD_LINKS_MAX,
-    DEFAULT_RESIDENT_BYTES_MAX, DEFAULT_RESIDENT_EVENTS_MAX,
+    entry_size, select_resident, Budget, ChildLinks, CustomRef, EntryFacts, OmittedEntry,
+    ResidentError, ResidentSelection, CHILD_LINKS_MAX, DEFAULT_RESIDENT_BYTES_MAX,
+    DEFAULT_RESIDENT_EVENTS_MAX,
 };
+pub use resident::{AppendedEntry, BoundaryCounts, NavLinks};
 pub use rewrite::{
-    redact, remove_trailing_entries, truncate_tool_results, MappedEntry, Replacement, RewriteError,
-    RewritePlan, TrailingRemoval, TOOL_RESULT_TRUNCATE_BYTES_MIN, TRAILING_SCAN_ENTRIES_MAX,
+    redact, remove_trailing_entries, truncate_tool_results, Replacement, RewriteError, RewritePlan,
+    TOOL_RESULT_TRUNCATE_BYTES_MIN, TRAILING_SCAN_ENTRIES_MAX,
 };
+pub use rewrite::{MappedEntry, TrailingRemoval};
 pub use shared_seq::SharedSeq;
 pub use source::EntrySource;
 pub use tree::{

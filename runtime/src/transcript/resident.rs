@@ -99,10 +99,8 @@ use super::context::{context_messages_segment, ModelContext, PathMarker};
 use super::entry::{ContentBlock, Entry, EntryId, EntryKind, Message};
 use super::path_facts::{path_facts_by_walk, PathFacts};
 use super::shared_seq::{Appended, MapLast, SharedSeq};
+use super::source::EntrySource;
 use super::tree::Transcript;
-
-/// The read seam lives in its own file; its old path stays.
-pub use super::source::EntrySource;
 
 /// Default resident byte budget (64 KiB).
 pub const DEFAULT_RESIDENT_BYTES_MAX: u64 = 64 * 1024;

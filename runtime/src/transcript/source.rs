@@ -36,7 +36,7 @@ pub trait EntrySource {
 
     /// Stored [`PathFacts`] of the entry. `None` when the entry is absent
     /// or the source keeps no path facts (the default): callers then walk
-    /// the root path ([`path_facts_by_walk`]). A store answers from the
+    /// the root path ([`path_facts_by_walk`](crate::transcript::path_facts_by_walk)). A store answers from the
     /// facts it persisted at append time, which makes opening a leaf cost
     /// O(budget) instead of O(path).
     fn path_facts(&self, id: &EntryId) -> Result<Option<PathFacts>, Self::Error> {
@@ -48,7 +48,7 @@ pub trait EntrySource {
     /// source can answer it without walking (e.g. from an index of the
     /// active path). `None` (the default) means "not indexed": callers walk
     /// parents. A wrong answer is detected by callers (depth mismatch) and
-    /// reported as [`ResidentError::Vanished`].
+    /// reported as [`ResidentError::Vanished`](crate::transcript::ResidentError::Vanished).
     fn ancestor_at_depth(
         &self,
         from: &EntryId,

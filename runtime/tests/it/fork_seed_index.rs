@@ -20,10 +20,10 @@ use proptest::prelude::*;
 use spool_engine::{EventData, ExpectedVersion, NewCommit};
 use spool_runtime::session::{encode_event, AgentDefinition, AgentState, SessionEvent, SessionId};
 use spool_runtime::store::log::{SESSION_EVENT_PREFIX, SESSION_INDEXER};
-use spool_runtime::store::transcript_index::{
-    entry_records, EntryRecord, TranscriptIndexer, TRANSCRIPT_INDEXER,
+use spool_runtime::store::{LogStore, LogStoreOptions};
+use spool_runtime::test_hooks::{
+    entry_records, EntryRecord, SessionIndexer, TranscriptIndexer, TRANSCRIPT_INDEXER,
 };
-use spool_runtime::store::{LogStore, LogStoreOptions, SessionIndexer};
 use spool_runtime::transcript::{ContentBlock, Entry, EntryId, EntryKind, Message, Transcript};
 
 /// Per-entry key tags of the transcript index read key by key: everything

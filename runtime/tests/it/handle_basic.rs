@@ -1,7 +1,7 @@
-//! Session handles over the log store: bounded snapshots equal to the
-//! selection over the fully loaded transcript, 1,000 appends within the
-//! budget, omitted-branch navigation, writer exclusion, index rebuild,
-//! the memory-store adapter, observers.
+//! Session handles over the log store: 1,000 appends within the budget,
+//! writer exclusion, index rebuild, the memory-store adapter, observers.
+//! The scenarios every indexed store runs (bounded open, omitted-branch
+//! navigation, retained data) are in `handle_backends`.
 
 use crate::handle_support;
 
@@ -28,43 +28,6 @@ fn reference(
 ) -> spool_runtime::transcript::ResidentSelection {
     let t = full_transcript(store, id);
     select_resident(&t, leaf, budget).expect("reference selection")
-}
-
-#[test]
-fn open_gives_the_bounded_context_of_the_full_transcript() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = open_log(dir.path());
-    let (rt, _) = runtime(store.clone());
-    let id = new_session(&rt);
-    let h = writer(&rt, &id, 64 * 1024);
-    for chunk in 0..4 {
-        let kinds = (0..50).map(|i| sized(chunk * 50 + i, 1024)).collect();
-        h.append_entries(kinds).unwrap();
-    }
-    let budget = Budget::new(64 * 1024, 1024);
-    let want = reference(&*store, &id, h.snapshot().leaf.as_ref(), budget);
-    // The incrementally published snapshot and a freshly opened one both
-    // equal the selection over the fully loaded transcript.
-    assert_eq!(h.snapshot().selection, want);
-    let r = rt
-        .open_handle(&id, HandleOptions::reader().with_budget(budget))
-        .unwrap();
-    assert_eq!(r.snapshot().selection, want);
-    let snap = r.snapshot();
-    assert!(!snap.is_complete());
-    assert!(snap.resident_bytes() <= budget.bytes_max);
-    assert!(snap.resident_bytes() > budget.bytes_max / 2);
-    assert_eq!(snap.counts().path_entries, 200);
-    assert_eq!(snap.transcript_entries, 200);
-    // The resident context is the tail of the full context.
-    let full = full_transcript(&*store, &id).context().unwrap().messages;
-    let part = snap.context().messages;
-    assert!(!part.is_empty() && part.len() < full.len());
-    assert_eq!(&full[full.len() - part.len()..], &part[..]);
-    assert_eq!(
-        snap.model(),
-        Some(&("prov".to_string(), "model-a".to_string()))
-    );
 }
 
 #[test]
@@ -107,61 +70,6 @@ fn a_thousand_appends_stay_within_the_budget() {
         reference(&*store, &id, s.leaf.as_ref(), budget)
     );
     assert!(max_bytes <= budget.bytes_max);
-}
-
-#[test]
-fn navigating_to_an_omitted_branch_publishes_its_bounded_snapshot() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = open_log(dir.path());
-    let (rt, _) = runtime(store.clone());
-    let id = new_session(&rt);
-    let budget = Budget::new(8 * 1024, 1024);
-    let h = rt
-        .open_handle(&id, HandleOptions::writer().with_budget(budget))
-        .unwrap();
-    let main = h
-        .append_entries((0..120).map(|i| sized(i, 500)).collect())
-        .unwrap();
-    // A side branch from entry 10, then back to the main leaf.
-    h.move_leaf(Some(main[10].clone())).unwrap();
-    let side = h
-        .append_entries((0..40).map(|i| sized(1000 + i, 500)).collect())
-        .unwrap();
-    h.move_leaf(Some(main[119].clone())).unwrap();
-    let s = h.snapshot();
-    assert!(
-        s.get(&side[20]).is_none(),
-        "the side branch is not resident"
-    );
-    // Navigate to an entry in the middle of the omitted branch.
-    let nav = h.move_leaf(Some(side[20].clone())).unwrap();
-    assert_eq!(nav.leaf.as_ref(), Some(&side[20]));
-    assert_eq!(
-        nav.selection,
-        reference(&*store, &id, Some(&side[20]), budget)
-    );
-    assert_eq!(nav.counts().path_entries, 11 + 21);
-    assert!(nav.get(&side[20]).is_some());
-    assert!(nav.get(&main[119]).is_none());
-    assert!(nav.resident_bytes() <= budget.bytes_max);
-    // The leaf is persisted: a new handle opens there.
-    drop(h);
-    let r = rt.open_handle(&id, HandleOptions::reader()).unwrap();
-    assert_eq!(r.snapshot().leaf.as_ref(), Some(&side[20]));
-    // Navigation facts: the common ancestor is entry 10.
-    let res = r
-        .read(
-            &HistorySelection::Navigation {
-                from: Some(main[119].clone()),
-                target: side[20].clone(),
-            },
-            &CancelToken::new(),
-        )
-        .unwrap();
-    let facts = res.value().and_then(|v| v.as_navigation()).unwrap().clone();
-    assert_eq!(facts.common_ancestor.as_ref(), Some(&main[10]));
-    assert_eq!(facts.steps_up, 109);
-    assert_eq!(facts.steps_down, 21);
 }
 
 #[test]
@@ -518,11 +426,9 @@ fn forks_clears_and_purges_are_indexed() {
         Err(HandleError::NotFound { .. })
     ));
     let engine = store.engine().unwrap();
-    assert!(
-        spool_runtime::store::transcript_index::read_meta(engine.index(), &id)
-            .unwrap()
-            .is_none()
-    );
+    assert!(spool_runtime::test_hooks::read_meta(engine.index(), &id)
+        .unwrap()
+        .is_none());
     drop(engine);
     let f2 = rt.open_handle(fork.id(), HandleOptions::reader()).unwrap();
     assert_eq!(f2.snapshot().counts().path_entries, 32);

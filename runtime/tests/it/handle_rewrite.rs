@@ -8,14 +8,14 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use handle_support::*;
-use spool_runtime::handle::{
-    AppendReceipt, BoxedSource, ChangeMark, HandleError, HandleOptions, HistorySelection,
-    SessionHandle, TranscriptBackend, TranscriptHead,
-};
+use spool_runtime::handle::{HandleError, HandleOptions, HistorySelection, SessionHandle};
 use spool_runtime::session::{
     AgentSession, AgentSessionInfo, SessionEvent, SessionId, SessionInfoList,
 };
-use spool_runtime::store::{ListQuery, LogStore, SessionStore, StoreError, StoreStats};
+use spool_runtime::store::{
+    AppendReceipt, BoxedSource, ChangeMark, ListQuery, LogStore, SessionStore, StoreError,
+    StoreStats, TranscriptBackend, TranscriptHead,
+};
 use spool_runtime::transcript::{
     select_resident, Budget, CancelToken, ContentBlock, Entry, EntryId, EntryKind, Message,
     PageBudget, PageOrder, ReadResult, Replacement,

@@ -36,11 +36,9 @@ use regex::{NoExpand, Regex};
 use serde::Serialize;
 use serde_json::json;
 use spool_runtime::actions::{ActionError, SessionAction};
-use spool_runtime::handle::{
-    HandleError, HandleOptions, PreparedRewrite, SessionHandle, TranscriptBackend, TranscriptHead,
-};
+use spool_runtime::handle::{HandleError, HandleOptions, PreparedRewrite, SessionHandle};
 use spool_runtime::session::{AgentSession, SessionId, SessionStatus};
-use spool_runtime::store::{ListOrder, LogStore, SortDirection};
+use spool_runtime::store::{ListOrder, LogStore, SortDirection, TranscriptBackend, TranscriptHead};
 use spool_runtime::transcript::{
     redact, remove_trailing_entries, truncate_tool_results, CancelToken, Entry, EntryFacts,
     EntryId, EntryKind, Message, Replacement, StopReason, TranscriptVersion,

@@ -105,7 +105,6 @@ pub fn decode_event(bytes: &[u8]) -> Result<SessionEvent, CodecError> {
 
 /// [`decode_event`] through serde alone: the reference the hand reader is
 /// checked against (tests, the `event_decode` fuzz target).
-#[doc(hidden)]
 pub fn decode_event_serde(bytes: &[u8]) -> Result<SessionEvent, CodecError> {
     decode("event", EVENT_SCHEMA, bytes)
 }
@@ -240,7 +239,6 @@ pub(crate) fn decode_appended_entry_as(
 
 /// [`decode_appended_entry`] through serde alone: the reference the hand
 /// reader is checked against (tests, the `event_decode` fuzz target).
-#[doc(hidden)]
 pub fn decode_appended_entry_serde(bytes: &[u8]) -> Result<crate::transcript::Entry, CodecError> {
     let body: EntryAppendedBody<'_> = decode("event", EVENT_SCHEMA, bytes)?;
     if body.tag != "entry_appended" {

@@ -4,7 +4,7 @@
 //! (struct-as-map) form, so adding a field with a serde default stays
 //! readable by newer code. Decoding never panics on hostile bytes: input
 //! is bounded by [`MAX_CODEC_INPUT`], rmp-serde bounds nesting depth (the
-//! hand readers of the written layout, [`msgpack`], bound theirs far
+//! hand readers of the written layout, `msgpack.rs`, bound theirs far
 //! below it), and every failure is a [`CodecError`]. Bytes after the
 //! encoded value are ignored.
 //!
@@ -12,8 +12,8 @@
 //! schema byte differs from [`SNAPSHOT_SCHEMA`], or that fails to decode,
 //! must be ignored by the caller and the events replayed instead.
 //!
-//! [`event`] holds the event encodings, [`snapshot`] the snapshot ones and
-//! [`msgpack`] the hand-written MessagePack reader both try first; this
+//! `event.rs` holds the event encodings, `snapshot.rs` the snapshot ones
+//! and `msgpack.rs` the hand-written MessagePack reader both try first; this
 //! file the schema bytes, the errors and the serde framing they share.
 
 mod event;
@@ -22,15 +22,17 @@ mod snapshot;
 #[cfg(test)]
 mod test_support;
 
-pub use event::{
-    decode_appended_entry, decode_appended_entry_serde, decode_event, decode_event_serde,
-    encode_event,
-};
+pub use event::{decode_appended_entry, decode_event, encode_event};
+// The serde reference decoders, for the fuzz targets' cross-checks.
 pub(crate) use event::{
     decode_appended_entry_as, decode_entry_at, decode_event_split, decode_event_without_transcript,
     event_entry_offsets, TranscriptParts,
 };
-pub use snapshot::{decode_snapshot, decode_snapshot_serde, encode_snapshot};
+#[cfg(feature = "fuzzing")]
+pub use event::{decode_appended_entry_serde, decode_event_serde};
+#[cfg(feature = "fuzzing")]
+pub use snapshot::decode_snapshot_serde;
+pub use snapshot::{decode_snapshot, encode_snapshot};
 
 use serde::{Deserialize, Serialize};
 

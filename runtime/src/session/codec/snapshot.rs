@@ -43,7 +43,7 @@ pub fn encode_snapshot(session: &AgentSession) -> Result<Vec<u8>, CodecError> {
 /// Decodes a snapshot. Any error means "ignore the snapshot and replay".
 ///
 /// The layout [`encode_snapshot`] writes is read by hand (the state as in
-/// [`decode_event`]); any other shape goes through serde. Both give the
+/// [`decode_event`](crate::session::decode_event)); any other shape goes through serde. Both give the
 /// same value.
 pub fn decode_snapshot(bytes: &[u8]) -> Result<AgentSession, CodecError> {
     if let Some(body) = fast_body(SNAPSHOT_SCHEMA, bytes) {
@@ -61,7 +61,6 @@ pub fn decode_snapshot(bytes: &[u8]) -> Result<AgentSession, CodecError> {
 
 /// [`decode_snapshot`] through serde alone: the reference the hand reader
 /// is checked against (tests, the `event_decode` fuzz target).
-#[doc(hidden)]
 pub fn decode_snapshot_serde(bytes: &[u8]) -> Result<AgentSession, CodecError> {
     let s: SnapshotOwned = decode("snapshot", SNAPSHOT_SCHEMA, bytes)?;
     Ok(AgentSession {

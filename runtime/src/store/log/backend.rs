@@ -11,7 +11,7 @@ use crate::store::backend::{
     AppendReceipt, BoxedSource, ChangeMark, TranscriptBackend, TranscriptHead,
 };
 use crate::store::{SessionStore, StoreError};
-use crate::transcript::resident::entry_size;
+use crate::transcript::entry_size;
 use crate::transcript::{EntryId, TranscriptVersion};
 
 impl TranscriptBackend for LogStore {

@@ -26,22 +26,22 @@
 //!
 //! # Layout
 //!
-//! [`sessions`] holds the session index and its [`SessionIndexer`];
-//! [`snapshots`] the snapshot cache and loads; [`backend`] the
-//! [`TranscriptBackend`] over the [`transcript`] index. This file holds
-//! the store itself: options, open and recovery, and [`SessionStore`].
+//! `sessions.rs` holds the session index and its indexer; `snapshots.rs`
+//! the snapshot cache and loads; `backend.rs` the [`TranscriptBackend`]
+//! over the `transcript/` index. This file holds the store itself:
+//! options, open and recovery, and [`SessionStore`].
 
 mod backend;
 mod common;
-mod sessions;
+pub(crate) mod sessions;
 mod snapshots;
-pub mod transcript;
+pub(crate) mod transcript;
 
 pub(crate) use sessions::stored_kind;
 
 pub(crate) use common::{be_u64, engine_err};
 pub use common::{PURGE_EVENT_KIND, SESSION_EVENT_PREFIX};
-pub use sessions::{header_record_reencoded, SessionIndexer};
+pub(crate) use sessions::SessionIndexer;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
@@ -192,9 +192,8 @@ impl LogStore {
         Ok(LogStore::wrap(engine, opts, true, memo))
     }
 
-    /// Wraps an engine opened with [`LogStoreOptions::engine_options`] (it
-    /// must have the [`SessionIndexer`] and [`TranscriptIndexer`]
-    /// registered). [`LogStore::recover`] reopens it with default options.
+    /// Wraps an engine opened with [`LogStoreOptions::engine_options`]
+    /// (which registers the log store's session and transcript indexers). [`LogStore::recover`] reopens it with default options.
     pub fn from_engine(engine: Store) -> LogStore {
         let read_only = engine.is_read_only();
         LogStore::wrap(

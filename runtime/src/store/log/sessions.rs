@@ -316,7 +316,7 @@ pub(super) fn decode_record(id: SessionId, b: &[u8]) -> Result<(AgentSessionInfo
 /// re-encodes to the same bytes). It also converts the record to a header,
 /// which parses the parent id, for panics only: a parent that does not
 /// parse fails that conversion, not this function. Not an API.
-#[doc(hidden)]
+#[cfg_attr(not(feature = "fuzzing"), allow(dead_code))]
 pub fn header_record_reencoded(b: &[u8]) -> Result<Vec<u8>, String> {
     let v = decode_view(b)?;
     let id = SessionId::parse("fuzz").map_err(|e| e.to_string())?;
@@ -337,9 +337,9 @@ pub(super) fn decode_keyed_record(id_bytes: &[u8], b: &[u8]) -> Result<AgentSess
 /// [`SessionIndexer::default`] checks a `created` event's transcript
 /// without keeping it; [`SessionIndexer::with_memo`] keeps its decoding
 /// for the transcript indexer that shares the memo
-/// ([`TranscriptIndexer::with_memo`]), which then does not decode it
+/// ([`TranscriptIndexer::with_memo`](crate::store::log::transcript::TranscriptIndexer::with_memo)), which then does not decode it
 /// again. Register the pair in that order, as
-/// [`LogStoreOptions::engine_options`] does.
+/// [`LogStoreOptions::engine_options`](crate::store::LogStoreOptions::engine_options) does.
 #[derive(Debug, Default)]
 pub struct SessionIndexer {
     memo: Option<Arc<DecodeMemo>>,

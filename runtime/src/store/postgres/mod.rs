@@ -57,7 +57,7 @@
 //! there, since it cannot block inside a runtime), but it holds up the
 //! task's executor thread for the request, as any blocking call would.
 //!
-//! # Tables (schema version [`SCHEMA_VERSION`], see [`schema`])
+//! # Tables (schema version [`SCHEMA_VERSION`])
 //!
 //! | table | key | holds |
 //! | --- | --- | --- |
@@ -122,7 +122,7 @@
 
 mod exchange;
 mod pool;
-pub mod schema;
+mod schema;
 mod tls;
 mod transcript;
 
@@ -140,7 +140,7 @@ use self::pool::{
 };
 pub use self::schema::{SchemaError, SCHEMA_VERSION};
 pub use self::tls::{SslMode, TlsConfigError};
-pub use self::transcript::{IndexFault, INDEX_CACHE_ENTRIES_MAX};
+pub use self::transcript::IndexFault;
 use self::transcript::{PgTranscriptSource, TxIndex};
 use super::log::SNAPSHOT_TAIL_COMMITS;
 use super::{

@@ -42,7 +42,7 @@ use postgres::{Client, Row, Statement, Transaction};
 
 use super::{Fail, PostgresStore};
 use crate::session::{decode_event, encode_event, SessionEvent, SessionId};
-use crate::store::transcript_index::TranscriptMeta;
+use crate::store::log::transcript::TranscriptMeta;
 use crate::store::StoreError;
 use crate::transcript::{
     entry_size, entry_summary, first_kept_depth, ChildLinks, CustomRef, Entry, EntryFacts, EntryId,
@@ -53,7 +53,7 @@ use crate::transcript::{
 /// Entry records cached by one indexing transaction before the cache is
 /// emptied (it only saves round trips; every write goes to the database
 /// at once). Bounds the memory of indexing a huge commit or backfill.
-pub const INDEX_CACHE_ENTRIES_MAX: usize = 4096;
+pub(crate) const INDEX_CACHE_ENTRIES_MAX: usize = 4096;
 
 /// Commits read per query while backfilling the index.
 const BACKFILL_BATCH_COMMITS: i64 = 64;

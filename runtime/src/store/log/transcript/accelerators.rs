@@ -89,10 +89,6 @@ pub struct DecodeMemo {
     appends: Mutex<HandedAppends>,
 }
 
-/// The memo's name before it carried appended entries too.
-#[deprecated(note = "renamed `DecodeMemo`: it also carries appended entries")]
-pub type SeedMemo = DecodeMemo;
-
 /// The appended entries writers handed over, per append in flight.
 #[derive(Debug, Default)]
 struct HandedAppends {
@@ -436,6 +432,7 @@ impl EntryCache {
     }
 
     /// Bytes held (as counted against [`ENTRY_CACHE_BYTES_MAX`]).
+    #[cfg(test)]
     pub fn bytes(&self) -> u64 {
         let c = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         c.young_bytes

@@ -7,8 +7,8 @@ use spool_engine::{IndexBatch, IndexError};
 use super::keys::{child_key, child_prefix, count_key, entry_key};
 use super::record::{get_record, put_record, EntryRecord, Writer, RECORD_FORMAT};
 use crate::store::log::common::be_u64;
-use crate::transcript::entry::ENTRY_ID_LEN_MAX;
 use crate::transcript::EntryId;
+use crate::transcript::ENTRY_ID_LEN_MAX;
 
 /// The encoding of the record `bytes` encodes with its child count set to
 /// `children` and its only child to `only`: the count and the only child
@@ -295,12 +295,12 @@ pub(super) fn batch_children(
 
 #[cfg(test)]
 mod tests {
+    use super::super::keys::TRANSCRIPT_INDEXER;
     use super::super::keys::{ENTRY_TAGS, TAG_COUNT};
     use super::super::test_support::{
         append_n, check_path, open, record_count, seeded_created, session_event, tag_keys, user,
         writer_session,
     };
-    use super::super::TRANSCRIPT_INDEXER;
     use super::*;
     use crate::handle::HandleOptions;
     use crate::session::SessionId;

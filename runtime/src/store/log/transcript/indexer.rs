@@ -40,7 +40,7 @@ use crate::transcript::{
 /// [`TranscriptIndexer::default`] decodes every event itself;
 /// [`TranscriptIndexer::with_memo`] takes a `created` event's decoding
 /// from a session indexer sharing the memo
-/// ([`SessionIndexer::with_memo`](super::SessionIndexer::with_memo)).
+/// ([`SessionIndexer::with_memo`](crate::store::log::sessions::SessionIndexer::with_memo)).
 #[derive(Debug, Default)]
 pub struct TranscriptIndexer {
     memo: Option<Arc<DecodeMemo>>,

@@ -112,25 +112,29 @@ mod source;
 #[cfg(test)]
 mod test_support;
 
-#[allow(deprecated)]
-pub use accelerators::SeedMemo;
-pub use accelerators::{
-    DecodeMemo, EntryCache, ENTRY_CACHE_BYTES_MAX, ENTRY_CACHE_GHOSTS_MAX,
-    ENTRY_CACHE_OVERHEAD_BYTES,
-};
+pub use accelerators::DecodeMemo;
 pub use indexer::TranscriptIndexer;
-pub use keys::{TRANSCRIPT_INDEXER, TRANSCRIPT_INDEX_VERSION};
-pub use record::{EntryRecord, TranscriptMeta};
-pub use seed_table::{encode_seed_bucket, seed_bucket_records, SeedRecord, SEED_BUCKETS};
-pub use source::{
-    entry_ids, entry_records, read_meta, LogTranscriptSource, SOURCE_RECORD_CACHE_MAX,
-};
+pub use source::{entry_ids, read_meta, LogTranscriptSource};
+// Reached from outside the crate only through the `fuzzing` and
+// `test_hooks` modules at its root, under their features.
+#[cfg(any(feature = "fuzzing", feature = "test-hooks"))]
+pub use keys::TRANSCRIPT_INDEXER;
+#[cfg(any(feature = "fuzzing", feature = "test-hooks"))]
+pub use record::EntryRecord;
+#[cfg(any(feature = "postgres", feature = "fuzzing"))]
+pub use record::TranscriptMeta;
+#[cfg(feature = "fuzzing")]
+pub use seed_table::{encode_seed_bucket, seed_bucket_records};
+#[cfg(feature = "test-hooks")]
+pub use source::entry_records;
 
 /// The decoders of the transcript index's other values (active-path
 /// blocks and their links, `n` child counts, the meta record), for the
 /// `index_values` fuzz body (`spool-tests`): index values are bytes on
-/// disk, read back as they are. Not an API.
-#[doc(hidden)]
+/// disk, read back as they are. Not an API: public only through the
+/// crate's `fuzzing` module (feature `fuzzing`), compiled in every build
+/// so it stays in step with the formats.
+#[cfg_attr(not(feature = "fuzzing"), allow(dead_code))]
 pub mod fuzzing {
     use super::child_counts::{count_value, only_child};
     use super::path_blocks::{

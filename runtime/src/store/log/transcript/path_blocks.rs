@@ -9,8 +9,8 @@ use spool_engine::{IndexBatch, IndexError, LogPosition};
 use super::keys::{sk, TAG_PATH};
 use super::record::{EntryKey, EntryRecord};
 use crate::store::log::common::be_u64;
-use crate::transcript::entry::ENTRY_ID_LEN_MAX;
 use crate::transcript::EntryId;
+use crate::transcript::ENTRY_ID_LEN_MAX;
 
 /// Depths of the active path are grouped in blocks of
 /// [`PATH_BLOCK_DEPTHS`] under one `p` key each; keys sort by block, so a
@@ -458,8 +458,9 @@ mod tests {
     use spool_engine::{Indexer, RecordedCommit, Store};
 
     use super::super::indexer::TranscriptIndexer;
+    use super::super::keys::{TRANSCRIPT_INDEXER, TRANSCRIPT_INDEX_VERSION};
+    use super::super::read_meta;
     use super::super::source::LogTranscriptSource;
-    use super::super::{read_meta, TRANSCRIPT_INDEXER, TRANSCRIPT_INDEX_VERSION};
     use crate::handle::HandleOptions;
     use crate::session::{SessionEvent, SessionId};
     use crate::store::StoreError;

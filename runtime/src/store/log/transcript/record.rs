@@ -74,7 +74,7 @@ pub struct EntryRecord {
     pub event: u32,
     /// Index of the entry in the event's entry list (0 for an append).
     pub sub: u32,
-    /// [`entry_size`] of the entry with its current parent.
+    /// [`entry_size`](crate::transcript::entry_size) of the entry with its current parent.
     pub size: u64,
     pub kind: String,
     pub parent: Option<EntryId>,

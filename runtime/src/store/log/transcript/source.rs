@@ -299,6 +299,7 @@ impl LogTranscriptSource {
     }
 
     /// The index record of an entry.
+    #[cfg(test)]
     pub fn record(&self, id: &EntryId) -> Result<Option<EntryRecord>, StoreError> {
         Ok(self.cached_record(id)?.map(|r| (*r).clone()))
     }
