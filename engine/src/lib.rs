@@ -24,6 +24,7 @@
 //! The on-disk format is in [`mod@format`] and, byte by byte, in docs/format.md at the
 //! repository root.
 
+mod checkpoint;
 mod commit_id;
 mod error;
 pub mod format;
@@ -38,6 +39,7 @@ mod types;
 mod verify;
 pub mod vfs;
 
+pub use checkpoint::{CHECKPOINT_COMMITS_MIN_DEFAULT, CHECKPOINT_DIR};
 pub use error::{Error, IndexError};
 pub use format::{
     CommitRef, EventRef, EVENTS_PER_COMMIT_MAX, EVENT_KIND_BYTES_MAX, RECORD_BYTES_HARD_CAP,
