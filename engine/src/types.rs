@@ -201,6 +201,11 @@ impl Options {
         self.vfs = vfs;
         self
     }
+    /// See [`Options::checkpoint_commits_min`].
+    pub fn checkpoint_commits_min(mut self, n: u64) -> Self {
+        self.checkpoint_commits_min = n;
+        self
+    }
     pub fn indexer(mut self, ix: Arc<dyn Indexer>) -> Self {
         self.indexers.push(ix);
         self

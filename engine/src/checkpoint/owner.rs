@@ -144,7 +144,7 @@ impl Shared {
 
     /// Write the checkpoint of sled's main tree, which holds exactly the commits up to
     /// `at`. `Ok(false)`: nothing written because the cut is not one a checkpoint may
-    /// describe (commits not yet known synced, sled's applied seq not `at`'s, the
+    /// describe (sled's applied seq not `at`'s, the
     /// segments busy, the record in a segment GC wrote).
     fn write_from_sled(
         &self,
@@ -155,11 +155,10 @@ impl Shared {
     ) -> Result<bool, Error> {
         let _one = self.writing.lock().unwrap_or_else(|e| e.into_inner());
         let get = |k: &[u8]| tree.get(k).map_err(|e| Error::Index(e.into()));
-        // Only commits known durable: a checkpoint ahead of the log after a power loss
-        // is detected by readers, but need not be made.
-        if get(META_SYNCED)?.and_then(|v| be_u64(&v)).unwrap_or(0) < at.seq {
-            return Ok(false);
-        }
+        // The commits may not be durable yet (`Buffered`): after a power loss that
+        // loses them, readers find the log does not hold the checkpoint's record and
+        // fall back, and the next owner's open removes the checkpoint
+        // (`adopt_or_remove`) before it writes anything.
         let applied = get(META_APPLIED)?;
         let applied_ok = applied.as_deref().is_some_and(|v| {
             be_u64(v) == Some(at.seq) && v.get(8..24) == Some(at.commit_id.as_bytes())
