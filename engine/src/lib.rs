@@ -63,7 +63,7 @@ pub use types::{
     INDEX_THREAD_POLL_MAX_US,
 };
 pub use uuid::Uuid;
-pub use verify::{verify, IndexCheck, VerifyProblem, VerifyReport};
+pub use verify::{verify, CheckpointCheck, IndexCheck, VerifyProblem, VerifyReport};
 
 /// Entry points of the profiling examples (`examples/sled_insert.rs`) into the index's
 /// own use of sled, so they measure what the index runs; not a stable API.

@@ -121,7 +121,7 @@ impl CheckpointFile {
         if fixed[..8] != format::MAGIC {
             return Err(at(0, "not a checkpoint (magic)"));
         }
-        if header_len < 20 || header_len > format::HEADER_BYTES_MAX || header_len > data_end {
+        if !(20..=format::HEADER_BYTES_MAX).contains(&header_len) || header_len > data_end {
             return Err(at(12, "header length out of bounds"));
         }
         let hb = read(0, header_len)?;

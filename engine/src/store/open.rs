@@ -62,7 +62,22 @@ impl Store {
         Store::open_impl(dir.as_ref(), opts, true)
     }
 
+    /// [`Store::open_read_only`] that ignores checkpoints: the index rebuilt from the
+    /// whole log (what `verify` compares a checkpoint with).
+    pub(crate) fn open_read_only_from_log(dir: &Path, opts: Options) -> Result<Store, Error> {
+        Store::open_impl_with(dir, opts, true, false)
+    }
+
     pub(super) fn open_impl(dir: &Path, opts: Options, read_only: bool) -> Result<Store, Error> {
+        Store::open_impl_with(dir, opts, read_only, true)
+    }
+
+    fn open_impl_with(
+        dir: &Path,
+        opts: Options,
+        read_only: bool,
+        use_checkpoint: bool,
+    ) -> Result<Store, Error> {
         if opts.record_bytes_max == 0 || opts.record_bytes_max > format::RECORD_BYTES_HARD_CAP {
             return Err(Error::InvalidInput(format!(
                 "record_bytes_max must be 1..={}",
@@ -118,7 +133,7 @@ impl Store {
             )
         };
         let mut report = OpenReport::default();
-        let from_checkpoint = if read_only {
+        let from_checkpoint = if read_only && use_checkpoint {
             match crate::checkpoint::read::newest(&*vfs, dir) {
                 Some(path) => match open_from_checkpoint(&*vfs, dir, &opts, &path) {
                     Ok((index, state, seq)) => {
@@ -577,7 +592,7 @@ pub(super) fn scan_opened(
                 // against the header and the file's size by `check_resume`).
                 let t = &r.segments[i];
                 let seg = Segment::new(id, file, t.end, map.len() as u64, t.first_seq)
-                    .with_header(h.clone())
+                    .with_header(*h)
                     .with_map(Arc::new(map));
                 segments.insert(id, Arc::new(seg));
                 continue;

@@ -130,7 +130,7 @@ fn log_store_read_only_from_a_checkpoint_gives_identical_answers() {
     use spool_runtime::ListQuery;
 
     fn add(store: &LogStore, i: usize, ids: &mut Vec<spool_runtime::session::SessionId>) {
-        let agent = if i % 2 == 0 { "a" } else { "b" };
+        let agent = if i.is_multiple_of(2) { "a" } else { "b" };
         let mut s = AgentSession::new(AgentDefinition::new(agent, "d", "p"), None);
         for j in 0..(1 + i % 4) {
             s.append(EntryKind::Message {
@@ -141,11 +141,11 @@ fn log_store_read_only_from_a_checkpoint_gives_identical_answers() {
             .unwrap();
         }
         let mut s = store.create(s).unwrap();
-        if i % 3 == 0 {
+        if i.is_multiple_of(3) {
             s.set_status(SessionStatus::Suspended).unwrap();
             s = store.save(s).unwrap();
         }
-        if i % 7 == 0 {
+        if i.is_multiple_of(7) {
             let fork = s.fork(None).unwrap();
             ids.push(store.create(fork).unwrap().id().clone());
         }
