@@ -34,6 +34,7 @@
 //! - `profiling`: the `profiling` module, the index's own sled setup for the profiling
 //!   examples (enabled for this crate's examples and tests).
 
+mod checkpoint;
 mod commit_id;
 mod error;
 pub mod format;
@@ -48,6 +49,7 @@ mod types;
 mod verify;
 pub mod vfs;
 
+pub use checkpoint::{CHECKPOINT_COMMITS_MIN_DEFAULT, CHECKPOINT_DIR};
 pub use error::{Error, IndexError};
 pub use format::{
     CommitRef, EventRef, EVENTS_PER_COMMIT_MAX, EVENT_KIND_BYTES_MAX, RECORD_BYTES_HARD_CAP,
@@ -71,7 +73,7 @@ pub use types::{
     INDEX_THREAD_POLL_MAX_US,
 };
 pub use uuid::Uuid;
-pub use verify::{verify, IndexCheck, VerifyProblem, VerifyReport};
+pub use verify::{verify, CheckpointCheck, IndexCheck, VerifyProblem, VerifyReport};
 
 // Public only with their features; compiled (private) in every other build
 // too, so they stay in step with the internals they reach.

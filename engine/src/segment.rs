@@ -644,6 +644,13 @@ impl HistoryCheck {
         Ok(())
     }
 
+    /// Continue a history checked up to `last_seq` elsewhere (a checkpoint); the
+    /// caller supplies each stream's head as it first meets the stream.
+    pub fn resume(&mut self, last_seq: u64, compacted_seen: bool) {
+        self.last_seq = last_seq;
+        self.compacted_seen = compacted_seen;
+    }
+
     /// Done with the current segment: a compacted one accounts for its whole range.
     pub fn leave_segment(&mut self) {
         if let Some((_, last)) = self.range.take() {

@@ -122,6 +122,11 @@ pub struct Options {
     /// Decisions). Without a window such
     /// groups are indexed by their writer after the fdatasync.
     pub index_thread_poll: Duration,
+    /// The owner writes a checkpoint of the index in the background once at least
+    /// this many commits, or an eighth of the log's if that is more, were applied
+    /// since the last one (default [`crate::CHECKPOINT_COMMITS_MIN_DEFAULT`]); 0 writes
+    /// none in the background (only on close). See [`crate::CHECKPOINT_DIR`].
+    pub checkpoint_commits_min: u64,
 }
 
 /// Default of [`Options::index_thread_poll`], in microseconds: zero, no polling (its
@@ -145,6 +150,7 @@ impl Default for Options {
             lock_wait: Duration::from_millis(crate::LOCK_WAIT_MAX_MS),
             next_segment: NextSegment::default(),
             index_thread_poll: Duration::from_micros(INDEX_THREAD_POLL_DEFAULT_US),
+            checkpoint_commits_min: crate::CHECKPOINT_COMMITS_MIN_DEFAULT,
         }
     }
 }
@@ -193,6 +199,11 @@ impl Options {
     }
     pub fn vfs(mut self, vfs: Arc<dyn Vfs>) -> Self {
         self.vfs = vfs;
+        self
+    }
+    /// See [`Options::checkpoint_commits_min`].
+    pub fn checkpoint_commits_min(mut self, n: u64) -> Self {
+        self.checkpoint_commits_min = n;
         self
     }
     pub fn indexer(mut self, ix: Arc<dyn Indexer>) -> Self {
@@ -405,4 +416,19 @@ pub struct StoreStats {
     pub groups_polled: u64,
     /// Last sequence number in the log.
     pub last_seq: u64,
+    /// Records the open decoded from the log: the whole log, or only those after the
+    /// checkpoint a read-only open started from.
+    pub open_records_decoded: u64,
+    /// The seq of the checkpoint a read-only open started from, if it used one.
+    pub open_checkpoint_seq: Option<u64>,
+    /// Why a read-only open did not use the store's newest checkpoint (damaged, from
+    /// another store, ahead of the log, made with other indexers...) and read the
+    /// whole log instead; `None` when it used it or there was none.
+    pub open_checkpoint_fallback: Option<String>,
+    /// Checkpoints the owner wrote since open.
+    pub checkpoints_written: u64,
+    /// The first checkpoint write that failed since open, if any (a failed checkpoint
+    /// is not a fault of the store: the log is the truth; the next one is tried
+    /// anyway).
+    pub checkpoint_failure: Option<String>,
 }

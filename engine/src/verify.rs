@@ -41,6 +41,25 @@ pub enum IndexCheck {
     Unreadable { problem: String },
 }
 
+/// What happened to the check of the store's newest checkpoint
+/// (`DIR/checkpoints/`): a read-only open from it must answer exactly as a rebuild of
+/// the index from the whole log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum CheckpointCheck {
+    /// No checkpoint.
+    Absent,
+    /// Not compared: a writer holds the store (the two opens would see different
+    /// prefixes of the log), or the log itself has problems.
+    Skipped { reason: String },
+    /// A read-only open would not use it (damaged, from another store, ahead of the
+    /// log, other indexers than `verify`'s options register) and reads the whole log
+    /// instead: not an error of the store; the owner's next open or close replaces it.
+    Unused { reason: String },
+    /// Its answers (every index entry) equal a rebuild from the log.
+    Checked { seq: u64 },
+}
+
 /// Result of [`verify`]; `ok` is false when corruption was found.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct VerifyReport {
@@ -55,6 +74,7 @@ pub struct VerifyReport {
     /// Bytes of a torn tail of the last segment (not an error; the next open truncates it).
     pub torn_tail_bytes: u64,
     pub index: IndexCheck,
+    pub checkpoint: CheckpointCheck,
     pub errors: Vec<VerifyProblem>,
 }
 
@@ -107,6 +127,7 @@ pub fn verify(dir: impl AsRef<Path>, opts: Options) -> Result<VerifyReport, Erro
         last_seq: 0,
         torn_tail_bytes: 0,
         index: IndexCheck::Absent,
+        checkpoint: CheckpointCheck::Absent,
         errors: Vec::new(),
     };
 
@@ -366,8 +387,72 @@ pub fn verify(dir: impl AsRef<Path>, opts: Options) -> Result<VerifyReport, Erro
             }
         }
     }
+    report.checkpoint = check_checkpoint(dir, &opts, writer_live, &mut report.errors);
     report.ok = report.errors.is_empty();
     Ok(report)
+}
+
+/// Compare a read-only open from the newest checkpoint with one that rebuilds the
+/// index from the whole log: every index entry must be equal. A checkpoint whose data
+/// block fails its checksum is a problem (reads from it would fail); one that an open
+/// would not use is not (it falls back to the log).
+fn check_checkpoint(
+    dir: &Path,
+    opts: &Options,
+    writer_live: bool,
+    errors: &mut Vec<VerifyProblem>,
+) -> CheckpointCheck {
+    use crate::store::Store;
+    let Some(path) = crate::checkpoint::read::newest(&*opts.vfs, dir) else {
+        return CheckpointCheck::Absent;
+    };
+    let skipped = |r: &str| CheckpointCheck::Skipped { reason: r.into() };
+    if writer_live {
+        return skipped("a writer holds the store");
+    }
+    if !errors.is_empty() {
+        return skipped("the log has problems");
+    }
+    let name = crate::checkpoint::CHECKPOINT_DIR;
+    let from = match Store::open_read_only(dir, opts.clone()) {
+        Ok(s) => s,
+        Err(e) => return skipped(&format!("read-only open failed: {e}")),
+    };
+    let stats = from.stats();
+    let Some(seq) = stats.open_checkpoint_seq else {
+        return CheckpointCheck::Unused {
+            reason: stats
+                .open_checkpoint_fallback
+                .unwrap_or_else(|| format!("{} was not used", path.display())),
+        };
+    };
+    let rebuilt = match Store::open_read_only_from_log(dir, opts.clone()) {
+        Ok(s) => s,
+        Err(e) => return skipped(&format!("read-only open failed: {e}")),
+    };
+    match (from.index().dump(), rebuilt.index().dump()) {
+        (Ok(a), Ok(b)) if a == b => CheckpointCheck::Checked { seq },
+        (Ok(a), Ok(b)) => {
+            let first = a.iter().zip(&b).position(|(x, y)| x != y);
+            errors.push(problem(
+                name,
+                seq,
+                format!(
+                    "{}: its index differs from a rebuild from the log ({} entries against \
+                     {}; first difference at entry {first:?})",
+                    path.display(),
+                    a.len(),
+                    b.len()
+                ),
+            ));
+            CheckpointCheck::Checked { seq }
+        }
+        (Err(e), _) => {
+            errors.push(problem(name, seq, e.to_string()));
+            CheckpointCheck::Checked { seq }
+        }
+        (_, Err(e)) => skipped(&format!("the rebuild failed: {e}")),
+    }
 }
 
 /// Checks the index's entry for `rec`; `Some(problem)` when sled could not read it.

@@ -19,6 +19,15 @@ pub fn read_only(dir: &Path) -> Result<(Arc<LogStore>, SessionRuntime)> {
         ToolError::with_source(format!("opening {} read-only failed", dir.display()), e)
             .hint_from_cause(None)
     })?);
+    // A checkpoint that was there but could not be used (damaged, from another store,
+    // ahead of the log): the answers are right (rebuilt from the log), only slower.
+    if let Some(why) = store
+        .engine()
+        .ok()
+        .and_then(|e| e.stats().open_checkpoint_fallback)
+    {
+        eprintln!("warning: {why}; read the whole log instead");
+    }
     let rt = SessionRuntime::new(
         store.clone() as Arc<dyn SessionStore>,
         Arc::new(NullSink),

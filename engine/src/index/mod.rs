@@ -39,6 +39,7 @@ use self::open::*;
 use self::redo::RedoLog;
 pub use self::scan::IndexScan;
 use self::scan::*;
+use crate::checkpoint::CheckpointFile;
 use crate::error::{Error, IndexError};
 use crate::types::{CommitInfo, LogPosition, RecordedCommit};
 use std::collections::BTreeMap;
@@ -59,15 +60,15 @@ pub const INDEX_CACHE_BYTES_MAX: u64 = 64 << 20;
 /// Version of the index layout; a different one in an existing index means rebuild.
 pub const INDEX_FORMAT_VERSION: u32 = 2;
 
-const META_FORMAT: &[u8] = b"\x00meta:format";
-const META_APPLIED: &[u8] = b"\x00meta:applied";
+pub(crate) const META_FORMAT: &[u8] = b"\x00meta:format";
+pub(crate) const META_APPLIED: &[u8] = b"\x00meta:applied";
 /// The highest seq known to be in the log on disk: written only after the fdatasync
 /// that covered that commit (see [`Index::synced_seq`]).
-const META_SYNCED: &[u8] = b"\x00meta:synced";
+pub(crate) const META_SYNCED: &[u8] = b"\x00meta:synced";
 /// Present only while a move into sled runs: names the move's record in the redo log
 /// (see [`crate::index::redo`]).
-const META_MOVING: &[u8] = b"\x00meta:moving";
-const META_LAYOUT: &[u8] = b"\x00meta:layout";
+pub(crate) const META_MOVING: &[u8] = b"\x00meta:moving";
+pub(crate) const META_LAYOUT: &[u8] = b"\x00meta:layout";
 const META_INDEXER: &[u8] = b"\x00meta:indexer:";
 const HEAD: &[u8] = b"\x01h";
 const VERSION: &[u8] = b"\x01v";
@@ -241,9 +242,33 @@ pub struct Index {
     /// publish adds 2 under the memtable's write lock; a clear adds 1 before
     /// it starts and 1 once it is done (odd = a clear in progress).
     changes: AtomicU64,
+    /// A checkpoint file under everything else, in place of sled (a read-only open
+    /// from a checkpoint): the memtable then holds every commit after it and is never
+    /// moved into sled (see [`Index::set_base`]).
+    base: std::sync::OnceLock<Arc<CheckpointFile>>,
+    /// The last commit published (and the largest timestamp so far): where a
+    /// checkpoint of what sled holds after a move ends.
+    applied_at: Mutex<Option<AppliedAt>>,
+    /// Called on the move thread after each move into sled, with sled (then holding
+    /// exactly the commits up to the `AppliedAt`, as no other move runs): the store's
+    /// background checkpoint.
+    after_move: std::sync::OnceLock<AfterMove>,
     /// Holds background moves at their start (tests).
     #[cfg(test)]
     move_gate: Arc<MoveGate>,
+}
+
+/// See [`Index::set_after_move`].
+pub(crate) type AfterMove = Arc<dyn Fn(&sled::Tree, &AppliedAt) + Send + Sync>;
+
+/// The last commit applied to an index: its seq, commit id and position, and the
+/// largest commit timestamp up to it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct AppliedAt {
+    pub seq: u64,
+    pub commit_id: Uuid,
+    pub position: LogPosition,
+    pub last_ts: i64,
 }
 
 /// A gate that background moves wait at while it is closed (tests).

@@ -200,6 +200,9 @@ impl Index {
             key_scan_stop: Arc::new(AtomicBool::new(false)),
             instance: NEXT_INDEX_INSTANCE.fetch_add(1, Ordering::Relaxed),
             changes: AtomicU64::new(0),
+            base: std::sync::OnceLock::new(),
+            applied_at: Mutex::new(None),
+            after_move: std::sync::OnceLock::new(),
             #[cfg(test)]
             move_gate: Arc::default(),
         })

@@ -187,6 +187,17 @@ impl Index {
             if synced {
                 set_synced(mem, last.info.seq);
             }
+            {
+                let mut at = self.applied_at.lock().unwrap_or_else(|e| e.into_inner());
+                let ts = commits.iter().map(|c| c.info.timestamp_ms).max();
+                let last_ts = at.map_or(i64::MIN, |a| a.last_ts).max(ts.unwrap_or(0));
+                *at = Some(AppliedAt {
+                    seq: last.info.seq,
+                    commit_id: last.info.commit_id,
+                    position: last.info.position,
+                    last_ts,
+                });
+            }
             mem.commits += commits.len();
             // Under the write lock: a reader that sees any of these writes
             // (through the read lock) sees this count too.
@@ -196,7 +207,10 @@ impl Index {
                 mem.commits >= MEM_COMMITS_MAX || mem.bytes >= MEM_BYTES_MAX,
             )
         };
-        if past_max_bound || (past_move_bound && !self.move_running()) {
+        // Over a checkpoint file the memtable holds every commit after it: there is no
+        // sled to move into (see `Index::set_base`).
+        let movable = self.base.get().is_none();
+        if movable && (past_max_bound || (past_move_bound && !self.move_running())) {
             // Wait for the previous move (back-pressure: it runs on only past the
             // `_MAX` bounds) and report its failure.
             self.join_moving()?;
@@ -205,6 +219,8 @@ impl Index {
             let frozen = self.frozen.clone();
             let flushed_at = self.sled_flushed_at.clone();
             let redo = self.redo.clone();
+            let after = self.after_move.get().cloned();
+            let at = *self.applied_at.lock().unwrap_or_else(|e| e.into_inner());
             #[cfg(test)]
             let gate = self.move_gate.clone();
             let spawned = std::thread::Builder::new()
@@ -212,7 +228,11 @@ impl Index {
                 .spawn(move || {
                     #[cfg(test)]
                     gate.pass();
-                    move_into_sled(&tree, &frozen, &flushed_at, redo.as_deref(), &writes)
+                    move_into_sled(&tree, &frozen, &flushed_at, redo.as_deref(), &writes)?;
+                    if let (Some(after), Some(at)) = (after, at) {
+                        after(&tree, &at);
+                    }
+                    Ok(())
                 });
             match spawned {
                 Ok(h) => *self.moving.lock().unwrap_or_else(|e| e.into_inner()) = Some(h),
@@ -300,6 +320,9 @@ impl Index {
     /// applier (the group leader, or open/close) calls this and `apply`, so they never
     /// run concurrently.
     pub(crate) fn flush_mem(&self) -> Result<(), IndexError> {
+        if self.base.get().is_some() {
+            return Ok(());
+        }
         self.join_moving()?;
         if self
             .mem
@@ -347,5 +370,43 @@ impl Index {
         }
         let mut guard = self.mem.write().unwrap_or_else(|e| e.into_inner());
         set_synced(&mut guard, seq);
+    }
+}
+
+impl Index {
+    /// Put the checkpoint `base` under this (new, temporary, empty) index in place of
+    /// sled: reads then go memtable, checkpoint; commits after the checkpoint are
+    /// applied to the memtable, which is never moved (sled would lose its removals'
+    /// effect on the checkpoint's keys). `false` if the index already has one.
+    pub(crate) fn set_base(&self, base: Arc<CheckpointFile>) -> bool {
+        if self.base.set(base).is_err() {
+            return false;
+        }
+        // The key filter knows nothing of the checkpoint's keys: unused from now on.
+        self.keys
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .complete = false;
+        true
+    }
+
+    /// Set the hook run after each background move into sled (see `after_move`).
+    pub(crate) fn set_after_move(&self, f: AfterMove) {
+        let _ = self.after_move.set(f);
+    }
+
+    /// The last commit published (see [`AppliedAt`]), if known.
+    pub(crate) fn applied_at(&self) -> Option<AppliedAt> {
+        *self.applied_at.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Record where the last applied commit is (the open's scan found it).
+    pub(crate) fn set_applied_at(&self, at: AppliedAt) {
+        *self.applied_at.lock().unwrap_or_else(|e| e.into_inner()) = Some(at);
+    }
+
+    /// sled's main tree (for a checkpoint of it once the memtable is empty).
+    pub(crate) fn sled_tree(&self) -> &sled::Tree {
+        &self.tree
     }
 }

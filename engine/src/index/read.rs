@@ -236,7 +236,7 @@ impl Index {
         if it.mem.peek().is_none() {
             // Nothing pending in the memtables in range: sled's entries alone.
             for kv in &mut it.sled {
-                let (k, v) = kv.map_err(sled_err)?;
+                let (k, v) = kv?;
                 if !f(k.get(strip..).unwrap_or(&[]), &v) {
                     break;
                 }

@@ -17,9 +17,16 @@ impl Index {
                 return Ok(v.clone());
             }
         }
-        sled_guard("reading a key", || {
-            Ok(self.tree.get(k)?.map(|v| v.to_vec()))
-        })
+        Ok(self.bottom_get(k)?.map(|v| v.to_vec()))
+    }
+
+    /// A key's value in the bottom layer: the checkpoint file when the index has one
+    /// (see [`Index::set_base`]), else sled.
+    pub(super) fn bottom_get(&self, k: &[u8]) -> Result<Option<sled::IVec>, IndexError> {
+        match self.base.get() {
+            Some(base) => base.get(k),
+            None => sled_guard("reading a key", || Ok(self.tree.get(k)?)),
+        }
     }
 
     /// A key's value: the memtable, the frozen memtable, then sled — unless the key
@@ -59,7 +66,7 @@ impl Index {
                 return Ok(f(v.as_deref()));
             }
         }
-        let v = sled_guard("reading a key", || Ok(self.tree.get(k)?))?;
+        let v = self.bottom_get(k)?;
         Ok(f(v.as_deref()))
     }
 
@@ -118,9 +125,13 @@ impl Index {
                 }
             }
         };
+        let bottom = match self.base.get() {
+            Some(base) => Bottom::Checkpoint(base.range(lo, hi)),
+            None => Bottom::Sled(self.tree.range((lo, hi))),
+        };
         MergeIter {
             mem: mem.into_iter().peekable(),
-            sled: self.tree.range((lo, hi)),
+            sled: bottom,
             sled_peek: None,
             sled_done: false,
             prefix: prefix.to_vec(),
@@ -194,11 +205,30 @@ impl Kv {
     }
 }
 
+/// The layer under the memtables: sled, or a checkpoint file in its place.
+pub(super) enum Bottom {
+    Sled(sled::Iter),
+    Checkpoint(crate::checkpoint::CheckpointIter),
+}
+
+impl Iterator for Bottom {
+    type Item = Result<(sled::IVec, sled::IVec), IndexError>;
+    fn next(&mut self) -> Option<Self::Item> {
+        match self {
+            Bottom::Sled(i) => match sled_guard("scanning", || Ok(i.next())) {
+                Ok(next) => next.map(|r| r.map_err(IndexError::Sled)),
+                Err(e) => Some(Err(e)),
+            },
+            Bottom::Checkpoint(i) => i.next(),
+        }
+    }
+}
+
 /// The memtables' entries merged over sled's, in key order; the memtable wins on equal
 /// keys and its `None` hides sled's entry.
 pub(super) struct MergeIter {
     pub(super) mem: std::iter::Peekable<std::vec::IntoIter<PendingWrite>>,
-    pub(super) sled: sled::Iter,
+    pub(super) sled: Bottom,
     sled_peek: Option<(sled::IVec, sled::IVec)>,
     /// sled has no more entries in range.
     sled_done: bool,
@@ -215,15 +245,7 @@ impl MergeIter {
             if self.sled_peek.is_none() && !self.sled_done {
                 // sled's range ends where the prefix does (see `prefix_end`), so every
                 // key it yields starts with the prefix.
-                let sled = &mut self.sled;
-                let next = match sled_guard("scanning", || Ok(sled.next())) {
-                    Ok(next) => next,
-                    Err(e) => {
-                        self.done = true;
-                        return Some(Err(e));
-                    }
-                };
-                match next {
+                match self.sled.next() {
                     Some(Ok((k, v))) => {
                         debug_assert!(k.starts_with(&self.prefix));
                         self.sled_peek = Some((k, v))
@@ -231,7 +253,7 @@ impl MergeIter {
                     None => self.sled_done = true,
                     Some(Err(e)) => {
                         self.done = true;
-                        return Some(Err(IndexError::Sled(e)));
+                        return Some(Err(e));
                     }
                 }
             }

@@ -65,7 +65,11 @@ pub(super) fn shutdown(inner: &Inner) -> Result<(), Error> {
         *slot = spare::Slot::Empty;
         let _ = spare::remove(&*inner.opts.vfs, &inner.dir);
     }
-    let _ = inner.index.flush();
+    let flushed = inner.index.flush();
+    if !inner.read_only && flushed.is_ok() && !inner.poisoned.load(Ordering::Acquire) {
+        // Sled now holds every commit applied: the checkpoint readers open from.
+        inner.checkpoints.on_close(&inner.segments, &inner.index);
+    }
     // The lock is released when `Inner` is dropped, after the index.
     res
 }

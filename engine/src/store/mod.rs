@@ -156,7 +156,13 @@ pub(crate) struct Inner {
     pub(crate) dir: PathBuf,
     pub(crate) opts: Options,
     pub(crate) read_only: bool,
-    pub(crate) segments: RwLock<BTreeMap<u64, Arc<Segment>>>,
+    /// Shared with the background checkpoint (which lists the segments up to its
+    /// record, see [`crate::checkpoint`]).
+    pub(crate) segments: Arc<RwLock<BTreeMap<u64, Arc<Segment>>>>,
+    /// The owner's checkpoints: when the last was written, failures.
+    pub(crate) checkpoints: Arc<crate::checkpoint::Shared>,
+    /// What the open did (records read, checkpoint used or why not).
+    pub(crate) open_report: self::open::OpenReport,
     pub(crate) w: Mutex<Writer>,
     pub(crate) cond: Condvar,
     /// Wakes a gathering leader when a commit joins its group.
@@ -313,6 +319,11 @@ impl Store {
             groups_prepared_ahead: c.groups_prepared_ahead.load(Ordering::Relaxed),
             groups_polled: c.groups_polled.load(Ordering::Relaxed),
             last_seq: self.last_seq(),
+            open_records_decoded: self.inner.open_report.decoded,
+            open_checkpoint_seq: self.inner.open_report.checkpoint_seq,
+            open_checkpoint_fallback: self.inner.open_report.checkpoint_fallback.clone(),
+            checkpoints_written: self.inner.checkpoints.written(),
+            checkpoint_failure: self.inner.checkpoints.failure(),
         }
     }
 

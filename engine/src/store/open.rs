@@ -18,6 +18,31 @@ pub(super) struct LogState {
     max_id: u64,
     /// The log's layout id (see `layout_of`).
     layout: u64,
+    /// Records decoded (validated and read) by the scan.
+    decoded: u64,
+}
+
+/// Where a scan resumes after a checkpoint (see `check_resume`): the segments before
+/// the checkpoint's are taken as the checkpoint describes them (headers checked, no
+/// frame read), and the scan starts after the checkpoint's record.
+pub(super) struct Resume {
+    /// Index in log order of the segment holding the checkpoint's record.
+    p_index: usize,
+    segments: Vec<crate::checkpoint::SegmentEnd>,
+    /// One past the checkpoint's record.
+    p_end: u64,
+    seq: u64,
+    last_ts: i64,
+    /// A segment written by GC comes before the checkpoint's record.
+    compacted_before: bool,
+}
+
+/// What an open did (see [`StoreStats`]).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct OpenReport {
+    pub decoded: u64,
+    pub checkpoint_seq: Option<u64>,
+    pub checkpoint_fallback: Option<String>,
 }
 
 impl Store {
@@ -37,7 +62,22 @@ impl Store {
         Store::open_impl(dir.as_ref(), opts, true)
     }
 
+    /// [`Store::open_read_only`] that ignores checkpoints: the index rebuilt from the
+    /// whole log (what `verify` compares a checkpoint with).
+    pub(crate) fn open_read_only_from_log(dir: &Path, opts: Options) -> Result<Store, Error> {
+        Store::open_impl_with(dir, opts, true, false)
+    }
+
     pub(super) fn open_impl(dir: &Path, opts: Options, read_only: bool) -> Result<Store, Error> {
+        Store::open_impl_with(dir, opts, read_only, true)
+    }
+
+    fn open_impl_with(
+        dir: &Path,
+        opts: Options,
+        read_only: bool,
+        use_checkpoint: bool,
+    ) -> Result<Store, Error> {
         if opts.record_bytes_max == 0 || opts.record_bytes_max > format::RECORD_BYTES_HARD_CAP {
             return Err(Error::InvalidInput(format!(
                 "record_bytes_max must be 1..={}",
@@ -92,31 +132,45 @@ impl Store {
                     .unwrap_or_else(|| dir.join(INDEX_DIR)),
             )
         };
-        let (index, _fresh) = Index::open(index_path.as_deref(), opts.indexers.clone())?;
-
-        let mut state = scan_log(&*vfs, dir, &opts, &index, read_only);
-        if read_only {
-            // A live writer may be appending to the last segment while it is scanned: a
-            // frame caught half-written with a complete one after it looks like mid-log
-            // corruption. Real corruption stays; a race does not survive a rescan.
-            let mut tries = 0;
-            while tries < READ_ONLY_RESCANS && matches!(state, Err(Error::Corrupt { .. })) {
-                tries += 1;
-                std::thread::sleep(std::time::Duration::from_millis(10));
-                index.clear(0)?;
-                state = scan_log(&*vfs, dir, &opts, &index, read_only);
+        let mut report = OpenReport::default();
+        let from_checkpoint = if read_only && use_checkpoint {
+            match crate::checkpoint::read::newest(&*vfs, dir) {
+                Some(path) => match open_from_checkpoint(&*vfs, dir, &opts, &path) {
+                    Ok((index, state, seq)) => {
+                        report.checkpoint_seq = Some(seq);
+                        Some((index, state))
+                    }
+                    Err(reason) => {
+                        report.checkpoint_fallback = Some(reason);
+                        None
+                    }
+                },
+                None => None,
             }
-        }
-        let mut state = state?;
-        if state.index_stale {
-            // The index is ahead of the log or describes another history (e.g. after a
-            // crash with Buffered durability): rebuild it from the log.
-            index.clear(state.layout)?;
-            state = scan_log(&*vfs, dir, &opts, &index, read_only)?;
-            debug_assert!(!state.index_stale);
-            let _ = index.flush();
-        }
-        let mut segments = state.segments;
+        } else {
+            None
+        };
+        let (index, state) = match from_checkpoint {
+            Some(opened) => opened,
+            None => open_from_log(&*vfs, dir, &opts, index_path.as_deref(), read_only)?,
+        };
+        report.decoded = state.decoded;
+        Store::open_with(dir, opts, read_only, guard, index, state, report)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn open_with(
+        dir: &Path,
+        opts: Options,
+        read_only: bool,
+        guard: Option<Box<dyn VfsLock>>,
+        index: Index,
+        state: LogState,
+        report: OpenReport,
+    ) -> Result<Store, Error> {
+        let vfs = opts.vfs.clone();
+        let mut state = state;
+        let mut segments = std::mem::take(&mut state.segments);
         // The active segment is the last in log order, unless that one was written by GC
         // (or the log is empty): then a new one starts.
         let last = segment::in_log_order(segments.values()).pop();
@@ -150,6 +204,218 @@ impl Store {
                 seg
             }
         };
+        let checkpoints = Arc::new(crate::checkpoint::Shared::new(vfs.clone(), dir, &opts));
+        if !read_only {
+            checkpoints.adopt_or_remove(&segments, opts.record_bytes_max, state.last_seq);
+        }
+        let segments = Arc::new(RwLock::new(segments));
+        if !read_only {
+            let shared = checkpoints.clone();
+            let segs = Arc::downgrade(&segments);
+            index.set_after_move(Arc::new(move |tree, at| {
+                if let Some(segs) = segs.upgrade() {
+                    shared.after_move(&segs, tree, at);
+                }
+            }));
+        }
+        build_store(
+            dir,
+            opts,
+            read_only,
+            guard,
+            index,
+            state,
+            segments,
+            active,
+            next_segment_id,
+            checkpoints,
+            report,
+        )
+    }
+}
+
+/// The index and the log state of an open that reads the whole log (the owner's, and a
+/// read-only open without a usable checkpoint).
+fn open_from_log(
+    vfs: &dyn Vfs,
+    dir: &Path,
+    opts: &Options,
+    index_path: Option<&Path>,
+    read_only: bool,
+) -> Result<(Index, LogState), Error> {
+    let (index, _fresh) = Index::open(index_path, opts.indexers.clone())?;
+    {
+        let mut state = scan_log(vfs, dir, opts, &index, read_only);
+        if read_only {
+            // A live writer may be appending to the last segment while it is scanned: a
+            // frame caught half-written with a complete one after it looks like mid-log
+            // corruption. Real corruption stays; a race does not survive a rescan.
+            let mut tries = 0;
+            while tries < READ_ONLY_RESCANS && matches!(state, Err(Error::Corrupt { .. })) {
+                tries += 1;
+                std::thread::sleep(std::time::Duration::from_millis(10));
+                index.clear(0)?;
+                state = scan_log(vfs, dir, opts, &index, read_only);
+            }
+        }
+        let mut state = state?;
+        if state.index_stale {
+            // The index is ahead of the log or describes another history (e.g. after a
+            // crash with Buffered durability): rebuild it from the log.
+            index.clear(state.layout)?;
+            state = scan_log(vfs, dir, opts, &index, read_only)?;
+            debug_assert!(!state.index_stale);
+            let _ = index.flush();
+        }
+        Ok((index, state))
+    }
+}
+
+/// The index and the log state of a read-only open from the checkpoint at `path`,
+/// or why the checkpoint cannot be used (the open then reads the whole log): the
+/// checkpoint is checked against the log (layout, indexers, the record it ends with)
+/// and only the records after it are read, into a memtable over the checkpoint file.
+fn open_from_checkpoint(
+    vfs: &dyn Vfs,
+    dir: &Path,
+    opts: &Options,
+    path: &Path,
+) -> Result<(Index, LogState, u64), String> {
+    let ck = crate::checkpoint::CheckpointFile::open(vfs, path)?;
+    let h = &ck.header;
+    let what = |w: String| format!("checkpoint {}: {w}", path.display());
+    if h.index_format != crate::index::INDEX_FORMAT_VERSION {
+        return Err(what(format!("index format {}", h.index_format)));
+    }
+    let mut want: Vec<(String, u32)> = opts
+        .indexers
+        .iter()
+        .map(|i| (i.name().to_string(), i.version()))
+        .collect();
+    let mut have = h.indexers.clone();
+    want.sort();
+    have.sort();
+    if want != have {
+        return Err(what(format!(
+            "made with the indexers {have:?}, this open registers {want:?}"
+        )));
+    }
+    let max = opts.record_bytes_max;
+    let (opened, max_id) =
+        open_segments_in_order(vfs, dir, max, true).map_err(|e| what(e.to_string()))?;
+    check_plain_order(&opened).map_err(|e| what(e.to_string()))?;
+    let layout = layout_of(&opened);
+    if layout != h.layout {
+        return Err(what(format!(
+            "made for log layout {}, the log has layout {layout}",
+            h.layout
+        )));
+    }
+    let resume = check_resume(&opened, h, max).map_err(what)?;
+    let seq = h.seq;
+    let (index, _) = Index::open(None, opts.indexers.clone()).map_err(|e| what(e.to_string()))?;
+    index.set_base(Arc::new(ck));
+    let state = scan_opened(vfs, dir, opts, &index, true, opened, max_id, Some(&resume))
+        .map_err(|e| what(format!("the log after it: {e}")))?;
+    if state.index_stale {
+        return Err(what("the index it holds disagrees with the log".into()));
+    }
+    Ok((index, state, seq))
+}
+
+/// Check a checkpoint's header against the opened log: the segments up to the one
+/// holding its record are the ones it lists, with valid headers and at least as long
+/// as it says, and that segment holds its record (seq and commit id) at its offset.
+/// Reads each segment's header and the one record, nothing else.
+fn check_resume(
+    opened: &[OpenedSegment],
+    h: &crate::checkpoint::Header,
+    max: u32,
+) -> Result<Resume, String> {
+    let p_index = opened
+        .iter()
+        .position(|s| s.id == h.segment)
+        .ok_or_else(|| format!("its segment {} is not in the log", h.segment))?;
+    if h.segments.len() != p_index + 1 {
+        return Err(format!(
+            "lists {} segments up to its record's, the log has {}",
+            h.segments.len(),
+            p_index + 1
+        ));
+    }
+    let mut compacted_before = false;
+    for (i, (s, t)) in opened.iter().zip(&h.segments).enumerate() {
+        if s.id != t.id {
+            return Err(format!("lists segment {} where the log has {}", t.id, s.id));
+        }
+        let header = s
+            .header
+            .as_ref()
+            .map_err(|_| format!("segment {} has no valid header", s.id))?;
+        if i < p_index {
+            if t.end < header.data_start || t.end > s.map.len() as u64 {
+                return Err(format!("segment {} is shorter than it says", s.id));
+            }
+            compacted_before |= header.compacted.is_some();
+        } else if header.compacted.is_some() {
+            return Err("its record is in a segment written by GC".into());
+        }
+    }
+    let seg = &opened[p_index];
+    let data_start = seg
+        .header
+        .as_ref()
+        .map(|h| h.data_start)
+        .unwrap_or(u64::MAX);
+    let mismatch = || {
+        format!(
+            "the log does not hold its record (seq {} at segment {} offset {}): \
+             from another store, or ahead of the log",
+            h.seq, h.segment, h.offset
+        )
+    };
+    let rest = usize::try_from(h.offset)
+        .ok()
+        .filter(|_| h.offset >= data_start)
+        .and_then(|o| seg.map.get(o..))
+        .ok_or_else(mismatch)?;
+    let format::FrameCheck::Valid { payload, total, .. } = format::check_frame(rest, seg.id, max)
+    else {
+        return Err(mismatch());
+    };
+    let pos = LogPosition {
+        segment: seg.id,
+        offset: h.offset,
+    };
+    let rec = format::decode_commit_head(payload, pos).map_err(|_| mismatch())?;
+    if rec.info.seq != h.seq || rec.info.commit_id != h.commit_id {
+        return Err(mismatch());
+    }
+    Ok(Resume {
+        p_index,
+        segments: h.segments.clone(),
+        p_end: h.offset + total,
+        seq: h.seq,
+        last_ts: h.last_ts,
+        compacted_before,
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+fn build_store(
+    dir: &Path,
+    opts: Options,
+    read_only: bool,
+    guard: Option<Box<dyn VfsLock>>,
+    index: Index,
+    state: LogState,
+    segments: Arc<RwLock<BTreeMap<u64, Arc<Segment>>>>,
+    active: Arc<Segment>,
+    next_segment_id: u64,
+    checkpoints: Arc<crate::checkpoint::Shared>,
+    report: OpenReport,
+) -> Result<Store, Error> {
+    {
         let end = active.end.load(Ordering::Acquire);
         let writer = Writer {
             tail_seg: active.id,
@@ -182,7 +448,9 @@ impl Store {
             dir: dir.to_path_buf(),
             read_only,
             _lock: guard,
-            segments: RwLock::new(segments),
+            segments,
+            checkpoints,
+            open_report: report,
             w: Mutex::new(writer),
             cond: Condvar::new(),
             gather_cond: Condvar::new(),
@@ -257,8 +525,27 @@ pub(super) fn scan_log(
     index: &Index,
     read_only: bool,
 ) -> Result<LogState, Error> {
+    let (opened, max_id) = open_segments_in_order(vfs, dir, opts.record_bytes_max, read_only)?;
+    scan_opened(vfs, dir, opts, index, read_only, opened, max_id, None)
+}
+
+/// [`scan_log`] of segments already opened, from the start of the log or, with
+/// `resume` (a read-only open from a checkpoint), from after the checkpoint's record:
+/// the segments before it are taken as the checkpoint lists them, their records
+/// neither read nor checked, and the history check continues from the index (the
+/// checkpoint) for each stream's head.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn scan_opened(
+    vfs: &dyn Vfs,
+    dir: &Path,
+    opts: &Options,
+    index: &Index,
+    read_only: bool,
+    opened: Vec<OpenedSegment>,
+    max_id: u64,
+    resume: Option<&Resume>,
+) -> Result<LogState, Error> {
     let max = opts.record_bytes_max;
-    let (opened, max_id) = open_segments_in_order(vfs, dir, max, read_only)?;
     check_plain_order(&opened)?;
     let layout = layout_of(&opened);
     if index.layout()? != layout {
@@ -274,6 +561,13 @@ pub(super) fn scan_log(
     let mut pending: Vec<RecordedCommit> = Vec::new();
     let mut segments = BTreeMap::new();
     let mut last_ts = 0i64;
+    let mut decoded = 0u64;
+    // The commit the index's applied seq names, where the scan finds it.
+    let mut applied_at = None;
+    if let Some(r) = resume {
+        hist.resume(r.seq, r.compacted_before);
+        last_ts = r.last_ts;
+    }
     let mut index_stale = false;
     let mut commit_ids = CommitIdFilter::with_capacity(0);
     // Per stream, the last commit the index says it holds (see `index_has`).
@@ -292,6 +586,18 @@ pub(super) fn scan_log(
             ..
         } = seg;
         let before_cap = prev_cap.replace(map.len() as u64);
+        if let (Some(r), Ok(h)) = (resume, &header) {
+            if i < r.p_index {
+                // Before the checkpoint's record: as the checkpoint lists it (checked
+                // against the header and the file's size by `check_resume`).
+                let t = &r.segments[i];
+                let seg = Segment::new(id, file, t.end, map.len() as u64, t.first_seq)
+                    .with_header(*h)
+                    .with_map(Arc::new(map));
+                segments.insert(id, Arc::new(seg));
+                continue;
+            }
+        }
         // Only the last segment in log order, if the writer made it, may have a torn
         // tail or an unfinished header.
         let is_last = i + 1 == count && !matches!(&header, Ok(h) if h.compacted.is_some());
@@ -352,7 +658,12 @@ pub(super) fn scan_log(
         hist.enter_segment(header.compacted)
             .map_err(|p| Error::corrupt(&name, SEGMENT_HEADER_BYTES, p))?;
         let mut first_seq = 0;
-        let scan = segment::scan_segment(&map, id, max, header.data_start, |off, payload| {
+        let mut start = header.data_start;
+        if let Some(r) = resume.filter(|r| r.p_index == i) {
+            first_seq = r.segments[i].first_seq;
+            start = r.p_end;
+        }
+        let scan = segment::scan_segment(&map, id, max, start, |off, payload| {
             let pos = LogPosition {
                 segment: id,
                 offset: off,
@@ -364,6 +675,14 @@ pub(super) fn scan_log(
                 format::decode_commit
             };
             let rec = decode(payload, pos).map_err(|p| Error::corrupt(&name, off, p))?;
+            decoded += 1;
+            if resume.is_some() && !hist.heads.contains_key(&rec.info.stream) {
+                // The stream's head before the checkpoint's tail: the index has it (no
+                // commit of the stream is pending, or the history check would know it).
+                if let Some(h) = index.stream_head(&rec.info.stream)? {
+                    hist.heads.insert(rec.info.stream.clone(), h.version);
+                }
+            }
             hist.check(&rec)
                 .map_err(|p| Error::corrupt(&name, off, p))?;
             if first_seq == 0 {
@@ -374,6 +693,14 @@ pub(super) fn scan_log(
             }
             last_ts = last_ts.max(rec.info.timestamp_ms);
             let seq = rec.info.seq;
+            if seq == applied {
+                applied_at = Some(crate::index::AppliedAt {
+                    seq,
+                    commit_id: rec.info.commit_id,
+                    position: pos,
+                    last_ts,
+                });
+            }
             if seq == applied && applied_id != Some(rec.info.commit_id) {
                 index_stale = true;
             }
@@ -482,6 +809,9 @@ pub(super) fn scan_log(
     if !index_stale && !last_indexed.values().all(|i| index_has(index, i)) {
         index_stale = true;
     }
+    if let Some(at) = applied_at.filter(|a| !index_stale && a.seq > 0) {
+        index.set_applied_at(at);
+    }
     if !index_stale && !pending.is_empty() {
         index.apply(&pending)?;
         // Persist the catch-up now rather than redo it after a crash.
@@ -500,6 +830,7 @@ pub(super) fn scan_log(
         index_stale,
         max_id,
         layout,
+        decoded,
     })
 }
 

@@ -4,6 +4,7 @@
 mod common;
 
 mod basic;
+mod checkpoint;
 mod faults;
 mod gc;
 mod growth;

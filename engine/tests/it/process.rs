@@ -136,6 +136,9 @@ fn live_payload(k: u64, v: u64) -> Vec<u8> {
 fn live_opts(segments: &str) -> Options {
     match segments {
         "small" => small_opts(),
+        // Checkpoints rewritten in the background all along (after each move into
+        // sled), read by every read-only open.
+        "small-checkpoints" => small_opts().checkpoint_commits_min(256),
         _ => Options::default(),
     }
 }
@@ -241,9 +244,21 @@ fn readers_beside_a_writer_thread(segments: &str) {
         let (s, stop) = (s.clone(), stop.clone());
         std::thread::spawn(move || append_live(&s, &stop))
     };
+    if segments == "small-checkpoints" {
+        // Readers start once a background checkpoint exists (after the first move into
+        // sled); the writer goes on rewriting it while they read.
+        while s.stats().checkpoints_written == 0 && !writer.is_finished() {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        assert!(s.stats().checkpoints_written > 0, "{:?}", s.stats());
+    }
     let views: Vec<_> = (0..LIVE_READS)
         .map(|_| read_live_prefix(dir.path(), segments))
         .collect();
+    if segments == "small-checkpoints" {
+        let ro = Store::open_read_only(dir.path(), live_opts(segments)).unwrap();
+        assert!(ro.stats().open_checkpoint_seq.is_some(), "{:?}", ro.stats());
+    }
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let acked = writer.join().unwrap();
     let fin = read_live_prefix(dir.path(), segments);
@@ -254,6 +269,11 @@ fn readers_beside_a_writer_thread(segments: &str) {
 #[test]
 fn read_only_opens_and_verify_beside_a_writer_thread_small_segments() {
     readers_beside_a_writer_thread("small");
+}
+
+#[test]
+fn read_only_opens_and_verify_beside_a_writer_thread_rewriting_checkpoints() {
+    readers_beside_a_writer_thread("small-checkpoints");
 }
 
 #[test]
@@ -316,6 +336,14 @@ fn read_only_opens_and_verify_beside_a_writer_process_small_segments() {
     readers_beside_a_writer_process(
         "process::read_only_opens_and_verify_beside_a_writer_process_small_segments",
         "small",
+    );
+}
+
+#[test]
+fn read_only_opens_and_verify_beside_a_writer_process_rewriting_checkpoints() {
+    readers_beside_a_writer_process(
+        "process::read_only_opens_and_verify_beside_a_writer_process_rewriting_checkpoints",
+        "small-checkpoints",
     );
 }
 

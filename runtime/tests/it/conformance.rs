@@ -119,3 +119,85 @@ fn log_store_index_deletion_gives_identical_answers() {
         assert_eq!(store.load(s.id()).unwrap().as_ref(), Some(s));
     }
 }
+
+/// A read-only open of a log store with a checkpoint (written by the owner's close)
+/// and a tail after it lists sessions and loads them (headers and transcripts)
+/// exactly as a read-only open that rebuilds every index from the whole log.
+#[test]
+fn log_store_read_only_from_a_checkpoint_gives_identical_answers() {
+    use spool_runtime::session::{AgentDefinition, AgentSession, SessionStatus};
+    use spool_runtime::transcript::{ContentBlock, EntryKind, Message};
+    use spool_runtime::ListQuery;
+
+    fn add(store: &LogStore, i: usize, ids: &mut Vec<spool_runtime::session::SessionId>) {
+        let agent = if i.is_multiple_of(2) { "a" } else { "b" };
+        let mut s = AgentSession::new(AgentDefinition::new(agent, "d", "p"), None);
+        for j in 0..(1 + i % 4) {
+            s.append(EntryKind::Message {
+                message: Message::User {
+                    content: vec![ContentBlock::text(format!("m{i}.{j}"))],
+                },
+            })
+            .unwrap();
+        }
+        let mut s = store.create(s).unwrap();
+        if i.is_multiple_of(3) {
+            s.set_status(SessionStatus::Suspended).unwrap();
+            s = store.save(s).unwrap();
+        }
+        if i.is_multiple_of(7) {
+            let fork = s.fork(None).unwrap();
+            ids.push(store.create(fork).unwrap().id().clone());
+        }
+        ids.push(s.id().clone());
+    }
+
+    let dir = tempfile::tempdir().unwrap();
+    let mut ids = Vec::new();
+    let store = LogStore::open(dir.path(), LogStoreOptions::default()).unwrap();
+    for i in 0..40 {
+        add(&store, i, &mut ids);
+    }
+    store.delete(&ids[1]).unwrap();
+    store.close().unwrap();
+    // A tail after the checkpoint, beside the live owner.
+    let owner = LogStore::open(dir.path(), LogStoreOptions::default()).unwrap();
+    for i in 40..47 {
+        add(&owner, i, &mut ids);
+    }
+    owner.delete(&ids[2]).unwrap();
+
+    let queries = [
+        ListQuery::all().including_deleted(),
+        ListQuery::all().with_status(SessionStatus::Suspended),
+        ListQuery::all().with_agent("b").limit(5),
+    ];
+    let answers = |store: &LogStore| {
+        let listings: Vec<_> = queries
+            .iter()
+            .map(|q| store.list_headers(q).unwrap())
+            .collect();
+        let sessions: Vec<_> = ids.iter().map(|id| store.load(id).unwrap()).collect();
+        (listings, sessions)
+    };
+    let ro = LogStore::open_read_only(dir.path()).unwrap();
+    let stats = ro.engine().unwrap().stats();
+    assert!(stats.open_checkpoint_seq.is_some(), "{stats:?}");
+    assert!(stats.open_records_decoded < stats.last_seq, "{stats:?}");
+    let from_checkpoint = answers(&ro);
+
+    let copy = tempfile::tempdir().unwrap();
+    for e in std::fs::read_dir(dir.path()).unwrap() {
+        let e = e.unwrap();
+        if e.file_type().unwrap().is_file() && e.file_name() != "LOCK" {
+            std::fs::copy(e.path(), copy.path().join(e.file_name())).unwrap();
+        }
+    }
+    let full = LogStore::open_read_only(copy.path()).unwrap();
+    assert_eq!(full.engine().unwrap().stats().open_checkpoint_seq, None);
+    assert_eq!(from_checkpoint, answers(&full));
+    assert_eq!(from_checkpoint, answers(&owner));
+    // Every session but the two deleted ones loads.
+    let loaded = from_checkpoint.1.iter().filter(|s| s.is_some()).count();
+    assert_eq!(loaded, ids.len() - 2);
+}

@@ -19,6 +19,9 @@ struct Report {
     torn_tail_bytes: u64,
     /// What the index check found (its problems are among `errors`).
     index: String,
+    /// What the check of the newest checkpoint against a rebuild found (its problems
+    /// are among `errors`).
+    checkpoint: String,
     errors: Vec<Problem>,
 }
 
@@ -37,6 +40,20 @@ fn index_state(c: &spool_engine::IndexCheck) -> String {
     }
 }
 
+/// The checkpoint check in words.
+fn checkpoint_state(c: &spool_engine::CheckpointCheck) -> String {
+    use spool_engine::CheckpointCheck;
+    match c {
+        CheckpointCheck::Absent => "none: read-only opens read the whole log".into(),
+        CheckpointCheck::Skipped { reason } => format!("not checked: {reason}"),
+        CheckpointCheck::Unused { reason } => {
+            format!("not used by read-only opens ({reason}): the owner's next close replaces it")
+        }
+        CheckpointCheck::Checked { seq } => format!("checked against a rebuild, up to seq {seq}"),
+        other => format!("{other:?}"),
+    }
+}
+
 #[derive(Serialize)]
 struct Problem {
     segment: String,
@@ -46,7 +63,10 @@ struct Problem {
 
 pub fn run(dir: &Path, json: bool) -> Result<ExitCode> {
     require_existing_store(dir)?;
-    let r = spool_engine::verify(dir, engine_options())
+    // The log store's indexers: a checkpoint holds their keys, and is compared with
+    // a rebuild by the same ones.
+    let opts = spool_runtime::store::LogStoreOptions::default().engine_options();
+    let r = spool_engine::verify(dir, opts)
         .map_err(|e| ToolError::with_source(format!("verifying {} failed", dir.display()), e))?;
     let report = Report {
         ok: r.errors.is_empty(),
@@ -56,6 +76,7 @@ pub fn run(dir: &Path, json: bool) -> Result<ExitCode> {
         streams: r.streams,
         torn_tail_bytes: r.torn_tail_bytes,
         index: index_state(&r.index),
+        checkpoint: checkpoint_state(&r.checkpoint),
         errors: r
             .errors
             .iter()
@@ -79,6 +100,7 @@ pub fn run(dir: &Path, json: bool) -> Result<ExitCode> {
             report.torn_tail_bytes
         );
         crate::outln!("index: {}", report.index);
+        crate::outln!("checkpoint: {}", report.checkpoint);
         for p in &report.errors {
             crate::outln!("  {} @ {}: {}", p.segment, p.offset, p.problem);
         }

@@ -1,0 +1,230 @@
+//! The owner's side: when to write a checkpoint (on close, and after a move into
+//! sled once the log has grown enough, see [`crate::CHECKPOINT_COMMITS_MIN_DEFAULT`]),
+//! from what (sled's main tree right after a move or a flush, when it holds exactly
+//! the commits up to the last one applied), and what to do with checkpoints a
+//! previous owner left that the log does not back (remove them).
+//!
+//! A failed write is not a fault of the store: the log is the truth and the index is
+//! intact. It is recorded (the first failure, for [`crate::StoreStats`]) and the next
+//! checkpoint is tried as if nothing happened. Nothing here syncs the log.
+
+use super::format::{Header, SegmentEnd};
+use super::read::{newest, CheckpointFile};
+use super::write::write_checkpoint;
+use crate::error::Error;
+use crate::index::{
+    AppliedAt, Index, INDEX_FORMAT_VERSION, META_APPLIED, META_FORMAT, META_LAYOUT, META_MOVING,
+    META_SYNCED,
+};
+use crate::segment::{in_log_order, Segment};
+use crate::types::Options;
+use crate::vfs::Vfs;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+
+type Segments = RwLock<BTreeMap<u64, Arc<Segment>>>;
+
+/// The owner's checkpoint state, shared with the move thread.
+pub(crate) struct Shared {
+    vfs: Arc<dyn Vfs>,
+    dir: PathBuf,
+    indexers: Vec<(String, u32)>,
+    commits_min: u64,
+    /// Seq of the newest checkpoint on disk that the log backs (0: none).
+    last_seq: AtomicU64,
+    written: AtomicU64,
+    failure: Mutex<Option<String>>,
+    /// One write at a time (the move thread's and close's).
+    writing: Mutex<()>,
+}
+
+fn be_u64(v: &[u8]) -> Option<u64> {
+    Some(u64::from_be_bytes(v.get(..8)?.try_into().ok()?))
+}
+
+impl Shared {
+    pub(crate) fn new(vfs: Arc<dyn Vfs>, dir: &Path, opts: &Options) -> Shared {
+        Shared {
+            vfs,
+            dir: dir.to_path_buf(),
+            indexers: opts
+                .indexers
+                .iter()
+                .map(|i| (i.name().to_string(), i.version()))
+                .collect(),
+            commits_min: opts.checkpoint_commits_min,
+            last_seq: AtomicU64::new(0),
+            written: AtomicU64::new(0),
+            failure: Mutex::new(None),
+            writing: Mutex::new(()),
+        }
+    }
+
+    pub(crate) fn written(&self) -> u64 {
+        self.written.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn failure(&self) -> Option<String> {
+        self.failure
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    fn record_failure(&self, e: &Error) {
+        let mut f = self.failure.lock().unwrap_or_else(|e| e.into_inner());
+        if f.is_none() {
+            *f = Some(e.to_string());
+        }
+    }
+
+    /// On the owner's open: take the newest checkpoint whose record the log holds,
+    /// removing newer ones it does not (ahead of the log after lost writes, or not
+    /// readable), so that readers never keep meeting them.
+    pub(crate) fn adopt_or_remove(
+        &self,
+        segments: &BTreeMap<u64, Arc<Segment>>,
+        max: u32,
+        log_last_seq: u64,
+    ) {
+        while let Some(path) = newest(&*self.vfs, &self.dir) {
+            let backed = CheckpointFile::open(&*self.vfs, &path).is_ok_and(|ck| {
+                let h = &ck.header;
+                h.seq <= log_last_seq
+                    && segments
+                        .get(&h.segment)
+                        .and_then(|s| s.read(h.offset, max).ok())
+                        .is_some_and(|r| r.info.seq == h.seq && r.info.commit_id == h.commit_id)
+            });
+            if backed {
+                if let Some(seq) = path
+                    .file_name()
+                    .and_then(|n| super::write::parse_file_name(&n.to_string_lossy()))
+                {
+                    self.last_seq.store(seq, Ordering::Relaxed);
+                }
+                return;
+            }
+            if self.vfs.remove(&path).is_err() {
+                return;
+            }
+        }
+    }
+
+    /// After a background move into sled: a checkpoint when enough was applied since
+    /// the last one.
+    pub(crate) fn after_move(&self, segments: &Segments, tree: &sled::Tree, at: &AppliedAt) {
+        if self.commits_min == 0 {
+            return;
+        }
+        let last = self.last_seq.load(Ordering::Relaxed);
+        if at.seq <= last || at.seq - last < self.commits_min.max(at.seq / 8) {
+            return;
+        }
+        if let Err(e) = self.write_from_sled(segments, tree, at, false) {
+            self.record_failure(&e);
+        }
+    }
+
+    /// On a clean close (the memtable moved into sled, nothing running): a checkpoint
+    /// of everything, unless the newest one already is.
+    pub(crate) fn on_close(&self, segments: &Segments, index: &Index) {
+        let Some(at) = index.applied_at() else {
+            return;
+        };
+        if at.seq == self.last_seq.load(Ordering::Relaxed) {
+            return;
+        }
+        if let Err(e) = self.write_from_sled(segments, index.sled_tree(), &at, true) {
+            self.record_failure(&e);
+        }
+    }
+
+    /// Write the checkpoint of sled's main tree, which holds exactly the commits up to
+    /// `at`. `Ok(false)`: nothing written because the cut is not one a checkpoint may
+    /// describe (sled's applied seq not `at`'s, the
+    /// segments busy, the record in a segment GC wrote).
+    fn write_from_sled(
+        &self,
+        segments: &Segments,
+        tree: &sled::Tree,
+        at: &AppliedAt,
+        wait: bool,
+    ) -> Result<bool, Error> {
+        let _one = self.writing.lock().unwrap_or_else(|e| e.into_inner());
+        let get = |k: &[u8]| tree.get(k).map_err(|e| Error::Index(e.into()));
+        // The commits may not be durable yet (`Buffered`): after a power loss that
+        // loses them, readers find the log does not hold the checkpoint's record and
+        // fall back, and the next owner's open removes the checkpoint
+        // (`adopt_or_remove`) before it writes anything.
+        let applied = get(META_APPLIED)?;
+        let applied_ok = applied.as_deref().is_some_and(|v| {
+            be_u64(v) == Some(at.seq) && v.get(8..24) == Some(at.commit_id.as_bytes())
+        });
+        if !applied_ok
+            || get(META_FORMAT)?.as_deref() != Some(&INDEX_FORMAT_VERSION.to_be_bytes()[..])
+        {
+            return Ok(false);
+        }
+        let layout = get(META_LAYOUT)?.and_then(|v| be_u64(&v)).unwrap_or(0);
+        let table = {
+            let segs = if wait {
+                segments.read().unwrap_or_else(|e| e.into_inner())
+            } else {
+                match segments.try_read() {
+                    Ok(g) => g,
+                    Err(_) => return Ok(false),
+                }
+            };
+            let mut table = Vec::new();
+            let mut found = false;
+            for s in in_log_order(segs.values()) {
+                table.push(SegmentEnd {
+                    id: s.id,
+                    first_seq: s.first_seq.load(Ordering::Acquire),
+                    end: s.end.load(Ordering::Acquire),
+                });
+                if s.id == at.position.segment {
+                    found = s.compacted.is_none();
+                    break;
+                }
+            }
+            if !found {
+                return Ok(false);
+            }
+            table
+        };
+        let header = Header {
+            index_format: INDEX_FORMAT_VERSION,
+            layout,
+            seq: at.seq,
+            commit_id: at.commit_id,
+            segment: at.position.segment,
+            offset: at.position.offset,
+            last_ts: at.last_ts,
+            entries: 0,
+            indexers: self.indexers.clone(),
+            segments: table,
+        };
+        // sled 0.34 panics on some damaged files instead of returning an error (see
+        // `sled_guard`): a panic while reading it is this checkpoint's failure only.
+        let written = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let entries = tree.iter().filter(|kv| {
+                kv.as_ref()
+                    .map_or(true, |(k, _)| k != META_MOVING && k != META_SYNCED)
+            });
+            write_checkpoint(&*self.vfs, &self.dir, header, entries)
+        }))
+        .unwrap_or_else(|_| {
+            Err(Error::Index(crate::error::IndexError::Malformed(
+                "sled panicked while a checkpoint was written".into(),
+            )))
+        })?;
+        let _ = written;
+        self.last_seq.store(at.seq, Ordering::Relaxed);
+        self.written.fetch_add(1, Ordering::Relaxed);
+        Ok(true)
+    }
+}
