@@ -44,7 +44,10 @@ pub use format::{
     RECORD_BYTES_MAX_DEFAULT, SEGMENT_BYTES_MAX_DEFAULT, SEGMENT_BYTES_MIN, SEGMENT_BYTES_START,
     STREAM_ID_BYTES_MAX,
 };
-pub use gc::{GcPlan, GcReport, GcSegment, GC_MANIFEST_IDS_MAX};
+pub use gc::{
+    GcAction, GcOptions, GcPlan, GcReport, GcSegment, CHECKPOINTS_DIR, ERASE_MARKER_FILE,
+    GC_MANIFEST_IDS_MAX,
+};
 pub use index::{
     ChangeMark, Index, IndexBatch, IndexScan, Indexer, StreamHead, INDEX_FORMAT_VERSION,
 };

@@ -92,6 +92,10 @@ impl Store {
                     .unwrap_or_else(|| dir.join(INDEX_DIR)),
             )
         };
+        if !read_only {
+            // An erasing GC committed: its old values are still in the index's files.
+            crate::gc::finish_erasure(&*vfs, dir, index_path.as_deref())?;
+        }
         let (index, _fresh) = Index::open(index_path.as_deref(), opts.indexers.clone())?;
 
         let mut state = scan_log(&*vfs, dir, &opts, &index, read_only);

@@ -4,6 +4,7 @@
 mod common;
 
 mod basic;
+mod erase;
 mod faults;
 mod gc;
 mod growth;
