@@ -98,6 +98,18 @@ impl GcOptions {
             erase: true,
         }
     }
+
+    /// With [`GcOptions::include_active`] set to `on`.
+    pub fn include_active(mut self, on: bool) -> GcOptions {
+        self.include_active = on;
+        self
+    }
+
+    /// With [`GcOptions::erase`] set to `on`.
+    pub fn erase(mut self, on: bool) -> GcOptions {
+        self.erase = on;
+        self
+    }
 }
 
 /// One sealed segment a [`GcPlan`] compacts.

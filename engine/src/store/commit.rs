@@ -604,7 +604,8 @@ impl Store {
         self.sync_segment(&old).map_err(poison)?;
         let id = w.next_segment_id;
         w.next_segment_id += 1;
-        let cap = format::next_segment_capacity(Some(old.capacity), inner.opts.segment_bytes_max);
+        // The same capacity: a roll forced early is no reason to grow.
+        let cap = old.capacity;
         let new =
             create_segment(&*inner.opts.vfs, &inner.dir, &inner.opts, id, cap).map_err(poison)?;
         inner
