@@ -77,16 +77,15 @@ fn sim_files_with(vfs: &dyn Vfs, dir: &Path, needle: &[u8]) -> Vec<String> {
 /// Streams `keep-0..2` (every third commit holds the secret) and `gone` (every commit
 /// does), interleaved over many segments; the last commits land in the active segment.
 fn fill(s: &Store, rounds: u64) {
-    for r in 0..rounds {
+    for _ in 0..rounds {
         for name in ["keep-0", "gone", "keep-1", "keep-2"] {
             let v = s.stream_version(name).unwrap().unwrap_or(0);
-            let secret = name == "gone" || (v + 1) % 3 == 0;
+            let secret = name == "gone" || (v + 1).is_multiple_of(3);
             let mut payload = format!("{name}:{}:", v + 1).into_bytes();
             if secret {
                 payload.extend_from_slice(SECRET);
             }
             payload.resize(150, b'.');
-            let _ = r;
             committed(
                 s.append(commit(name, ExpectedVersion::Exact(v), &payload))
                     .unwrap(),
