@@ -122,6 +122,17 @@ pub fn run(dir: &Path, dry_run: bool, json: bool) -> Result<ExitCode> {
             )
         })?;
         out.index_rebuilt = Some(rebuilt);
+        // An index `replay` left beside the real one when it was cut short
+        // holds the old values too (this process owns the store: no replay
+        // is running).
+        for d in [super::replay::REBUILD_DIR, super::replay::OLD_DIR] {
+            let p = dir.join(d);
+            if p.exists() {
+                std::fs::remove_dir_all(&p).map_err(|e| {
+                    ToolError::with_source(format!("removing {} failed", p.display()), e)
+                })?;
+            }
+        }
     }
     store
         .close()

@@ -47,9 +47,9 @@ use crate::out::{human_time_ms, print_doc, Result, Table, ToolError, EXIT_PROBLE
 use crate::session_open::{parse_id, read_only};
 
 /// Name of the directory the rebuilt index is built in.
-const REBUILD_DIR: &str = "index.rebuild";
+pub(crate) const REBUILD_DIR: &str = "index.rebuild";
 /// Name the old index is moved to while swapping.
-const OLD_DIR: &str = "index.old";
+pub(crate) const OLD_DIR: &str = "index.old";
 /// At most this many differing index keys are listed.
 const DIFFS_LISTED_MAX: usize = 20;
 

@@ -259,7 +259,16 @@ impl LogStore {
     /// log. Returns whether it reopened. Fails while another thread still
     /// holds the engine.
     pub fn finish_erasure(&self) -> Result<bool, StoreError> {
-        if self.read_only || !self.dir.join(spool_engine::ERASE_MARKER_FILE).exists() {
+        let marker = self.dir.join(spool_engine::ERASE_MARKER_FILE);
+        let pending = match &self.opts.vfs {
+            Some(vfs) => vfs.exists(&marker),
+            None => marker.try_exists(),
+        }
+        .map_err(|source| StoreError::Io {
+            path: marker.clone(),
+            source,
+        })?;
+        if self.read_only || !pending {
             return Ok(false);
         }
         self.reopen(true)
