@@ -129,3 +129,38 @@ fn gc_erases_truncated_content_and_deleted_sessions_from_every_file() {
     let r = spool_engine::verify(dir.path(), spool_engine::Options::default()).unwrap();
     assert!(r.ok, "{:?}", r.errors);
 }
+
+/// A whole-form rewrite supersedes every occurrence since the last state
+/// clear; what a clear ended is history and stays.
+#[test]
+fn a_whole_rewrite_supersedes_everything_since_the_last_clear_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open_log(dir.path());
+    let (rt, _) = runtime(store.clone());
+    let id = new_session(&rt);
+    let mut s = store.load(&id).unwrap().unwrap();
+    s.append(user("BEFORE-CLEAR-1")).unwrap();
+    s.append(user("BEFORE-CLEAR-2")).unwrap();
+    store.save(s).unwrap();
+    let mut s = store.load(&id).unwrap().unwrap();
+    s.clear_state().unwrap();
+    let c = s.append(user("AFTER-CLEAR")).unwrap();
+    store.save(s).unwrap();
+    let mut s = store.load(&id).unwrap().unwrap();
+    let mut entry = s.state().transcript.get(&c).unwrap().clone();
+    entry.kind = user("REWRITTEN");
+    s.rewrite_history(vec![entry], Some(c)).unwrap();
+    let s = store.save(s).unwrap();
+    let before = full_transcript(&*store, &id);
+
+    let plan = store.plan_gc().unwrap();
+    assert_eq!(plan.replaced_commits, 1, "{plan:?}");
+    store.run_gc(plan).unwrap();
+    store.finish_erasure().unwrap();
+    let hits = |t: &str| !files_containing(dir.path(), t).is_empty();
+    assert!(!hits("AFTER-CLEAR"));
+    assert!(hits("REWRITTEN"));
+    assert!(hits("BEFORE-CLEAR-1") && hits("BEFORE-CLEAR-2"));
+    assert_eq!(full_transcript(&*store, &id), before);
+    assert_eq!(store.load(&id).unwrap().unwrap().version(), s.version());
+}
