@@ -4,7 +4,20 @@
 //! The caller decides liveness with a predicate over each commit ([`Store::plan_gc`]);
 //! the engine only removes, per stream, a *prefix* of its commits (a dead commit after a
 //! live one of the same stream is kept, so a stream's versions stay contiguous from
-//! wherever it now starts). [`Store::run_gc`] then commits the plan:
+//! wherever it now starts). [`Store::plan_gc_with`] takes a [`GcAction`] per commit
+//! instead: besides dropping, it can *replace* a commit's events (the commit keeps its
+//! stream, version, seq, commit id and timestamp: erasing content without touching the
+//! history); [`GcOptions::include_active`] seals the active segment first so that its
+//! records are compacted too. Replacing rather than removing is what keeps erasure
+//! simple and safe: versions stay contiguous, version fences and retries by commit id
+//! keep working, and the history check needs no new case.
+//!
+//! An erasing GC ([`GcOptions::erase`]) also leaves [`ERASE_MARKER_FILE`] durable
+//! before its commit point and removes the files of [`CHECKPOINTS_DIR`] after it: the
+//! in-place index rebuild leaves the old values in sled's files, so the next owner
+//! open ([`finish_erasure`]) deletes the index directory and rebuilds it from the log.
+//!
+//! [`Store::run_gc`] commits a plan:
 //!
 //! 1. For each run of consecutive sealed segments (in log order) with commits to remove,
 //!    write the run's live records, re-framed for their new segment ids (ids above every
