@@ -164,3 +164,38 @@ fn a_whole_rewrite_supersedes_everything_since_the_last_clear_only() {
     assert_eq!(full_transcript(&*store, &id), before);
     assert_eq!(store.load(&id).unwrap().unwrap().version(), s.version());
 }
+
+/// A session purged and created again: the purged incarnation's transcript
+/// content is erased, the new incarnation reads as before.
+#[test]
+fn gc_erases_the_transcript_of_a_purged_incarnation() {
+    use spool_runtime::session::AgentSession;
+    let dir = tempfile::tempdir().unwrap();
+    let store = open_log(dir.path());
+    let (rt, _) = runtime(store.clone());
+    let id = new_session(&rt);
+    let mut s = store.load(&id).unwrap().unwrap();
+    s.append(user("FIRST-INCARNATION")).unwrap();
+    store.save(s).unwrap();
+    rt.delete(&id).unwrap();
+    assert!(rt.purge(&id).unwrap());
+    let again = AgentSession::new_with_id(id.clone(), Default::default(), None);
+    store.create(again).unwrap();
+    let mut s = store.load(&id).unwrap().unwrap();
+    s.append(user("SECOND-INCARNATION")).unwrap();
+    store.save(s).unwrap();
+    let before = full_transcript(&*store, &id);
+    let version = store.load(&id).unwrap().unwrap().version();
+
+    let plan = store.plan_gc().unwrap();
+    assert_eq!(plan.replaced_commits, 1, "{plan:?}");
+    store.run_gc(plan).unwrap();
+    store.finish_erasure().unwrap();
+    assert_eq!(
+        files_containing(dir.path(), "FIRST-INCARNATION"),
+        Vec::<std::path::PathBuf>::new()
+    );
+    assert!(!files_containing(dir.path(), "SECOND-INCARNATION").is_empty());
+    assert_eq!(full_transcript(&*store, &id), before);
+    assert_eq!(store.load(&id).unwrap().unwrap().version(), version);
+}

@@ -10,9 +10,11 @@
 //! `written` list, of a `history_rewritten` event's `entries`, or of a fork's
 //! seed transcript in its `created` event. An occurrence is **superseded**
 //! when a later rewrite writes or removes the same entry id (a whole-form
-//! rewrite supersedes every occurrence before it). A `state_cleared` event or
-//! a purge marker ends the walk's memory: occurrences before it are history,
-//! not superseded content, and stay.
+//! rewrite supersedes every occurrence before it), and every occurrence of a
+//! purged incarnation is superseded by the purge marker (a session purged
+//! and created again). A `state_cleared` event ends the walk's memory:
+//! occurrences before it are history, not superseded content, and stay
+//! (unless a purge follows).
 //!
 //! Each commit holding a superseded occurrence is replaced
 //! ([`spool_engine::GcAction::Replace`]) by the same events with every
@@ -86,6 +88,8 @@ fn superseded_in(
     };
     let mut live: HashMap<EntryId, Vec<Occurrence>> = HashMap::new();
     let mut erase: BTreeSet<Occurrence> = BTreeSet::new();
+    // Every occurrence since the last purge marker (the current incarnation).
+    let mut incarnation: Vec<Occurrence> = Vec::new();
     let supersede = |live: &mut HashMap<EntryId, Vec<Occurrence>>,
                      erase: &mut BTreeSet<Occurrence>,
                      id: &EntryId| {
@@ -105,6 +109,7 @@ fn superseded_in(
             for (i, e) in c.events.iter().enumerate() {
                 if e.kind == PURGE_EVENT_KIND {
                     live.clear();
+                    erase.extend(incarnation.drain(..));
                     continue;
                 }
                 if !e.kind.starts_with(SESSION_EVENT_PREFIX) {
@@ -115,9 +120,10 @@ fn superseded_in(
                     event: i,
                     slot,
                 };
-                let add = |live: &mut HashMap<EntryId, Vec<Occurrence>>, en: &Entry, slot| {
+                let mut add = |live: &mut HashMap<EntryId, Vec<Occurrence>>, en: &Entry, slot| {
                     if !is_erased_entry(en) {
                         live.entry(en.id.clone()).or_default().push(at(slot));
+                        incarnation.push(at(slot));
                     }
                 };
                 match decode(e, version, i)? {
@@ -258,12 +264,13 @@ fn erase_slots(ev: SessionEvent, slots: &[usize]) -> SessionEvent {
 }
 
 /// The replacement events of every commit in the log that holds superseded
-/// transcript content, keyed by seq. Only streams with a rewrite event are
-/// decoded.
+/// transcript content, keyed by seq. Only streams with a rewrite event or a
+/// purge marker are decoded.
 pub(super) fn superseded(engine: &Store) -> Result<BTreeMap<u64, Vec<EventData>>, StoreError> {
     let rewrite_kinds = [
         format!("{SESSION_EVENT_PREFIX}transcript_rewritten"),
         format!("{SESSION_EVENT_PREFIX}history_rewritten"),
+        PURGE_EVENT_KIND.to_string(),
     ];
     let mut streams: BTreeSet<String> = BTreeSet::new();
     for c in engine.scan(1).map_err(engine_err)? {
