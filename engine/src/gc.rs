@@ -169,6 +169,9 @@ pub struct GcPlan {
     pub replaced_bytes_after: u64,
     /// Planning sealed the active segment to include it ([`GcOptions::include_active`]).
     pub rolled_active: bool,
+    /// File bytes of the new active segment that sealing created (preallocated to its
+    /// capacity; not subtracted from [`GcPlan::reclaimed_bytes`]).
+    pub new_active_bytes: u64,
     /// The GC erases ([`GcOptions::erase`]).
     pub erase: bool,
     runs: Vec<Run>,
@@ -607,7 +610,7 @@ impl Store {
         }
         let _gc = lock(&inner.gc_lock);
         let _ = self.retire_segments();
-        let mut rolled_active = false;
+        let mut rolled = None;
         if opts.include_active {
             let active = lock(&inner.w).active.clone();
             let mut off = active.data_start;
@@ -619,7 +622,7 @@ impl Store {
                 touched = decide(&rec) != GcAction::Keep;
             }
             if touched {
-                rolled_active = self.roll_active()?;
+                rolled = self.roll_active()?;
             }
         }
         let active = lock(&inner.w).active.id;
@@ -717,7 +720,8 @@ impl Store {
             replaced_commits: 0,
             replaced_bytes_before: 0,
             replaced_bytes_after: 0,
-            rolled_active,
+            rolled_active: rolled.is_some(),
+            new_active_bytes: rolled.unwrap_or(0),
             erase: opts.erase,
             runs: Vec::new(),
             replace: HashMap::new(),

@@ -577,9 +577,10 @@ impl Store {
     /// the records of the active segment too). Waits until no group is being written
     /// and none is sequenced; then makes the active segment's records durable, creates
     /// the next segment (zero-filled, header, `sync_all`, directory synced) and makes it
-    /// the active one. An empty active segment is left as it is. Returns whether a new
-    /// segment was started. A failure poisons the store (the next open recovers).
-    pub(crate) fn roll_active(&self) -> Result<bool, Error> {
+    /// the active one. An empty active segment is left as it is. Returns the capacity of
+    /// the new segment, if one was started. A failure poisons the store (the next open
+    /// recovers).
+    pub(crate) fn roll_active(&self) -> Result<Option<u64>, Error> {
         let inner = &*self.inner;
         if inner.read_only {
             return Err(Error::ReadOnly);
@@ -593,7 +594,7 @@ impl Store {
         }
         let old = w.active.clone();
         if old.end.load(Ordering::Acquire) <= old.data_start {
-            return Ok(false);
+            return Ok(None);
         }
         let poison = |e: Error| {
             inner.poison(&e);
@@ -623,7 +624,7 @@ impl Store {
         w.tail_off = SEGMENT_HEADER_BYTES;
         w.tail_cap = cap;
         w.dirty = false;
-        Ok(true)
+        Ok(Some(cap))
     }
 
     /// Wait until a next segment being built ahead ([`NextSegment::Background`]) is

@@ -52,6 +52,8 @@ struct GcOutput {
     retire_pending: Option<u64>,
     /// The active segment was sealed to be compacted too.
     active_segment_sealed: Option<bool>,
+    /// File bytes of the new active segment sealing started (preallocated).
+    new_active_segment_bytes: Option<u64>,
     /// The index directory was deleted and rebuilt from the compacted log.
     index_rebuilt: Option<bool>,
     checkpoints_removed: Option<u64>,
@@ -97,11 +99,13 @@ pub fn run(dir: &Path, dry_run: bool, json: bool) -> Result<ExitCode> {
         commits_copied: None,
         retire_pending: None,
         active_segment_sealed: None,
+        new_active_segment_bytes: None,
         index_rebuilt: None,
         checkpoints_removed: None,
     };
     let empty = plan.is_empty();
     let plan_sealed = plan.rolled_active;
+    let plan_new_active = plan.new_active_bytes;
     if !dry_run && !empty {
         let report = store.run_gc(plan).map_err(|e| {
             ToolError::with_source("the log GC failed", e).hint(
@@ -113,6 +117,7 @@ pub fn run(dir: &Path, dry_run: bool, json: bool) -> Result<ExitCode> {
         out.commits_copied = Some(report.commits_copied);
         out.retire_pending = Some(report.retire_pending);
         out.active_segment_sealed = Some(plan_sealed);
+        out.new_active_segment_bytes = Some(plan_new_active);
         out.checkpoints_removed = Some(report.checkpoints_removed);
         // The index's files still hold the erased values: the reopen deletes
         // them and rebuilds the index from the compacted log.
@@ -200,10 +205,12 @@ pub fn run(dir: &Path, dry_run: bool, json: bool) -> Result<ExitCode> {
                 human_bytes(a),
                 human_bytes(b.saturating_sub(a)),
                 out.commits_copied.unwrap_or(0),
-                if out.active_segment_sealed == Some(true) {
-                    ", the active segment included"
-                } else {
-                    ""
+                match out.new_active_segment_bytes {
+                    Some(n) if out.active_segment_sealed == Some(true) => format!(
+                        ", the active segment included (a new one of {} started)",
+                        human_bytes(n)
+                    ),
+                    _ => String::new(),
                 }
             );
             if out.index_rebuilt == Some(true) {
