@@ -33,7 +33,6 @@
 
 mod backend;
 mod common;
-pub mod erase;
 mod sessions;
 mod snapshots;
 pub mod transcript;
@@ -43,6 +42,8 @@ pub(crate) use sessions::stored_kind;
 pub(crate) use common::{be_u64, engine_err};
 pub use common::{PURGE_EVENT_KIND, SESSION_EVENT_PREFIX};
 pub use sessions::{header_record_reencoded, SessionIndexer};
+
+pub mod erase;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
