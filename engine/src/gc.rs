@@ -4,7 +4,20 @@
 //! The caller decides liveness with a predicate over each commit ([`Store::plan_gc`]);
 //! the engine only removes, per stream, a *prefix* of its commits (a dead commit after a
 //! live one of the same stream is kept, so a stream's versions stay contiguous from
-//! wherever it now starts). [`Store::run_gc`] then commits the plan:
+//! wherever it now starts). [`Store::plan_gc_with`] takes a [`GcAction`] per commit
+//! instead: besides dropping, it can *replace* a commit's events (the commit keeps its
+//! stream, version, seq, commit id and timestamp: erasing content without touching the
+//! history); [`GcOptions::include_active`] seals the active segment first so that its
+//! records are compacted too. Replacing rather than removing is what keeps erasure
+//! simple and safe: versions stay contiguous, version fences and retries by commit id
+//! keep working, and the history check needs no new case.
+//!
+//! An erasing GC ([`GcOptions::erase`]) also leaves [`ERASE_MARKER_FILE`] durable
+//! before its commit point and removes the files of [`CHECKPOINT_DIR`](crate::CHECKPOINT_DIR) after it: the
+//! in-place index rebuild leaves the old values in sled's files, so the next owner
+//! open ([`finish_erasure`]) deletes the index directory and rebuilds it from the log.
+//!
+//! [`Store::run_gc`] commits a plan:
 //!
 //! 1. For each run of consecutive sealed segments (in log order) with commits to remove,
 //!    write the run's live records, re-framed for their new segment ids (ids above every
@@ -30,7 +43,7 @@ use crate::error::Error;
 use crate::format::{self, CommitHead, FRAME_HEADER_BYTES};
 use crate::segment::{self, Segment};
 use crate::store::{lock, Store};
-use crate::types::RecordedCommit;
+use crate::types::{EventData, RecordedCommit};
 use crate::vfs::{OpenMode, Vfs, VfsFile};
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -48,6 +61,67 @@ const MANIFEST_VERSION: u32 = 1;
 /// damaged manifest can make recovery allocate.
 pub const GC_MANIFEST_IDS_MAX: u32 = 1 << 20;
 
+/// File the owner writes before the commit point of an erasing GC ([`GcOptions::erase`]):
+/// while it exists, every owner open deletes the index directory and the files of
+/// [`CHECKPOINT_DIR`](crate::CHECKPOINT_DIR) before opening the index (which is then rebuilt from the log), and
+/// removes it after. Its content is not read (docs/format.md, "Erase marker").
+pub const ERASE_MARKER_FILE: &str = "erase.pending";
+
+/// What a GC does with one commit: the answer of the `decide` callback of
+/// [`Store::plan_gc_with`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum GcAction {
+    /// Copy the commit as it is.
+    Keep,
+    /// Remove the commit (only within a prefix of its stream, see [`Store::plan_gc`]).
+    Drop,
+    /// Keep the commit's place in the history (stream, version, seq, commit id,
+    /// timestamp, expected version: version fences, history checks and retries by commit
+    /// id are unchanged) but store these events instead of its own. The caller's way to
+    /// erase content a later commit superseded: it writes marker events that its own
+    /// fold understands. Refused by planning if the new record exceeds
+    /// [`crate::Options::record_bytes_max`].
+    Replace(Vec<EventData>),
+}
+
+/// How [`Store::plan_gc_with`] plans.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct GcOptions {
+    /// Also compact the active segment: when it holds a commit the callback drops or
+    /// replaces, planning seals it and starts a new active segment first.
+    pub include_active: bool,
+    /// Erase: the committed GC also removes every file under [`CHECKPOINT_DIR`](crate::CHECKPOINT_DIR) and
+    /// leaves [`ERASE_MARKER_FILE`], so that the next owner open deletes the index
+    /// directory (whose files still hold the old values after the in-place rebuild)
+    /// and rebuilds it from the compacted log.
+    pub erase: bool,
+}
+
+impl GcOptions {
+    /// Everything a GC that must leave no superseded byte behind needs: the active
+    /// segment too, and the erase of index files.
+    pub fn erasing() -> GcOptions {
+        GcOptions {
+            include_active: true,
+            erase: true,
+        }
+    }
+
+    /// With [`GcOptions::include_active`] set to `on`.
+    pub fn include_active(mut self, on: bool) -> GcOptions {
+        self.include_active = on;
+        self
+    }
+
+    /// With [`GcOptions::erase`] set to `on`.
+    pub fn erase(mut self, on: bool) -> GcOptions {
+        self.erase = on;
+        self
+    }
+}
+
 /// One sealed segment a [`GcPlan`] compacts.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GcSegment {
@@ -62,6 +136,8 @@ pub struct GcSegment {
     pub dead_bytes: u64,
     pub live_commits: u64,
     pub dead_commits: u64,
+    /// Commits whose events are replaced (counted among the live ones).
+    pub replaced_commits: u64,
 }
 
 /// A prepared log compaction (from [`Store::plan_gc`]); commit it with
@@ -83,7 +159,21 @@ pub struct GcPlan {
     pub kept_dead_commits: u64,
     /// Streams whose every commit is removed (their heads vanish).
     pub streams_removed: Vec<String>,
+    /// Commits whose events are replaced ([`GcAction::Replace`]).
+    pub replaced_commits: u64,
+    /// Record bytes of the replaced commits before and after.
+    pub replaced_bytes_before: u64,
+    pub replaced_bytes_after: u64,
+    /// Planning sealed the active segment to include it ([`GcOptions::include_active`]).
+    pub rolled_active: bool,
+    /// File bytes of the new active segment that sealing created (preallocated to its
+    /// capacity; not subtracted from [`GcPlan::reclaimed_bytes`]).
+    pub new_active_bytes: u64,
+    /// The GC erases ([`GcOptions::erase`]).
+    pub erase: bool,
     runs: Vec<Run>,
+    /// The new events of the replaced commits, by seq.
+    replace: HashMap<u64, Vec<EventData>>,
     epoch: u64,
     /// Every stream the plan removes commits from, with its head when planned.
     heads: Vec<(String, u64)>,
@@ -118,6 +208,12 @@ pub struct GcReport {
     pub bytes_before: u64,
     pub bytes_after: u64,
     pub streams_removed: u64,
+    /// Commits whose events were replaced.
+    pub commits_replaced: u64,
+    /// An erasing GC: the index directory is deleted and rebuilt at the next owner open
+    /// ([`ERASE_MARKER_FILE`] is left for it); checkpoint files removed by this run.
+    pub index_wipe_pending: bool,
+    pub checkpoints_removed: u64,
     /// Old segment files still held by readers: removed when the last one lets go (on a
     /// later GC, [`Store::retire_segments`] or close; or by recovery after a crash).
     pub retire_pending: u64,
@@ -401,6 +497,81 @@ pub(crate) struct Written {
     first_seq: u64,
 }
 
+/// Create [`ERASE_MARKER_FILE`] (if absent) and sync it; the caller syncs the directory.
+fn write_erase_marker(vfs: &dyn Vfs, dir: &Path) -> Result<(), Error> {
+    let p = dir.join(ERASE_MARKER_FILE);
+    if vfs.exists(&p).map_err(|e| Error::io(&p, "exists", e))? {
+        return Ok(());
+    }
+    let f = vfs
+        .open(&p, OpenMode::CreateNew)
+        .map_err(|e| Error::io(&p, "create", e))?;
+    f.sync_all().map_err(|e| Error::io(&p, "sync_all", e))
+}
+
+/// Remove every file in `dir/checkpoints` (a missing directory has none) and sync the
+/// directory. Returns how many were removed.
+fn remove_checkpoints(vfs: &dyn Vfs, dir: &Path) -> Result<u64, Error> {
+    let cdir = dir.join(crate::CHECKPOINT_DIR);
+    let names = match vfs.read_dir(&cdir) {
+        Ok(n) => n,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
+        Err(e) => return Err(Error::io(&cdir, "read_dir", e)),
+    };
+    let mut n = 0;
+    for name in names {
+        let p = cdir.join(&name);
+        match vfs.remove(&p) {
+            Ok(()) => n += 1,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(Error::io(&p, "remove", e)),
+        }
+    }
+    if n > 0 {
+        vfs.sync_dir(&cdir)
+            .map_err(|e| Error::io(&cdir, "sync_dir", e))?;
+    }
+    Ok(n)
+}
+
+/// Finish an erasing GC (owner open, before the index is opened): when
+/// [`ERASE_MARKER_FILE`] exists, delete the index directory `index_dir` (sled keeps old
+/// values in its files until its own compaction; the open rebuilds the index from the
+/// log) and the checkpoint files, then remove the marker. Every step is repeated by the
+/// next open until the marker is gone. Returns whether the index was deleted.
+pub(crate) fn finish_erasure(
+    vfs: &dyn Vfs,
+    dir: &Path,
+    index_dir: Option<&Path>,
+) -> Result<bool, Error> {
+    let marker = dir.join(ERASE_MARKER_FILE);
+    if !vfs
+        .exists(&marker)
+        .map_err(|e| Error::io(&marker, "exists", e))?
+    {
+        return Ok(false);
+    }
+    if let Some(ix) = index_dir {
+        // The index is sled's, on the host file system (not the VFS).
+        match std::fs::remove_dir_all(ix) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(Error::io(ix, "remove_dir_all", e)),
+        }
+        if let Some(parent) = ix.parent() {
+            std::fs::File::open(parent)
+                .and_then(|f| f.sync_all())
+                .map_err(|e| Error::io(parent, "sync_dir", e))?;
+        }
+    }
+    remove_checkpoints(vfs, dir)?;
+    vfs.remove(&marker)
+        .map_err(|e| Error::io(&marker, "remove", e))?;
+    vfs.sync_dir(dir)
+        .map_err(|e| Error::io(dir, "sync_dir", e))?;
+    Ok(true)
+}
+
 impl Store {
     /// Prepare a log compaction. `keep` is called for each commit of the sealed segments
     /// in log order and says whether it is live. Per stream only a prefix of dead commits
@@ -411,12 +582,46 @@ impl Store {
     /// `NoStream` creates it again at version 1, and a retry of one of its removed
     /// commit ids is no longer recognised.
     pub fn plan_gc(&self, keep: &dyn Fn(&RecordedCommit) -> bool) -> Result<GcPlan, Error> {
+        self.plan_gc_with(GcOptions::default(), &|c: &RecordedCommit| {
+            if keep(c) {
+                GcAction::Keep
+            } else {
+                GcAction::Drop
+            }
+        })
+    }
+
+    /// Prepare a log compaction that can also replace commits' events
+    /// ([`GcAction::Replace`]) and include the active segment ([`GcOptions`]). `decide`
+    /// is called for each commit in log order (commits of the active segment possibly
+    /// twice). Drops follow the prefix rule of [`Store::plan_gc`]; a replaced commit is
+    /// live (it ends its stream's removable prefix).
+    pub fn plan_gc_with(
+        &self,
+        opts: GcOptions,
+        decide: &dyn Fn(&RecordedCommit) -> GcAction,
+    ) -> Result<GcPlan, Error> {
         let inner = &*self.inner;
         if inner.read_only {
             return Err(Error::ReadOnly);
         }
         let _gc = lock(&inner.gc_lock);
         let _ = self.retire_segments();
+        let mut rolled = None;
+        if opts.include_active {
+            let active = lock(&inner.w).active.clone();
+            let mut off = active.data_start;
+            let end = active.end.load(Ordering::Acquire);
+            let mut touched = false;
+            while off < end && !touched {
+                let rec = active.read(off, inner.opts.record_bytes_max)?;
+                off += u64::from(rec.record_bytes);
+                touched = decide(&rec) != GcAction::Keep;
+            }
+            if touched {
+                rolled = self.roll_active()?;
+            }
+        }
         let active = lock(&inner.w).active.id;
         let epoch = inner.gc_epoch.load(Ordering::Acquire);
         let order = segment::in_log_order(
@@ -431,6 +636,7 @@ impl Store {
         let mut removed_through: HashMap<String, u64> = HashMap::new();
         let mut last_version: HashMap<String, u64> = HashMap::new();
         let mut per_seg: HashMap<u64, (GcSegment, Vec<u64>, u64)> = HashMap::new();
+        let mut replace: HashMap<u64, Vec<EventData>> = HashMap::new();
         let mut kept_dead = 0u64;
         for rec in self.scan(1)? {
             let rec = rec?;
@@ -438,18 +644,32 @@ impl Store {
             last_version.insert(i.stream.clone(), i.version);
             let sealed = i.position.segment != active;
             let prefix = open_prefix.entry(i.stream.clone()).or_insert(true);
-            let live = if !sealed {
-                if !keep(&rec) {
+            let mut replaced = false;
+            let live = match decide(&rec) {
+                GcAction::Keep => true,
+                _ if !sealed => {
                     kept_dead += 1;
+                    true
                 }
-                true
-            } else if keep(&rec) {
-                true
-            } else if *prefix {
-                false
-            } else {
-                kept_dead += 1;
-                true
+                GcAction::Drop if *prefix => false,
+                GcAction::Drop => {
+                    kept_dead += 1;
+                    true
+                }
+                GcAction::Replace(events) => {
+                    format::commit_payload_len(&i.stream, &events)
+                        .map(|n| n + FRAME_HEADER_BYTES)
+                        .filter(|&n| n <= u64::from(inner.opts.record_bytes_max))
+                        .ok_or_else(|| {
+                            Error::InvalidInput(format!(
+                                "the replacement of commit {} of stream {:?} is larger than the record limit",
+                                i.version, i.stream
+                            ))
+                        })?;
+                    replace.insert(i.seq, events);
+                    replaced = true;
+                    true
+                }
             };
             if live {
                 *prefix = false;
@@ -467,6 +687,7 @@ impl Store {
                         dead_bytes: 0,
                         live_commits: 0,
                         dead_commits: 0,
+                        replaced_commits: 0,
                     },
                     Vec::new(),
                     0,
@@ -476,6 +697,7 @@ impl Store {
             if live {
                 e.0.live_bytes += bytes;
                 e.0.live_commits += 1;
+                e.0.replaced_commits += u64::from(replaced);
             } else {
                 e.0.dead_bytes += bytes;
                 e.0.dead_commits += 1;
@@ -492,7 +714,14 @@ impl Store {
             dead_commits: 0,
             kept_dead_commits: kept_dead,
             streams_removed: Vec::new(),
+            replaced_commits: 0,
+            replaced_bytes_before: 0,
+            replaced_bytes_after: 0,
+            rolled_active: rolled.is_some(),
+            new_active_bytes: rolled.unwrap_or(0),
+            erase: opts.erase,
             runs: Vec::new(),
+            replace: HashMap::new(),
             epoch,
             heads: Vec::new(),
             segment_bytes_max,
@@ -502,8 +731,10 @@ impl Store {
         let mut new_bytes = 0u64;
         for seg in &order {
             let stats = per_seg.remove(&seg.id);
-            let candidate =
-                seg.id != active && stats.as_ref().is_some_and(|s| s.0.dead_commits > 0);
+            let candidate = seg.id != active
+                && stats
+                    .as_ref()
+                    .is_some_and(|s| s.0.dead_commits > 0 || s.0.replaced_commits > 0);
             if !candidate {
                 if let Some(r) = run.take() {
                     new_bytes += packed_bytes(&live_sizes, segment_bytes_max);
@@ -535,9 +766,23 @@ impl Store {
             while off < end {
                 let rec = seg.read(off, inner.opts.record_bytes_max)?;
                 off += u64::from(rec.record_bytes);
-                if !r.dead.contains(&rec.info.seq) {
-                    live_sizes.push(u64::from(rec.record_bytes));
+                let seq = rec.info.seq;
+                if r.dead.contains(&seq) {
+                    continue;
                 }
+                let size = match replace.remove(&seq) {
+                    Some(events) => {
+                        let n = format::commit_payload_len(&rec.info.stream, &events).unwrap_or(0)
+                            + FRAME_HEADER_BYTES;
+                        plan.replaced_commits += 1;
+                        plan.replaced_bytes_before += u64::from(rec.record_bytes);
+                        plan.replaced_bytes_after += n;
+                        plan.replace.insert(seq, events);
+                        n
+                    }
+                    None => u64::from(rec.record_bytes),
+                };
+                live_sizes.push(size);
             }
             plan.live_bytes += gs.live_bytes;
             plan.dead_bytes += gs.dead_bytes;
@@ -594,7 +839,13 @@ impl Store {
         // 1-2: write the new segments as `.seg.gc`, sync them and the directory.
         let mut written: Vec<Written> = Vec::new();
         let copied = self.copy_runs(&plan, &mut written, &mut report);
+        // An erasing GC leaves its marker durable before the commit point: whatever
+        // happens next, the next owner open deletes the index files that hold the old
+        // values (a rolled-back GC costs that open an index rebuild, nothing more).
         let copied = copied.and_then(|()| {
+            if plan.erase {
+                write_erase_marker(&*vfs, &dir)?;
+            }
             vfs.sync_dir(&dir)
                 .map_err(|e| Error::io(&dir, "sync_dir", e))
         });
@@ -715,6 +966,10 @@ impl Store {
             segments: retired,
         });
         report.retire_pending = self.retire_segments()?;
+        if plan.erase {
+            report.index_wipe_pending = true;
+            report.checkpoints_removed = remove_checkpoints(&*vfs, &dir).map_err(poison)?;
+        }
         Ok(report)
     }
 
@@ -755,6 +1010,28 @@ impl Store {
                         report.commits_removed += 1;
                         continue;
                     }
+                    let replaced;
+                    let rec = match plan.replace.get(&seq) {
+                        Some(events) => {
+                            let len = format::commit_payload_len(&rec.info.stream, events)
+                                .and_then(|n| u32::try_from(n + FRAME_HEADER_BYTES).ok())
+                                .ok_or_else(|| {
+                                    Error::InvalidInput(format!(
+                                        "the replacement of the record at {} is too large",
+                                        rec.info.position
+                                    ))
+                                })?;
+                            report.commits_replaced += 1;
+                            replaced = RecordedCommit {
+                                info: rec.info.clone(),
+                                expected: rec.expected,
+                                events: events.clone(),
+                                record_bytes: len,
+                            };
+                            &replaced
+                        }
+                        None => &rec,
+                    };
                     let frame = u64::from(rec.record_bytes);
                     let full = out.as_ref().is_some_and(|o| {
                         o.records > 0 && o.buf.len() as u64 + frame > plan.segment_bytes_max
@@ -769,7 +1046,7 @@ impl Store {
                         Some(o) => o,
                         None => out.insert(Output::new(self.allocate_segment_id(), next_first)),
                     };
-                    encode_copy(&mut o.buf, o.id, &rec)?;
+                    encode_copy(&mut o.buf, o.id, rec)?;
                     if o.records == 0 {
                         o.first_seq = seq;
                     }

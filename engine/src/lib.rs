@@ -17,6 +17,9 @@
 //! - [`Store::open_read_only`] and [`verify`] never write to the store directory.
 //! - [`Store::plan_gc`] / [`Store::run_gc`] compact the log: the live records of sealed
 //!   segments are copied into new segments and the old ones retired, crash-safely.
+//!   [`Store::plan_gc_with`] also replaces commits' events ([`GcAction::Replace`]) and
+//!   compacts the active segment; an erasing GC ([`GcOptions::erase`]) has the next
+//!   owner open delete and rebuild the index.
 //! - [`salvage`] copies every readable commit of a damaged store into a new one and
 //!   reports what was lost, by segment and offset.
 //! - All log I/O goes through [`vfs::Vfs`], so tests can inject faults and crashes.
@@ -56,7 +59,9 @@ pub use format::{
     RECORD_BYTES_MAX_DEFAULT, SEGMENT_BYTES_MAX_DEFAULT, SEGMENT_BYTES_MIN, SEGMENT_BYTES_START,
     STREAM_ID_BYTES_MAX,
 };
-pub use gc::{GcPlan, GcReport, GcSegment, GC_MANIFEST_IDS_MAX};
+pub use gc::{
+    GcAction, GcOptions, GcPlan, GcReport, GcSegment, ERASE_MARKER_FILE, GC_MANIFEST_IDS_MAX,
+};
 pub use index::{
     ChangeMark, Index, IndexBatch, IndexScan, Indexer, StreamHead, INDEX_FORMAT_VERSION,
 };

@@ -165,8 +165,8 @@ pub enum Command {
     /// before a cut could leave part of it).
     ///
     /// Byte counts are the transcript's entry sizes (what is loaded and
-    /// sent), not log bytes: a rewrite appends to the log; `compact --gc`
-    /// reclaims log space.
+    /// sent), not log bytes: a rewrite appends to the log and the old text
+    /// stays in it; `compact --gc` erases it and reclaims log space.
     ///
     /// Exit codes: 0 success (also for a dry run and for "nothing to
     /// change"), 2 the command failed, 3 another writer committed to a
@@ -195,9 +195,15 @@ pub enum Command {
         /// read-only).
         #[arg(long)]
         dry_run: bool,
-        /// Log garbage collection: reclaim the records of deleted and purged
-        /// sessions (copy live records into new segments, swap, retire the old
-        /// ones; crash-safe). With --dry-run, only show the plan.
+        /// Log garbage collection that erases: remove the records of deleted
+        /// and purged sessions and the transcript content a rewrite
+        /// superseded (--redact, --truncate-tool-results, --drop-aborted:
+        /// the commits stay, that content becomes `spool.erased`
+        /// placeholders), from every segment including the active one; then
+        /// delete and rebuild the index and remove index checkpoints, so no
+        /// file of the store directory holds that content (crash-safe).
+        /// With --dry-run, only show the plan (commits in the active
+        /// segment are counted, not planned).
         #[arg(long, conflicts_with_all = ["id", "all", "truncate_tool_results", "redact", "drop_aborted"])]
         gc: bool,
         /// Test hook: between prepare and commit, commit a custom entry to

@@ -573,6 +573,60 @@ impl Store {
             .map_err(|e| Error::io(inner.dir.join(&seg.name), "sync_data", e))
     }
 
+    /// Seal the active segment and start a new one now (for a GC that must compact
+    /// the records of the active segment too). Waits until no group is being written
+    /// and none is sequenced; then makes the active segment's records durable, creates
+    /// the next segment (zero-filled, header, `sync_all`, directory synced) and makes it
+    /// the active one. An empty active segment is left as it is. Returns the capacity of
+    /// the new segment, if one was started. A failure poisons the store (the next open
+    /// recovers).
+    pub(crate) fn roll_active(&self) -> Result<Option<u64>, Error> {
+        let inner = &*self.inner;
+        if inner.read_only {
+            return Err(Error::ReadOnly);
+        }
+        let mut w = lock(&inner.w);
+        while w.leader || !w.batch.is_empty() {
+            w = super::wait_writer(inner, w);
+        }
+        if inner.poisoned.load(Ordering::Acquire) {
+            return Err(inner.poisoned_error());
+        }
+        let old = w.active.clone();
+        if old.end.load(Ordering::Acquire) <= old.data_start {
+            return Ok(None);
+        }
+        let poison = |e: Error| {
+            inner.poison(&e);
+            e
+        };
+        // Sealed records are durable before a later segment exists (as a roll by the
+        // writer): recovery never finds a torn segment in mid-log.
+        self.sync_segment(&old).map_err(poison)?;
+        let id = w.next_segment_id;
+        w.next_segment_id += 1;
+        // The same capacity: a roll forced early is no reason to grow.
+        let cap = old.capacity;
+        let new =
+            create_segment(&*inner.opts.vfs, &inner.dir, &inner.opts, id, cap).map_err(poison)?;
+        inner
+            .counters
+            .segments_created
+            .fetch_add(1, Ordering::Relaxed);
+        inner
+            .segments
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(new.id, new.clone());
+        old.mappable.store(true, Ordering::Release);
+        w.active = new;
+        w.tail_seg = id;
+        w.tail_off = SEGMENT_HEADER_BYTES;
+        w.tail_cap = cap;
+        w.dirty = false;
+        Ok(Some(cap))
+    }
+
     /// Wait until a next segment being built ahead ([`NextSegment::Background`]) is
     /// complete. Nothing needs this for correctness: a caller that times work (a
     /// benchmark between two measurements) uses it so that the build does not overlap

@@ -132,6 +132,10 @@ impl Store {
                     .unwrap_or_else(|| dir.join(INDEX_DIR)),
             )
         };
+        if !read_only {
+            // An erasing GC committed: its old values are still in the index's files.
+            crate::gc::finish_erasure(&*vfs, dir, index_path.as_deref())?;
+        }
         let mut report = OpenReport::default();
         let from_checkpoint = if read_only && use_checkpoint {
             match crate::checkpoint::read::newest(&*vfs, dir) {

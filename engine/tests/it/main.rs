@@ -5,6 +5,7 @@ mod common;
 
 mod basic;
 mod checkpoint;
+mod erase;
 mod faults;
 mod gc;
 mod growth;

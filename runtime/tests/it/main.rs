@@ -20,6 +20,7 @@ mod handle_rewrite;
 mod handle_scale;
 mod handle_writers;
 mod listing_scale;
+mod log_erase;
 mod postgres;
 mod postgres_handle;
 mod postgres_tls;

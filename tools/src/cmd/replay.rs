@@ -34,6 +34,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 use spool_engine::{Store, INDEX_DIR};
 use spool_runtime::session::SessionStatus;
+use spool_runtime::store::log::erase::is_erased_entry;
 use spool_runtime::store::log::SESSION_INDEXER;
 use spool_runtime::store::{LogStore, LogStoreOptions};
 use spool_runtime::transcript::{Entry, ModelContext};
@@ -46,9 +47,9 @@ use crate::out::{human_time_ms, print_doc, Result, Table, ToolError, EXIT_PROBLE
 use crate::session_open::{parse_id, read_only};
 
 /// Name of the directory the rebuilt index is built in.
-const REBUILD_DIR: &str = "index.rebuild";
+pub(crate) const REBUILD_DIR: &str = "index.rebuild";
 /// Name the old index is moved to while swapping.
-const OLD_DIR: &str = "index.old";
+pub(crate) const OLD_DIR: &str = "index.old";
 /// At most this many differing index keys are listed.
 const DIFFS_LISTED_MAX: usize = 20;
 
@@ -69,6 +70,10 @@ pub fn run(dir: &Path, id: Option<&str>, at_version: Option<u64>, json: bool) ->
 struct AtVersion<'a> {
     at_version: u64,
     head_version: u64,
+    /// Entries of this version whose content an erasing `compact --gc`
+    /// removed (a later rewrite superseded it); they are shown as
+    /// placeholders of custom type `spool.erased`.
+    erased_entries: u64,
     session: Shown<'a>,
     transcript: TranscriptJson<'a>,
     context: ModelContext,
@@ -102,6 +107,11 @@ fn at(dir: &Path, id: &str, version: u64, json: bool) -> Result<ExitCode> {
         .map_err(|e| ToolError::with_source(format!("replaying session {id} failed"), e))?
         .ok_or_else(|| ToolError::new(format!("session {id} has no version {version}")))?;
     let transcript = &s.state().transcript;
+    let erased = transcript
+        .entries()
+        .iter()
+        .filter(|e| is_erased_entry(e))
+        .count() as u64;
     let context = transcript
         .context()
         .map_err(|e| ToolError::with_source("building the context failed", e))?;
@@ -109,6 +119,7 @@ fn at(dir: &Path, id: &str, version: u64, json: bool) -> Result<ExitCode> {
         print_doc(&AtVersion {
             at_version: version,
             head_version: head,
+            erased_entries: erased,
             session: Shown::of(&s),
             transcript: TranscriptJson {
                 leaf: transcript.leaf().map(|l| l.to_string()),
@@ -122,6 +133,12 @@ fn at(dir: &Path, id: &str, version: u64, json: bool) -> Result<ExitCode> {
         "as of version {version} of {head} (saved {})",
         human_time_ms(s.info().updated_at_ms)
     );
+    if erased > 0 {
+        crate::outln!(
+            "erased: the content of {erased} of the {} entries of this version was erased by `compact --gc` (a later rewrite superseded it); they show as placeholders",
+            transcript.len()
+        );
+    }
     crate::outln!();
     print_text(&s)?;
     crate::outln!("context   {} messages at the leaf", context.messages.len());

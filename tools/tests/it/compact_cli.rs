@@ -899,3 +899,166 @@ fn deleted_sessions_are_refused_by_id_and_skipped_by_all() {
     assert!(!listed.contains(&ids[2].as_str()));
     assert!(!log_kinds(&dir, &ids[2]).contains(&REWRITTEN.to_string()));
 }
+
+// ---- erasure: `compact --gc` after rewrites ------------------------------
+
+/// Files under `dir` (recursively, read as bytes) that contain `needle`.
+fn files_containing(dir: &Path, needle: &str) -> Vec<PathBuf> {
+    let mut hits = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).expect("read_dir") {
+            let p = e.expect("dir entry").path();
+            if p.is_dir() {
+                stack.push(p);
+            } else {
+                let b = std::fs::read(&p).expect("read");
+                if b.windows(needle.len()).any(|w| w == needle.as_bytes()) {
+                    hits.push(p);
+                }
+            }
+        }
+    }
+    hits
+}
+
+/// The session as `show`, `context` and `tree` print it.
+fn views(dir: &Path, id: &str) -> (Value, Value, Value) {
+    (
+        ok_json(&run(dir, &["show", id, "--json"])),
+        ok_json(&run(dir, &["context", id, "--json"])),
+        ok_json(&run(dir, &["tree", id, "--json"])),
+    )
+}
+
+#[test]
+fn gc_after_redaction_erases_the_secret_from_every_file_of_the_demo_store() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("demo");
+    let ids = demo_store(&dir);
+    // In the research session, in the fork's seed (copied from it) and in
+    // the review session: appended entries and a fork's `created` event.
+    let secrets = ["largest", "engine.rs"];
+    for s in secrets {
+        assert!(!files_containing(&dir, s).is_empty(), "{s} is in the store");
+    }
+    // An index checkpoint file holding the secret (as one written before the
+    // GC would): an erasing GC removes every checkpoint file.
+    std::fs::create_dir_all(dir.join("checkpoints")).unwrap();
+    std::fs::write(
+        dir.join("checkpoints").join("0000000000000001.ckpt"),
+        "largest",
+    )
+    .unwrap();
+    // So does an old index a cut-short `replay` left beside the real one.
+    std::fs::create_dir_all(dir.join("index.old")).unwrap();
+    std::fs::write(dir.join("index.old").join("db"), "largest").unwrap();
+    let reports = ok_json(&run(
+        &dir,
+        &[
+            "compact",
+            "--all",
+            "--redact",
+            r"largest|engine\.rs",
+            "--json",
+        ],
+    ));
+    let committed = reports
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["outcome"] == "committed")
+        .count();
+    assert_eq!(committed, 3, "{reports}");
+    // The rewrite alone leaves the old text in the log.
+    assert!(!files_containing(&dir, "largest").is_empty());
+    let before: Vec<_> = ids.iter().map(|id| views(&dir, id)).collect();
+    let versions: Vec<Value> = ids.iter().map(|id| before_version(&dir, id)).collect();
+
+    let gc = ok_json(&run(&dir, &["compact", "--gc", "--json"]));
+    assert_eq!(gc["dry_run"], false);
+    assert!(gc["erased_commits"].as_u64().unwrap() >= 4, "{gc}");
+    assert_eq!(gc["index_rebuilt"], true, "{gc}");
+    assert_eq!(gc["checkpoints_removed"], 1, "{gc}");
+    assert!(
+        gc["bytes_after"].as_u64().unwrap() < gc["bytes_before"].as_u64().unwrap(),
+        "{gc}"
+    );
+    for s in secrets {
+        assert_eq!(
+            files_containing(&dir, s),
+            Vec::<PathBuf>::new(),
+            "{s} survived the GC"
+        );
+    }
+    // Every session reads as it did after the redaction, at the same version.
+    for (i, id) in ids.iter().enumerate() {
+        assert_eq!(views(&dir, id), before[i], "session {id}");
+        assert_eq!(before_version(&dir, id), versions[i]);
+    }
+    let v = ok_json(&run(&dir, &["verify", "--json"]));
+    assert_eq!(v["ok"], true, "{v}");
+    // A rebuild from the log agrees with the rebuilt index.
+    let r = run(&dir, &["replay"]);
+    assert!(r.status.success(), "replay: {}", stderr(&r));
+
+    // Time travel to a version before the redaction says it was erased.
+    let research = &ids[0];
+    let old = ok_json(&run(
+        &dir,
+        &["replay", research, "--at-version", "3", "--json"],
+    ));
+    assert!(old["erased_entries"].as_u64().unwrap() > 0, "{old}");
+    assert!(!old.to_string().contains("largest"), "{old}");
+    let text = run(&dir, &["replay", research, "--at-version", "3"]);
+    assert!(text.status.success());
+    assert!(stdout(&text).contains("erased"), "{}", stdout(&text));
+    // The head version shows the redacted content and nothing erased.
+    let head = before_version(&dir, research).as_u64().unwrap().to_string();
+    let now = ok_json(&run(
+        &dir,
+        &["replay", research, "--at-version", &head, "--json"],
+    ));
+    assert_eq!(now["erased_entries"], 0, "{now}");
+
+    // Nothing left: a second GC collects nothing.
+    let again = ok_json(&run(&dir, &["compact", "--gc", "--json"]));
+    assert_eq!(again["erased_commits"], 0, "{again}");
+    assert_eq!(again["dead_commits"], 0, "{again}");
+}
+
+fn before_version(dir: &Path, id: &str) -> Value {
+    ok_json(&run(dir, &["show", id, "--json"]))["header"]["version"].clone()
+}
+
+#[test]
+fn gc_after_truncation_and_drop_aborted_erases_the_cut_bytes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("lib");
+    let b = library_store(&dir);
+    // Lines past the truncation limit and the removed trailing reply.
+    let cut = "second line 0399: ok";
+    assert!(!files_containing(&dir, cut).is_empty());
+    ok_json(&run(
+        &dir,
+        &[
+            "compact",
+            "--all",
+            "--truncate-tool-results",
+            "1024",
+            "--drop-aborted",
+            "--json",
+        ],
+    ));
+    let before = views(&dir, &b.tools);
+    let plain = views(&dir, &b.plain);
+    let gc = ok_json(&run(&dir, &["compact", "--gc", "--json"]));
+    assert!(gc["erased_commits"].as_u64().unwrap() >= 2, "{gc}");
+    assert_eq!(files_containing(&dir, cut), Vec::<PathBuf>::new());
+    // Content no rewrite touched stays.
+    assert!(!files_containing(&dir, "first line 0000: ok").is_empty());
+    assert_eq!(views(&dir, &b.tools), before);
+    assert_eq!(views(&dir, &b.plain), plain);
+    let v = ok_json(&run(&dir, &["verify", "--json"]));
+    assert_eq!(v["ok"], true, "{v}");
+}

@@ -43,12 +43,15 @@ pub(crate) use common::{be_u64, engine_err};
 pub use common::{PURGE_EVENT_KIND, SESSION_EVENT_PREFIX};
 pub(crate) use sessions::SessionIndexer;
 
+pub mod erase;
+
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 
 use spool_engine::vfs::Vfs;
 use spool_engine::{
-    AppendOutcome, Durability, EventData, ExpectedVersion, Options, RecordedCommit, Store,
+    AppendOutcome, Durability, EventData, ExpectedVersion, GcAction, GcOptions, Options,
+    RecordedCommit, Store,
 };
 
 use self::sessions::{
@@ -246,9 +249,35 @@ impl LogStore {
     /// replaying it. Fails (and leaves the poisoned engine in place) while
     /// another thread still holds the engine.
     pub fn recover(&self) -> Result<bool, StoreError> {
+        self.reopen(false)
+    }
+
+    /// Finishes an erasing log GC ([`LogStore::run_gc`]): while the engine's
+    /// erase marker is in the store directory, reopens the engine, whose
+    /// open deletes the index directory (the index's files still hold the
+    /// values the GC erased from the log) and rebuilds every index from the
+    /// log. Returns whether it reopened. Fails while another thread still
+    /// holds the engine.
+    pub fn finish_erasure(&self) -> Result<bool, StoreError> {
+        let marker = self.dir.join(spool_engine::ERASE_MARKER_FILE);
+        let pending = match &self.opts.vfs {
+            Some(vfs) => vfs.exists(&marker),
+            None => marker.try_exists(),
+        }
+        .map_err(|source| StoreError::Io {
+            path: marker.clone(),
+            source,
+        })?;
+        if self.read_only || !pending {
+            return Ok(false);
+        }
+        self.reopen(true)
+    }
+
+    fn reopen(&self, always: bool) -> Result<bool, StoreError> {
         let mut guard = self.engine.write().unwrap_or_else(|e| e.into_inner());
         match guard.as_ref() {
-            Some(e) if !e.is_poisoned() => return Ok(false),
+            Some(e) if !always && !e.is_poisoned() => return Ok(false),
             _ => {}
         }
         if let Some(old) = guard.take() {
@@ -409,16 +438,44 @@ impl LogStore {
         Ok(dead)
     }
 
-    /// Plans a log GC that removes the streams of [`LogStore::gc_dead_streams`].
+    /// Plans an erasing log GC: it removes the streams of
+    /// [`LogStore::gc_dead_streams`] and replaces the transcript content a
+    /// later rewrite superseded with erased placeholders (see [`erase`]),
+    /// in every segment including the active one (which planning seals
+    /// first when it holds such content).
     pub fn plan_gc(&self) -> Result<spool_engine::GcPlan, StoreError> {
+        self.plan_erasing_gc(GcOptions::erasing())
+    }
+
+    /// The plan of [`LogStore::plan_gc`] without sealing the active segment
+    /// (nothing is written): what its commits would lose is counted in
+    /// [`spool_engine::GcPlan::kept_dead_commits`]. For a dry run.
+    pub fn plan_gc_preview(&self) -> Result<spool_engine::GcPlan, StoreError> {
+        self.plan_erasing_gc(GcOptions::erasing().include_active(false))
+    }
+
+    fn plan_erasing_gc(&self, opts: GcOptions) -> Result<spool_engine::GcPlan, StoreError> {
         let dead = self.gc_dead_streams()?;
-        self.engine()?
-            .plan_gc(&|c: &RecordedCommit| !dead.contains(&c.info.stream))
+        let engine = self.engine()?;
+        let replace = erase::superseded(&engine)?;
+        engine
+            .plan_gc_with(opts, &|c: &RecordedCommit| {
+                if dead.contains(&c.info.stream) {
+                    GcAction::Drop
+                } else if let Some(events) = replace.get(&c.info.seq) {
+                    GcAction::Replace(events.clone())
+                } else {
+                    GcAction::Keep
+                }
+            })
             .map_err(engine_err)
     }
 
     /// Runs a planned log GC (copy live records, swap, retire; crash-safe,
-    /// see the engine). Snapshots are dropped with the rebuilt index.
+    /// see the engine). Snapshots are dropped with the rebuilt index. The
+    /// index's files still hold the old values until
+    /// [`LogStore::finish_erasure`] (or the next open) deletes and rebuilds
+    /// them.
     pub fn run_gc(&self, plan: spool_engine::GcPlan) -> Result<spool_engine::GcReport, StoreError> {
         self.engine()?.run_gc(plan).map_err(engine_err)
     }
