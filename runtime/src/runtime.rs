@@ -81,15 +81,22 @@ use std::sync::Arc;
 
 use crate::actions::{ActionError, DeleteSession, ForkSession, SessionAction};
 use crate::error::RuntimeError;
-use crate::handle::{writer_holder, writer_identity, HandleError, HandleOptions, SessionHandle};
+use crate::handle::{
+    load_bounded, writer_holder, writer_identity, HandleError, HandleOptions, SessionHandle,
+};
 use crate::hooks::{HookStage, SessionHookStack};
 use crate::observer::{EventSink, NullSink, RuntimeEvent};
+use crate::session::link::{save_linked, SessionLink};
 use crate::session::{
-    AgentDefinition, AgentSession, AgentSessionInfo, AgentState, SessionFactory, SessionId,
-    SessionInfoList, SessionStatus,
+    AgentDefinition, AgentSession, AgentSessionInfo, AgentState, ExecutionStatus, SessionFactory,
+    SessionId, SessionInfoList, SessionStatus,
 };
 use crate::store::{ListQuery, LogStore, LogStoreOptions, SessionStore, StoreError};
-use crate::transcript::EntryId;
+use crate::transcript::{Budget, EntryId, Usage};
+
+/// The error an execute records for an execution it found unfinished.
+pub const INTERRUPTED_ERROR: &str =
+    "the execution ended before it finished (the process stopped or a step could not be committed)";
 
 /// Creates sessions, executes actions, applies hooks, emits events.
 #[derive(Clone)]
@@ -97,6 +104,7 @@ pub struct SessionRuntime {
     store: Arc<dyn SessionStore>,
     events: Arc<dyn EventSink>,
     hooks: SessionHookStack,
+    budget: Budget,
 }
 
 impl std::fmt::Debug for SessionRuntime {
@@ -145,7 +153,20 @@ impl SessionRuntime {
             store,
             events,
             hooks,
+            budget: Budget::default(),
         }
+    }
+
+    /// This runtime with `budget` as the resident budget of the sessions
+    /// `execute` and `fork` load bounded (default: [`Budget::default`]).
+    pub fn with_resident_budget(mut self, budget: Budget) -> Self {
+        self.budget = budget;
+        self
+    }
+
+    /// The resident budget of bounded loads.
+    pub fn resident_budget(&self) -> Budget {
+        self.budget
     }
 
     pub fn store(&self) -> &Arc<dyn SessionStore> {
@@ -225,10 +246,7 @@ impl SessionRuntime {
             return Ok(session);
         }
         let id = session.id().clone();
-        let follow_up = self
-            .store
-            .save(session)
-            .map_err(|e| self.save_failed(&id, e))?;
+        let follow_up = save_linked(&self.store, session).map_err(|e| self.save_failed(&id, e))?;
         self.saved(&follow_up);
         Ok(follow_up)
     }
@@ -282,6 +300,38 @@ impl SessionRuntime {
         Err(RuntimeError::Store(result))
     }
 
+    /// Loads a session for an execute (or a fork at an entry): bounded
+    /// when the store can ([`load_bounded`]), else whole; linked either
+    /// way. Failures are reported as `SessionLoadFailed`.
+    fn load_linked(&self, id: &SessionId) -> Result<AgentSession, RuntimeError> {
+        match load_bounded(&self.store, &self.events, id, self.budget) {
+            Ok(Some(s)) => Ok(s),
+            Ok(None) => {
+                let mut s = self.load(id)?;
+                let loaded_entries = s.state().transcript.len();
+                s.set_link(SessionLink {
+                    store: Arc::downgrade(&self.store),
+                    events: self.events.clone(),
+                    bounded: None,
+                    loaded_entries,
+                });
+                Ok(s)
+            }
+            Err(e) => {
+                let e = match e {
+                    StoreError::NotFound { .. } => StoreError::NotFound { id: id.clone() },
+                    other => other,
+                };
+                self.emit(RuntimeEvent::SessionLoadFailed {
+                    session_id: id.clone(),
+                    error: e.to_string(),
+                    error_kind: e.kind().to_string(),
+                });
+                Err(RuntimeError::Store(e))
+            }
+        }
+    }
+
     fn loaded(&self, s: &AgentSession) {
         self.emit(RuntimeEvent::SessionLoaded {
             session_id: s.id().clone(),
@@ -333,7 +383,17 @@ impl SessionRuntime {
             });
             return Err(err);
         }
-        let mut session = self.load(id)?;
+        let mut session = self.load_linked(id)?;
+        if !session.is_deleted() && session.state().execution == ExecutionStatus::InProgress {
+            // Steps of an earlier turn were committed, its end never was.
+            session
+                .finish_execution(
+                    ExecutionStatus::Interrupted,
+                    Usage::default(),
+                    Some(INTERRUPTED_ERROR.to_string()),
+                )
+                .map_err(|e| self.action_failed(id, action.name(), e.into()))?;
+        }
         self.run_hooks(HookStage::AfterLoad, &mut session, None)?;
         self.loaded(&session);
         let before_version = session.version();
@@ -358,7 +418,8 @@ impl SessionRuntime {
             session_id: id.clone(),
             action: action.name().to_string(),
             before_version,
-            after_version: before_version.saturating_add(1),
+            // Past the turn's step commits, if it made any.
+            after_version: session.version().saturating_add(1),
             before_status,
             after_status: session.status(),
         });
@@ -374,17 +435,27 @@ impl SessionRuntime {
             });
             return Err(err);
         }
-        let persisted = self
-            .store
-            .save(session)
-            .map_err(|e| self.save_failed(id, e))?;
+        let persisted = save_linked(&self.store, session).map_err(|e| self.save_failed(id, e))?;
         self.after_persist(persisted, &[HookStage::AfterSave])
     }
 
     /// Forks a session (whole when `at` is `None`, else at that entry) into
     /// a new session with `parent_id` = `id`, persisted through the create
     /// pipeline. Children are listable with [`ListQuery::children_of`].
+    ///
+    /// A fork at an entry loads the source bounded where the store can
+    /// (the root→`at` path is read through the transcript index, no full
+    /// load); a whole fork copies every branch and loads the source whole.
     pub fn fork(&self, id: &SessionId, at: Option<EntryId>) -> Result<AgentSession, RuntimeError> {
+        if let Some(entry) = &at {
+            let source = self.load_linked(id)?;
+            self.loaded(&source);
+            let forked = match source.fork(Some(entry)) {
+                Ok(f) => f,
+                Err(e) => return Err(self.action_failed(id, "fork_session", e.into())),
+            };
+            return self.create_session(forked);
+        }
         let source = self.load(id)?;
         self.loaded(&source);
         let action = ForkSession { at };

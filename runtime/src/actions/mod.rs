@@ -34,6 +34,11 @@ pub enum ActionError {
     /// The action is not allowed in the session's current condition.
     #[error("not allowed: {reason}")]
     NotAllowed { reason: String },
+    /// A commit the action made while it ran (a durable step of
+    /// `SendMessage`) failed: a conflict with another writer, or a store
+    /// fault.
+    #[error(transparent)]
+    Store(crate::store::StoreError),
     /// A custom action's own failure.
     #[error(transparent)]
     Custom(Box<dyn std::error::Error + Send + Sync>),

@@ -70,6 +70,7 @@
 //! See [`rewrite`]: `prepare_rewrite` / `commit_rewrite` and the helpers
 //! built on them.
 
+mod bounded;
 mod live;
 mod navigation;
 pub mod reads;
@@ -84,6 +85,7 @@ use std::time::Duration;
 pub use crate::store::backend::{
     AppendReceipt, BoxedSource, ChangeMark, FullLoadBackend, TranscriptBackend, TranscriptHead,
 };
+pub(crate) use bounded::load_bounded;
 pub(crate) use live::{writer_holder, writer_identity};
 pub use live::{HandleEvent, SessionHandle};
 pub use navigation::{BranchWithSummary, MoveLeaf, SetLabel};

@@ -55,7 +55,7 @@ use self::sessions::{
     decode_keyed_record, decode_record, key, parent_prefix, status_byte, KEY_BROKEN, KEY_HEADER,
     KEY_PURGED, KEY_STATUS,
 };
-use self::snapshots::CACHE_SNAPSHOT;
+use self::snapshots::{CACHE_SETTINGS, CACHE_SNAPSHOT};
 use self::transcript::{DecodeMemo, TranscriptIndexer};
 use crate::session::{
     encode_event, AgentSession, AgentSessionInfo, SessionEvent, SessionId, SessionInfoList,
@@ -545,6 +545,10 @@ impl SessionStore for LogStore {
                         .engine()?
                         .index()
                         .remove_cache(SESSION_INDEXER, &key(CACHE_SNAPSHOT, id.as_str()));
+                    let _ = self
+                        .engine()?
+                        .index()
+                        .remove_cache(SESSION_INDEXER, &key(CACHE_SETTINGS, id.as_str()));
                     return Ok(true);
                 }
                 // A concurrent save moved the head: purge the newer version.
