@@ -117,6 +117,31 @@ pub struct LoopOutput {
     pub status: ExecutionStatus,
 }
 
+impl LoopOutput {
+    /// A completed execution whose entries all went to the step sink.
+    pub fn completed(usage: Usage) -> Self {
+        LoopOutput {
+            entries: Vec::new(),
+            usage,
+            status: ExecutionStatus::Completed,
+        }
+    }
+}
+
+/// An assistant text reply (stop reason `Stop`) from `model`, as a loop
+/// hands it to the step sink or returns it.
+pub fn assistant_message(text: impl Into<String>, model: &ModelConfig, usage: Usage) -> EntryKind {
+    EntryKind::Message {
+        message: Message::Assistant {
+            content: vec![ContentBlock::text(text)],
+            stop_reason: StopReason::Stop,
+            usage,
+            model: Some(model.qualified_name()),
+            error_message: None,
+        },
+    }
+}
+
 /// An agent loop failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{message}")]

@@ -614,3 +614,73 @@ fn a_turn_killed_with_sigkill_keeps_its_acknowledged_steps() {
     // The interrupted execution is on record in the log.
     assert_eq!(full.state().execution_count, 2);
 }
+
+// ---- the settings fold ----------------------------------------------------
+
+/// The settings fold of the log store equals a full load without its
+/// transcript (header, definition, every state field but the transcript
+/// and its generation, which the transcript index keeps).
+fn assert_same_settings(store: &LogStore, id: &SessionId) {
+    let full = store.load(id).unwrap().unwrap();
+    let settings = store.load_settings(id).unwrap().unwrap();
+    assert_eq!(settings.info(), full.info());
+    assert_eq!(settings.definition(), full.definition());
+    let mut want = full.state().clone();
+    want.transcript = Transcript::new();
+    want.generation = 0;
+    let mut got = settings.state().clone();
+    assert!(got.transcript.is_empty());
+    got.generation = 0;
+    assert_eq!(got, want);
+}
+
+#[test]
+fn the_settings_fold_equals_a_full_load_without_the_transcript() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open_log(dir.path());
+    let (rt, _sink) = runtime(store.clone());
+    let id = new_session(&rt);
+    let echo = Arc::new(ScriptedLoopFactory::echo());
+    assert_same_settings(&store, &id);
+    // Past the snapshot threshold (64 commits), then a tail after it.
+    for k in 0..150u64 {
+        match k % 6 {
+            0 => rt.execute(&id, &SendMessage::new(format!("m{k}"), echo.clone())),
+            1 => rt.execute(&id, &WriteMetadata::new(format!("k{}", k % 7), json!(k))),
+            2 => rt.execute(&id, &UpdateTask::add(format!("t{k}"))),
+            3 => rt.execute(&id, &ChangeSystemPrompt::new(format!("p{k}"))),
+            4 => rt.execute(&id, &SuspendSession),
+            _ => rt.execute(&id, &ResumeSession),
+        }
+        .unwrap();
+        if k == 20 || k == 100 {
+            rt.execute(&id, &ClearSession).unwrap();
+        }
+        if k % 37 == 0 {
+            assert_same_settings(&store, &id);
+        }
+    }
+    assert_same_settings(&store, &id);
+    assert_same_settings(&store, &id);
+    // A fork carries its seed transcript in its `created` event.
+    let s = rt
+        .execute(&id, &SendMessage::new("last", echo.clone()))
+        .unwrap();
+    let at = s.state().transcript.leaf().unwrap().clone();
+    let f = rt.fork(&id, Some(at)).unwrap();
+    assert_same_settings(&store, f.id());
+    rt.execute(f.id(), &ChangeModel::new(ModelConfig::new("p", "x")))
+        .unwrap();
+    assert_same_settings(&store, f.id());
+    // A purged and created again session starts a new incarnation.
+    assert!(rt.purge(&id).unwrap());
+    assert!(store.load_settings(&id).unwrap().is_none());
+    store
+        .create(spool_runtime::session::AgentSession::new_with_id(
+            id.clone(),
+            common::definition("again"),
+            None,
+        ))
+        .unwrap();
+    assert_same_settings(&store, &id);
+}
