@@ -16,16 +16,57 @@
 //!    the pipeline refuses at once with `WriterHeld` and emits
 //!    `[SessionActionFailed]` (kind `writer_held`); nothing is loaded or
 //!    stored.
-//! 1. Load. Missing or failing: `SessionLoadFailed`, error returned.
+//! 1. Load, bounded (see "Bounded sessions"). Missing or failing:
+//!    `SessionLoadFailed`, error returned. An execution the stored session
+//!    shows in progress (a turn whose process died after some of its
+//!    steps were committed) is finished as `Interrupted` first, with
+//!    [`INTERRUPTED_ERROR`], in this execute's commit.
 //! 2. AfterLoad hooks. 3. `SessionLoaded`.
 //! 4. The action (a deleted session fails here with `SessionDeleted`).
+//!    A `SendMessage` loop may commit steps here (see "Durable steps").
 //! 5. AfterAction hooks. 6. BeforeSave hooks.
-//! 7. `SessionActionExecuted` (real before/after versions).
+//! 7. `SessionActionExecuted` (the loaded version as `before_version`,
+//!    the version the final save produces as `after_version`).
 //! 8. The writer check again (a writer handle opened while the action
 //!    ran): `WriterHeld`, reported as `SessionSaveFailed`, nothing stored.
 //!    Then `store.save` (optimistic: a stale version is `Conflict`). On
 //!    failure: `SessionSaveFailed`, error returned.
 //! 9. AfterSave hooks. 10. `SessionSaved`.
+//!
+//! # Bounded sessions
+//! On a store whose transcript backend has a settings fold (the log
+//! store), `execute` and `fork` at an entry never load a session whole:
+//! the session is the fold of its non-transcript events (header,
+//! definition, settings, execution bookkeeping; cached like snapshots)
+//! plus, as its transcript, the resident working set of the leaf's
+//! context under [`SessionRuntime::with_resident_budget`] — the selection
+//! a [`SessionHandle`] publishes, built by the same code. Hooks, actions
+//! and the caller get that session; [`AgentSession::is_bounded`] tells,
+//! [`AgentSession::history`] reads older entries, and navigation to an
+//! entry beyond the working set reads it through the index (see
+//! [`crate::session::link`]). A session whose whole transcript is one
+//! resident chain is loaded whole. What still loads whole: `get_session`
+//! (on purpose), `fork(id, None)` (it copies every branch), and every
+//! execute on stores without a settings fold (memory, file, PostgreSQL).
+//!
+//! # Durable steps
+//! A `SendMessage` loop hands each produced entry to its step sink
+//! ([`crate::agent_loop::StepSink`]); each hand-over is one commit under
+//! the session version fence holding the events recorded so far (the
+//! first one carries the user's message and `ExecutionStarted`), reported
+//! to the observer as `SessionSaved` (or `SessionSaveFailed`, after which
+//! the action fails with the store's error and nothing more is written).
+//! Hooks do not run per step: the AfterLoad hooks ran before the first
+//! step, and AfterAction, BeforeSave and AfterSave run once at the end of
+//! the turn on the session whose steps are already committed (its pending
+//! list holds only what came after the last step). A hook that rejects
+//! the turn at BeforeSave therefore stores nothing *more*, but the steps
+//! stay, and the execution reads as in progress until the next execute
+//! records it `Interrupted`. A crash mid-turn leaves the same: the
+//! acknowledged steps in order under the user's message, the execution in
+//! progress. The version fence orders step commits against every other
+//! writer: a concurrent execute or handle write makes the next step a
+//! `Conflict`.
 //!
 //! # Fixes to the seed's contract
 //! - `SessionActionExecuted` carries the loaded version as

@@ -191,7 +191,7 @@ impl LogStore {
     /// left as folded from the non-transcript events; the transcript index
     /// knows the real one). Not a full load: transcript events are skipped
     /// by their kind without being decoded, and the fold starts from a
-    /// settings snapshot (cache tag [`CACHE_SETTINGS`]) that a fold which
+    /// settings snapshot (cache tag `b`, see docs/format.md) that a fold which
     /// replayed at least [`SNAPSHOT_TAIL_COMMITS`] commits writes, so its
     /// cost follows the commits since the last one, not the history. A
     /// `created` event's seed transcript is dropped while it is decoded.
