@@ -50,7 +50,12 @@ pub(crate) struct SessionLink {
 /// A session's link, if any. Not part of the session's value: equality,
 /// serialization and the fold ignore it.
 #[derive(Clone, Default)]
-pub(crate) struct Link(pub Option<Arc<SessionLink>>);
+pub(crate) struct Link {
+    pub inner: Option<Arc<SessionLink>>,
+    /// Stored entries read into a bounded session's transcript since its
+    /// load (navigation targets): held, but not new.
+    pub known: usize,
+}
 
 impl PartialEq for Link {
     fn eq(&self, _other: &Self) -> bool {
@@ -60,7 +65,7 @@ impl PartialEq for Link {
 
 impl std::fmt::Debug for Link {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match &self.0 {
+        match &self.inner {
             None => f.write_str("unlinked"),
             Some(l) if l.bounded.is_some() => f.write_str("linked(bounded)"),
             Some(_) => f.write_str("linked"),
@@ -203,7 +208,24 @@ pub(crate) fn read_stored(
 
 impl AgentSession {
     pub(crate) fn link(&self) -> Option<&Arc<SessionLink>> {
-        self.link.0.as_ref()
+        self.link.inner.as_ref()
+    }
+
+    /// A bounded session whose transcript was just replaced whole (a
+    /// clear, a history rewrite) holds all of it: it is whole from now on.
+    pub(crate) fn unbound(&mut self) {
+        if let Some(l) = self.link().filter(|l| l.bounded.is_some()) {
+            let whole = SessionLink {
+                store: l.store.clone(),
+                events: l.events.clone(),
+                bounded: None,
+                loaded_entries: 0,
+            };
+            self.link = Link {
+                inner: Some(Arc::new(whole)),
+                known: 0,
+            };
+        }
     }
 
     /// Installs a working set as the transcript (bounded loads).
@@ -218,7 +240,10 @@ impl AgentSession {
     }
 
     pub(crate) fn set_link(&mut self, link: SessionLink) {
-        self.link = Link(Some(Arc::new(link)));
+        self.link = Link {
+            inner: Some(Arc::new(link)),
+            known: 0,
+        };
     }
 
     /// Whether this session holds only its working set (see
@@ -242,9 +267,9 @@ impl AgentSession {
     pub fn transcript_entries(&self) -> u64 {
         let held = self.state.transcript.len();
         match self.link().and_then(|l| l.bounded.as_ref().map(|b| (l, b))) {
-            Some((l, b)) => b
-                .transcript_entries
-                .saturating_add(held.saturating_sub(l.loaded_entries) as u64),
+            Some((l, b)) => b.transcript_entries.saturating_add(
+                held.saturating_sub(l.loaded_entries.saturating_add(self.link.known)) as u64,
+            ),
             None => held as u64,
         }
     }
@@ -280,7 +305,20 @@ impl AgentSession {
         let mut entries = t.entries().to_vec();
         entries.push(entry);
         t.replace_all(entries, leaf);
+        self.link.known = self.link.known.saturating_add(1);
         Ok(true)
+    }
+
+    /// For a bounded session: whether `id` is stored beyond the working
+    /// set (a read failure is an error); whole sessions answer `false`.
+    pub(crate) fn stored_beyond(&self, id: &EntryId) -> Result<bool, StoreError> {
+        if self.state.transcript.contains(id) {
+            return Ok(false);
+        }
+        match self.link().filter(|l| l.bounded.is_some()) {
+            Some(l) => Ok(read_stored(&l.store, self.id(), id)?.is_some()),
+            None => Ok(false),
+        }
     }
 
     /// Whether a new entry id is taken in the stored transcript beyond the

@@ -384,14 +384,37 @@ impl AgentSession {
                 source: other,
             },
         })?;
+        if matches!(
+            ev,
+            SessionEvent::StateCleared | SessionEvent::HistoryRewritten { .. }
+        ) {
+            self.unbound();
+        }
         self.pending.push(ev);
         Ok(())
     }
 
     /// Appends an entry (its parent must exist, its id must be new); it
     /// becomes the leaf.
+    ///
+    /// A bounded session reads a parent beyond its working set through
+    /// the index, and refuses an id stored beyond it as a duplicate.
     pub fn append_entry(&mut self, entry: Entry) -> Result<(), SessionError> {
         self.guard()?;
+        if self.is_bounded() {
+            let taken = self
+                .stored_beyond(&entry.id)
+                .map_err(|e| self.read_failed(e))?;
+            if taken {
+                return Err(SessionError::Transcript {
+                    id: self.info.id.clone(),
+                    source: TranscriptError::DuplicateEntry(entry.id),
+                });
+            }
+            if let Some(p) = &entry.parent_id {
+                self.know(p)?;
+            }
+        }
         self.record(SessionEvent::EntryAppended { entry })
     }
 
@@ -402,14 +425,21 @@ impl AgentSession {
         // A bounded session holds only part of its ids: draw again while
         // the store knows the drawn one (rare: ids are random).
         const DRAWS_MAX: usize = 16;
-        for _ in 0..DRAWS_MAX {
-            if !self.id_taken_in_store(&entry.id) {
-                break;
+        self.guard()?;
+        let mut draws = 0;
+        while self.id_taken_in_store(&entry.id) {
+            draws += 1;
+            if draws == DRAWS_MAX {
+                return Err(SessionError::Transcript {
+                    id: self.info.id.clone(),
+                    source: TranscriptError::DuplicateEntry(entry.id),
+                });
             }
             entry.id = EntryId::generate();
         }
+        // The leaf (the parent) is always held, so the fold checks the rest.
         let id = entry.id.clone();
-        self.append_entry(entry)?;
+        self.record(SessionEvent::EntryAppended { entry })?;
         Ok(id)
     }
 
