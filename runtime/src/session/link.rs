@@ -350,10 +350,7 @@ impl AgentSession {
         if self.pending.is_empty() {
             return Ok(None);
         }
-        let store = match open_store(&link.store) {
-            Ok(s) => s,
-            Err(e) => return Err(e),
-        };
+        let store = open_store(&link.store)?;
         match save_linked(&store, self.clone()) {
             Ok(saved) => {
                 let v = saved.version();

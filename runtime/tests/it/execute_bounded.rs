@@ -162,7 +162,7 @@ fn every_builtin_action_executes_without_a_full_load_on_the_log_store() {
     assert!(st.transcript.is_empty(), "cleared");
     assert_eq!(st.system_prompt, "Be brief.");
     assert_eq!(st.model, ModelConfig::new("p", "m2"));
-    assert!(st.metadata.get("k").is_none());
+    assert!(!st.metadata.contains_key("k"));
     assert_eq!(st.execution_count, 2);
     let fork_full = store.load(forked.id()).unwrap().unwrap();
     let t = &fork_full.state().transcript;
