@@ -42,6 +42,7 @@ pub(crate) use sessions::stored_kind;
 pub(crate) use common::{be_u64, engine_err};
 pub use common::{PURGE_EVENT_KIND, SESSION_EVENT_PREFIX};
 pub use sessions::{header_record_reencoded, SessionIndexer};
+pub use snapshots::SETTINGS_TAIL_COMMITS;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};

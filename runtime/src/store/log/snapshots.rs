@@ -29,6 +29,12 @@ pub(super) const CACHE_SNAPSHOT: u8 = b's';
 /// without its transcript (see [`LogStore::load_settings`]).
 pub(super) const CACHE_SETTINGS: u8 = b'b';
 
+/// A settings fold that replayed at least this many commits writes a
+/// settings snapshot. Lower than [`SNAPSHOT_TAIL_COMMITS`]: a settings
+/// snapshot holds no transcript, so it is cheap to write, and every
+/// execute folds the tail after it.
+pub const SETTINGS_TAIL_COMMITS: u64 = 16;
+
 /// Engine event kinds of the transcript events, which a settings fold
 /// skips without decoding (the transcript index answers for them).
 const TRANSCRIPT_KINDS: [&str; 4] = [
@@ -192,7 +198,7 @@ impl LogStore {
     /// knows the real one). Not a full load: transcript events are skipped
     /// by their kind without being decoded, and the fold starts from a
     /// settings snapshot (cache tag `b`, see docs/format.md) that a fold which
-    /// replayed at least [`SNAPSHOT_TAIL_COMMITS`] commits writes, so its
+    /// replayed at least [`SETTINGS_TAIL_COMMITS`] commits writes, so its
     /// cost follows the commits since the last one, not the history. A
     /// `created` event's seed transcript is dropped while it is decoded.
     pub fn load_settings(&self, id: &SessionId) -> Result<Option<AgentSession>, StoreError> {
@@ -259,7 +265,7 @@ impl LogStore {
             return Ok(None);
         };
         let session = session.reconstitute(version - base, updated);
-        if replayed >= SNAPSHOT_TAIL_COMMITS {
+        if replayed >= SETTINGS_TAIL_COMMITS {
             self.write_cached(CACHE_SETTINGS, &session, version);
         }
         Ok(Some(session))
