@@ -101,8 +101,8 @@
 //! Writes through a [`SessionHandle`] (appends, leaf moves, branches,
 //! labels, rewrites — `spool compact` among them) commit transcript events
 //! without loading the session, so no hook stage runs for them: every
-//! stage hands a hook the whole `&mut AgentSession`, which a bounded handle
-//! does not hold. What is promised instead: every committed handle write
+//! stage hands a hook an `&mut AgentSession` (definition, settings and
+//! the working set), which a handle does not hold. What is promised instead: every committed handle write
 //! is reported to this runtime's event sink as exactly one `SessionSaved`
 //! with the committed session version and the session's status, after the
 //! handle's replacement snapshot is published (also when that publication
