@@ -46,8 +46,10 @@
 //! entry beyond the working set reads it through the index (see
 //! [`crate::session::link`]). A session whose whole transcript is one
 //! resident chain is loaded whole. What still loads whole: `get_session`
-//! (on purpose), `fork(id, None)` (it copies every branch), and every
-//! execute on stores without a settings fold (memory, file, PostgreSQL).
+//! (on purpose), `fork(id, None)` (it copies every branch), an action
+//! whose [`SessionAction::needs_whole_session`] is true (none of the
+//! built-ins), and every execute on stores without a settings fold
+//! (memory, file, PostgreSQL).
 //!
 //! # Durable steps
 //! A `SendMessage` loop hands each produced entry to its step sink
@@ -344,8 +346,13 @@ impl SessionRuntime {
     /// Loads a session for an execute (or a fork at an entry): bounded
     /// when the store can ([`load_bounded`]), else whole; linked either
     /// way. Failures are reported as `SessionLoadFailed`.
-    fn load_linked(&self, id: &SessionId) -> Result<AgentSession, RuntimeError> {
-        match load_bounded(&self.store, &self.events, id, self.budget) {
+    fn load_linked(&self, id: &SessionId, whole: bool) -> Result<AgentSession, RuntimeError> {
+        let bounded = if whole {
+            Ok(None)
+        } else {
+            load_bounded(&self.store, &self.events, id, self.budget)
+        };
+        match bounded {
             Ok(Some(s)) => Ok(s),
             Ok(None) => {
                 let mut s = self.load(id)?;
@@ -424,7 +431,7 @@ impl SessionRuntime {
             });
             return Err(err);
         }
-        let mut session = self.load_linked(id)?;
+        let mut session = self.load_linked(id, action.needs_whole_session())?;
         if !session.is_deleted() && session.state().execution == ExecutionStatus::InProgress {
             // Steps of an earlier turn were committed, its end never was.
             session
@@ -489,7 +496,7 @@ impl SessionRuntime {
     /// load); a whole fork copies every branch and loads the source whole.
     pub fn fork(&self, id: &SessionId, at: Option<EntryId>) -> Result<AgentSession, RuntimeError> {
         if let Some(entry) = &at {
-            let source = self.load_linked(id)?;
+            let source = self.load_linked(id, false)?;
             self.loaded(&source);
             let forked = match source.fork(Some(entry)) {
                 Ok(f) => f,

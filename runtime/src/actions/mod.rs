@@ -59,4 +59,12 @@ pub trait SessionAction: Send + Sync {
     fn name(&self) -> &str;
     /// Changes the session through its mutation methods.
     fn execute(&self, session: &mut AgentSession) -> Result<(), ActionError>;
+    /// Whether this action needs the whole session (every entry of every
+    /// branch in `state().transcript`) rather than the bounded working set
+    /// the runtime loads by default on stores with transcript indexes.
+    /// `true` makes `execute` load the session whole (one full load, its
+    /// cost following the history). No built-in action needs it.
+    fn needs_whole_session(&self) -> bool {
+        false
+    }
 }

@@ -684,3 +684,34 @@ fn the_settings_fold_equals_a_full_load_without_the_transcript() {
         .unwrap();
     assert_same_settings(&store, &id);
 }
+
+/// An action that asks for the whole session gets every entry of every
+/// branch, through exactly one full load.
+#[test]
+fn an_action_can_ask_for_the_whole_session() {
+    use spool_runtime::actions::{ActionError, SessionAction};
+    use spool_runtime::session::AgentSession;
+    struct CountAll(Arc<Mutex<usize>>);
+    impl SessionAction for CountAll {
+        fn name(&self) -> &str {
+            "count_all"
+        }
+        fn execute(&self, s: &mut AgentSession) -> Result<(), ActionError> {
+            *self.0.lock().unwrap() = s.state().transcript.len();
+            Ok(())
+        }
+        fn needs_whole_session(&self) -> bool {
+            true
+        }
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let store = open_log(dir.path());
+    let (rt, _sink) = runtime(store.clone());
+    let id = new_session(&rt);
+    history(&rt, &id, 2000, 200);
+    let seen = Arc::new(Mutex::new(0));
+    let s = rt.execute(&id, &CountAll(seen.clone())).unwrap();
+    assert!(!s.is_bounded());
+    assert_eq!(*seen.lock().unwrap(), 2000);
+    assert_eq!(store.stats().full_loads, 1);
+}
