@@ -444,8 +444,10 @@ fn measure_spool(spec: &ChildSpec, turns: &[Turn]) -> Result<ChildReport, BenchE
     for (t, action) in turns.iter().zip(&actions) {
         let start = Instant::now();
         let session = runtime.execute(&id, action).map_err(|e| err(&e))?;
+        // The session comes back bounded: its transcript is the working
+        // set; the entry count covers the whole history.
         let transcript = &session.state().transcript;
-        let len = transcript.len() as u64;
+        let len = session.transcript_entries();
         let leaf_text = transcript
             .leaf()
             .and_then(|l| transcript.get(l))

@@ -91,6 +91,7 @@ impl RuntimeError {
             ActionError::Session(SessionError::InvalidTransition { id, from, to }) => {
                 RuntimeError::InvalidTransition { id, from, to }
             }
+            ActionError::Store(e) => RuntimeError::Store(e),
             source => RuntimeError::ActionFailed {
                 id: id.clone(),
                 action: action.to_string(),

@@ -54,7 +54,8 @@ pub mod transcript;
 // modules above hold the rest, for tools and advanced use.
 pub use actions::{SendMessage, SessionAction};
 pub use agent_loop::{
-    AgentLoop, LoopFactory, LoopInput, LoopOutput, ScriptedLoopFactory, ScriptedTurn,
+    AgentLoop, LoopError, LoopFactory, LoopInput, LoopOutput, LoopSettings, ScriptedLoopFactory,
+    ScriptedTurn, StepSink,
 };
 pub use error::RuntimeError;
 pub use handle::{HandleError, HandleOptions, SessionHandle};
@@ -62,8 +63,8 @@ pub use hooks::{HookStage, SessionHook, SessionHookStack};
 pub use observer::{EventSink, RuntimeEvent};
 pub use runtime::SessionRuntime;
 pub use session::{
-    AgentDefinition, AgentSession, AgentSessionInfo, AgentState, ModelConfig, SessionEvent,
-    SessionId, SessionInfoList, SessionStatus,
+    AgentDefinition, AgentSession, AgentSessionInfo, AgentState, HistoryReader, ModelConfig,
+    SessionEvent, SessionId, SessionInfoList, SessionStatus,
 };
 pub use store::{open_store, ListQuery, LogStore, LogStoreOptions, SessionStore, StoreError};
 pub use transcript::{Entry, EntryId, ModelContext};

@@ -9,7 +9,9 @@
 //! refused because a writer handle is open emits `[SessionActionFailed]`
 //! (or, when the handle opened while the action ran, ends in
 //! `SessionSaveFailed` instead of the save). A committed handle write
-//! emits `[SessionSaved]`.
+//! emits `[SessionSaved]`. Each step a loop commits during an execute
+//! adds one `SessionSaved` between `SessionLoaded` and
+//! `SessionActionExecuted`.
 
 use std::sync::{Mutex, RwLock};
 
@@ -30,7 +32,8 @@ pub enum RuntimeEvent {
     },
     /// Emitted after the action and the AfterAction/BeforeSave hooks, just
     /// before the save. `before_version` is the loaded version;
-    /// `after_version` is the version the save produces (`before + 1`).
+    /// `after_version` is the version the save produces (`before + 1`,
+    /// plus one per step the turn committed).
     SessionActionExecuted {
         session_id: SessionId,
         action: String,

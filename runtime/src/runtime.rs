@@ -16,16 +16,59 @@
 //!    the pipeline refuses at once with `WriterHeld` and emits
 //!    `[SessionActionFailed]` (kind `writer_held`); nothing is loaded or
 //!    stored.
-//! 1. Load. Missing or failing: `SessionLoadFailed`, error returned.
+//! 1. Load, bounded (see "Bounded sessions"). Missing or failing:
+//!    `SessionLoadFailed`, error returned. An execution the stored session
+//!    shows in progress (a turn whose process died after some of its
+//!    steps were committed) is finished as `Interrupted` first, with
+//!    [`INTERRUPTED_ERROR`], in this execute's commit.
 //! 2. AfterLoad hooks. 3. `SessionLoaded`.
 //! 4. The action (a deleted session fails here with `SessionDeleted`).
+//!    A `SendMessage` loop may commit steps here (see "Durable steps").
 //! 5. AfterAction hooks. 6. BeforeSave hooks.
-//! 7. `SessionActionExecuted` (real before/after versions).
+//! 7. `SessionActionExecuted` (the loaded version as `before_version`,
+//!    the version the final save produces as `after_version`).
 //! 8. The writer check again (a writer handle opened while the action
 //!    ran): `WriterHeld`, reported as `SessionSaveFailed`, nothing stored.
 //!    Then `store.save` (optimistic: a stale version is `Conflict`). On
 //!    failure: `SessionSaveFailed`, error returned.
 //! 9. AfterSave hooks. 10. `SessionSaved`.
+//!
+//! # Bounded sessions
+//! On a store whose transcript backend has a settings fold (the log
+//! store), `execute` and `fork` at an entry never load a session whole:
+//! the session is the fold of its non-transcript events (header,
+//! definition, settings, execution bookkeeping; cached like snapshots)
+//! plus, as its transcript, the resident working set of the leaf's
+//! context under [`SessionRuntime::with_resident_budget`] — the selection
+//! a [`SessionHandle`] publishes, built by the same code. Hooks, actions
+//! and the caller get that session; [`AgentSession::is_bounded`] tells,
+//! [`AgentSession::history`] reads older entries, and navigation to an
+//! entry beyond the working set reads it through the index (see
+//! [`crate::session::link`]). A session whose whole transcript is one
+//! resident chain is loaded whole. What still loads whole: `get_session`
+//! (on purpose), `fork(id, None)` (it copies every branch), an action
+//! whose [`SessionAction::needs_whole_session`] is true (none of the
+//! built-ins), and every execute on stores without a settings fold
+//! (memory, file, PostgreSQL).
+//!
+//! # Durable steps
+//! A `SendMessage` loop hands each produced entry to its step sink
+//! ([`crate::agent_loop::StepSink`]); each hand-over is one commit under
+//! the session version fence holding the events recorded so far (the
+//! first one carries the user's message and `ExecutionStarted`), reported
+//! to the observer as `SessionSaved` (or `SessionSaveFailed`, after which
+//! the action fails with the store's error and nothing more is written).
+//! Hooks do not run per step: the AfterLoad hooks ran before the first
+//! step, and AfterAction, BeforeSave and AfterSave run once at the end of
+//! the turn on the session whose steps are already committed (its pending
+//! list holds only what came after the last step). A hook that rejects
+//! the turn at BeforeSave therefore stores nothing *more*, but the steps
+//! stay, and the execution reads as in progress until the next execute
+//! records it `Interrupted`. A crash mid-turn leaves the same: the
+//! acknowledged steps in order under the user's message, the execution in
+//! progress. The version fence orders step commits against every other
+//! writer: a concurrent execute or handle write makes the next step a
+//! `Conflict`.
 //!
 //! # Fixes to the seed's contract
 //! - `SessionActionExecuted` carries the loaded version as
@@ -60,8 +103,8 @@
 //! Writes through a [`SessionHandle`] (appends, leaf moves, branches,
 //! labels, rewrites — `spool compact` among them) commit transcript events
 //! without loading the session, so no hook stage runs for them: every
-//! stage hands a hook the whole `&mut AgentSession`, which a bounded handle
-//! does not hold. What is promised instead: every committed handle write
+//! stage hands a hook an `&mut AgentSession` (definition, settings and
+//! the working set), which a handle does not hold. What is promised instead: every committed handle write
 //! is reported to this runtime's event sink as exactly one `SessionSaved`
 //! with the committed session version and the session's status, after the
 //! handle's replacement snapshot is published (also when that publication
@@ -81,15 +124,22 @@ use std::sync::Arc;
 
 use crate::actions::{ActionError, DeleteSession, ForkSession, SessionAction};
 use crate::error::RuntimeError;
-use crate::handle::{writer_holder, writer_identity, HandleError, HandleOptions, SessionHandle};
+use crate::handle::{
+    load_bounded, writer_holder, writer_identity, HandleError, HandleOptions, SessionHandle,
+};
 use crate::hooks::{HookStage, SessionHookStack};
 use crate::observer::{EventSink, NullSink, RuntimeEvent};
+use crate::session::link::{save_linked, SessionLink};
 use crate::session::{
-    AgentDefinition, AgentSession, AgentSessionInfo, AgentState, SessionFactory, SessionId,
-    SessionInfoList, SessionStatus,
+    AgentDefinition, AgentSession, AgentSessionInfo, AgentState, ExecutionStatus, SessionFactory,
+    SessionId, SessionInfoList, SessionStatus,
 };
 use crate::store::{ListQuery, LogStore, LogStoreOptions, SessionStore, StoreError};
-use crate::transcript::EntryId;
+use crate::transcript::{Budget, EntryId, Usage};
+
+/// The error an execute records for an execution it found unfinished.
+pub const INTERRUPTED_ERROR: &str =
+    "the execution ended before it finished (the process stopped or a step could not be committed)";
 
 /// Creates sessions, executes actions, applies hooks, emits events.
 #[derive(Clone)]
@@ -97,6 +147,7 @@ pub struct SessionRuntime {
     store: Arc<dyn SessionStore>,
     events: Arc<dyn EventSink>,
     hooks: SessionHookStack,
+    budget: Budget,
 }
 
 impl std::fmt::Debug for SessionRuntime {
@@ -145,7 +196,20 @@ impl SessionRuntime {
             store,
             events,
             hooks,
+            budget: Budget::default(),
         }
+    }
+
+    /// This runtime with `budget` as the resident budget of the sessions
+    /// `execute` and `fork` load bounded (default: [`Budget::default`]).
+    pub fn with_resident_budget(mut self, budget: Budget) -> Self {
+        self.budget = budget;
+        self
+    }
+
+    /// The resident budget of bounded loads.
+    pub fn resident_budget(&self) -> Budget {
+        self.budget
     }
 
     pub fn store(&self) -> &Arc<dyn SessionStore> {
@@ -225,10 +289,7 @@ impl SessionRuntime {
             return Ok(session);
         }
         let id = session.id().clone();
-        let follow_up = self
-            .store
-            .save(session)
-            .map_err(|e| self.save_failed(&id, e))?;
+        let follow_up = save_linked(&self.store, session).map_err(|e| self.save_failed(&id, e))?;
         self.saved(&follow_up);
         Ok(follow_up)
     }
@@ -282,6 +343,43 @@ impl SessionRuntime {
         Err(RuntimeError::Store(result))
     }
 
+    /// Loads a session for an execute (or a fork at an entry): bounded
+    /// when the store can ([`load_bounded`]), else whole; linked either
+    /// way. Failures are reported as `SessionLoadFailed`.
+    fn load_linked(&self, id: &SessionId, whole: bool) -> Result<AgentSession, RuntimeError> {
+        let bounded = if whole {
+            Ok(None)
+        } else {
+            load_bounded(&self.store, &self.events, id, self.budget)
+        };
+        match bounded {
+            Ok(Some(s)) => Ok(s),
+            Ok(None) => {
+                let mut s = self.load(id)?;
+                let loaded_entries = s.state().transcript.len();
+                s.set_link(SessionLink {
+                    store: Arc::downgrade(&self.store),
+                    events: self.events.clone(),
+                    bounded: None,
+                    loaded_entries,
+                });
+                Ok(s)
+            }
+            Err(e) => {
+                let e = match e {
+                    StoreError::NotFound { .. } => StoreError::NotFound { id: id.clone() },
+                    other => other,
+                };
+                self.emit(RuntimeEvent::SessionLoadFailed {
+                    session_id: id.clone(),
+                    error: e.to_string(),
+                    error_kind: e.kind().to_string(),
+                });
+                Err(RuntimeError::Store(e))
+            }
+        }
+    }
+
     fn loaded(&self, s: &AgentSession) {
         self.emit(RuntimeEvent::SessionLoaded {
             session_id: s.id().clone(),
@@ -333,7 +431,17 @@ impl SessionRuntime {
             });
             return Err(err);
         }
-        let mut session = self.load(id)?;
+        let mut session = self.load_linked(id, action.needs_whole_session())?;
+        if !session.is_deleted() && session.state().execution == ExecutionStatus::InProgress {
+            // Steps of an earlier turn were committed, its end never was.
+            session
+                .finish_execution(
+                    ExecutionStatus::Interrupted,
+                    Usage::default(),
+                    Some(INTERRUPTED_ERROR.to_string()),
+                )
+                .map_err(|e| self.action_failed(id, action.name(), e.into()))?;
+        }
         self.run_hooks(HookStage::AfterLoad, &mut session, None)?;
         self.loaded(&session);
         let before_version = session.version();
@@ -358,7 +466,8 @@ impl SessionRuntime {
             session_id: id.clone(),
             action: action.name().to_string(),
             before_version,
-            after_version: before_version.saturating_add(1),
+            // Past the turn's step commits, if it made any.
+            after_version: session.version().saturating_add(1),
             before_status,
             after_status: session.status(),
         });
@@ -374,17 +483,27 @@ impl SessionRuntime {
             });
             return Err(err);
         }
-        let persisted = self
-            .store
-            .save(session)
-            .map_err(|e| self.save_failed(id, e))?;
+        let persisted = save_linked(&self.store, session).map_err(|e| self.save_failed(id, e))?;
         self.after_persist(persisted, &[HookStage::AfterSave])
     }
 
     /// Forks a session (whole when `at` is `None`, else at that entry) into
     /// a new session with `parent_id` = `id`, persisted through the create
     /// pipeline. Children are listable with [`ListQuery::children_of`].
+    ///
+    /// A fork at an entry loads the source bounded where the store can
+    /// (the root→`at` path is read through the transcript index, no full
+    /// load); a whole fork copies every branch and loads the source whole.
     pub fn fork(&self, id: &SessionId, at: Option<EntryId>) -> Result<AgentSession, RuntimeError> {
+        if let Some(entry) = &at {
+            let source = self.load_linked(id, false)?;
+            self.loaded(&source);
+            let forked = match source.fork(Some(entry)) {
+                Ok(f) => f,
+                Err(e) => return Err(self.action_failed(id, "fork_session", e.into())),
+            };
+            return self.create_session(forked);
+        }
         let source = self.load(id)?;
         self.loaded(&source);
         let action = ForkSession { at };

@@ -34,6 +34,11 @@ pub enum ActionError {
     /// The action is not allowed in the session's current condition.
     #[error("not allowed: {reason}")]
     NotAllowed { reason: String },
+    /// A commit the action made while it ran (a durable step of
+    /// `SendMessage`) failed: a conflict with another writer, or a store
+    /// fault.
+    #[error(transparent)]
+    Store(crate::store::StoreError),
     /// A custom action's own failure.
     #[error(transparent)]
     Custom(Box<dyn std::error::Error + Send + Sync>),
@@ -54,4 +59,12 @@ pub trait SessionAction: Send + Sync {
     fn name(&self) -> &str;
     /// Changes the session through its mutation methods.
     fn execute(&self, session: &mut AgentSession) -> Result<(), ActionError>;
+    /// Whether this action needs the whole session (every entry of every
+    /// branch in `state().transcript`) rather than the bounded working set
+    /// the runtime loads by default on stores with transcript indexes.
+    /// `true` makes `execute` load the session whole (one full load, its
+    /// cost following the history). No built-in action needs it.
+    fn needs_whole_session(&self) -> bool {
+        false
+    }
 }

@@ -70,6 +70,7 @@
 //! See [`rewrite`]: `prepare_rewrite` / `commit_rewrite` and the helpers
 //! built on them.
 
+mod bounded;
 mod live;
 mod navigation;
 pub mod reads;
@@ -79,6 +80,7 @@ mod snapshot;
 
 use std::time::Duration;
 
+pub(crate) use bounded::load_bounded;
 pub(crate) use live::{writer_holder, writer_identity};
 pub use live::{HandleEvent, SessionHandle};
 pub use navigation::{BranchWithSummary, MoveLeaf, SetLabel};

@@ -1,6 +1,7 @@
 //! Navigation as [`SessionAction`]s, for the session-level pipeline
-//! ([`SessionRuntime::execute`](crate::SessionRuntime::execute): full load,
-//! hooks, observer events). A [`SessionHandle`](super::SessionHandle) offers
+//! ([`SessionRuntime::execute`](crate::SessionRuntime::execute): a bounded
+//! load, hooks, observer events; a target beyond the working set is read
+//! through the transcript index). A [`SessionHandle`](super::SessionHandle) offers
 //! the same operations at the transcript level without loading the session.
 
 use crate::actions::{ActionError, SessionAction};
@@ -19,7 +20,15 @@ impl SessionAction for MoveLeaf {
     }
     fn execute(&self, session: &mut AgentSession) -> Result<(), ActionError> {
         if let Some(t) = &self.to {
-            if !session.state().transcript.contains(t) {
+            // A bounded session reads an entry beyond its working set
+            // through the index.
+            let known = session.know_entry(t).map_err(|e| {
+                ActionError::Session(crate::session::SessionError::History {
+                    id: session.id().clone(),
+                    reason: e.to_string(),
+                })
+            })?;
+            if !known {
                 return Err(ActionError::Session(
                     crate::session::SessionError::UnknownEntry {
                         id: session.id().clone(),

@@ -59,6 +59,7 @@ pub(super) fn session_from_created(ev: &SessionEvent) -> Result<AgentSession, Fo
             definition: (**definition).clone(),
             state: (**state).clone(),
             pending: Vec::new(),
+            link: Default::default(),
         }),
         other => Err(FoldError::NotCreated {
             found: other.kind(),

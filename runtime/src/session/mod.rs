@@ -19,6 +19,7 @@ mod events;
 mod fold;
 mod id;
 mod info;
+pub(crate) mod link;
 mod state;
 
 use serde::{Deserialize, Serialize};
@@ -32,6 +33,7 @@ pub use events::SessionEvent;
 pub use fold::FoldError;
 pub use id::{InvalidSessionId, SessionId, SESSION_ID_LEN_MAX};
 pub use info::{AgentSessionInfo, SessionInfoList, SessionStatus, SkippedSession, UnknownStatus};
+pub use link::{HistoryReader, HISTORY_PAGE_MAX};
 pub use state::{
     validate_tasks, AgentState, ExecutionStatus, Task, TaskListError, TaskStatus,
     MAX_METADATA_KEY_LEN, MAX_TASKS, MAX_TASK_DESCRIPTION_LEN, MAX_TASK_ID_LEN,
@@ -69,6 +71,9 @@ pub enum SessionError {
     UnknownEntry { id: SessionId, entry: EntryId },
     #[error("session {id}: {source}")]
     Fold { id: SessionId, source: FoldError },
+    /// Reading entries beyond a bounded session's working set failed.
+    #[error("session {id}: reading the stored history failed: {reason}")]
+    History { id: SessionId, reason: String },
 }
 
 /// One persistent agent conversation: header, definition and state, plus
@@ -80,6 +85,10 @@ pub struct AgentSession {
     state: AgentState,
     #[serde(skip)]
     pending: Vec<SessionEvent>,
+    /// The runtime's link while an execute holds the session (see
+    /// [`link`]); ignored by equality and serialization.
+    #[serde(skip)]
+    link: link::Link,
 }
 
 /// Builds fresh sessions from a definition (the seed's `SessionFactory`).
@@ -149,8 +158,25 @@ impl AgentSession {
     /// Active. Deleted sessions cannot be forked. Copies only what the fork
     /// keeps (the path's entries, not the whole transcript); see
     /// [`AgentSession::into_fork`] to move them instead.
+    ///
+    /// A bounded session forks at an entry by reading the path through the
+    /// store's index; forking it whole needs the whole transcript, which
+    /// it does not hold: load the session whole for that.
     pub fn fork(&self, at: Option<&EntryId>) -> Result<AgentSession, SessionError> {
         self.guard()?;
+        if self.is_bounded() {
+            let Some(at) = at else {
+                return Err(SessionError::Fold {
+                    id: self.info.id.clone(),
+                    source: FoldError::BadRewrite {
+                        reason: "a bounded session cannot be forked whole; load it whole".into(),
+                    },
+                });
+            };
+            let mut t = Transcript::new();
+            t.replace_all(self.path_to(at)?, Some(at.clone()));
+            return self.fork_with(t, Some(at));
+        }
         let transcript = match at {
             None => self.state.transcript.clone(),
             Some(at) => {
@@ -167,6 +193,9 @@ impl AgentSession {
     /// loaded the source only to fork it wants).
     pub fn into_fork(mut self, at: Option<&EntryId>) -> Result<AgentSession, SessionError> {
         self.guard()?;
+        if self.is_bounded() {
+            return self.fork(at);
+        }
         let transcript = std::mem::take(&mut self.state.transcript);
         let transcript = match at {
             None => transcript,
@@ -229,11 +258,42 @@ impl AgentSession {
     /// The entries on the path root → `at`, root first. Errors with
     /// `UnknownEntry` naming `at` when it is absent (or its parents form a
     /// cycle), or naming the first missing parent.
+    ///
+    /// A bounded session (see [`link`]) reads the path through the store's
+    /// transcript index.
     pub fn path_to(&self, at: &EntryId) -> Result<Vec<Entry>, SessionError> {
+        if self.is_bounded() {
+            return match self.history().path_to(at) {
+                Ok(Some(path)) => Ok(path),
+                Ok(None) => Err(SessionError::UnknownEntry {
+                    id: self.info.id.clone(),
+                    entry: at.clone(),
+                }),
+                Err(e) => Err(self.read_failed(e)),
+            };
+        }
         self.state
             .transcript
             .complete_path(at)
             .map_err(|e| self.path_error(at, e))
+    }
+
+    /// A failed read through the store, as a session error.
+    fn read_failed(&self, e: crate::store::StoreError) -> SessionError {
+        SessionError::History {
+            id: self.info.id.clone(),
+            reason: e.to_string(),
+        }
+    }
+
+    /// For a bounded session, makes `id` part of the working set when it
+    /// is stored beyond it (navigation then folds); whole sessions are
+    /// unchanged.
+    fn know(&mut self, id: &EntryId) -> Result<(), SessionError> {
+        if self.is_bounded() {
+            self.know_entry(id).map_err(|e| self.read_failed(e))?;
+        }
+        Ok(())
     }
 
     // ---- accessors -------------------------------------------------------
@@ -286,6 +346,7 @@ impl AgentSession {
             definition,
             state,
             pending: Vec::new(),
+            link: link::Link::default(),
         }
     }
 
@@ -322,29 +383,71 @@ impl AgentSession {
                 source: other,
             },
         })?;
+        if matches!(
+            ev,
+            SessionEvent::StateCleared | SessionEvent::HistoryRewritten { .. }
+        ) {
+            self.unbound();
+        }
         self.pending.push(ev);
         Ok(())
     }
 
     /// Appends an entry (its parent must exist, its id must be new); it
     /// becomes the leaf.
+    ///
+    /// A bounded session reads a parent beyond its working set through
+    /// the index, and refuses an id stored beyond it as a duplicate.
     pub fn append_entry(&mut self, entry: Entry) -> Result<(), SessionError> {
         self.guard()?;
+        if self.is_bounded() {
+            let taken = self
+                .stored_beyond(&entry.id)
+                .map_err(|e| self.read_failed(e))?;
+            if taken {
+                return Err(SessionError::Transcript {
+                    id: self.info.id.clone(),
+                    source: TranscriptError::DuplicateEntry(entry.id),
+                });
+            }
+            if let Some(p) = &entry.parent_id {
+                self.know(p)?;
+            }
+        }
         self.record(SessionEvent::EntryAppended { entry })
     }
 
     /// Appends a new entry of `kind` under the current leaf, with a
     /// generated id and the current time. Returns its id.
     pub fn append(&mut self, kind: EntryKind) -> Result<EntryId, SessionError> {
-        let entry = Entry::new(self.state.transcript.leaf().cloned(), kind);
+        let mut entry = Entry::new(self.state.transcript.leaf().cloned(), kind);
+        // A bounded session holds only part of its ids: draw again while
+        // the store knows the drawn one (rare: ids are random).
+        const DRAWS_MAX: usize = 16;
+        self.guard()?;
+        let mut draws = 0;
+        while self.id_taken_in_store(&entry.id) {
+            draws += 1;
+            if draws == DRAWS_MAX {
+                return Err(SessionError::Transcript {
+                    id: self.info.id.clone(),
+                    source: TranscriptError::DuplicateEntry(entry.id),
+                });
+            }
+            entry.id = EntryId::generate();
+        }
+        // The leaf (the parent) is always held, so the fold checks the rest.
         let id = entry.id.clone();
-        self.append_entry(entry)?;
+        self.record(SessionEvent::EntryAppended { entry })?;
         Ok(id)
     }
 
     /// Moves the transcript leaf (navigation is an event, not memory state).
     pub fn move_leaf(&mut self, leaf: Option<EntryId>) -> Result<(), SessionError> {
         self.guard()?;
+        if let Some(l) = &leaf {
+            self.know(l)?;
+        }
         if self.state.transcript.leaf() == leaf.as_ref() {
             return Ok(());
         }
@@ -540,6 +643,9 @@ impl AgentSession {
         summary: impl Into<String>,
     ) -> Result<EntryId, SessionError> {
         self.guard()?;
+        if let Some(t) = target {
+            self.know(t)?;
+        }
         let nav = self
             .state
             .transcript
@@ -559,6 +665,7 @@ impl AgentSession {
         label: Option<String>,
     ) -> Result<EntryId, SessionError> {
         self.guard()?;
+        self.know(target)?;
         let nav = self
             .state
             .transcript

@@ -30,6 +30,10 @@ pub enum ExecutionStatus {
     /// The loop stopped early (budget, a stop condition) without an error.
     Stopped,
     Failed,
+    /// The execution never finished: the process ended (or a step could
+    /// not be committed) after some of its steps were stored. Recorded by
+    /// the next execute of the session.
+    Interrupted,
 }
 
 impl ExecutionStatus {
@@ -40,6 +44,7 @@ impl ExecutionStatus {
             ExecutionStatus::Completed => "completed",
             ExecutionStatus::Stopped => "stopped",
             ExecutionStatus::Failed => "failed",
+            ExecutionStatus::Interrupted => "interrupted",
         }
     }
 }

@@ -135,6 +135,23 @@ pub trait TranscriptBackend: Send + Sync {
         let _ = at;
         self.append_events(id, expected_version, events)
     }
+
+    /// Whether [`TranscriptBackend::settings`] answers without a full
+    /// load. The default, `false`: the runtime's execute loads sessions
+    /// of this store whole.
+    fn has_settings(&self) -> bool {
+        false
+    }
+
+    /// The session at its head folded without its transcript (header,
+    /// definition, state with an empty transcript; `generation` is not
+    /// meaningful, the head's is), without a full load; `None` if absent.
+    /// Only called when [`TranscriptBackend::has_settings`] is true; the
+    /// default answers `None`.
+    fn settings(&self, id: &SessionId) -> Result<Option<AgentSession>, StoreError> {
+        let _ = id;
+        Ok(None)
+    }
 }
 
 /// [`TranscriptBackend`] for stores without transcript indexes: loads the

@@ -22,7 +22,7 @@ mod shared_seq;
 mod source;
 pub mod tree;
 
-pub(crate) use context::path_settings;
+pub(crate) use context::{build_context, path_settings};
 pub use context::PathMarker;
 pub use context::{
     context_messages, context_start, BudgetReport, ContextMessage, ContextRole, ModelContext,

@@ -10,11 +10,11 @@ use spool_runtime::actions::{
     SendMessage, SessionAction, SuspendSession, UpdateTask, WriteMetadata,
 };
 use spool_runtime::agent_loop::{
-    AgentLoop, LoopError, LoopFactory, ScriptedLoopFactory, ScriptedTurn,
+    AgentLoop, LoopError, LoopFactory, LoopSettings, ScriptedLoopFactory, ScriptedTurn,
 };
 use spool_runtime::session::{
-    AgentDefinition, AgentSession, AgentState, ExecutionStatus, ModelConfig, SessionError,
-    SessionEvent, SessionStatus, Task, TaskListError, TaskStatus, MAX_TASKS,
+    AgentDefinition, AgentSession, ExecutionStatus, ModelConfig, SessionError, SessionEvent,
+    SessionStatus, Task, TaskListError, TaskStatus, MAX_TASKS,
 };
 use spool_runtime::store::{ListQuery, SessionStore};
 use spool_runtime::transcript::{ContentBlock, EntryKind, Message, StopReason};
@@ -235,7 +235,7 @@ fn loop_build_failure_is_recorded_too() {
         fn build(
             &self,
             _d: &AgentDefinition,
-            _s: &AgentState,
+            _s: &LoopSettings,
         ) -> Result<Box<dyn AgentLoop>, LoopError> {
             Err(LoopError::new("no capability registry"))
         }

@@ -6,7 +6,7 @@
 use crate::handle_support;
 
 use handle_support::*;
-use spool_runtime::store::log::erase::is_erased_entry;
+use spool_runtime::store::log::is_erased_entry;
 use spool_runtime::store::SessionStore;
 use spool_runtime::transcript::{CancelToken, ContentBlock, EntryKind, Message};
 

@@ -11,6 +11,7 @@ mod actions;
 mod concurrency;
 mod conformance;
 mod events_fold;
+mod execute_bounded;
 mod file_store;
 mod fork_seed_index;
 mod handle_backends;

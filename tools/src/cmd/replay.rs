@@ -34,7 +34,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 use spool_engine::{Store, INDEX_DIR};
 use spool_runtime::session::SessionStatus;
-use spool_runtime::store::log::erase::is_erased_entry;
+use spool_runtime::store::log::is_erased_entry;
 use spool_runtime::store::log::SESSION_INDEXER;
 use spool_runtime::store::{LogStore, LogStoreOptions};
 use spool_runtime::transcript::{Entry, ModelContext};

@@ -48,12 +48,7 @@ pub fn encode_snapshot(session: &AgentSession) -> Result<Vec<u8>, CodecError> {
 pub fn decode_snapshot(bytes: &[u8]) -> Result<AgentSession, CodecError> {
     if let Some(body) = fast_body(SNAPSHOT_SCHEMA, bytes) {
         if let Some((info, definition, state)) = msgpack::snapshot(body) {
-            return Ok(AgentSession {
-                info,
-                definition,
-                state,
-                pending: Vec::new(),
-            });
+            return Ok(AgentSession::from_parts(info, definition, state));
         }
     }
     decode_snapshot_serde(bytes)
@@ -63,12 +58,7 @@ pub fn decode_snapshot(bytes: &[u8]) -> Result<AgentSession, CodecError> {
 /// is checked against (tests, the `event_decode` fuzz target).
 pub fn decode_snapshot_serde(bytes: &[u8]) -> Result<AgentSession, CodecError> {
     let s: SnapshotOwned = decode("snapshot", SNAPSHOT_SCHEMA, bytes)?;
-    Ok(AgentSession {
-        info: s.info,
-        definition: s.definition,
-        state: s.state,
-        pending: Vec::new(),
-    })
+    Ok(AgentSession::from_parts(s.info, s.definition, s.state))
 }
 
 #[cfg(test)]
@@ -306,12 +296,7 @@ mod tests {
             let serde = decode_snapshot_serde(&s).ok();
             if let Some(fast) = s.get(1..).and_then(msgpack::snapshot) {
                 let (info, definition, state) = fast;
-                let fast = AgentSession {
-                    info,
-                    definition,
-                    state,
-                    pending: Vec::new(),
-                };
+                let fast = AgentSession::from_parts(info, definition, state);
                 assert_eq!(Some(fast), serde, "{s:?}");
             }
             assert_eq!(decode_snapshot(&s).ok(), serde, "{s:?}");

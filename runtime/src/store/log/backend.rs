@@ -6,7 +6,7 @@ use spool_engine::{AppendOutcome, ExpectedVersion};
 
 use super::transcript::{self, LogTranscriptSource};
 use super::LogStore;
-use crate::session::{SessionEvent, SessionId};
+use crate::session::{AgentSession, SessionEvent, SessionId};
 use crate::store::backend::{
     AppendReceipt, BoxedSource, ChangeMark, TranscriptBackend, TranscriptHead,
 };
@@ -77,6 +77,15 @@ impl TranscriptBackend for LogStore {
         events: Vec<SessionEvent>,
     ) -> Result<AppendReceipt, StoreError> {
         self.append_transcript_events(id, expected_version, Some(at), events)
+    }
+
+    fn has_settings(&self) -> bool {
+        true
+    }
+
+    /// [`LogStore::load_settings`].
+    fn settings(&self, id: &SessionId) -> Result<Option<AgentSession>, StoreError> {
+        self.load_settings(id)
     }
 }
 

@@ -48,7 +48,7 @@ pub fn is_erased_entry(e: &Entry) -> bool {
 
 /// The placeholder that takes a superseded entry's place: its id, parent and
 /// timestamp, none of its content.
-pub fn erased_entry(e: &Entry) -> Entry {
+pub(crate) fn erased_entry(e: &Entry) -> Entry {
     Entry {
         id: e.id.clone(),
         parent_id: e.parent_id.clone(),

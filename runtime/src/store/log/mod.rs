@@ -43,7 +43,8 @@ pub(crate) use common::{be_u64, engine_err};
 pub use common::{PURGE_EVENT_KIND, SESSION_EVENT_PREFIX};
 pub(crate) use sessions::SessionIndexer;
 
-pub mod erase;
+mod erase;
+pub use erase::{is_erased_entry, ERASED_CUSTOM_TYPE};
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
@@ -58,7 +59,7 @@ use self::sessions::{
     decode_keyed_record, decode_record, key, parent_prefix, status_byte, KEY_BROKEN, KEY_HEADER,
     KEY_PURGED, KEY_STATUS,
 };
-use self::snapshots::CACHE_SNAPSHOT;
+use self::snapshots::{CACHE_SETTINGS, CACHE_SNAPSHOT};
 use self::transcript::{DecodeMemo, TranscriptIndexer};
 use crate::session::{
     encode_event, AgentSession, AgentSessionInfo, SessionEvent, SessionId, SessionInfoList,
@@ -601,6 +602,10 @@ impl SessionStore for LogStore {
                         .engine()?
                         .index()
                         .remove_cache(SESSION_INDEXER, &key(CACHE_SNAPSHOT, id.as_str()));
+                    let _ = self
+                        .engine()?
+                        .index()
+                        .remove_cache(SESSION_INDEXER, &key(CACHE_SETTINGS, id.as_str()));
                     return Ok(true);
                 }
                 // A concurrent save moved the head: purge the newer version.

@@ -17,6 +17,7 @@ use super::{
     be_u64, engine_err, LogStore, LOAD_BATCH_COMMITS, SESSION_EVENT_PREFIX, SESSION_INDEXER,
     SNAPSHOT_TAIL_COMMITS,
 };
+use crate::session::codec::decode_event_without_transcript;
 use crate::session::{decode_event, decode_snapshot, encode_snapshot, AgentSession, SessionId};
 use crate::store::StoreError;
 
@@ -24,9 +25,38 @@ use crate::store::StoreError;
 /// status listing key of the index proper).
 pub(super) const CACHE_SNAPSHOT: u8 = b's';
 
+/// Tag of a settings snapshot in the cache area: the fold of a session
+/// without its transcript (see [`LogStore::load_settings`]).
+pub(super) const CACHE_SETTINGS: u8 = b'b';
+
+/// A settings fold that replayed at least this many commits writes a
+/// settings snapshot. Lower than [`SNAPSHOT_TAIL_COMMITS`]: a settings
+/// snapshot holds no transcript, so it is cheap to write, and every
+/// execute folds the tail after it.
+pub(crate) const SETTINGS_TAIL_COMMITS: u64 = 16;
+
+/// Engine event kinds of the transcript events, which a settings fold
+/// skips without decoding (the transcript index answers for them).
+const TRANSCRIPT_KINDS: [&str; 4] = [
+    "session.entry_appended",
+    "session.leaf_moved",
+    "session.transcript_rewritten",
+    "session.history_rewritten",
+];
+
 impl LogStore {
     fn read_snapshot(
         &self,
+        id: &SessionId,
+        base: u64,
+        head: u64,
+    ) -> Option<(u64, i64, AgentSession)> {
+        self.read_cached(CACHE_SNAPSHOT, id, base, head)
+    }
+
+    fn read_cached(
+        &self,
+        tag: u8,
         id: &SessionId,
         base: u64,
         head: u64,
@@ -44,7 +74,7 @@ impl LogStore {
             .engine()
             .ok()?
             .index()
-            .with_cache(SESSION_INDEXER, &key(CACHE_SNAPSHOT, id.as_str()), decoded)
+            .with_cache(SESSION_INDEXER, &key(tag, id.as_str()), decoded)
             .ok()?
             .flatten()?;
         if session.id() != id {
@@ -54,6 +84,10 @@ impl LogStore {
     }
 
     fn write_snapshot(&self, session: &AgentSession, stream_version: u64) {
+        self.write_cached(CACHE_SNAPSHOT, session, stream_version)
+    }
+
+    fn write_cached(&self, tag: u8, session: &AgentSession, stream_version: u64) {
         // A snapshot is a cache entry: failing to write one costs only time.
         if let Ok(bytes) = encode_snapshot(session) {
             let mut v = Vec::with_capacity(16 + bytes.len());
@@ -61,11 +95,10 @@ impl LogStore {
             v.extend_from_slice(&session.info().updated_at_ms.to_be_bytes());
             v.extend_from_slice(&bytes);
             if let Ok(engine) = self.engine() {
-                let _ = engine.index().put_cache(
-                    SESSION_INDEXER,
-                    &key(CACHE_SNAPSHOT, session.id().as_str()),
-                    &v,
-                );
+                let _ =
+                    engine
+                        .index()
+                        .put_cache(SESSION_INDEXER, &key(tag, session.id().as_str()), &v);
             }
         }
     }
@@ -153,6 +186,87 @@ impl LogStore {
         let session = session.reconstitute(version - base, updated);
         if upto.is_none() && replayed >= SNAPSHOT_TAIL_COMMITS {
             self.write_snapshot(&session, version);
+        }
+        Ok(Some(session))
+    }
+}
+
+impl LogStore {
+    /// The session at its head folded without its transcript: header,
+    /// definition and state with an empty transcript (its `generation` is
+    /// left as folded from the non-transcript events; the transcript index
+    /// knows the real one). Not a full load: transcript events are skipped
+    /// by their kind without being decoded, and the fold starts from a
+    /// settings snapshot (cache tag `b`, see docs/format.md) that a fold which
+    /// replayed at least [`SETTINGS_TAIL_COMMITS`] commits writes, so its
+    /// cost follows the commits since the last one, not the history. A
+    /// `created` event's seed transcript is dropped while it is decoded.
+    pub fn load_settings(&self, id: &SessionId) -> Result<Option<AgentSession>, StoreError> {
+        let Some(head) = self
+            .engine()?
+            .stream_version(id.as_str())
+            .map_err(engine_err)?
+        else {
+            return Ok(None);
+        };
+        let Some((_, base)) = self.record(id)? else {
+            return Ok(None);
+        };
+        if head <= base {
+            return Ok(None);
+        }
+        let (mut session, mut from, mut version, mut updated) =
+            match self.read_cached(CACHE_SETTINGS, id, base, head) {
+                Some((v, u, s)) => (Some(s), v + 1, v, u),
+                None => (None, base + 1, base, 0),
+            };
+        let mut replayed = 0u64;
+        while from <= head {
+            let want = (head - from + 1).min(LOAD_BATCH_COMMITS as u64) as usize;
+            let batch = self
+                .engine()?
+                .read_stream(id.as_str(), from, want)
+                .map_err(engine_err)?;
+            if batch.is_empty() {
+                break;
+            }
+            for c in &batch {
+                for (i, e) in c.events.iter().enumerate() {
+                    if !e.kind.starts_with(SESSION_EVENT_PREFIX)
+                        || TRANSCRIPT_KINDS.contains(&e.kind.as_str())
+                    {
+                        continue;
+                    }
+                    let ev = decode_event_without_transcript(&e.payload).map_err(|source| {
+                        StoreError::Encoding {
+                            context: format!(
+                                "session {id}, stream version {}, event {i}",
+                                c.info.version
+                            ),
+                            source,
+                        }
+                    })?;
+                    let folded = match session.take() {
+                        Some(s) => s.replay_onto(std::iter::once(&ev)),
+                        None => AgentSession::replay(std::iter::once(&ev)),
+                    };
+                    session = Some(folded.map_err(|e| StoreError::Corrupt {
+                        id: id.clone(),
+                        reason: format!("stream version {}: {e}", c.info.version),
+                    })?);
+                }
+                version = c.info.version;
+                updated = c.info.timestamp_ms;
+                from = c.info.version + 1;
+                replayed += 1;
+            }
+        }
+        let Some(session) = session else {
+            return Ok(None);
+        };
+        let session = session.reconstitute(version - base, updated);
+        if replayed >= SETTINGS_TAIL_COMMITS {
+            self.write_cached(CACHE_SETTINGS, &session, version);
         }
         Ok(Some(session))
     }
