@@ -24,14 +24,14 @@ use crate::session_open::{is_postgres, parse_id, postgres_store, read_only};
 /// or a PostgreSQL database.
 enum Source {
     Log(std::sync::Arc<LogStore>),
-    Postgres(PostgresStore),
+    Postgres(Box<PostgresStore>),
 }
 
 impl Source {
     fn sessions(&self) -> &dyn SessionStore {
         match self {
             Source::Log(s) => &**s,
-            Source::Postgres(s) => s,
+            Source::Postgres(s) => &**s,
         }
     }
 
@@ -115,7 +115,7 @@ fn write_all<W: Write>(store: &Source, ids: &[SessionId], out: W) -> Result<(W, 
 
 pub fn run(dir: &Path, args: Args<'_>) -> Result<ExitCode> {
     let store = if is_postgres(dir) {
-        Source::Postgres(postgres_store(dir)?)
+        Source::Postgres(Box::new(postgres_store(dir)?))
     } else {
         Source::Log(read_only(dir)?.0)
     };
