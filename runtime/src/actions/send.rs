@@ -188,7 +188,7 @@ fn loop_context(session: &AgentSession) -> (ModelContext, bool) {
         }
         appended.reverse();
         if reached {
-            if let Some((sel, _)) = snap.selection.extended(snap.resident_sizes(), &appended) {
+            if let Some((sel, _)) = snap.selection.extended(&snap.sizes, &appended) {
                 let ctx = sel.context();
                 return (ctx, sel.complete);
             }

@@ -47,7 +47,7 @@ pub struct ResidentSnapshot {
     /// `selection.entries`: the next publication reuses them instead of
     /// encoding every resident entry again.
     #[serde(skip)]
-    sizes: SharedSeq<u64>,
+    pub(crate) sizes: SharedSeq<u64>,
 }
 
 impl ResidentSnapshot {

@@ -22,8 +22,8 @@ mod shared_seq;
 mod source;
 pub mod tree;
 
-pub(crate) use context::{build_context, path_settings};
 pub use context::PathMarker;
+pub(crate) use context::{build_context, path_settings};
 pub use context::{
     context_messages, context_start, BudgetReport, ContextMessage, ContextRole, ModelContext,
     SYNTHETIC_TOOL_RESULT_TEXT,

@@ -470,33 +470,69 @@ fn zeroed_tail_and_torn_last_save_under_the_session_store() {
     assert_eq!(s.version(), last_v);
 }
 
-#[test]
-fn hostile_frame_length_in_a_sealed_segment_is_refused_with_segment_and_offset() {
-    let dir = scratch_dir();
-    log_store_with_sessions(dir.path());
-    let segs = segments(dir.path());
+/// A log store of sealed segments whose second segment's first frame claims
+/// a hostile length; returns the damaged segment's file name.
+fn hostile_length_in_a_sealed_segment(dir: &Path) -> String {
+    log_store_with_sessions(dir);
+    let segs = segments(dir);
     assert!(segs.len() >= 3, "want sealed segments, got {}", segs.len());
     let victim = &segs[1];
     let mut bytes = std::fs::read(victim).expect("read");
     let at = SEGMENT_HEADER_BYTES as usize;
     bytes[at..at + 4].copy_from_slice(&0xFFFF_FFF0u32.to_le_bytes());
     std::fs::write(victim, &bytes).expect("write");
-    let name = victim
+    victim
         .file_name()
         .expect("name")
         .to_string_lossy()
-        .into_owned();
-    expect_open_error(dir.path(), "hostile length", |e| match e {
+        .into_owned()
+}
+
+fn is_corrupt_at_first_frame(e: &spool_engine::Error, name: &str) {
+    match e {
         spool_engine::Error::Corrupt {
             segment, offset, ..
         } => {
-            assert_eq!(segment, &name);
+            assert_eq!(segment, name);
             assert_eq!(*offset, SEGMENT_HEADER_BYTES);
-            assert!(e.to_string().contains(&name));
+            assert!(e.to_string().contains(name));
         }
         other => panic!("expected Corrupt, got {other}"),
+    }
+}
+
+#[test]
+fn hostile_frame_length_in_a_sealed_segment_is_refused_with_segment_and_offset() {
+    let dir = scratch_dir();
+    let name = hostile_length_in_a_sealed_segment(dir.path());
+    // Without a checkpoint every open reads the whole log and meets it.
+    std::fs::remove_dir_all(dir.path().join(spool_engine::CHECKPOINT_DIR))
+        .expect("remove the checkpoints");
+    expect_open_error(dir.path(), "hostile length", |e| {
+        is_corrupt_at_first_frame(e, &name)
     });
     // verify names it too, and the tools' salvage path can start from there.
+    let r = spool_engine::verify(dir.path(), log_opts().engine_options()).expect("verify runs");
+    assert!(!r.ok);
+    assert!(r.errors.iter().any(|p| p.segment == name));
+}
+
+#[test]
+fn hostile_frame_length_before_a_checkpoint_fails_the_read_that_meets_it_and_verify() {
+    let dir = scratch_dir();
+    let name = hostile_length_in_a_sealed_segment(dir.path());
+    // An open from a checkpoint does not read the records before it: the damage is
+    // met by the read that reaches it (naming the file and offset) and by verify,
+    // which reads every record.
+    let store = LogStore::open_read_only(dir.path()).expect("open from the checkpoint");
+    let engine = store.engine().expect("engine handle");
+    let err = engine
+        .scan(1)
+        .expect("scan")
+        .find_map(Result::err)
+        .expect("a scan of the whole log meets the damage");
+    is_corrupt_at_first_frame(&err, &name);
+    drop(store);
     let r = spool_engine::verify(dir.path(), log_opts().engine_options()).expect("verify runs");
     assert!(!r.ok);
     assert!(r.errors.iter().any(|p| p.segment == name));
