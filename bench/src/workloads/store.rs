@@ -120,6 +120,9 @@ pub struct StoreFigures {
     pub seconds: BTreeMap<String, f64>,
     /// Highest peak RSS of the child over the repetitions, by subject.
     pub peak_rss_bytes: BTreeMap<String, u64>,
+    /// Bytes on disk of each subject's store after it was built, and of
+    /// spool's parts (`spool log`, `spool index`, `spool checkpoints`).
+    pub disk_bytes: BTreeMap<String, u64>,
     /// The goals this row decides (rows of the largest size only).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub goals: Vec<Goal>,
@@ -138,7 +141,13 @@ pub struct Goal {
 
 /// One question at one size: (question, commits, sessions, by subject
 /// the rates of its repetitions and its highest peak RSS).
-type Measured = (Question, u64, u64, BTreeMap<String, (Samples, u64)>);
+type Measured = (
+    Question,
+    u64,
+    u64,
+    BTreeMap<String, (Samples, u64)>,
+    BTreeMap<String, u64>,
+);
 
 /// What one child reported.
 struct ChildRun {
@@ -155,6 +164,7 @@ struct Built {
     export: PathBuf,
     dirs: BTreeMap<&'static str, PathBuf>,
     expected_list: String,
+    disk_bytes: BTreeMap<String, u64>,
 }
 
 /// Runs the workload: one row per question and size.
@@ -195,7 +205,13 @@ pub fn run(h: &mut Harness<'_>) -> Result<Vec<ResultRow>, BenchError> {
             }
         }
         for (qi, m) in per_q.into_iter().enumerate() {
-            figures.push((QUESTIONS[qi], built.commits, built.sessions, m));
+            figures.push((
+                QUESTIONS[qi],
+                built.commits,
+                built.sessions,
+                m,
+                built.disk_bytes.clone(),
+            ));
         }
         for d in built.dirs.values() {
             remove_dir(d)?;
@@ -205,7 +221,7 @@ pub fn run(h: &mut Harness<'_>) -> Result<Vec<ResultRow>, BenchError> {
     let largest = figures.iter().map(|f| f.1).max().unwrap_or(0);
     let smallest = figures.iter().map(|f| f.1).min().unwrap_or(0);
     let mut rows = Vec::new();
-    for (q, commits, sessions, m) in &figures {
+    for (q, commits, sessions, m, disk) in &figures {
         let measured: Vec<(String, Samples)> = SUBJECTS
             .iter()
             .filter_map(|s| m.get(*s).map(|(x, _)| (s.to_string(), x.clone())))
@@ -228,6 +244,7 @@ pub fn run(h: &mut Harness<'_>) -> Result<Vec<ResultRow>, BenchError> {
             sessions: *sessions,
             seconds,
             peak_rss_bytes,
+            disk_bytes: disk.clone(),
             goals: Vec::new(),
         };
         if *commits == largest {
@@ -242,11 +259,11 @@ pub fn run(h: &mut Harness<'_>) -> Result<Vec<ResultRow>, BenchError> {
 /// The goals a question's row at the largest size decides.
 fn goals(q: Question, f: &StoreFigures, all: &[Measured], smallest: u64) -> Vec<Goal> {
     let secs = |commits: u64, subject: &str| -> Option<f64> {
-        let (_, _, _, m) = all.iter().find(|(x, c, _, _)| *x == q && *c == commits)?;
+        let (_, _, _, m, _) = all.iter().find(|(x, c, _, _, _)| *x == q && *c == commits)?;
         Some(1.0 / m.get(subject)?.0.summary()?.median)
     };
     let rss = |commits: u64| -> Option<u64> {
-        let (_, _, _, m) = all.iter().find(|(x, c, _, _)| *x == q && *c == commits)?;
+        let (_, _, _, m, _) = all.iter().find(|(x, c, _, _, _)| *x == q && *c == commits)?;
         Some(m.get("spool")?.1)
     };
     let mut out = Vec::new();
@@ -364,6 +381,31 @@ fn build(dir: &Path, sessions: u64, exe: &Path) -> Result<Built, BenchError> {
     // peers' `updated_at`, and spool's header times, which the export
     // carries).
     let expected_list = expected_list(&export)?;
+    let mut disk_bytes = BTreeMap::new();
+    for (name, d) in &dirs {
+        disk_bytes.insert(name.to_string(), dir_bytes(d)?);
+    }
+    let spool_dir = &dirs["spool"];
+    let (mut log, mut other) = (0u64, 0u64);
+    for e in std::fs::read_dir(spool_dir).map_err(|e| io_err("store", spool_dir, e))? {
+        let e = e.map_err(|e| io_err("store", spool_dir, e))?;
+        let p = e.path();
+        if p.extension().is_some_and(|x| x == "seg") {
+            log += dir_bytes(&p)?;
+        } else if p.is_file() {
+            other += dir_bytes(&p)?;
+        }
+    }
+    disk_bytes.insert("spool log".into(), log);
+    disk_bytes.insert("spool other files".into(), other);
+    disk_bytes.insert(
+        "spool index".into(),
+        dir_bytes(&spool_dir.join(spool_engine::INDEX_DIR))?,
+    );
+    disk_bytes.insert(
+        "spool checkpoints".into(),
+        dir_bytes(&spool_dir.join(spool_engine::CHECKPOINT_DIR))?,
+    );
     Ok(Built {
         commits,
         sessions,
@@ -371,7 +413,28 @@ fn build(dir: &Path, sessions: u64, exe: &Path) -> Result<Built, BenchError> {
         export,
         dirs,
         expected_list,
+        disk_bytes,
     })
+}
+
+/// Bytes allocated on disk under `p` (a file or a directory tree; 0 if
+/// absent): what a user's `du` would count.
+fn dir_bytes(p: &Path) -> Result<u64, BenchError> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = match std::fs::symlink_metadata(p) {
+        Ok(m) => m,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
+        Err(e) => return Err(io_err("store", p, e)),
+    };
+    if !meta.is_dir() {
+        return Ok(meta.blocks() * 512);
+    }
+    let mut total = 0;
+    for e in std::fs::read_dir(p).map_err(|e| io_err("store", p, e))? {
+        let e = e.map_err(|e| io_err("store", p, e))?;
+        total += dir_bytes(&e.path())?;
+    }
+    Ok(total)
 }
 
 /// The listing's answer from the export: each session's last commit time,
@@ -552,6 +615,30 @@ pub fn markdown(rows: &[&ResultRow]) -> String {
             }
             let _ = writeln!(out, "{line}");
         }
+    }
+    let _ = writeln!(
+        out,
+        "\nDisk after building (allocated bytes, as `du` counts them):\n\n\
+         | commits | spool | spool log | spool index | spool checkpoints | sqlite | jsonl |\n\
+         |---:|---:|---:|---:|---:|---:|---:|"
+    );
+    let mut seen = std::collections::BTreeSet::new();
+    for f in &figs {
+        if !seen.insert(f.commits) {
+            continue;
+        }
+        let d = |k: &str| f.disk_bytes.get(k).map_or("—".into(), |v| fmt_mib(*v));
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} | {} | {} | {} | {} |",
+            f.commits,
+            d("spool"),
+            d("spool log"),
+            d("spool index"),
+            d("spool checkpoints"),
+            d("sqlite"),
+            d("jsonl")
+        );
     }
     let goals: Vec<(&str, &Goal)> = figs
         .iter()
