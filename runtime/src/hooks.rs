@@ -12,6 +12,15 @@
 //! dropped: the runtime commits them in one follow-up save (reported by a
 //! second `SessionSaved`). Post-persist hooks do not run again for that
 //! follow-up commit.
+//!
+//! Writes through a [`SessionHandle`](crate::SessionHandle) opened by the
+//! runtime run one stage, [`HookStage::BeforeHandleWrite`]
+//! ([`SessionHook::on_handle_write`]), in the same order, before anything
+//! is committed: a hook sees the events about to be committed
+//! ([`HandleWrite`]) and may reject them, not change them. A handle never
+//! loads the session, so no other stage runs for its writes. A rejection
+//! commits nothing, is reported as `SessionHookFailed`, and the handle
+//! returns `HandleError::HookFailed`.
 
 use std::sync::Arc;
 
