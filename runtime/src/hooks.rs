@@ -1,7 +1,8 @@
 //! Pipeline hooks (the seed's session controllers).
 //!
-//! A hook sees the session at one of six [`HookStage`]s and may change it
-//! through its mutation methods (which record events like any action).
+//! A hook sees the session at six of the [`HookStage`]s of the create and
+//! execute pipelines ([`SessionHook::on_stage`]) and may change it through
+//! its mutation methods (which record events like any action).
 //! [`SessionHookStack`] runs hooks by priority: higher first; equal
 //! priorities keep registration order. A failing hook stops the pipeline,
 //! is reported as `SessionHookFailed`, and the runtime returns
@@ -11,16 +12,26 @@
 //! dropped: the runtime commits them in one follow-up save (reported by a
 //! second `SessionSaved`). Post-persist hooks do not run again for that
 //! follow-up commit.
+//!
+//! Writes through a [`SessionHandle`](crate::SessionHandle) opened by the
+//! runtime run one stage, [`HookStage::BeforeHandleWrite`]
+//! ([`SessionHook::on_handle_write`]), in the same order, before anything
+//! is committed: a hook sees the events about to be committed
+//! ([`HandleWrite`]) and may reject them, not change them. A handle never
+//! loads the session, so no other stage runs for its writes. A rejection
+//! commits nothing, is reported as `SessionHookFailed`, and the handle
+//! returns `HandleError::HookFailed`.
 
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use crate::session::{AgentSession, SessionError};
+use crate::session::{AgentSession, SessionError, SessionEvent, SessionId};
 
 /// Where in a pipeline a hook runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum HookStage {
     /// Create only: before anything is persisted.
     BeforeCreate,
@@ -35,6 +46,9 @@ pub enum HookStage {
     BeforeSave,
     /// Create and execute: after a successful persist.
     AfterSave,
+    /// Handle writes only: before a write through a handle is committed
+    /// (see [`SessionHook::on_handle_write`]).
+    BeforeHandleWrite,
 }
 
 impl HookStage {
@@ -46,6 +60,7 @@ impl HookStage {
             HookStage::AfterAction => "after_action",
             HookStage::BeforeSave => "before_save",
             HookStage::AfterSave => "after_save",
+            HookStage::BeforeHandleWrite => "before_handle_write",
         }
     }
 }
@@ -76,13 +91,39 @@ impl HookError {
     }
 }
 
+/// A write through a session handle, about to be committed: what a hook
+/// sees at [`HookStage::BeforeHandleWrite`].
+#[derive(Clone, Copy, Debug)]
+#[non_exhaustive]
+pub struct HandleWrite<'a> {
+    pub session_id: &'a SessionId,
+    /// The handle operation: `append`, `branch_with_summary`, `set_label`,
+    /// `move_leaf` or `rewrite`.
+    pub cause: &'static str,
+    /// The events the write commits, in order, all or none.
+    pub events: &'a [SessionEvent],
+    /// The session version the write is fenced on: the commit succeeds
+    /// only if the stored session is still at this version (and produces
+    /// the next one).
+    pub expected_version: u64,
+}
+
 /// Intercepts the runtime pipelines (the seed's `CanControlAgentSession`).
 pub trait SessionHook: Send + Sync {
     /// A name for error messages and observer events.
     fn name(&self) -> &str;
-    /// Sees (and may change) the session at `stage`. Stages a hook does not
-    /// care about should return `Ok(())`.
+    /// Sees (and may change) the session at `stage` of the create and
+    /// execute pipelines. Stages a hook does not care about should return
+    /// `Ok(())`.
     fn on_stage(&self, stage: HookStage, session: &mut AgentSession) -> Result<(), HookError>;
+    /// Sees a write through a handle opened by the runtime before it is
+    /// committed ([`HookStage::BeforeHandleWrite`]); an error rejects it
+    /// and nothing is committed. Runs with the handle's write lock held:
+    /// it must not write through that handle. Default: accepts.
+    fn on_handle_write(&self, write: &HandleWrite<'_>) -> Result<(), HookError> {
+        let _ = write;
+        Ok(())
+    }
 }
 
 /// A hook made from a closure.
@@ -112,6 +153,40 @@ where
     }
     fn on_stage(&self, stage: HookStage, session: &mut AgentSession) -> Result<(), HookError> {
         (self.f)(stage, session)
+    }
+}
+
+/// A hook made from a closure that sees handle writes only
+/// ([`SessionHook::on_handle_write`]); it passes every pipeline stage.
+pub struct FnHandleWriteHook<F> {
+    name: String,
+    f: F,
+}
+
+impl<F> FnHandleWriteHook<F>
+where
+    F: Fn(&HandleWrite<'_>) -> Result<(), HookError> + Send + Sync,
+{
+    pub fn new(name: impl Into<String>, f: F) -> Self {
+        FnHandleWriteHook {
+            name: name.into(),
+            f,
+        }
+    }
+}
+
+impl<F> SessionHook for FnHandleWriteHook<F>
+where
+    F: Fn(&HandleWrite<'_>) -> Result<(), HookError> + Send + Sync,
+{
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn on_stage(&self, _stage: HookStage, _session: &mut AgentSession) -> Result<(), HookError> {
+        Ok(())
+    }
+    fn on_handle_write(&self, write: &HandleWrite<'_>) -> Result<(), HookError> {
+        (self.f)(write)
     }
 }
 
@@ -198,6 +273,18 @@ impl SessionHookStack {
         }
         Ok(())
     }
+
+    /// Runs every hook's [`SessionHook::on_handle_write`] in order; stops
+    /// at the first failure.
+    pub fn run_handle_write(&self, write: &HandleWrite<'_>) -> Result<(), StackFailure> {
+        for (_, h) in &self.hooks {
+            h.on_handle_write(write).map_err(|error| StackFailure {
+                hook: h.name().to_string(),
+                error,
+            })?;
+        }
+        Ok(())
+    }
 }
 
 impl SessionHook for SessionHookStack {
@@ -208,5 +295,121 @@ impl SessionHook for SessionHookStack {
         self.run(stage, session).map_err(|f| HookError::Rejected {
             reason: format!("hook {} failed: {}", f.hook, f.error),
         })
+    }
+    fn on_handle_write(&self, write: &HandleWrite<'_>) -> Result<(), HookError> {
+        self.run_handle_write(write)
+            .map_err(|f| HookError::Rejected {
+                reason: format!("hook {} failed: {}", f.hook, f.error),
+            })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use super::*;
+
+    /// Records its name on every handle write; `reject`: refuses them.
+    struct Probe {
+        name: &'static str,
+        ran: Arc<Mutex<Vec<&'static str>>>,
+        reject: bool,
+    }
+
+    impl SessionHook for Probe {
+        fn name(&self) -> &str {
+            self.name
+        }
+        fn on_stage(&self, _: HookStage, _: &mut AgentSession) -> Result<(), HookError> {
+            Ok(())
+        }
+        fn on_handle_write(&self, _: &HandleWrite<'_>) -> Result<(), HookError> {
+            self.ran.lock().unwrap().push(self.name);
+            if self.reject {
+                return Err(HookError::rejected("refused"));
+            }
+            Ok(())
+        }
+    }
+
+    fn probe(name: &'static str, ran: &Arc<Mutex<Vec<&'static str>>>, reject: bool) -> Probe {
+        Probe {
+            name,
+            ran: ran.clone(),
+            reject,
+        }
+    }
+
+    #[test]
+    fn handle_writes_run_by_priority_and_stop_at_the_first_failure() {
+        let id = SessionId::generate();
+        let write = HandleWrite {
+            session_id: &id,
+            cause: "append",
+            events: &[],
+            expected_version: 3,
+        };
+        let ran = Arc::new(Mutex::new(Vec::new()));
+        let stack = SessionHookStack::empty()
+            .with(probe("low", &ran, false), -1)
+            .with(probe("first", &ran, false), 5)
+            .with(PassThroughHook, 7)
+            .with(
+                FnHook::new("stages", |_, _: &mut AgentSession| {
+                    Err(HookError::rejected("stage"))
+                }),
+                9,
+            )
+            .with(probe("second", &ran, false), 5);
+        stack.run_handle_write(&write).unwrap();
+        assert_eq!(*ran.lock().unwrap(), ["first", "second", "low"]);
+
+        ran.lock().unwrap().clear();
+        let stack = stack.with(probe("gate", &ran, true), 6);
+        let failure = stack.run_handle_write(&write).unwrap_err();
+        assert_eq!(failure.hook, "gate");
+        assert!(matches!(failure.error, HookError::Rejected { .. }));
+        assert_eq!(*ran.lock().unwrap(), ["gate"]);
+        // A stack nested as a hook reports the inner hook's failure.
+        let err = stack.on_handle_write(&write).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "rejected: hook gate failed: rejected: refused"
+        );
+    }
+
+    #[test]
+    fn a_closure_hook_sees_handle_writes() {
+        let id = SessionId::generate();
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let s = seen.clone();
+        let hook = FnHandleWriteHook::new("audit", move |w: &HandleWrite<'_>| {
+            s.lock()
+                .unwrap()
+                .push((w.session_id.clone(), w.cause, w.expected_version));
+            Ok(())
+        });
+        let write = HandleWrite {
+            session_id: &id,
+            cause: "move_leaf",
+            events: &[SessionEvent::LeafMoved { leaf: None }],
+            expected_version: 8,
+        };
+        SessionHookStack::empty()
+            .with(hook, 0)
+            .run_handle_write(&write)
+            .unwrap();
+        assert_eq!(*seen.lock().unwrap(), [(id, "move_leaf", 8)]);
+    }
+
+    #[test]
+    fn the_stage_name_is_its_serialized_name() {
+        let stage = HookStage::BeforeHandleWrite;
+        assert_eq!(stage.to_string(), "before_handle_write");
+        assert_eq!(
+            serde_json::to_value(stage).unwrap(),
+            serde_json::json!("before_handle_write")
+        );
     }
 }

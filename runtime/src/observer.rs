@@ -9,7 +9,8 @@
 //! refused because a writer handle is open emits `[SessionActionFailed]`
 //! (or, when the handle opened while the action ran, ends in
 //! `SessionSaveFailed` instead of the save). A committed handle write
-//! emits `[SessionSaved]`. Each step a loop commits during an execute
+//! emits `[SessionSaved]`; one a hook rejects, `[SessionHookFailed]`
+//! (stage `before_handle_write`). Each step a loop commits during an execute
 //! adds one `SessionSaved` between `SessionLoaded` and
 //! `SessionActionExecuted`.
 

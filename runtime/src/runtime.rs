@@ -99,25 +99,32 @@
 //! Executes from another process, or through another store instance,
 //! are not in the registry: the version fence alone orders them.
 //!
-//! # Handle writes are outside the save pipeline
-//! Writes through a [`SessionHandle`] (appends, leaf moves, branches,
-//! labels, rewrites — `spool compact` among them) commit transcript events
-//! without loading the session, so no hook stage runs for them: every
-//! stage hands a hook an `&mut AgentSession` (definition, settings and
-//! the working set), which a handle does not hold. What is promised instead: every committed handle write
-//! is reported to this runtime's event sink as exactly one `SessionSaved`
-//! with the committed session version and the session's status, after the
-//! handle's replacement snapshot is published (also when that publication
-//! fails: the commit happened); a refused or conflicting write commits
-//! nothing and emits nothing. To act on handle writes, listen for
-//! `SessionSaved` on the sink, or subscribe to the handle
-//! ([`SessionHandle::subscribe`]: the published snapshot and the
-//! operation's name). To enforce a policy on transcript changes before
-//! they are stored, write through `execute` with an action (the navigation
-//! actions [`MoveLeaf`](crate::handle::MoveLeaf),
-//! [`BranchWithSummary`](crate::handle::BranchWithSummary) and
-//! [`SetLabel`](crate::handle::SetLabel) exist for that), where every hook
-//! stage applies.
+//! # Handle writes and hooks
+//! Writes through a [`SessionHandle`] opened with
+//! [`open_handle`](SessionRuntime::open_handle) (appends, leaf moves,
+//! branches, labels, rewrites — `spool compact` among them) commit
+//! transcript events without loading the session. Before each commit they
+//! run this runtime's hooks at one stage, [`HookStage::BeforeHandleWrite`]
+//! ([`SessionHook::on_handle_write`](crate::SessionHook::on_handle_write)),
+//! by the same priority order: a hook sees the operation, the events about
+//! to be committed and the session version they are fenced on, and may
+//! reject the write but not change it. A rejection or failure commits
+//! nothing, emits `SessionHookFailed` (stage `before_handle_write`) and
+//! returns `HandleError::HookFailed`; the handle keeps its snapshot. No
+//! other stage runs for handle writes: each hands a hook the loaded
+//! `&mut AgentSession` (definition, settings, working set), and a handle
+//! write never loads the session. Every committed handle write is
+//! reported to this runtime's event sink as exactly one `SessionSaved`
+//! with the committed session version and the session's status, after
+//! the handle's replacement snapshot is published (also when that
+//! publication fails: the commit happened); a refused, rejected or
+//! conflicting write commits nothing and emits no `SessionSaved`. To act
+//! after handle writes, listen for `SessionSaved` or subscribe to the
+//! handle ([`SessionHandle::subscribe`]); for hooks that see or change the
+//! session, move the leaf, branch or label through `execute` with
+//! [`MoveLeaf`](crate::handle::MoveLeaf),
+//! [`BranchWithSummary`](crate::handle::BranchWithSummary) or
+//! [`SetLabel`](crate::handle::SetLabel), where every pipeline stage runs.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -532,8 +539,10 @@ impl SessionRuntime {
     /// Opens a live handle on a session (see [`crate::handle`]): a bounded
     /// resident snapshot, transcript-level writes (for a writer handle; one
     /// per session per process), history reads and prepared rewrites.
-    /// Handle writes run no session hooks; each commit is reported to this
-    /// runtime's event sink as `SessionSaved` (see the module docs). While
+    /// Each handle write runs this runtime's hooks at
+    /// [`HookStage::BeforeHandleWrite`] before it is committed (a
+    /// rejection commits nothing) and is reported to this runtime's event
+    /// sink as `SessionSaved` (see the module docs). While
     /// a writer handle is open, `execute` and `delete` on the session
     /// refuse with `WriterHeld`.
     pub fn open_handle(
@@ -541,7 +550,13 @@ impl SessionRuntime {
         id: &SessionId,
         opts: HandleOptions,
     ) -> Result<SessionHandle, HandleError> {
-        SessionHandle::open(self.store.clone(), self.events.clone(), id, opts)
+        SessionHandle::open_with_hooks(
+            self.store.clone(),
+            self.events.clone(),
+            self.hooks.clone(),
+            id,
+            opts,
+        )
     }
 
     /// Convenience: the status of a session from its header.

@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use super::registry::{self, Refused};
 use super::snapshot::{self, ResidentSnapshot, Reuse};
 use super::{HandleError, HandleOptions};
+use crate::hooks::{HandleWrite, HookStage, SessionHookStack};
 use crate::observer::{EventSink, RuntimeEvent};
 use crate::session::{SessionEvent, SessionId, SessionStatus};
 use crate::store::{FullLoadBackend, TranscriptBackend};
@@ -44,6 +45,9 @@ pub(crate) struct Inner {
     pub(crate) id: SessionId,
     backend: Backend,
     events: Arc<dyn EventSink>,
+    /// The hooks whose BeforeHandleWrite stage runs before every commit
+    /// (none for a handle opened with [`SessionHandle::open`]).
+    hooks: SessionHookStack,
     pub(crate) budget: Budget,
     writer: bool,
     pub(crate) owner: u64,
@@ -157,6 +161,7 @@ impl Inner {
         cause: &'static str,
     ) -> Result<Arc<ResidentSnapshot>, HandleError> {
         let backend = self.backend()?;
+        self.run_hooks(expected, &events, cause)?;
         // The write lock is held: the published snapshot is the one whose
         // session version is the fence (checked below before it is used).
         let at = self.snapshot();
@@ -245,6 +250,38 @@ impl Inner {
         }
     }
 
+    /// The BeforeHandleWrite stage: every hook sees the write; the first
+    /// failure is reported as `SessionHookFailed` and refuses the write
+    /// before anything is committed.
+    fn run_hooks(
+        &self,
+        expected: u64,
+        events: &[SessionEvent],
+        cause: &'static str,
+    ) -> Result<(), HandleError> {
+        let write = HandleWrite {
+            session_id: &self.id,
+            cause,
+            events,
+            expected_version: expected,
+        };
+        self.hooks.run_handle_write(&write).map_err(|f| {
+            let stage = HookStage::BeforeHandleWrite;
+            self.events.emit(&RuntimeEvent::SessionHookFailed {
+                session_id: self.id.clone(),
+                stage,
+                hook: f.hook.clone(),
+                error: f.error.to_string(),
+            });
+            HandleError::HookFailed {
+                id: self.id.clone(),
+                stage,
+                hook: f.hook,
+                source: Box::new(f.error),
+            }
+        })
+    }
+
     fn notify(&self, snap: &Arc<ResidentSnapshot>, cause: &'static str) {
         let ev = HandleEvent::Published {
             snapshot: snap.clone(),
@@ -300,11 +337,25 @@ impl Drop for SessionHandle {
 }
 
 impl SessionHandle {
-    /// Opens a handle on `id` (see [`HandleOptions`]). Used by
-    /// [`SessionRuntime::open_handle`](crate::SessionRuntime::open_handle).
+    /// Opens a handle on `id` (see [`HandleOptions`]) that reports its
+    /// commits to `events` and runs no hooks.
+    /// [`SessionRuntime::open_handle`](crate::SessionRuntime::open_handle)
+    /// opens handles whose writes run the runtime's hooks.
     pub fn open(
         store: Arc<dyn SessionStore>,
         events: Arc<dyn EventSink>,
+        id: &SessionId,
+        opts: HandleOptions,
+    ) -> Result<SessionHandle, HandleError> {
+        Self::open_with_hooks(store, events, SessionHookStack::empty(), id, opts)
+    }
+
+    /// [`SessionHandle::open`]; every write runs the BeforeHandleWrite
+    /// stage of `hooks` before it is committed.
+    pub(crate) fn open_with_hooks(
+        store: Arc<dyn SessionStore>,
+        events: Arc<dyn EventSink>,
+        hooks: SessionHookStack,
         id: &SessionId,
         opts: HandleOptions,
     ) -> Result<SessionHandle, HandleError> {
@@ -348,6 +399,7 @@ impl SessionHandle {
             id: id.clone(),
             backend,
             events,
+            hooks,
             budget: opts.budget,
             writer: opts.writer,
             owner,

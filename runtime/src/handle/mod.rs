@@ -36,12 +36,23 @@
 //! (cost proportional to the budget). Only then the handle notifies the
 //! handle's subscribers and emits `SessionSaved` on the runtime's event
 //! sink (so observers see every commit: exactly one `SessionSaved` per
-//! committed write, with the committed session version). Session hooks do
-//! not run for handle writes: hooks belong to the session-level pipeline
-//! ([`SessionRuntime::execute`](crate::SessionRuntime::execute)), which
-//! also offers the navigation actions ([`MoveLeaf`], [`BranchWithSummary`],
-//! [`SetLabel`]); see "Handle writes are outside the save pipeline" in
-//! [`crate::runtime`].
+//! committed write, with the committed session version).
+//!
+//! # Hooks
+//! Before every commit, a handle opened by
+//! [`SessionRuntime::open_handle`](crate::SessionRuntime::open_handle) runs
+//! the runtime's hooks at one stage,
+//! [`HookStage::BeforeHandleWrite`]:
+//! each sees the operation, the events about to be committed and the
+//! version they are fenced on ([`HandleWrite`](crate::hooks::HandleWrite))
+//! and may reject them, not change them. A rejection commits nothing, is
+//! reported as `SessionHookFailed` and returned as
+//! [`HandleError::HookFailed`]; the handle keeps its snapshot and stays
+//! usable. No other stage runs: they hand hooks the loaded session, and a
+//! handle write never loads it (see "Handle writes and hooks" in
+//! [`crate::runtime`]; the navigation actions [`MoveLeaf`],
+//! [`BranchWithSummary`] and [`SetLabel`] run the whole pipeline through
+//! `execute`). A handle opened with [`SessionHandle::open`] runs no hooks.
 //!
 //! A failed write keeps the old snapshot. A committed write whose
 //! publication fails invalidates the handle ([`HandleError::PublicationFailed`],
@@ -88,6 +99,7 @@ pub use reads::{HistoryRead, HistorySelection, HistoryValue};
 pub use rewrite::{PreparedRewrite, RewriteCommitted, TrailingOutcome};
 pub use snapshot::ResidentSnapshot;
 
+use crate::hooks::{HookError, HookStage};
 use crate::session::SessionId;
 use crate::store::StoreError;
 use crate::transcript::{
@@ -225,6 +237,17 @@ pub enum HandleError {
         committed_version: u64,
         reason: String,
     },
+    /// A hook rejected the write or failed (at `stage`,
+    /// [`HookStage::BeforeHandleWrite`]); nothing was committed and the
+    /// handle keeps its snapshot.
+    #[error("session {id}: {stage} hook {hook} failed; nothing was written")]
+    HookFailed {
+        id: SessionId,
+        stage: HookStage,
+        hook: String,
+        #[source]
+        source: Box<HookError>,
+    },
 }
 
 impl HandleError {
@@ -250,6 +273,7 @@ impl HandleError {
             HandleError::Read { .. } => "read",
             HandleError::Raced { .. } => "raced",
             HandleError::PublicationFailed { .. } => "publication_failed",
+            HandleError::HookFailed { .. } => "hook_failed",
         }
     }
 }

@@ -15,21 +15,33 @@
 //!   after it, and a new store instance sees the same. On the log store,
 //!   faults injected mid-commit leave storage and the handle unchanged and
 //!   a retry succeeds.
+//! - hooks on handle writes: each write (append, label, leaf move,
+//!   rewrite) runs the BeforeHandleWrite stage by priority with its
+//!   operation, events and fenced version; a rejection commits nothing,
+//!   is reported, and the handle writes again once the hook allows;
+//!   hooks of the pipeline stages only are not called.
 
 use crate::handle_support;
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use handle_support::*;
 use serde_json::{json, Value};
-use spool_runtime::handle::{HandleOptions, HistorySelection, HistoryValue, SessionHandle};
-use spool_runtime::session::{AgentSession, SessionId};
+use spool_runtime::handle::{
+    HandleError, HandleOptions, HistorySelection, HistoryValue, SessionHandle,
+};
+use spool_runtime::hooks::{
+    FnHandleWriteHook, FnHook, HandleWrite, HookError, HookStage, SessionHook, SessionHookStack,
+};
+use spool_runtime::observer::{RecordingSink, RuntimeEvent};
+use spool_runtime::session::{AgentSession, SessionEvent, SessionId};
 use spool_runtime::store::SessionStore;
 use spool_runtime::transcript::{
     select_resident, Budget, CancelToken, Continuation, Entry, EntryFacts, EntryId, EntryKind,
-    Message, PageBudget, PageOrder, ReadResult, StopReason, Transcript,
+    Message, PageBudget, PageOrder, ReadResult, Replacement, StopReason, Transcript,
 };
+use spool_runtime::SessionRuntime;
 
 /// A store location under test and the one store instance open on it.
 trait Backend {
@@ -358,6 +370,266 @@ fn omitted_branch_navigation(b: &dyn Backend) {
     assert_eq!(b.handle_loads(), 0);
 }
 
+/// A handle write as a hook saw it: session, operation, events, fenced
+/// version.
+type Seen = (SessionId, &'static str, Vec<SessionEvent>, u64);
+
+/// A hook on handle writes: records each write it sees (session,
+/// operation, events, fenced version) and its name in the run order shared
+/// by the hooks of a stack; rejects while `reject` is set.
+struct Gate {
+    name: &'static str,
+    order: Arc<Mutex<Vec<&'static str>>>,
+    seen: Mutex<Vec<Seen>>,
+    reject: AtomicBool,
+}
+
+impl Gate {
+    fn new(name: &'static str, order: &Arc<Mutex<Vec<&'static str>>>) -> Arc<Gate> {
+        Arc::new(Gate {
+            name,
+            order: order.clone(),
+            seen: Mutex::new(Vec::new()),
+            reject: AtomicBool::new(false),
+        })
+    }
+
+    fn seen(&self) -> Vec<Seen> {
+        self.seen.lock().unwrap().clone()
+    }
+}
+
+impl SessionHook for Gate {
+    fn name(&self) -> &str {
+        self.name
+    }
+    fn on_stage(&self, _: HookStage, _: &mut AgentSession) -> Result<(), HookError> {
+        Ok(())
+    }
+    fn on_handle_write(&self, w: &HandleWrite<'_>) -> Result<(), HookError> {
+        self.order.lock().unwrap().push(self.name);
+        self.seen.lock().unwrap().push((
+            w.session_id.clone(),
+            w.cause,
+            w.events.to_vec(),
+            w.expected_version,
+        ));
+        if self.reject.load(Ordering::SeqCst) {
+            return Err(HookError::rejected("no writes now"));
+        }
+        Ok(())
+    }
+}
+
+fn appended(h: &SessionHandle, ids: &[EntryId]) -> Vec<SessionEvent> {
+    ids.iter()
+        .map(|id| SessionEvent::EntryAppended {
+            entry: h.entry(id).unwrap().unwrap(),
+        })
+        .collect()
+}
+
+/// Handle writes run the runtime's BeforeHandleWrite stage: by priority
+/// (ties in registration order), with the operation, the events and the
+/// fenced version; a rejection stops the stage, commits nothing, is
+/// reported as `SessionHookFailed` and returned, and the handle writes
+/// again once the hook allows. Pipeline-stage hooks are not called; a
+/// handle opened without the runtime runs no hooks.
+fn handle_write_hooks(b: &dyn Backend) {
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let gate = Gate::new("gate", &order);
+    let audit = Gate::new("audit", &order);
+    let stages = Arc::new(AtomicU64::new(0));
+    let mut hooks = SessionHookStack::empty();
+    hooks.push(audit.clone(), 0);
+    let tail_order = order.clone();
+    hooks.push(
+        Arc::new(FnHandleWriteHook::new(
+            "tail",
+            move |_: &HandleWrite<'_>| {
+                tail_order.lock().unwrap().push("tail");
+                Ok(())
+            },
+        )),
+        0,
+    );
+    hooks.push(gate.clone(), 10);
+    let counted = stages.clone();
+    hooks.push(
+        Arc::new(FnHook::new("stages", move |stage, _: &mut AgentSession| {
+            counted.fetch_add(1, Ordering::SeqCst);
+            if stage == HookStage::AfterAction {
+                return Err(HookError::rejected("no actions"));
+            }
+            Ok(())
+        })),
+        20,
+    );
+    let sink = Arc::new(RecordingSink::new());
+    let rt = SessionRuntime::new(b.store(), sink.clone(), hooks);
+    let id = new_session(&rt);
+    let stage_calls = stages.load(Ordering::SeqCst);
+    assert!(stage_calls > 0, "the create pipeline ran the stages");
+    let h = writer(&rt, &id, 64 * 1024);
+    sink.take();
+
+    // Each write, seen before it is committed.
+    let v0 = h.snapshot().session_version;
+    // The entries as committed (the rewrite below changes one).
+    let a = h.append(user("a")).unwrap();
+    let a_events = appended(&h, std::slice::from_ref(&a));
+    let bc = h.append_entries(vec![user("b"), user("c")]).unwrap();
+    let bc_events = appended(&h, &bc);
+    let label = h.set_label(&a, Some("start".into())).unwrap();
+    let label_events = appended(&h, std::slice::from_ref(&label));
+    let moved = h.move_leaf(Some(a.clone())).unwrap();
+    let p = h
+        .prepare_rewrite(
+            vec![(bc[1].clone(), Replacement::Replace(user("c2")))],
+            moved.version,
+            &CancelToken::new(),
+        )
+        .unwrap();
+    h.commit_rewrite(p, &CancelToken::new()).unwrap();
+    let seen = audit.seen();
+    let causes: Vec<&str> = seen.iter().map(|w| w.1).collect();
+    assert_eq!(
+        causes,
+        ["append", "append", "set_label", "move_leaf", "rewrite"]
+    );
+    assert!(seen.iter().all(|w| w.0 == id));
+    let fences: Vec<u64> = seen.iter().map(|w| w.3).collect();
+    assert_eq!(fences, (v0..v0 + 5).collect::<Vec<_>>());
+    assert_eq!(seen[0].2, a_events);
+    assert_eq!(seen[1].2, bc_events);
+    assert_eq!(seen[2].2, label_events);
+    assert_eq!(
+        seen[3].2,
+        [SessionEvent::LeafMoved {
+            leaf: Some(a.clone())
+        }]
+    );
+    match &seen[4].2[..] {
+        [SessionEvent::TranscriptRewritten {
+            written,
+            removed,
+            leaf,
+            ..
+        }] => {
+            assert_eq!(written.len(), 1);
+            assert_eq!(written[0].id, bc[1]);
+            assert_eq!(written[0].kind, user("c2"));
+            assert!(removed.is_empty());
+            assert_eq!(leaf.as_ref(), Some(&a));
+        }
+        other => panic!("a rewrite commits one TranscriptRewritten: {other:?}"),
+    }
+    assert_eq!(gate.seen().len(), 5);
+    // By priority, ties in registration order, for every write.
+    assert_eq!(*order.lock().unwrap(), ["gate", "audit", "tail"].repeat(5));
+    // One SessionSaved per committed write; the stage hook never ran.
+    let saved: Vec<u64> = sink
+        .take()
+        .iter()
+        .map(|e| match e {
+            RuntimeEvent::SessionSaved { version, .. } => *version,
+            other => panic!("unexpected event {other:?}"),
+        })
+        .collect();
+    assert_eq!(saved, (v0 + 1..=v0 + 5).collect::<Vec<_>>());
+    assert_eq!(stages.load(Ordering::SeqCst), stage_calls);
+
+    // A rejecting hook: nothing is committed, the rest of the stack does
+    // not run, each refusal is reported and returned.
+    gate.reject.store(true, Ordering::SeqCst);
+    order.lock().unwrap().clear();
+    let before = h.snapshot();
+    let stored = rt.session_info(&id).unwrap().version;
+    assert_eq!(stored, v0 + 5);
+    let t_before = b.reference(&id);
+    let err = h.append(user("refused")).unwrap_err();
+    match &err {
+        HandleError::HookFailed {
+            id: at,
+            stage,
+            hook,
+            source,
+            ..
+        } => {
+            assert_eq!(at, &id);
+            assert_eq!(*stage, HookStage::BeforeHandleWrite);
+            assert_eq!(hook, "gate");
+            assert!(matches!(**source, HookError::Rejected { .. }), "{source}");
+        }
+        other => panic!("expected HookFailed, got {other}"),
+    }
+    assert_eq!(err.kind(), "hook_failed");
+    assert_eq!(
+        err.to_string(),
+        format!("session {id}: before_handle_write hook gate failed; nothing was written")
+    );
+    assert!(matches!(
+        h.move_leaf(Some(bc[1].clone())),
+        Err(HandleError::HookFailed { .. })
+    ));
+    let p = h
+        .prepare_rewrite(
+            vec![(a.clone(), Replacement::Replace(user("a2")))],
+            before.version,
+            &CancelToken::new(),
+        )
+        .unwrap();
+    assert!(matches!(
+        h.commit_rewrite(p, &CancelToken::new()),
+        Err(HandleError::HookFailed { .. })
+    ));
+    assert_eq!(*order.lock().unwrap(), ["gate"; 3]);
+    assert_eq!(audit.seen().len(), 5);
+    assert!(Arc::ptr_eq(&before, &h.snapshot()));
+    assert!(h.is_open());
+    assert_eq!(rt.session_info(&id).unwrap().version, stored);
+    let t_after = b.reference(&id);
+    assert_eq!(t_after.len(), t_before.len());
+    assert_eq!(t_after.leaf(), t_before.leaf());
+    assert_eq!(path_entries(&t_after), path_entries(&t_before));
+    let events = sink.take();
+    assert_eq!(events.len(), 3);
+    for e in &events {
+        match e {
+            RuntimeEvent::SessionHookFailed {
+                session_id,
+                stage,
+                hook,
+                error,
+            } => {
+                assert_eq!(session_id, &id);
+                assert_eq!(*stage, HookStage::BeforeHandleWrite);
+                assert_eq!(hook, "gate");
+                assert_eq!(error, "rejected: no writes now");
+            }
+            other => panic!("unexpected event {other:?}"),
+        }
+    }
+
+    // Allowed again: the same handle writes.
+    gate.reject.store(false, Ordering::SeqCst);
+    let d = h.append(user("d")).unwrap();
+    assert_eq!(h.snapshot().session_version, stored + 1);
+    assert_eq!(rt.session_info(&id).unwrap().version, stored + 1);
+    assert_eq!(b.reference(&id).leaf(), Some(&d));
+    assert_eq!(sink.names(), ["SessionSaved"]);
+    assert_eq!(audit.seen().len(), 6);
+    assert_eq!(stages.load(Ordering::SeqCst), stage_calls);
+
+    // A handle opened without the runtime runs no hooks.
+    drop(h);
+    gate.reject.store(true, Ordering::SeqCst);
+    let plain = SessionHandle::open(b.store(), sink.clone(), &id, HandleOptions::writer()).unwrap();
+    plain.append(user("e")).unwrap();
+    assert_eq!(gate.seen().len(), 5 + 3 + 1);
+    assert_eq!(b.handle_loads(), 0);
+}
+
 /// Checks run between the appends and the cleanup of [`retained`] (the
 /// log store injects faults there), given the handle, the session, the
 /// aborted assistant and the payload entry.
@@ -492,6 +764,11 @@ mod log {
         on_log(omitted_branch_navigation);
     }
 
+    #[test]
+    fn handle_writes_run_the_before_handle_write_hooks() {
+        on_log(handle_write_hooks);
+    }
+
     /// The rewrite's commit (the session's last) holds a delta, not the
     /// payload.
     fn assert_delta_logged(b: &Log, id: &SessionId) {
@@ -611,6 +888,14 @@ mod postgres {
         on_postgres(
             "omitted_branch_navigation_and_branch_pages",
             omitted_branch_navigation,
+        );
+    }
+
+    #[test]
+    fn handle_writes_run_the_before_handle_write_hooks() {
+        on_postgres(
+            "handle_writes_run_the_before_handle_write_hooks",
+            handle_write_hooks,
         );
     }
 
