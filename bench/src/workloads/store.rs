@@ -259,11 +259,15 @@ pub fn run(h: &mut Harness<'_>) -> Result<Vec<ResultRow>, BenchError> {
 /// The goals a question's row at the largest size decides.
 fn goals(q: Question, f: &StoreFigures, all: &[Measured], smallest: u64) -> Vec<Goal> {
     let secs = |commits: u64, subject: &str| -> Option<f64> {
-        let (_, _, _, m, _) = all.iter().find(|(x, c, _, _, _)| *x == q && *c == commits)?;
+        let (_, _, _, m, _) = all
+            .iter()
+            .find(|(x, c, _, _, _)| *x == q && *c == commits)?;
         Some(1.0 / m.get(subject)?.0.summary()?.median)
     };
     let rss = |commits: u64| -> Option<u64> {
-        let (_, _, _, m, _) = all.iter().find(|(x, c, _, _, _)| *x == q && *c == commits)?;
+        let (_, _, _, m, _) = all
+            .iter()
+            .find(|(x, c, _, _, _)| *x == q && *c == commits)?;
         Some(m.get("spool")?.1)
     };
     let mut out = Vec::new();
