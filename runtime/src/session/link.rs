@@ -246,10 +246,19 @@ impl AgentSession {
         };
     }
 
-    /// Whether this session holds only its working set (see
-    /// [`crate::session::link`]): `state().transcript` is then the
-    /// resident part of the leaf's context, and older entries are read
-    /// through [`AgentSession::history`].
+    /// Whether this session holds only its working set: `state().transcript`
+    /// is then the resident part of the leaf's context, and older entries
+    /// are read through [`AgentSession::history`].
+    ///
+    /// Rules for a bounded session: appends, status, settings, execution
+    /// bookkeeping, `clear_state` and `rewrite_history` work as on a whole
+    /// session (their checks need only the leaf and the new entries;
+    /// generated entry ids are checked against the store's transcript
+    /// index). Navigation to an entry outside the working set (`move_leaf`,
+    /// `branch_with_summary`, `set_label`, forks at an entry) reads that
+    /// entry through the index first. `rewrite_transcript` (a prepared
+    /// rewrite) needs the rewritten entries resident: write whole-history
+    /// rewrites through a handle's prepared rewrites instead.
     pub fn is_bounded(&self) -> bool {
         self.link().is_some_and(|l| l.bounded.is_some())
     }

@@ -12,7 +12,7 @@ pub fn is_postgres_location(location: &str) -> bool {
 }
 
 /// Opens the store `location` names: a `postgres://…` or `postgresql://…`
-/// URL opens a [`PostgresStore`](super::postgres::PostgresStore) (when the
+/// URL opens a `PostgresStore` (when the
 /// `postgres` feature is on), anything else is the directory of a
 /// [`LogStore`] with default options.
 pub fn open_store(location: &str) -> Result<Arc<dyn SessionStore>, StoreError> {
