@@ -17,7 +17,7 @@ mod owner;
 pub(crate) mod read;
 pub(crate) mod write;
 
-pub(crate) use self::format::{Header, SegmentEnd};
+pub(crate) use self::format::SegmentEnd;
 pub(crate) use self::owner::Shared;
 pub(crate) use self::read::{CheckpointFile, CheckpointIter};
 
