@@ -25,6 +25,26 @@ impl Index {
         }
     }
 
+    /// Whether the index holds every version entry of the checkpoint `ck`: each of
+    /// its version blocks is a prefix of the index's (later commits only append to a
+    /// block). One index read per block, none of the log: what an owner's open from
+    /// `ck` checks instead of the log before it, so that a block lost after the
+    /// checkpoint was written is found and rebuilt, never served.
+    pub(crate) fn holds_checkpoint_versions(
+        &self,
+        ck: &Arc<CheckpointFile>,
+    ) -> Result<bool, Error> {
+        let hi = prefix_end(VERSION).map_or(Bound::Unbounded, Bound::Excluded);
+        for kv in ck.range(Bound::Included(VERSION.to_vec()), hi) {
+            let (k, block) = kv.map_err(Error::Index)?;
+            let held = self.read_key_with(&k, |v| v.is_some_and(|v| v.starts_with(&block)))?;
+            if !held {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+
     /// Where version `version` of `stream` is in the log.
     pub fn stream_position(
         &self,

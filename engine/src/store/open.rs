@@ -1,6 +1,12 @@
-//! Opening a store: the owner lock, the scan of the whole log on open (record and
-//! history validation, torn-tail repair by the owner), the catch-up or rebuild of the
-//! index, and the read-only view of a store another process may own.
+//! Opening a store: the owner lock, the scan of the log on open (record and history
+//! validation, torn-tail repair by the owner), the catch-up or rebuild of the index,
+//! and the read-only view of a store another process may own.
+//!
+//! Both opens start from the newest checkpoint when the log backs it and read only
+//! the records after it (`check_resume`, `scan_opened`): a read-only open layers a
+//! memtable over the checkpoint file; the owner needs its sled index to hold at
+//! least the checkpoint's commits of the same history (`resume_owner`). Otherwise,
+//! or on any mismatch found in the tail, the whole log is read.
 
 use super::*;
 use crate::index::VERSIONS_PER_BLOCK;
@@ -285,7 +291,12 @@ fn open_owner(
                 // Entries the scan could not check may be wrong too: rebuild it all.
                 index.clear(state.layout)?;
             }
-            Err(reason) => report.checkpoint_fallback = Some(reason),
+            Err(Unresumable { reason, rebuild }) => {
+                report.checkpoint_fallback = Some(reason);
+                if rebuild {
+                    index.clear(index.layout()?)?;
+                }
+            }
         }
     }
     let state = scan_whole(vfs, dir, opts, &index, false)?;
@@ -296,17 +307,26 @@ fn open_owner(
 /// open then reads the whole log). Besides what a read-only open checks
 /// (`checked_checkpoint`), sled must be of the checkpoint's log layout and hold at
 /// least its commits: its applied marker at or after the checkpoint's seq (the same
-/// commit when equal; after it, the tail scan finds the marker's record). The tail's
-/// records up to the marker are checked against sled, later ones applied to it.
+/// commit when equal; after it, the tail scan finds the marker's record), and every
+/// version entry of the checkpoint (what the whole-log open checks against the log
+/// before the checkpoint's record). The tail's records up to the marker are checked
+/// against sled, later ones applied to it.
 fn resume_owner(
     vfs: &dyn Vfs,
     dir: &Path,
     opts: &Options,
     index: &Index,
     path: &Path,
-) -> Result<(LogState, u64), String> {
-    let what = |w: String| format!("checkpoint {}: {w}", path.display());
-    let (opened, max_id, resume) = checked_checkpoint(vfs, dir, opts, path, false)?;
+) -> Result<(LogState, u64), Unresumable> {
+    let what = |w: String| Unresumable {
+        reason: format!("checkpoint {}: {w}", path.display()),
+        rebuild: false,
+    };
+    let (opened, max_id, resume) =
+        checked_checkpoint(vfs, dir, opts, path, false).map_err(|reason| Unresumable {
+            reason,
+            rebuild: false,
+        })?;
     let layout = index.layout().map_err(|e| what(e.to_string()))?;
     if layout != resume.ck.header.layout {
         return Err(what(format!(
@@ -327,6 +347,17 @@ fn resume_owner(
         )));
     }
     let seq = resume.seq;
+    if !index
+        .holds_checkpoint_versions(&resume.ck)
+        .map_err(|e| what(e.to_string()))?
+    {
+        // Sled and the checkpoint disagree on commits both hold: the whole-log open
+        // checks only some entries, so the index is rebuilt rather than trusted.
+        return Err(Unresumable {
+            rebuild: true,
+            ..what("the index lacks version entries the checkpoint holds".into())
+        });
+    }
     let mut state = scan_opened(vfs, dir, opts, index, false, opened, max_id, Some(&resume))
         .map_err(|e| what(format!("the log after it: {e}")))?;
     if !state.index_stale {
@@ -341,6 +372,13 @@ fn resume_owner(
         state.heads = heads;
     }
     Ok((state, seq))
+}
+
+/// Why an owner's open does not resume after a checkpoint, and whether the index
+/// must be rebuilt from the log rather than checked against it.
+struct Unresumable {
+    reason: String,
+    rebuild: bool,
 }
 
 /// [`scan_log`] of the whole log into `index`, rebuilding the index from the log when

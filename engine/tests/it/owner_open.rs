@@ -224,9 +224,9 @@ fn an_owner_open_falls_back_to_the_whole_log_when_checkpoint_or_index_do_not_fit
     let got = check_fallback(&dir, &ix, "", "checkpoint ahead of the log");
     assert!(got.last_seq < st.seqs[2]);
 
-    // The index of another history: its applied marker names a commit the log does
-    // not hold at that seq, after the checkpoint's (found in the tail) or at it.
-    for (other_n, what) in [(420, "the index disagrees"), (300, "another commit")] {
+    // The index of another history: its version entries are not the checkpoint's,
+    // or its applied marker names another commit at the checkpoint's seq.
+    for (other_n, what) in [(420, "lacks version entries"), (300, "another commit")] {
         let dir = fresh();
         let ix = arrange(&st, &dir, Some(0), None);
         let other = fresh();
@@ -242,6 +242,24 @@ fn an_owner_open_falls_back_to_the_whole_log_when_checkpoint_or_index_do_not_fit
             &format!("index of another history ({other_n})"),
         );
     }
+
+    // Entries lost from the index after the checkpoint (as a move into sled cut short
+    // could leave them): the last version of stream s0, found in the tail.
+    let dir = fresh();
+    let ix = arrange(&st, &dir, Some(0), Some(2));
+    {
+        let db = sled::open(&ix).unwrap();
+        let key = b"\x01v\x02s0\0\0\0\0\0\0\0\0";
+        let block = db.get(key).unwrap().unwrap();
+        db.insert(key, &block[..block.len() - 40]).unwrap();
+        db.flush().unwrap();
+    }
+    check_fallback(
+        &dir,
+        &ix,
+        "the index disagrees",
+        "entries lost after the checkpoint",
+    );
 }
 
 #[test]
