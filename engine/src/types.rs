@@ -417,13 +417,14 @@ pub struct StoreStats {
     /// Last sequence number in the log.
     pub last_seq: u64,
     /// Records the open decoded from the log: the whole log, or only those after the
-    /// checkpoint a read-only open started from.
+    /// checkpoint the open started from.
     pub open_records_decoded: u64,
-    /// The seq of the checkpoint a read-only open started from, if it used one.
+    /// The seq of the checkpoint the open started from, if it used one.
     pub open_checkpoint_seq: Option<u64>,
-    /// Why a read-only open did not use the store's newest checkpoint (damaged, from
-    /// another store, ahead of the log, made with other indexers...) and read the
-    /// whole log instead; `None` when it used it or there was none.
+    /// Why the open did not use the store's newest checkpoint (damaged, from another
+    /// store, ahead of the log, made with other indexers, or for the owner an index
+    /// behind it or found stale after it) and read the whole log instead; `None`
+    /// when it used it or there was none.
     pub open_checkpoint_fallback: Option<String>,
     /// Checkpoints the owner wrote since open.
     pub checkpoints_written: u64,

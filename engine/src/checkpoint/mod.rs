@@ -6,7 +6,9 @@
 //! it checks the checkpoint against the log (layout, indexers, and that the log holds
 //! the record it names at the position it names), then folds only the records after
 //! that position into a memtable layered over the file. Any mismatch means the old
-//! path (the whole log into a temporary index), never a wrong answer.
+//! path (the whole log into a temporary index), never a wrong answer. The owner's
+//! open uses the same checks to read only the log after the checkpoint when its
+//! sled already holds the checkpoint's commits.
 //!
 //! [`format`] is the byte layout (docs/format.md has it byte by byte), [`write`] writes
 //! one crash-safely (temporary name, fsync, rename, directory fsync), [`read`] opens
@@ -17,7 +19,7 @@ mod owner;
 pub(crate) mod read;
 pub(crate) mod write;
 
-pub(crate) use self::format::{Header, SegmentEnd};
+pub(crate) use self::format::SegmentEnd;
 pub(crate) use self::owner::Shared;
 pub(crate) use self::read::{CheckpointFile, CheckpointIter};
 

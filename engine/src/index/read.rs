@@ -13,6 +13,38 @@ impl Index {
         }
     }
 
+    /// The head of `stream` in the checkpoint `ck`: the index as of the checkpoint's
+    /// record (what a scan resumed after that record continues each stream from).
+    pub(crate) fn checkpoint_stream_head(
+        ck: &CheckpointFile,
+        stream: &str,
+    ) -> Result<Option<StreamHead>, Error> {
+        match ck.get(&head_key(stream)).map_err(Error::Index)? {
+            Some(v) => Ok(Some(decode_head(&v)?)),
+            None => Ok(None),
+        }
+    }
+
+    /// Whether the index holds every version entry of the checkpoint `ck`: each of
+    /// its version blocks is a prefix of the index's (later commits only append to a
+    /// block). One index read per block, none of the log: what an owner's open from
+    /// `ck` checks instead of the log before it, so that a block lost after the
+    /// checkpoint was written is found and rebuilt, never served.
+    pub(crate) fn holds_checkpoint_versions(
+        &self,
+        ck: &Arc<CheckpointFile>,
+    ) -> Result<bool, Error> {
+        let hi = prefix_end(VERSION).map_or(Bound::Unbounded, Bound::Excluded);
+        for kv in ck.range(Bound::Included(VERSION.to_vec()), hi) {
+            let (k, block) = kv.map_err(Error::Index)?;
+            let held = self.read_key_with(&k, |v| v.is_some_and(|v| v.starts_with(&block)))?;
+            if !held {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+
     /// Where version `version` of `stream` is in the log.
     pub fn stream_position(
         &self,
@@ -79,6 +111,40 @@ impl Index {
         &self,
         id: Uuid,
     ) -> Result<Option<(String, u64, LogPosition)>, Error> {
+        let mut found = None;
+        self.visit_versions(|stream, version, e| {
+            if e.commit_id == id {
+                found = Some((stream.to_vec(), version, e.position));
+            }
+            found.is_none()
+        })?;
+        match found {
+            Some((stream, version, pos)) => {
+                let stream = String::from_utf8(stream).map_err(|_| {
+                    Error::Index(IndexError::Malformed("stream version block key".into()))
+                })?;
+                Ok(Some((stream, version, pos)))
+            }
+            None => Ok(None),
+        }
+    }
+
+    /// Calls `f` with the commit id of every commit the index holds (a full pass over
+    /// the version index, the only place it keeps them): what fills the store's
+    /// commit-id filter when the open read only the log's tail.
+    pub(crate) fn for_each_commit_id(&self, mut f: impl FnMut(Uuid)) -> Result<(), Error> {
+        self.visit_versions(|_, _, e| {
+            f(e.commit_id);
+            true
+        })
+    }
+
+    /// Every version entry of every stream's blocks, holes skipped, as `f(stream,
+    /// version, entry)`, until `f` returns false.
+    fn visit_versions(
+        &self,
+        mut f: impl FnMut(&[u8], u64, &BlockEntry) -> bool,
+    ) -> Result<(), Error> {
         for kv in self.merged(VERSION) {
             let (k, block) = kv?;
             let bad = || Error::Index(IndexError::Malformed("stream version block key".into()));
@@ -89,15 +155,14 @@ impl Index {
             let mut i = 0;
             while let Some(e) = block_entry(&block, i) {
                 let e = e?;
-                if e.commit_id == id && !e.is_hole() {
-                    let stream = String::from_utf8(stream.to_vec()).map_err(|_| bad())?;
-                    let version = block_no * VERSIONS_PER_BLOCK + 1 + i as u64;
-                    return Ok(Some((stream, version, e.position)));
-                }
+                let version = block_no * VERSIONS_PER_BLOCK + 1 + i as u64;
                 i += 1;
+                if !e.is_hole() && !f(stream, version, &e) {
+                    return Ok(());
+                }
             }
         }
-        Ok(None)
+        Ok(())
     }
 
     /// Positions of `stream`'s versions `>= from`, ascending, at most `limit`.

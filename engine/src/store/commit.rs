@@ -109,6 +109,9 @@ impl Store {
                 return Ok(AppendOutcome::AlreadyCommitted(info));
             }
         }
+        if !drawn_here {
+            self.complete_ids(&mut w)?;
+        }
         if !drawn_here && w.ids.may_contain(commit.commit_id) {
             // The filter knows the id (or it is a rare false positive): look for it
             // in the named stream's version blocks, newest first; failing that, in every

@@ -118,8 +118,12 @@ pub(crate) struct Writer {
     pub(crate) heads: foldhash::HashMap<String, u64>,
     /// Commit ids sequenced but not yet applied to the index.
     pending_ids: foldhash::HashMap<Uuid, CommitInfo>,
-    /// Every commit id in the log (approximately): a miss skips the index lookup.
+    /// Every commit id in the log (approximately) once `ids_complete`: a miss skips
+    /// the index lookup.
     ids: CommitIdFilter,
+    /// `ids` holds every commit id: false after an open that read only the log's
+    /// tail, until the first lookup that needs them all (see `Store::complete_ids`).
+    ids_complete: bool,
     last_ts: i64,
     /// Buffered: written since the last fdatasync.
     dirty: bool,

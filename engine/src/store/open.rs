@@ -1,6 +1,12 @@
-//! Opening a store: the owner lock, the scan of the whole log on open (record and
-//! history validation, torn-tail repair by the owner), the catch-up or rebuild of the
-//! index, and the read-only view of a store another process may own.
+//! Opening a store: the owner lock, the scan of the log on open (record and history
+//! validation, torn-tail repair by the owner), the catch-up or rebuild of the index,
+//! and the read-only view of a store another process may own.
+//!
+//! Both opens start from the newest checkpoint when the log backs it and read only
+//! the records after it (`check_resume`, `scan_opened`): a read-only open layers a
+//! memtable over the checkpoint file; the owner needs its sled index to hold at
+//! least the checkpoint's commits of the same history (`resume_owner`). Otherwise,
+//! or on any mismatch found in the tail, the whole log is read.
 
 use super::*;
 use crate::index::VERSIONS_PER_BLOCK;
@@ -12,6 +18,8 @@ pub(super) struct LogState {
     last_ts: i64,
     heads: foldhash::HashMap<String, u64>,
     ids: CommitIdFilter,
+    /// `ids` holds every commit id of the log (the scan read the whole log).
+    ids_complete: bool,
     /// The index's applied seq names a record the log does not have (or another one).
     index_stale: bool,
     /// Largest segment id in the directory.
@@ -26,12 +34,16 @@ pub(super) struct LogState {
 /// the checkpoint's are taken as the checkpoint describes them (headers checked, no
 /// frame read), and the scan starts after the checkpoint's record.
 pub(super) struct Resume {
+    /// The checkpoint: each stream's head as of its record comes from it.
+    ck: Arc<crate::checkpoint::CheckpointFile>,
     /// Index in log order of the segment holding the checkpoint's record.
     p_index: usize,
     segments: Vec<crate::checkpoint::SegmentEnd>,
     /// One past the checkpoint's record.
     p_end: u64,
     seq: u64,
+    commit_id: Uuid,
+    position: LogPosition,
     last_ts: i64,
     /// A segment written by GC comes before the checkpoint's record.
     compacted_before: bool,
@@ -156,7 +168,8 @@ impl Store {
         };
         let (index, state) = match from_checkpoint {
             Some(opened) => opened,
-            None => open_from_log(&*vfs, dir, &opts, index_path.as_deref(), read_only)?,
+            None if read_only => open_from_log(&*vfs, dir, &opts, None, true)?,
+            None => open_owner(&*vfs, dir, &opts, index_path.as_deref(), &mut report)?,
         };
         report.decoded = state.decoded;
         Store::open_with(dir, opts, read_only, guard, index, state, report)
@@ -248,8 +261,137 @@ fn open_from_log(
     read_only: bool,
 ) -> Result<(Index, LogState), Error> {
     let (index, _fresh) = Index::open(index_path, opts.indexers.clone())?;
+    let state = scan_whole(vfs, dir, opts, &index, read_only)?;
+    Ok((index, state))
+}
+
+/// The owner's index and log state. With a checkpoint the log backs and a sled index
+/// that holds at least the checkpoint's commits, of the same history, only the log
+/// after the checkpoint's record is read (see `resume_owner`); otherwise, or when that
+/// tail shows the index disagrees with the log, the whole log.
+fn open_owner(
+    vfs: &dyn Vfs,
+    dir: &Path,
+    opts: &Options,
+    index_path: Option<&Path>,
+    report: &mut OpenReport,
+) -> Result<(Index, LogState), Error> {
+    let (index, _fresh) = Index::open(index_path, opts.indexers.clone())?;
+    if let Some(path) = crate::checkpoint::read::newest(vfs, dir) {
+        match resume_owner(vfs, dir, opts, &index, &path) {
+            Ok((state, seq)) if !state.index_stale => {
+                report.checkpoint_seq = Some(seq);
+                return Ok((index, state));
+            }
+            Ok((state, _)) => {
+                report.checkpoint_fallback = Some(format!(
+                    "checkpoint {}: the index disagrees with the log after it",
+                    path.display()
+                ));
+                // Entries the scan could not check may be wrong too: rebuild it all.
+                index.clear(state.layout)?;
+            }
+            Err(Unresumable { reason, rebuild }) => {
+                report.checkpoint_fallback = Some(reason);
+                if rebuild {
+                    index.clear(index.layout()?)?;
+                }
+            }
+        }
+    }
+    let state = scan_whole(vfs, dir, opts, &index, false)?;
+    Ok((index, state))
+}
+
+/// The owner's scan resumed after the checkpoint at `path`, or why it cannot be (the
+/// open then reads the whole log). Besides what a read-only open checks
+/// (`checked_checkpoint`), sled must be of the checkpoint's log layout and hold at
+/// least its commits: its applied marker at or after the checkpoint's seq (the same
+/// commit when equal; after it, the tail scan finds the marker's record), and every
+/// version entry of the checkpoint (what the whole-log open checks against the log
+/// before the checkpoint's record). The tail's records up to the marker are checked
+/// against sled, later ones applied to it.
+fn resume_owner(
+    vfs: &dyn Vfs,
+    dir: &Path,
+    opts: &Options,
+    index: &Index,
+    path: &Path,
+) -> Result<(LogState, u64), Unresumable> {
+    let what = |w: String| Unresumable {
+        reason: format!("checkpoint {}: {w}", path.display()),
+        rebuild: false,
+    };
+    let (opened, max_id, resume) =
+        checked_checkpoint(vfs, dir, opts, path, false).map_err(|reason| Unresumable {
+            reason,
+            rebuild: false,
+        })?;
+    let layout = index.layout().map_err(|e| what(e.to_string()))?;
+    if layout != resume.ck.header.layout {
+        return Err(what(format!(
+            "the index was built for log layout {layout}, the checkpoint for {}",
+            resume.ck.header.layout
+        )));
+    }
+    let (applied, applied_id) = index.applied_marker().map_err(|e| what(e.to_string()))?;
+    if applied < resume.seq {
+        return Err(what(format!(
+            "the index holds commits up to seq {applied}, before the checkpoint's {}",
+            resume.seq
+        )));
+    }
+    if applied == resume.seq && applied_id != Some(resume.commit_id) {
+        return Err(what(format!(
+            "the index names another commit at seq {applied}"
+        )));
+    }
+    let seq = resume.seq;
+    if !index
+        .holds_checkpoint_versions(&resume.ck)
+        .map_err(|e| what(e.to_string()))?
     {
-        let mut state = scan_log(vfs, dir, opts, &index, read_only);
+        // Sled and the checkpoint disagree on commits both hold: the whole-log open
+        // checks only some entries, so the index is rebuilt rather than trusted.
+        return Err(Unresumable {
+            rebuild: true,
+            ..what("the index lacks version entries the checkpoint holds".into())
+        });
+    }
+    let mut state = scan_opened(vfs, dir, opts, index, false, opened, max_id, Some(&resume))
+        .map_err(|e| what(format!("the log after it: {e}")))?;
+    if !state.index_stale {
+        // The writer checks versions against every stream's head: the tail's streams
+        // have theirs from the scan, the others from the index (caught up now), which
+        // must agree on the former.
+        let mut heads = foldhash::HashMap::default();
+        for (stream, version) in index.streams().map_err(|e| what(e.to_string()))? {
+            heads.insert(stream, version);
+        }
+        state.index_stale = state.heads.iter().any(|(s, v)| heads.get(s) != Some(v));
+        state.heads = heads;
+    }
+    Ok((state, seq))
+}
+
+/// Why an owner's open does not resume after a checkpoint, and whether the index
+/// must be rebuilt from the log rather than checked against it.
+struct Unresumable {
+    reason: String,
+    rebuild: bool,
+}
+
+/// [`scan_log`] of the whole log into `index`, rebuilding the index from the log when
+/// it is ahead of the log or describes another history.
+fn scan_whole(
+    vfs: &dyn Vfs,
+    dir: &Path,
+    opts: &Options,
+    index: &Index,
+    read_only: bool,
+) -> Result<LogState, Error> {
+    {
+        let mut state = scan_log(vfs, dir, opts, index, read_only);
         if read_only {
             // A live writer may be appending to the last segment while it is scanned: a
             // frame caught half-written with a complete one after it looks like mid-log
@@ -259,7 +401,7 @@ fn open_from_log(
                 tries += 1;
                 std::thread::sleep(std::time::Duration::from_millis(10));
                 index.clear(0)?;
-                state = scan_log(vfs, dir, opts, &index, read_only);
+                state = scan_log(vfs, dir, opts, index, read_only);
             }
         }
         let mut state = state?;
@@ -267,24 +409,47 @@ fn open_from_log(
             // The index is ahead of the log or describes another history (e.g. after a
             // crash with Buffered durability): rebuild it from the log.
             index.clear(state.layout)?;
-            state = scan_log(vfs, dir, opts, &index, read_only)?;
+            state = scan_log(vfs, dir, opts, index, read_only)?;
             debug_assert!(!state.index_stale);
             let _ = index.flush();
         }
-        Ok((index, state))
+        Ok(state)
     }
 }
 
 /// The index and the log state of a read-only open from the checkpoint at `path`,
-/// or why the checkpoint cannot be used (the open then reads the whole log): the
-/// checkpoint is checked against the log (layout, indexers, the record it ends with)
-/// and only the records after it are read, into a memtable over the checkpoint file.
+/// or why the checkpoint cannot be used (the open then reads the whole log): only the
+/// records after it are read (see `checked_checkpoint`), into a memtable over the
+/// checkpoint file.
 fn open_from_checkpoint(
     vfs: &dyn Vfs,
     dir: &Path,
     opts: &Options,
     path: &Path,
 ) -> Result<(Index, LogState, u64), String> {
+    let what = |w: String| format!("checkpoint {}: {w}", path.display());
+    let (opened, max_id, resume) = checked_checkpoint(vfs, dir, opts, path, true)?;
+    let seq = resume.seq;
+    let (index, _) = Index::open(None, opts.indexers.clone()).map_err(|e| what(e.to_string()))?;
+    index.set_base(resume.ck.clone());
+    let state = scan_opened(vfs, dir, opts, &index, true, opened, max_id, Some(&resume))
+        .map_err(|e| what(format!("the log after it: {e}")))?;
+    if state.index_stale {
+        return Err(what("the index it holds disagrees with the log".into()));
+    }
+    Ok((index, state, seq))
+}
+
+/// Open the checkpoint at `path` and check it against the log (layout, indexers, the
+/// record it ends with, see `check_resume`): the log's segments, opened, and where a
+/// scan resumes; or why the checkpoint cannot be used.
+fn checked_checkpoint(
+    vfs: &dyn Vfs,
+    dir: &Path,
+    opts: &Options,
+    path: &Path,
+    read_only: bool,
+) -> Result<(Vec<OpenedSegment>, u64, Resume), String> {
     let ck = crate::checkpoint::CheckpointFile::open(vfs, path)?;
     let h = &ck.header;
     let what = |w: String| format!("checkpoint {}: {w}", path.display());
@@ -306,7 +471,7 @@ fn open_from_checkpoint(
     }
     let max = opts.record_bytes_max;
     let (opened, max_id) =
-        open_segments_in_order(vfs, dir, max, true).map_err(|e| what(e.to_string()))?;
+        open_segments_in_order(vfs, dir, max, read_only).map_err(|e| what(e.to_string()))?;
     check_plain_order(&opened).map_err(|e| what(e.to_string()))?;
     let layout = layout_of(&opened);
     if layout != h.layout {
@@ -315,16 +480,8 @@ fn open_from_checkpoint(
             h.layout
         )));
     }
-    let resume = check_resume(&opened, h, max).map_err(what)?;
-    let seq = h.seq;
-    let (index, _) = Index::open(None, opts.indexers.clone()).map_err(|e| what(e.to_string()))?;
-    index.set_base(Arc::new(ck));
-    let state = scan_opened(vfs, dir, opts, &index, true, opened, max_id, Some(&resume))
-        .map_err(|e| what(format!("the log after it: {e}")))?;
-    if state.index_stale {
-        return Err(what("the index it holds disagrees with the log".into()));
-    }
-    Ok((index, state, seq))
+    let resume = check_resume(&opened, Arc::new(ck), max).map_err(what)?;
+    Ok((opened, max_id, resume))
 }
 
 /// Check a checkpoint's header against the opened log: the segments up to the one
@@ -333,9 +490,10 @@ fn open_from_checkpoint(
 /// Reads each segment's header and the one record, nothing else.
 fn check_resume(
     opened: &[OpenedSegment],
-    h: &crate::checkpoint::Header,
+    ck: Arc<crate::checkpoint::CheckpointFile>,
     max: u32,
 ) -> Result<Resume, String> {
+    let h = &ck.header;
     let p_index = opened
         .iter()
         .position(|s| s.id == h.segment)
@@ -400,8 +558,11 @@ fn check_resume(
         segments: h.segments.clone(),
         p_end: h.offset + total,
         seq: h.seq,
+        commit_id: h.commit_id,
+        position: pos,
         last_ts: h.last_ts,
         compacted_before,
+        ck,
     })
 }
 
@@ -439,6 +600,7 @@ fn build_store(
             heads: state.heads,
             pending_ids: foldhash::HashMap::default(),
             ids: state.ids,
+            ids_complete: state.ids_complete,
             last_ts: state.last_ts,
             dirty: false,
             last_group: 0,
@@ -534,10 +696,10 @@ pub(super) fn scan_log(
 }
 
 /// [`scan_log`] of segments already opened, from the start of the log or, with
-/// `resume` (a read-only open from a checkpoint), from after the checkpoint's record:
-/// the segments before it are taken as the checkpoint lists them, their records
-/// neither read nor checked, and the history check continues from the index (the
-/// checkpoint) for each stream's head.
+/// `resume` (an open from a checkpoint), from after the checkpoint's record: the
+/// segments before it are taken as the checkpoint lists them, their records neither
+/// read nor checked, and the history check continues from the checkpoint's head of
+/// each stream. The commit-id filter then holds only the tail's ids.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn scan_opened(
     vfs: &dyn Vfs,
@@ -568,11 +730,24 @@ pub(super) fn scan_opened(
     let mut decoded = 0u64;
     // The commit the index's applied seq names, where the scan finds it.
     let mut applied_at = None;
+    let mut index_stale = false;
     if let Some(r) = resume {
         hist.resume(r.seq, r.compacted_before);
         last_ts = r.last_ts;
+        if applied == r.seq {
+            // The index ends with the checkpoint's record, which the scan does not read.
+            if applied_id == Some(r.commit_id) {
+                applied_at = Some(crate::index::AppliedAt {
+                    seq: r.seq,
+                    commit_id: r.commit_id,
+                    position: r.position,
+                    last_ts: r.last_ts,
+                });
+            } else {
+                index_stale = true;
+            }
+        }
     }
-    let mut index_stale = false;
     let mut commit_ids = CommitIdFilter::with_capacity(0);
     // Per stream, the last commit the index says it holds (see `index_has`).
     let mut last_indexed: foldhash::HashMap<String, CommitInfo> = Default::default();
@@ -680,10 +855,10 @@ pub(super) fn scan_opened(
             };
             let rec = decode(payload, pos).map_err(|p| Error::corrupt(&name, off, p))?;
             decoded += 1;
-            if resume.is_some() && !hist.heads.contains_key(&rec.info.stream) {
-                // The stream's head before the checkpoint's tail: the index has it (no
-                // commit of the stream is pending, or the history check would know it).
-                if let Some(h) = index.stream_head(&rec.info.stream)? {
+            if let Some(r) = resume.filter(|_| !hist.heads.contains_key(&rec.info.stream)) {
+                // The stream's head before the checkpoint's tail, from the checkpoint
+                // (an owner's sled may already hold later commits of the stream).
+                if let Some(h) = Index::checkpoint_stream_head(&r.ck, &rec.info.stream)? {
                     hist.heads.insert(rec.info.stream.clone(), h.version);
                 }
             }
@@ -831,6 +1006,7 @@ pub(super) fn scan_opened(
             hist.heads
         },
         ids: commit_ids,
+        ids_complete: !read_only && resume.is_none(),
         index_stale,
         max_id,
         layout,

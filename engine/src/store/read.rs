@@ -141,10 +141,11 @@ impl Store {
     pub fn commit_by_id(&self, id: Uuid) -> Result<Option<CommitInfo>, Error> {
         let inner = &*self.inner;
         {
-            let w = lock(&inner.w);
+            let mut w = lock(&inner.w);
             if let Some(info) = w.pending_ids.get(&id) {
                 return Ok(Some(info.clone()));
             }
+            self.complete_ids(&mut w)?;
             if !w.ids.may_contain(id) {
                 return Ok(None);
             }
@@ -153,6 +154,21 @@ impl Store {
             Some((_, _, pos)) => Ok(Some(self.read_at(pos)?.info)),
             None => Ok(None),
         }
+    }
+
+    /// Make the commit-id filter hold every commit id of the log, once: after an open
+    /// that read only the log's tail it holds the tail's and later ones. The index's
+    /// version blocks have every applied commit's id; the commits not applied yet
+    /// were sequenced since the open and put into the filter then. Under the writer
+    /// lock, so no GC rebuilds the index meanwhile.
+    pub(super) fn complete_ids(&self, w: &mut Writer) -> Result<(), Error> {
+        if w.ids_complete {
+            return Ok(());
+        }
+        let ids = &mut w.ids;
+        self.inner.index.for_each_commit_id(|id| ids.insert(id))?;
+        w.ids_complete = true;
+        Ok(())
     }
 
     /// The last acknowledged sequence number (0 for an empty store).

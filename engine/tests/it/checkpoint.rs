@@ -51,7 +51,7 @@ impl Indexer for PerCommit {
     }
 }
 
-fn opts() -> Options {
+pub(crate) fn opts() -> Options {
     small_opts()
         .indexer(Arc::new(Kv))
         .indexer(Arc::new(PerCommit))
@@ -59,9 +59,9 @@ fn opts() -> Options {
 }
 
 /// Deterministic xorshift.
-struct Rng(u64);
+pub(crate) struct Rng(pub u64);
 impl Rng {
-    fn next(&mut self) -> u64 {
+    pub(crate) fn next(&mut self) -> u64 {
         self.0 ^= self.0 << 13;
         self.0 ^= self.0 >> 7;
         self.0 ^= self.0 << 17;
@@ -79,7 +79,7 @@ fn seed() -> u64 {
 }
 
 /// `n` commits on up to 12 streams with payloads of random length.
-fn workload(s: &Store, rng: &mut Rng, n: u64) {
+pub(crate) fn workload(s: &Store, rng: &mut Rng, n: u64) {
     for _ in 0..n {
         let stream = format!("s{}", rng.next() % 12);
         let len = (rng.next() % 300) as usize;
@@ -90,17 +90,17 @@ fn workload(s: &Store, rng: &mut Rng, n: u64) {
 
 /// Everything a reader can ask, in one comparable value.
 #[derive(Debug, PartialEq, Eq)]
-struct Answers {
+pub(crate) struct Answers {
     dump: Vec<(Vec<u8>, Vec<u8>)>,
     streams: Vec<(String, u64)>,
     log: Vec<(String, u64, Vec<u8>)>,
     gets: Vec<Option<Vec<u8>>>,
     scans: Vec<Vec<(Vec<u8>, Vec<u8>)>>,
     visits: Vec<(Vec<u8>, Vec<u8>)>,
-    last_seq: u64,
+    pub(crate) last_seq: u64,
 }
 
-fn answers(s: &Store) -> Result<Answers, Error> {
+pub(crate) fn answers(s: &Store) -> Result<Answers, Error> {
     let ix = s.index();
     let streams = ix.streams()?;
     let mut gets = Vec::new();
@@ -149,7 +149,7 @@ fn answers(s: &Store) -> Result<Answers, Error> {
     })
 }
 
-fn copy_dir(from: &Path, to: &Path, skip: &[&str]) {
+pub(crate) fn copy_dir(from: &Path, to: &Path, skip: &[&str]) {
     std::fs::create_dir_all(to).unwrap();
     for e in std::fs::read_dir(from).unwrap() {
         let e = e.unwrap();
@@ -167,7 +167,7 @@ fn copy_dir(from: &Path, to: &Path, skip: &[&str]) {
 
 /// The answers of a read-only open of a copy of `dir` without its checkpoints: the
 /// whole log rebuilt into a temporary index.
-fn rebuilt(dir: &Path) -> Answers {
+pub(crate) fn rebuilt(dir: &Path) -> Answers {
     let copy = tempfile::tempdir().unwrap();
     copy_dir(dir, copy.path(), &[CHECKPOINT_DIR, INDEX_DIR, "LOCK"]);
     let ro = Store::open_read_only(copy.path(), opts()).unwrap();
@@ -175,7 +175,7 @@ fn rebuilt(dir: &Path) -> Answers {
     answers(&ro).unwrap()
 }
 
-fn checkpoints(dir: &Path) -> Vec<PathBuf> {
+pub(crate) fn checkpoints(dir: &Path) -> Vec<PathBuf> {
     let mut v: Vec<PathBuf> = match std::fs::read_dir(dir.join(CHECKPOINT_DIR)) {
         Ok(rd) => rd.map(|e| e.unwrap().path()).collect(),
         Err(_) => Vec::new(),

@@ -10,6 +10,7 @@ mod faults;
 mod gc;
 mod growth;
 mod index;
+mod owner_open;
 mod process;
 mod recovery;
 mod salvage;
