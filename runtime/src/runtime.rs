@@ -44,7 +44,7 @@
 //! and the caller get that session; [`AgentSession::is_bounded`] tells,
 //! [`AgentSession::history`] reads older entries, and navigation to an
 //! entry beyond the working set reads it through the index (see
-//! [`crate::session::link`]). A session whose whole transcript is one
+//! `session::link`). A session whose whole transcript is one
 //! resident chain is loaded whole. What still loads whole: `get_session`
 //! (on purpose), `fork(id, None)` (it copies every branch), an action
 //! whose [`SessionAction::needs_whole_session`] is true (none of the

@@ -247,7 +247,7 @@ impl AgentSession {
     }
 
     /// Whether this session holds only its working set (see
-    /// [`crate::session::link`]): `state().transcript` is then the
+    /// `session::link`): `state().transcript` is then the
     /// resident part of the leaf's context, and older entries are read
     /// through [`AgentSession::history`].
     pub fn is_bounded(&self) -> bool {

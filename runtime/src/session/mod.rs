@@ -259,7 +259,7 @@ impl AgentSession {
     /// `UnknownEntry` naming `at` when it is absent (or its parents form a
     /// cycle), or naming the first missing parent.
     ///
-    /// A bounded session (see [`link`]) reads the path through the store's
+    /// A bounded session (see `session::link`) reads the path through the store's
     /// transcript index.
     pub fn path_to(&self, at: &EntryId) -> Result<Vec<Entry>, SessionError> {
         if self.is_bounded() {

@@ -441,7 +441,7 @@ impl LogStore {
 
     /// Plans an erasing log GC: it removes the streams of
     /// [`LogStore::gc_dead_streams`] and replaces the transcript content a
-    /// later rewrite superseded with erased placeholders (see [`erase`]),
+    /// later rewrite superseded with erased placeholders (see `erase`),
     /// in every segment including the active one (which planning seals
     /// first when it holds such content).
     pub fn plan_gc(&self) -> Result<spool_engine::GcPlan, StoreError> {

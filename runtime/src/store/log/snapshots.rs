@@ -189,7 +189,7 @@ impl LogStore {
     /// knows the real one). Not a full load: transcript events are skipped
     /// by their kind without being decoded, and the fold starts from a
     /// settings snapshot (cache tag `b`, see docs/format.md) that a fold which
-    /// replayed at least [`SETTINGS_TAIL_COMMITS`] commits writes, so its
+    /// replayed at least `SETTINGS_TAIL_COMMITS` commits writes, so its
     /// cost follows the commits since the last one, not the history. A
     /// `created` event's seed transcript is dropped while it is decoded.
     pub fn load_settings(&self, id: &SessionId) -> Result<Option<AgentSession>, StoreError> {
