@@ -34,10 +34,10 @@
 //! 9. AfterSave hooks. 10. `SessionSaved`.
 //!
 //! # Bounded sessions
-//! On a store whose transcript backend has a settings fold (the log
-//! store), `execute` and `fork` at an entry never load a session whole:
-//! the session is the fold of its non-transcript events (header,
-//! definition, settings, execution bookkeeping; cached like snapshots)
+//! On a store whose transcript backend has a settings fold (the log and
+//! PostgreSQL stores), `execute` and `fork` at an entry never load a
+//! session whole: the session is the fold of its non-transcript events
+//! (header, definition, settings, execution bookkeeping; cached)
 //! plus, as its transcript, the resident working set of the leaf's
 //! context under [`SessionRuntime::with_resident_budget`] — the selection
 //! a [`SessionHandle`] publishes, built by the same code. Hooks, actions
@@ -49,7 +49,7 @@
 //! (on purpose), `fork(id, None)` (it copies every branch), an action
 //! whose [`SessionAction::needs_whole_session`] is true (none of the
 //! built-ins), and every execute on stores without a settings fold
-//! (memory, file, PostgreSQL).
+//! (memory, file).
 //!
 //! # Durable steps
 //! A `SendMessage` loop hands each produced entry to its step sink

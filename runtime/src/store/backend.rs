@@ -4,16 +4,18 @@
 //! with the stores, which implement it; it never imports `handle/`.
 //!
 //!
-//! A store that keeps transcript indexes (the log store) implements it
-//! natively: `head` and `source` answer from its indexes and
+//! A store that keeps transcript indexes (the log and PostgreSQL stores)
+//! implements it natively: `head` and `source` answer from its indexes,
 //! `append_events` commits transcript events under the session version
-//! fence, all without loading the session. Stores without such indexes
+//! fence and `settings` folds the session without its transcript events
+//! (for the runtime's bounded execute), all without loading the session.
+//! Stores without such indexes
 //! (memory, JSON file) are served by [`FullLoadBackend`], which loads the
 //! whole session: every cost is then O(session) per new version (the
 //! loaded session is cached per version), and the adapter's cache holds the
-//! whole transcript. A new store (e.g. PostgreSQL) gets bounded handles by
-//! implementing the trait and returning it from
-//! [`SessionStore::transcript_backend`].
+//! whole transcript. A new store gets bounded handles by implementing the
+//! trait and returning it from [`SessionStore::transcript_backend`], and
+//! bounded executes by implementing `has_settings` and `settings` too.
 
 use std::borrow::Cow;
 use std::sync::{Arc, Mutex};

@@ -1,9 +1,10 @@
-//! `SessionRuntime::execute` on the log store works on a bounded session
-//! (the resident working set plus the settings fold): no built-in action
-//! loads a session whole, the working set an execute holds does not grow
-//! with the history, and a turn's steps handed to the step sink are
-//! durable as they happen (a crash mid-turn keeps them, the next execute
-//! records the execution as interrupted and continues).
+//! `SessionRuntime::execute` on the log and PostgreSQL stores works on a
+//! bounded session (the resident working set plus the settings fold): no
+//! built-in action loads a session whole, the working set an execute holds
+//! does not grow with the history, and a turn's steps handed to the step
+//! sink are durable as they happen (a crash mid-turn keeps them, the next
+//! execute records the execution as interrupted and continues). The
+//! scenarios take any store; the PostgreSQL runs are in `pg` at the end.
 
 use crate::common;
 use crate::handle_support;
@@ -26,7 +27,9 @@ use spool_runtime::agent_loop::{
 use spool_runtime::handle::{BranchWithSummary, MoveLeaf, SetLabel};
 use spool_runtime::observer::RuntimeEvent;
 use spool_runtime::runtime::INTERRUPTED_ERROR;
-use spool_runtime::session::{AgentDefinition, ExecutionStatus, ModelConfig, SessionId};
+use spool_runtime::session::{
+    AgentDefinition, AgentSession, ExecutionStatus, ModelConfig, SessionId,
+};
 use spool_runtime::store::{LogStore, LogStoreOptions, SessionStore};
 use spool_runtime::transcript::{
     Budget, ContentBlock, EntryId, EntryKind, Message, StopReason, Transcript, Usage,
@@ -64,21 +67,58 @@ fn text_of(kind: &EntryKind) -> String {
     }
 }
 
-#[test]
-fn every_builtin_action_executes_without_a_full_load_on_the_log_store() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = open_log(dir.path());
+/// A bounded execute's answer checked against a full load (which it
+/// counts in `reference`): the same version, header, definition and state
+/// but the transcript, and a transcript that is the tail of the full
+/// one's current path (the working set of the leaf's context).
+fn assert_matches_full(store: &dyn SessionStore, s: &AgentSession, reference: &mut u64) {
+    let full = store.load(s.id()).unwrap().unwrap();
+    *reference += 1;
+    assert_eq!(s.version(), full.version());
+    assert_eq!(s.info(), full.info());
+    assert_eq!(s.definition(), full.definition());
+    let mut want = full.state().clone();
+    want.transcript = Transcript::new();
+    let mut got = s.state().clone();
+    got.transcript = Transcript::new();
+    assert_eq!(got, want);
+    let path: Vec<&EntryId> = full
+        .state()
+        .transcript
+        .current_path()
+        .unwrap()
+        .into_iter()
+        .map(|e| &e.id)
+        .collect();
+    let held: Vec<&EntryId> = s
+        .state()
+        .transcript
+        .entries()
+        .iter()
+        .map(|e| &e.id)
+        .collect();
+    assert!(!held.is_empty() && held.len() <= path.len());
+    assert_eq!(held, path[path.len() - held.len()..]);
+    assert_eq!(s.state().transcript.leaf(), full.state().transcript.leaf());
+}
+
+/// Every built-in action executed on a long session of `store`, none of
+/// them (but the whole fork, which is not an execute) loading it whole.
+fn every_builtin_action(store: Arc<dyn SessionStore>) {
     let (rt, _sink) = runtime(store.clone());
     let id = new_session(&rt);
     // 3,000 entries of ~200 bytes: far beyond the 64 KiB resident budget.
     let ids = history(&rt, &id, 3000, 200);
     let old = ids[10].clone();
-    let loads = || store.stats().full_loads;
-    assert_eq!(loads(), 0);
+    // Full loads of the checks against a reference.
+    let mut reference = 0u64;
+    let loads = |reference: u64| store.stats().full_loads - reference;
+    assert_eq!(loads(reference), 0);
 
     let echo = Arc::new(ScriptedLoopFactory::echo());
     let s = rt.execute(&id, &SendMessage::new("hello", echo)).unwrap();
     assert!(s.is_bounded(), "a long session executes bounded");
+    assert_matches_full(&*store, &s, &mut reference);
     let resident = s.resident().unwrap();
     assert!(resident.resident_bytes() <= 64 * 1024);
     assert_eq!(resident.transcript_entries, 3000);
@@ -96,16 +136,27 @@ fn every_builtin_action_executes_without_a_full_load_on_the_log_store() {
         }])
         .durable(),
     );
-    rt.execute(&id, &SendMessage::new("list", durable)).unwrap();
-    rt.execute(&id, &ChangeSystemPrompt::new("Be brief."))
+    let s = rt.execute(&id, &SendMessage::new("list", durable)).unwrap();
+    assert_matches_full(&*store, &s, &mut reference);
+    let s = rt
+        .execute(&id, &ChangeSystemPrompt::new("Be brief."))
         .unwrap();
-    rt.execute(&id, &ChangeModel::new(ModelConfig::new("p", "m2")))
+    assert_matches_full(&*store, &s, &mut reference);
+    let s = rt
+        .execute(&id, &ChangeModel::new(ModelConfig::new("p", "m2")))
         .unwrap();
-    rt.execute(&id, &WriteMetadata::new("k", json!(1))).unwrap();
-    rt.execute(&id, &RemoveMetadata::new("k")).unwrap();
-    rt.execute(&id, &UpdateTask::add("a task")).unwrap();
-    rt.execute(&id, &SuspendSession).unwrap();
-    rt.execute(&id, &ResumeSession).unwrap();
+    assert_matches_full(&*store, &s, &mut reference);
+    let s = rt.execute(&id, &WriteMetadata::new("k", json!(1))).unwrap();
+    assert_matches_full(&*store, &s, &mut reference);
+    let s = rt.execute(&id, &RemoveMetadata::new("k")).unwrap();
+    assert_matches_full(&*store, &s, &mut reference);
+    let s = rt.execute(&id, &UpdateTask::add("a task")).unwrap();
+    assert_matches_full(&*store, &s, &mut reference);
+    let s = rt.execute(&id, &SuspendSession).unwrap();
+    assert_matches_full(&*store, &s, &mut reference);
+    let s = rt.execute(&id, &ResumeSession).unwrap();
+    assert_matches_full(&*store, &s, &mut reference);
+    assert_eq!(loads(reference), 0);
     // Navigation to an entry far outside the working set reads it through
     // the index.
     rt.execute(
@@ -153,11 +204,11 @@ fn every_builtin_action_executes_without_a_full_load_on_the_log_store() {
     rt.execute(&id, &ResumeSession).unwrap();
     rt.execute(&id, &ClearSession).unwrap();
     rt.delete(&id).unwrap();
-    assert_eq!(loads(), 0, "no execute loaded the session whole");
+    assert_eq!(loads(reference), 0, "no execute loaded the session whole");
 
     // What was stored, checked against one reference load.
     let full = store.load(&id).unwrap().unwrap();
-    assert_eq!(loads(), 1);
+    assert_eq!(loads(reference), 1);
     let st = full.state();
     assert!(st.transcript.is_empty(), "cleared");
     assert_eq!(st.system_prompt, "Be brief.");
@@ -173,9 +224,12 @@ fn every_builtin_action_executes_without_a_full_load_on_the_log_store() {
 }
 
 #[test]
-fn a_whole_fork_is_the_one_documented_full_load() {
+fn every_builtin_action_executes_without_a_full_load_on_the_log_store() {
     let dir = tempfile::tempdir().unwrap();
-    let store = open_log(dir.path());
+    every_builtin_action(open_log(dir.path()));
+}
+
+fn a_whole_fork_loads_once(store: Arc<dyn SessionStore>) {
     let (rt, _sink) = runtime(store.clone());
     let id = new_session(&rt);
     history(&rt, &id, 2000, 200);
@@ -185,9 +239,13 @@ fn a_whole_fork_is_the_one_documented_full_load() {
 }
 
 #[test]
-fn the_steps_of_a_bounded_turn_chain_under_the_users_message() {
+fn a_whole_fork_is_the_one_documented_full_load() {
     let dir = tempfile::tempdir().unwrap();
-    let store = open_log(dir.path());
+    a_whole_fork_loads_once(open_log(dir.path()));
+}
+
+/// A durable turn on a bounded session of `store`: one commit per step.
+fn steps_chain(store: Arc<dyn SessionStore>) {
     let (rt, sink) = runtime(store.clone());
     let id = new_session(&rt);
     let ids = history(&rt, &id, 1500, 200);
@@ -229,6 +287,12 @@ fn the_steps_of_a_bounded_turn_chain_under_the_users_message() {
     assert_eq!(tail[3], "message:done");
     assert_eq!(path[path.len() - 5].id, *ids.last().unwrap());
     assert_eq!(full.state().execution, ExecutionStatus::Completed);
+}
+
+#[test]
+fn the_steps_of_a_bounded_turn_chain_under_the_users_message() {
+    let dir = tempfile::tempdir().unwrap();
+    steps_chain(open_log(dir.path()));
 }
 
 /// What each execute's loop was given, recorded by [`Probe`].
@@ -275,9 +339,7 @@ impl AgentLoop for ProbeLoop {
 
 /// The working set of one execute at a history of `n` entries: context
 /// messages, resident entries and bytes of the session it returns.
-fn working_set(n: usize) -> (usize, usize, u64) {
-    let dir = tempfile::tempdir().unwrap();
-    let store = open_log(dir.path());
+fn working_set(store: Arc<dyn SessionStore>, n: usize) -> (usize, usize, u64) {
     let (rt, _sink) = runtime(store.clone());
     let id = new_session(&rt);
     history(&rt, &id, n, 400);
@@ -309,18 +371,23 @@ fn working_set(n: usize) -> (usize, usize, u64) {
     )
 }
 
+/// [`working_set`] at a short and a long history of stores from `open`:
+/// the same.
+fn working_set_is_flat(mut open: impl FnMut() -> Arc<dyn SessionStore>, short: usize, long: usize) {
+    let (ctx_s, held_s, bytes_s) = working_set(open(), short);
+    let (ctx_l, held_l, bytes_l) = working_set(open(), long);
+    assert_eq!(ctx_s, ctx_l, "context messages");
+    assert_eq!(held_s, held_l, "entries the session holds");
+    // Entry texts grow by a digit or two with the history.
+    assert!(bytes_l <= bytes_s + 1024, "{bytes_s} → {bytes_l}");
+    assert!(held_l < 300, "the working set, not the history: {held_l}");
+}
+
 #[test]
 fn the_working_set_of_execute_does_not_grow_with_history() {
-    let (ctx_1k, held_1k, bytes_1k) = working_set(1_000);
-    let (ctx_10k, held_10k, bytes_10k) = working_set(10_000);
-    assert_eq!(ctx_1k, ctx_10k, "context messages");
-    assert_eq!(held_1k, held_10k, "entries the session holds");
-    // Entry texts grow by a digit or two with the history.
-    assert!(bytes_10k <= bytes_1k + 1024, "{bytes_1k} → {bytes_10k}");
-    assert!(
-        held_10k < 300,
-        "the working set, not the history: {held_10k}"
-    );
+    let dirs = [tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap()];
+    let mut next = dirs.iter();
+    working_set_is_flat(|| open_log(next.next().unwrap().path()), 1_000, 10_000);
 }
 
 // ---- crash mid-turn -------------------------------------------------------
@@ -617,12 +684,14 @@ fn a_turn_killed_with_sigkill_keeps_its_acknowledged_steps() {
 
 // ---- the settings fold ----------------------------------------------------
 
-/// The settings fold of the log store equals a full load without its
+/// The settings fold of `store` equals a full load without its
 /// transcript (header, definition, every state field but the transcript
 /// and its generation, which the transcript index keeps).
-fn assert_same_settings(store: &LogStore, id: &SessionId) {
+fn assert_same_settings(store: &dyn SessionStore, id: &SessionId) {
     let full = store.load(id).unwrap().unwrap();
-    let settings = store.load_settings(id).unwrap().unwrap();
+    let backend = store.transcript_backend().unwrap();
+    assert!(backend.has_settings());
+    let settings = backend.settings(id).unwrap().unwrap();
     assert_eq!(settings.info(), full.info());
     assert_eq!(settings.definition(), full.definition());
     let mut want = full.state().clone();
@@ -634,14 +703,13 @@ fn assert_same_settings(store: &LogStore, id: &SessionId) {
     assert_eq!(got, want);
 }
 
-#[test]
-fn the_settings_fold_equals_a_full_load_without_the_transcript() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = open_log(dir.path());
+/// Settings folds of `store` checked against full loads across actions,
+/// clears, a fork and a purged and created again session.
+fn settings_fold_scenario(store: Arc<dyn SessionStore>) {
     let (rt, _sink) = runtime(store.clone());
     let id = new_session(&rt);
     let echo = Arc::new(ScriptedLoopFactory::echo());
-    assert_same_settings(&store, &id);
+    assert_same_settings(&*store, &id);
     // Past the snapshot threshold (64 commits), then a tail after it.
     for k in 0..150u64 {
         match k % 6 {
@@ -657,24 +725,25 @@ fn the_settings_fold_equals_a_full_load_without_the_transcript() {
             rt.execute(&id, &ClearSession).unwrap();
         }
         if k % 37 == 0 {
-            assert_same_settings(&store, &id);
+            assert_same_settings(&*store, &id);
         }
     }
-    assert_same_settings(&store, &id);
-    assert_same_settings(&store, &id);
+    assert_same_settings(&*store, &id);
+    assert_same_settings(&*store, &id);
     // A fork carries its seed transcript in its `created` event.
     let s = rt
         .execute(&id, &SendMessage::new("last", echo.clone()))
         .unwrap();
     let at = s.state().transcript.leaf().unwrap().clone();
     let f = rt.fork(&id, Some(at)).unwrap();
-    assert_same_settings(&store, f.id());
+    assert_same_settings(&*store, f.id());
     rt.execute(f.id(), &ChangeModel::new(ModelConfig::new("p", "x")))
         .unwrap();
-    assert_same_settings(&store, f.id());
+    assert_same_settings(&*store, f.id());
     // A purged and created again session starts a new incarnation.
     assert!(rt.purge(&id).unwrap());
-    assert!(store.load_settings(&id).unwrap().is_none());
+    let backend = store.transcript_backend().unwrap();
+    assert!(backend.settings(&id).unwrap().is_none());
     store
         .create(spool_runtime::session::AgentSession::new_with_id(
             id.clone(),
@@ -682,15 +751,19 @@ fn the_settings_fold_equals_a_full_load_without_the_transcript() {
             None,
         ))
         .unwrap();
-    assert_same_settings(&store, &id);
+    assert_same_settings(&*store, &id);
+}
+
+#[test]
+fn the_settings_fold_equals_a_full_load_without_the_transcript() {
+    let dir = tempfile::tempdir().unwrap();
+    settings_fold_scenario(open_log(dir.path()));
 }
 
 /// An action that asks for the whole session gets every entry of every
 /// branch, through exactly one full load.
-#[test]
-fn an_action_can_ask_for_the_whole_session() {
+fn whole_session_action(store: Arc<dyn SessionStore>) {
     use spool_runtime::actions::{ActionError, SessionAction};
-    use spool_runtime::session::AgentSession;
     struct CountAll(Arc<Mutex<usize>>);
     impl SessionAction for CountAll {
         fn name(&self) -> &str {
@@ -704,8 +777,6 @@ fn an_action_can_ask_for_the_whole_session() {
             true
         }
     }
-    let dir = tempfile::tempdir().unwrap();
-    let store = open_log(dir.path());
     let (rt, _sink) = runtime(store.clone());
     let id = new_session(&rt);
     history(&rt, &id, 2000, 200);
@@ -714,4 +785,225 @@ fn an_action_can_ask_for_the_whole_session() {
     assert!(!s.is_bounded());
     assert_eq!(*seen.lock().unwrap(), 2000);
     assert_eq!(store.stats().full_loads, 1);
+}
+
+#[test]
+fn an_action_can_ask_for_the_whole_session() {
+    let dir = tempfile::tempdir().unwrap();
+    whole_session_action(open_log(dir.path()));
+}
+
+// ---- a turn that dies mid-turn, any store ----------------------------------
+
+/// Hands three steps to the sink, then the process dies: the loop unwinds
+/// (without the panic hook's report) and nothing after it runs.
+struct DieAfterSteps(Arc<Mutex<Vec<EntryId>>>);
+
+impl LoopFactory for DieAfterSteps {
+    fn build(
+        &self,
+        _d: &AgentDefinition,
+        _s: &LoopSettings,
+    ) -> Result<Box<dyn AgentLoop>, LoopError> {
+        Ok(Box::new(DieLoop(self.0.clone())))
+    }
+}
+
+struct DieLoop(Arc<Mutex<Vec<EntryId>>>);
+
+impl AgentLoop for DieLoop {
+    fn run(&mut self, input: LoopInput<'_>) -> Result<LoopOutput, LoopError> {
+        let steps = [
+            assistant("calling a tool", StopReason::ToolUse),
+            EntryKind::Message {
+                message: Message::ToolResult {
+                    tool_call_id: "c1".into(),
+                    tool_name: "ls".into(),
+                    content: vec![ContentBlock::text("a b")],
+                    is_error: false,
+                },
+            },
+            assistant("calling another", StopReason::ToolUse),
+        ];
+        for s in steps {
+            let id = input.steps.step(s)?;
+            self.0.lock().unwrap().push(id);
+        }
+        std::panic::resume_unwind(Box::new("the process died"))
+    }
+}
+
+/// A turn whose process dies after three steps, on stores from `open`
+/// (each call a new process's view of the same data): the steps are
+/// stored in order under the turn's user message, the next execute
+/// records the execution as interrupted and the session continues.
+fn a_turn_that_dies_keeps_its_steps(open: impl Fn() -> Arc<dyn SessionStore>) {
+    let committed = Arc::new(Mutex::new(Vec::new()));
+    let (id, before_leaf) = {
+        let store = open();
+        let (rt, _) = runtime(store.clone());
+        let id = new_session(&rt);
+        let ids = history(&rt, &id, 300, 400);
+        let f = Arc::new(DieAfterSteps(committed.clone()));
+        let died = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            rt.execute(&id, &SendMessage::new("do it", f))
+        }));
+        assert!(died.is_err(), "the turn died");
+        assert_eq!(store.stats().full_loads, 0);
+        (id, ids.last().unwrap().clone())
+    };
+    let committed = committed.lock().unwrap().clone();
+    assert_eq!(committed.len(), 3);
+
+    let store = open();
+    let (rt, sink) = runtime(store.clone());
+    let full = store.load(&id).unwrap().unwrap();
+    let path = full.state().transcript.current_path().unwrap();
+    let n = path.len();
+    let tail: Vec<&EntryId> = path[n - 3..].iter().map(|e| &e.id).collect();
+    assert_eq!(tail, committed.iter().collect::<Vec<_>>());
+    assert_eq!(text_of(&path[n - 4].kind), "do it");
+    assert_eq!(path[n - 5].id, before_leaf);
+    assert_eq!(full.state().execution, ExecutionStatus::InProgress);
+
+    let loads = store.stats().full_loads;
+    let s = rt.execute(&id, &WriteMetadata::new("k", json!(1))).unwrap();
+    assert!(s.is_bounded());
+    assert_eq!(s.state().execution, ExecutionStatus::Interrupted);
+    assert_eq!(s.state().last_error.as_deref(), Some(INTERRUPTED_ERROR));
+    assert!(sink
+        .take()
+        .iter()
+        .all(|e| !matches!(e, RuntimeEvent::SessionSaveFailed { .. })));
+    let echo = Arc::new(ScriptedLoopFactory::echo());
+    let s = rt.execute(&id, &SendMessage::new("again", echo)).unwrap();
+    assert_eq!(s.state().execution, ExecutionStatus::Completed);
+    assert_eq!(s.state().execution_count, 2);
+    assert_eq!(store.stats().full_loads, loads, "both executes bounded");
+    let full = store.load(&id).unwrap().unwrap();
+    let path = full.state().transcript.current_path().unwrap();
+    let n = path.len();
+    assert_eq!(text_of(&path[n - 2].kind), "again");
+    assert_eq!(path[n - 3].id, committed[2]);
+    assert_eq!(text_of(&path[n - 1].kind), "echo: again");
+}
+
+#[test]
+fn a_turn_that_dies_keeps_its_steps_on_the_log_store() {
+    let dir = tempfile::tempdir().unwrap();
+    a_turn_that_dies_keeps_its_steps(|| open_log(dir.path()));
+}
+
+// ---- the PostgreSQL store -------------------------------------------------
+
+/// The scenarios above on the PostgreSQL store, each on a fresh schema of
+/// a throwaway server (skipped loudly when the machine cannot run one,
+/// failed under CI: see `postgres_support`).
+#[cfg(feature = "postgres")]
+mod pg {
+    use super::*;
+    use crate::postgres_support::PgServer;
+    use spool_runtime::store::postgres::PostgresStore;
+
+    fn connect(conn: &str) -> Arc<dyn SessionStore> {
+        Arc::new(PostgresStore::connect(conn).unwrap_or_else(|e| panic!("connect {conn}: {e}")))
+    }
+
+    /// Runs `body` with the server and a fresh schema's connection string.
+    fn on_postgres(test: &str, body: impl FnOnce(&PgServer, &str)) {
+        let Some(server) = PgServer::start_or_skip(test) else {
+            return;
+        };
+        let conn = server.fresh_schema();
+        body(&server, &conn);
+        drop(server);
+    }
+
+    #[test]
+    fn every_builtin_action_executes_without_a_full_load_on_postgres() {
+        on_postgres("every_builtin_action_on_postgres", |_, conn| {
+            every_builtin_action(connect(conn))
+        });
+    }
+
+    #[test]
+    fn a_whole_fork_is_the_one_documented_full_load_on_postgres() {
+        on_postgres("a_whole_fork_on_postgres", |_, conn| {
+            a_whole_fork_loads_once(connect(conn))
+        });
+    }
+
+    #[test]
+    fn the_steps_of_a_bounded_turn_chain_under_the_users_message_on_postgres() {
+        on_postgres("steps_chain_on_postgres", |_, conn| {
+            steps_chain(connect(conn))
+        });
+    }
+
+    #[test]
+    fn the_working_set_of_execute_does_not_grow_with_history_on_postgres() {
+        on_postgres("working_set_on_postgres", |server, _| {
+            working_set_is_flat(|| connect(&server.fresh_schema()), 1_000, 5_000)
+        });
+    }
+
+    #[test]
+    fn the_settings_fold_equals_a_full_load_without_the_transcript_on_postgres() {
+        on_postgres("settings_fold_on_postgres", |_, conn| {
+            settings_fold_scenario(connect(conn))
+        });
+    }
+
+    /// Two stores (two processes) on one database: each one's settings
+    /// fold, cached or not, follows the other's commits.
+    #[test]
+    fn the_settings_fold_follows_another_stores_commits_on_postgres() {
+        on_postgres("settings_fold_two_stores_on_postgres", |_, conn| {
+            let a = connect(conn);
+            let b = connect(conn);
+            let (rt_a, _) = runtime(a.clone());
+            let (rt_b, _) = runtime(b.clone());
+            let id = new_session(&rt_a);
+            for k in 0..40u64 {
+                let rt = if k % 3 == 0 { &rt_a } else { &rt_b };
+                rt.execute(&id, &WriteMetadata::new(format!("k{}", k % 5), json!(k)))
+                    .unwrap();
+                if k % 4 == 0 {
+                    rt.execute(&id, &ChangeSystemPrompt::new(format!("p{k}")))
+                        .unwrap();
+                }
+                assert_same_settings(&*a, &id);
+                assert_same_settings(&*b, &id);
+            }
+            // A purge and a new incarnation by the other store.
+            assert!(rt_b.purge(&id).unwrap());
+            assert!(a
+                .transcript_backend()
+                .unwrap()
+                .settings(&id)
+                .unwrap()
+                .is_none());
+            b.create(AgentSession::new_with_id(
+                id.clone(),
+                common::definition("again"),
+                None,
+            ))
+            .unwrap();
+            assert_same_settings(&*a, &id);
+        });
+    }
+
+    #[test]
+    fn an_action_can_ask_for_the_whole_session_on_postgres() {
+        on_postgres("whole_session_action_on_postgres", |_, conn| {
+            whole_session_action(connect(conn))
+        });
+    }
+
+    #[test]
+    fn a_turn_that_dies_keeps_its_steps_on_postgres() {
+        on_postgres("a_turn_that_dies_on_postgres", |_, conn| {
+            a_turn_that_dies_keeps_its_steps(|| connect(conn))
+        });
+    }
 }

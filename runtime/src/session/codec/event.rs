@@ -109,6 +109,24 @@ pub fn decode_event_serde(bytes: &[u8]) -> Result<SessionEvent, CodecError> {
     decode("event", EVENT_SCHEMA, bytes)
 }
 
+/// Kinds ([`SessionEvent::kind`]) of the transcript events, which a
+/// settings fold (a session folded without its transcript) skips without
+/// decoding them: their effect is the transcript alone, which the stores'
+/// transcript indexes answer for. A `created` event's seed transcript is
+/// dropped by [`decode_event_without_transcript`] instead.
+pub(crate) const TRANSCRIPT_EVENT_KINDS: [&str; 4] = [
+    "entry_appended",
+    "leaf_moved",
+    "transcript_rewritten",
+    "history_rewritten",
+];
+
+/// Whether events of `kind` ([`SessionEvent::kind`]) are skipped by a
+/// settings fold (see [`TRANSCRIPT_EVENT_KINDS`]).
+pub(crate) fn is_transcript_kind(kind: &str) -> bool {
+    TRANSCRIPT_EVENT_KINDS.contains(&kind)
+}
+
 /// [`decode_event`] for a reader that never looks at a `created` event's
 /// transcript (the sessions index reads only the header): the event is
 /// decoded and checked exactly as [`decode_event`] checks it, so it fails

@@ -26,7 +26,7 @@ pub use event::{decode_appended_entry, decode_event, encode_event};
 // The serde reference decoders, for the fuzz targets' cross-checks.
 pub(crate) use event::{
     decode_appended_entry_as, decode_entry_at, decode_event_split, decode_event_without_transcript,
-    event_entry_offsets, TranscriptParts,
+    event_entry_offsets, is_transcript_kind, TranscriptParts, TRANSCRIPT_EVENT_KINDS,
 };
 #[cfg(feature = "fuzzing")]
 pub use event::{decode_appended_entry_serde, decode_event_serde};

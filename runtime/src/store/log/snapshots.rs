@@ -17,7 +17,7 @@ use super::{
     be_u64, engine_err, LogStore, LOAD_BATCH_COMMITS, SESSION_EVENT_PREFIX, SESSION_INDEXER,
     SNAPSHOT_TAIL_COMMITS,
 };
-use crate::session::codec::decode_event_without_transcript;
+use crate::session::codec::{decode_event_without_transcript, is_transcript_kind};
 use crate::session::{decode_event, decode_snapshot, encode_snapshot, AgentSession, SessionId};
 use crate::store::StoreError;
 
@@ -34,15 +34,6 @@ pub(super) const CACHE_SETTINGS: u8 = b'b';
 /// snapshot holds no transcript, so it is cheap to write, and every
 /// execute folds the tail after it.
 pub(crate) const SETTINGS_TAIL_COMMITS: u64 = 16;
-
-/// Engine event kinds of the transcript events, which a settings fold
-/// skips without decoding (the transcript index answers for them).
-const TRANSCRIPT_KINDS: [&str; 4] = [
-    "session.entry_appended",
-    "session.leaf_moved",
-    "session.transcript_rewritten",
-    "session.history_rewritten",
-];
 
 impl LogStore {
     fn read_snapshot(
@@ -232,10 +223,11 @@ impl LogStore {
             }
             for c in &batch {
                 for (i, e) in c.events.iter().enumerate() {
-                    if !e.kind.starts_with(SESSION_EVENT_PREFIX)
-                        || TRANSCRIPT_KINDS.contains(&e.kind.as_str())
-                    {
-                        continue;
+                    // Engine events of other kinds, and the transcript
+                    // events (the transcript index answers for them).
+                    match e.kind.strip_prefix(SESSION_EVENT_PREFIX) {
+                        Some(kind) if !is_transcript_kind(kind) => {}
+                        _ => continue,
                     }
                     let ev = decode_event_without_transcript(&e.payload).map_err(|source| {
                         StoreError::Encoding {

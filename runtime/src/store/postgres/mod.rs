@@ -103,6 +103,19 @@
 //! is still in `spool_commits`, so a snapshot of a purged incarnation can
 //! never be applied to a new session with the same id.
 //!
+//! # Settings fold
+//!
+//! [`TranscriptBackend::settings`] (the runtime's bounded execute pairs it
+//! with the transcript index's working set) is [`PostgresStore::load_settings`]:
+//! the non-transcript events of the commits folded in version order in one
+//! REPEATABLE READ transaction, the server leaving the transcript events
+//! out of each commit's payloads (`unnest ... WITH ORDINALITY`), read in
+//! version ranges of [`LOAD_BATCH_COMMITS`] commits, so its memory follows
+//! the settings, never the transcript. It is not a full load (`full_loads`
+//! does not move). It does not start from a snapshot (those hold the
+//! transcript) but from an in-process cache of the last folds, valid while
+//! the commit a fold ends at is stored (the snapshots' rule).
+//!
 //! # Purge
 //!
 //! `delete` removes the session row; its commits and snapshot go with it
@@ -123,6 +136,7 @@
 mod exchange;
 mod pool;
 mod schema;
+mod settings;
 mod tls;
 mod transcript;
 
@@ -139,6 +153,7 @@ use self::pool::{
     Pool,
 };
 pub use self::schema::{SchemaError, SCHEMA_VERSION};
+use self::settings::SettingsCache;
 pub use self::tls::{SslMode, TlsConfigError};
 pub use self::transcript::IndexFault;
 use self::transcript::{PgTranscriptSource, TxIndex};
@@ -397,6 +412,8 @@ pub struct PostgresStore {
     identity: String,
     opts: PostgresOptions,
     loads: LoadCounter,
+    /// The last settings folds (see `settings`).
+    settings: SettingsCache,
 }
 
 impl std::fmt::Debug for PostgresStore {
@@ -444,6 +461,7 @@ impl PostgresStore {
             pool: Pool::new(config, tls, opts.pool_idle_max),
             opts,
             loads: LoadCounter::default(),
+            settings: SettingsCache::default(),
         };
         store.run("migrate", "schema", |client| {
             schema::migrate(client).map_err(|e| match e {
@@ -1233,6 +1251,15 @@ impl TranscriptBackend for PostgresStore {
             transcript: landed.transcript,
             entry_sizes: Vec::new(),
         })
+    }
+
+    fn has_settings(&self) -> bool {
+        true
+    }
+
+    /// [`PostgresStore::load_settings`].
+    fn settings(&self, id: &SessionId) -> Result<Option<AgentSession>, StoreError> {
+        self.load_settings(id)
     }
 }
 
