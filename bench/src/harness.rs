@@ -40,6 +40,8 @@ pub const MB: f64 = 1_000_000.0;
 pub struct BenchConfig {
     /// Small sizes and fewer repetitions: seconds instead of minutes.
     pub quick: bool,
+    /// The `store` workload's sizes in commits, instead of the default ones.
+    pub store_commits: Option<Vec<u64>>,
     /// Workload names (see [`crate::workloads`]); empty means all.
     pub workloads: Vec<String>,
     /// Scratch directory on the disk to measure. The harness creates
@@ -116,11 +118,15 @@ impl Sizes {
     }
 
     pub fn for_config(config: &BenchConfig) -> Self {
-        if config.quick {
+        let mut sizes = if config.quick {
             Sizes::quick()
         } else {
             Sizes::full()
+        };
+        if let Some(c) = &config.store_commits {
+            sizes.store_commits = c.clone();
         }
+        sizes
     }
 }
 
@@ -588,6 +594,7 @@ mod tests {
     fn quick_config(dir: &Path, workloads: &[&str]) -> BenchConfig {
         BenchConfig {
             quick: true,
+            store_commits: None,
             workloads: workloads.iter().map(|s| s.to_string()).collect(),
             dir: dir.to_path_buf(),
         }

@@ -65,6 +65,10 @@ struct Args {
     /// Small sizes that finish in seconds.
     #[arg(long)]
     quick: bool,
+    /// The `store` workload's store sizes in commits, comma-separated
+    /// (default 10000,100000,1000000; with --quick 1000,2000).
+    #[arg(long, value_name = "N,..", value_delimiter = ',')]
+    store_commits: Option<Vec<u64>>,
     /// Print one JSON document instead of text.
     #[arg(long)]
     json: bool,
@@ -151,6 +155,7 @@ fn run(args: Args) -> Result<(), Failure> {
     };
     let config = BenchConfig {
         quick: args.quick,
+        store_commits: args.store_commits,
         workloads: args.workloads,
         dir,
     };

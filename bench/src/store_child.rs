@@ -26,7 +26,7 @@ use serde_json::Value;
 use spool_runtime::hooks::SessionHookStack;
 use spool_runtime::observer::NullSink;
 use spool_runtime::session::SessionId;
-use spool_runtime::store::exchange::{import_sessions, read_export, ImportOptions};
+use spool_runtime::store::exchange::{import_from, ExportFile, ImportOptions};
 use spool_runtime::store::{LogStore, LogStoreOptions, SessionStore};
 use spool_runtime::{ListQuery, SessionRuntime};
 
@@ -165,11 +165,21 @@ fn spool_open(dir: &Path) -> ChildResult {
     Ok(OPEN_ANSWER.to_string())
 }
 
-/// `spool import FILE` into the (fresh) store at `dir`.
+/// `spool import FILE` into the (fresh) store at `dir`, as the command
+/// does it: the file read twice, one session at a time (a check pass, then
+/// the writes), buffered appends and one sync before success.
 fn spool_import(dir: &Path, file: &Path) -> ChildResult {
-    let sessions = read_export(BufReader::new(File::open(file)?))?;
-    let store = LogStore::open(dir, LogStoreOptions::default())?;
-    let imported = import_sessions(&store, &sessions, &ImportOptions::default(), &mut || {})?;
+    let opts = LogStoreOptions {
+        durability: spool_engine::Durability::Buffered,
+        ..LogStoreOptions::default()
+    };
+    let store = LogStore::open(dir, opts)?;
+    let imported = import_from(
+        &store,
+        &mut ExportFile::new(file),
+        &ImportOptions::default(),
+        &mut |_| {},
+    )?;
     store.close()?;
     let entries = imported.iter().map(|s| s.entries).sum();
     Ok(import_answer(imported.len() as u64, entries))

@@ -24,9 +24,11 @@ mod test_support;
 
 pub use event::{decode_appended_entry, decode_event, encode_event};
 // The serde reference decoders, for the fuzz targets' cross-checks.
+#[cfg(feature = "postgres")]
+pub(crate) use event::TRANSCRIPT_EVENT_KINDS;
 pub(crate) use event::{
     decode_appended_entry_as, decode_entry_at, decode_event_split, decode_event_without_transcript,
-    event_entry_offsets, is_transcript_kind, TranscriptParts, TRANSCRIPT_EVENT_KINDS,
+    event_entry_offsets, is_transcript_kind, TranscriptParts,
 };
 #[cfg(feature = "fuzzing")]
 pub use event::{decode_appended_entry_serde, decode_event_serde};
