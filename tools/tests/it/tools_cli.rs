@@ -496,9 +496,11 @@ fn truncated_or_malformed_import_is_refused_and_leaves_nothing() {
     assert_eq!(gc["dead_bytes"].as_u64().unwrap(), 0, "{gc}");
     assert_eq!(gc["dead_commits"].as_u64().unwrap(), 0, "{gc}");
     assert!(gc["streams_removed"].as_array().unwrap().is_empty(), "{gc}");
+    // Nothing dead, but the erasing GC replaces content that rewrites in the
+    // imported sessions superseded: records may only shrink.
     let s = json(&fresh, &["stats", "--json"]);
-    assert_eq!(s["bytes"]["records"].as_u64().unwrap(), records, "{s}");
-    assert_eq!(s["bytes"]["purged_kept"].as_u64().unwrap(), purged, "{s}");
+    assert!(s["bytes"]["records"].as_u64().unwrap() <= records, "{s}");
+    assert_eq!(s["bytes"]["dead"].as_u64().unwrap(), 0, "{s}");
 }
 
 fn tree_of(dir: &Path, id: &str) -> (Value, Vec<Value>) {
