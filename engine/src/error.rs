@@ -116,6 +116,10 @@ pub enum IndexError {
     /// The index disagrees with the log.
     #[error("index disagrees with the log: {0}")]
     Mismatch(String),
+    /// An operation that needs sled on an index over a checkpoint file, which has
+    /// none (a read-only open from a checkpoint).
+    #[error("the index over a checkpoint file has no sled to {0}")]
+    NoSled(&'static str),
     /// A move into sled too large for one redo record (`REDO_RECORD_BYTES_MAX`, 1 GiB:
     /// one memtable's writes, at most about 16 MiB, plus one group's).
     #[error("a move of {writes} index writes needs a {bytes}-byte redo record, over the {max}-byte limit")]

@@ -137,7 +137,11 @@ impl Shared {
         if at.seq == self.last_seq.load(Ordering::Relaxed) {
             return;
         }
-        if let Err(e) = self.write_from_sled(segments, index.sled_tree(), &at, true) {
+        // An owner's index always has sled; one over a checkpoint file writes none.
+        let Some(tree) = index.sled_tree() else {
+            return;
+        };
+        if let Err(e) = self.write_from_sled(segments, tree, &at, true) {
             self.record_failure(&e);
         }
     }

@@ -210,9 +210,11 @@ static NEXT_INDEX_INSTANCE: AtomicU64 = AtomicU64::new(1);
 
 /// Read access to the derived indexes (from [`crate::Store::index`]).
 pub struct Index {
-    db: sled::Db,
-    tree: sled::Tree,
-    cache: sled::Tree,
+    /// sled, under the memtables; `None` for an index over a checkpoint file (see
+    /// [`Index::over_checkpoint`]), which never moves anything into sled.
+    sled: Option<Sled>,
+    /// The cache entries of an index without sled (see [`Index::put_cache`]).
+    cache_mem: Mutex<BTreeMap<Vec<u8>, Vec<u8>>>,
     indexers: Vec<Arc<dyn Indexer>>,
     path: Option<PathBuf>,
     /// Applied writes not yet moved into sled (a memtable in front of it). Moving them in
@@ -256,6 +258,13 @@ pub struct Index {
     /// Holds background moves at their start (tests).
     #[cfg(test)]
     move_gate: Arc<MoveGate>,
+}
+
+/// sled's database, its main tree (engine and indexer keys) and the cache tree.
+pub(super) struct Sled {
+    pub(super) db: sled::Db,
+    pub(super) tree: sled::Tree,
+    pub(super) cache: sled::Tree,
 }
 
 /// See [`Index::set_after_move`].

@@ -139,7 +139,7 @@ impl Index {
             ix.start_key_scan();
             return Ok((ix, false));
         }
-        if path.is_some() && (!whole || !ix.tree.is_empty()) {
+        if path.is_some() && (!whole || !ix.sled("check emptiness")?.tree.is_empty()) {
             drop(ix);
             Index::wipe_dir(path)?;
             ix = Index::from_db(Index::open_db(path).map_err(sled_err)?, indexers, path)?;
@@ -162,7 +162,11 @@ impl Index {
         let db = Index::open_db_repairing(Some(path)).map_err(sled_err)?;
         let ix = Index::from_db(db, Vec::new(), Some(path))?;
         ix.finish_cut_move()?;
-        let format = ix.tree.get(META_FORMAT).map_err(sled_err)?;
+        let format = ix
+            .sled("read its format")?
+            .tree
+            .get(META_FORMAT)
+            .map_err(sled_err)?;
         if format.as_deref() != Some(&INDEX_FORMAT_VERSION.to_be_bytes()[..]) {
             return Ok(None);
         }
@@ -184,10 +188,38 @@ impl Index {
             Some(p) => Some(Arc::new(Mutex::new(RedoLog::open(p)?))),
             None => None,
         };
-        Ok(Index {
-            db,
-            tree,
-            cache,
+        Ok(Index::from_parts(
+            Some(Sled { db, tree, cache }),
+            indexers,
+            path,
+            redo,
+        ))
+    }
+
+    /// An index whose bottom layer is the checkpoint file `base`, with no sled at all:
+    /// a read-only open from a checkpoint reads the memtable (the log after the
+    /// checkpoint) and the file, and never moves anything into sled. Opening a
+    /// temporary sled only to drop it unused would cost a short read most of its time
+    /// (sled's drop of a temporary database: flush, thread pool, directory removal).
+    pub(crate) fn over_checkpoint(
+        indexers: Vec<Arc<dyn Indexer>>,
+        base: Arc<CheckpointFile>,
+    ) -> Index {
+        let ix = Index::from_parts(None, indexers, None, None);
+        let set = ix.set_base(base);
+        debug_assert!(set, "a fresh index has no base yet");
+        ix
+    }
+
+    fn from_parts(
+        sled: Option<Sled>,
+        indexers: Vec<Arc<dyn Indexer>>,
+        path: Option<&Path>,
+        redo: Option<Arc<Mutex<RedoLog>>>,
+    ) -> Index {
+        Index {
+            sled,
+            cache_mem: Mutex::new(BTreeMap::new()),
             indexers,
             path: path.map(Path::to_path_buf),
             mem: RwLock::new(Mem::default()),
@@ -205,13 +237,21 @@ impl Index {
             after_move: std::sync::OnceLock::new(),
             #[cfg(test)]
             move_gate: Arc::default(),
-        })
+        }
+    }
+
+    /// sled, or [`IndexError::NoSled`] for an index over a checkpoint file.
+    pub(super) fn sled(&self, op: &'static str) -> Result<&Sled, IndexError> {
+        self.sled.as_ref().ok_or(IndexError::NoSled(op))
     }
 
     /// Starts filling the key filter from sled in the background (reads use sled until
     /// it is done). Without a thread the filter stays unused.
     pub(super) fn start_key_scan(&self) {
-        let tree = self.tree.clone();
+        let Some(sled) = &self.sled else {
+            return;
+        };
+        let tree = sled.tree.clone();
         let keys = self.keys.clone();
         let stop = self.key_scan_stop.clone();
         if let Ok(h) = std::thread::Builder::new()
@@ -244,13 +284,14 @@ impl Index {
             return Ok(());
         };
         let mut redo = redo.lock().unwrap_or_else(|e| e.into_inner());
-        let Some(marker) = self.tree.get(META_MOVING).map_err(sled_err)? else {
+        let tree = &self.sled("finish a move")?.tree;
+        let Some(marker) = tree.get(META_MOVING).map_err(sled_err)? else {
             // Every move sled holds is whole. After a kill its files may still be only
             // in the page cache, where a power loss could yet cut a move: the records
             // go once sled has been flushed (nothing to do after a clean close, which
             // empties the redo log).
             if !redo.is_empty() {
-                flush_sled(&self.tree).map_err(sled_err)?;
+                flush_sled(tree).map_err(sled_err)?;
                 redo.clear()?;
             }
             return Ok(());
@@ -274,16 +315,16 @@ impl Index {
         redo::for_each_write(&body, |k, v| {
             if applied.is_ok() {
                 applied = match v {
-                    Some(v) => self.tree.insert(k, v).map(|_| ()),
-                    None => self.tree.remove(k).map(|_| ()),
+                    Some(v) => tree.insert(k, v).map(|_| ()),
+                    None => tree.remove(k).map(|_| ()),
                 };
             }
         })
         .map_err(malformed)?;
         applied.map_err(sled_err)?;
-        self.tree.remove(META_MOVING).map_err(sled_err)?;
+        tree.remove(META_MOVING).map_err(sled_err)?;
         // Durable before the record goes: a crash in between finds the marker again.
-        flush_sled(&self.tree).map_err(sled_err)?;
+        flush_sled(tree).map_err(sled_err)?;
         redo.clear()?;
         Ok(())
     }
@@ -306,7 +347,11 @@ impl Index {
             return Ok(false);
         }
         let mut stored: BTreeMap<Vec<u8>, Vec<u8>> = BTreeMap::new();
-        for kv in self.tree.scan_prefix(META_INDEXER) {
+        for kv in self
+            .sled("check its indexers")?
+            .tree
+            .scan_prefix(META_INDEXER)
+        {
             let (k, v) = kv.map_err(sled_err)?;
             stored.insert(k[META_INDEXER.len()..].to_vec(), v.to_vec());
         }
@@ -334,7 +379,10 @@ impl Index {
             k.extend_from_slice(ix.name().as_bytes());
             b.insert(k, &ix.version().to_be_bytes()[..]);
         }
-        self.tree.apply_batch(b).map_err(sled_err)
+        self.sled("write its meta keys")?
+            .tree
+            .apply_batch(b)
+            .map_err(sled_err)
     }
 
     /// Drop every entry (engine, indexers and cache) and start empty, for a log with
@@ -353,12 +401,13 @@ impl Index {
         let _ = self.join_moving();
         *self.mem.write().unwrap_or_else(|e| e.into_inner()) = Mem::default();
         *self.frozen.write().unwrap_or_else(|e| e.into_inner()) = None;
-        self.tree.clear().map_err(sled_err)?;
-        self.cache.clear().map_err(sled_err)?;
+        let sled = self.sled("clear")?;
+        sled.tree.clear().map_err(sled_err)?;
+        sled.cache.clear().map_err(sled_err)?;
         if let Some(redo) = &self.redo {
             // The records describe moves sled may not hold durably yet: they go only
             // once sled holds the clear (a crash before finds the old keys and them).
-            flush_sled(&self.tree).map_err(sled_err)?;
+            flush_sled(&sled.tree).map_err(sled_err)?;
             redo.lock().unwrap_or_else(|e| e.into_inner()).clear()?;
         }
         // Empty: every indexer key will come through `apply` (the filter's older keys

@@ -215,7 +215,7 @@ impl Index {
             // `_MAX` bounds) and report its failure.
             self.join_moving()?;
             let writes = self.freeze();
-            let tree = self.tree.clone();
+            let tree = self.sled("move the memtable")?.tree.clone();
             let frozen = self.frozen.clone();
             let flushed_at = self.sled_flushed_at.clone();
             let redo = self.redo.clone();
@@ -244,7 +244,7 @@ impl Index {
                         .clone();
                     if let Some(w) = writes {
                         move_into_sled(
-                            &self.tree,
+                            &self.sled("move the memtable")?.tree,
                             &self.frozen,
                             &self.sled_flushed_at,
                             self.redo.as_deref(),
@@ -269,8 +269,9 @@ impl Index {
     pub(crate) fn cut_move_for_tests(&self, writes: usize) {
         self.join_moving().unwrap();
         let frozen = self.freeze();
-        write_move(&self.tree, self.redo.as_deref(), &frozen, Some(writes)).unwrap();
-        flush_sled(&self.tree).unwrap();
+        let tree = &self.sled("test").unwrap().tree;
+        write_move(tree, self.redo.as_deref(), &frozen, Some(writes)).unwrap();
+        flush_sled(tree).unwrap();
     }
 
     /// Drop the memtable's writes as a crash would (tests).
@@ -335,7 +336,7 @@ impl Index {
         }
         let writes = self.freeze();
         move_into_sled(
-            &self.tree,
+            &self.sled("move the memtable")?.tree,
             &self.frozen,
             &self.sled_flushed_at,
             self.redo.as_deref(),
@@ -406,7 +407,7 @@ impl Index {
     }
 
     /// sled's main tree (for a checkpoint of it once the memtable is empty).
-    pub(crate) fn sled_tree(&self) -> &sled::Tree {
-        &self.tree
+    pub(crate) fn sled_tree(&self) -> Option<&sled::Tree> {
+        self.sled.as_ref().map(|s| &s.tree)
     }
 }

@@ -321,8 +321,20 @@ impl Index {
     pub fn put_cache(&self, ns: &str, key: &[u8], value: &[u8]) -> Result<(), Error> {
         let mut k = cache_prefix(ns);
         k.extend_from_slice(key);
-        self.cache.insert(k, value).map_err(sled_err)?;
+        match &self.sled {
+            Some(sled) => {
+                sled.cache.insert(k, value).map_err(sled_err)?;
+            }
+            None => {
+                self.cache_map().insert(k, value.to_vec());
+            }
+        }
         Ok(())
+    }
+
+    /// The cache of an index without sled.
+    fn cache_map(&self) -> std::sync::MutexGuard<'_, BTreeMap<Vec<u8>, Vec<u8>>> {
+        self.cache_mem.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// A cache entry's value, copied out (see [`Index::with_cache`]).
@@ -340,13 +352,23 @@ impl Index {
     ) -> Result<Option<R>, Error> {
         let mut k = cache_prefix(ns);
         k.extend_from_slice(key);
-        Ok(self.cache.get(k).map_err(sled_err)?.map(|v| read(&v)))
+        match &self.sled {
+            Some(sled) => Ok(sled.cache.get(k).map_err(sled_err)?.map(|v| read(&v))),
+            None => Ok(self.cache_map().get(&k).map(|v| read(v))),
+        }
     }
 
     pub fn remove_cache(&self, ns: &str, key: &[u8]) -> Result<(), Error> {
         let mut k = cache_prefix(ns);
         k.extend_from_slice(key);
-        self.cache.remove(k).map_err(sled_err)?;
+        match &self.sled {
+            Some(sled) => {
+                sled.cache.remove(k).map_err(sled_err)?;
+            }
+            None => {
+                self.cache_map().remove(&k);
+            }
+        }
         Ok(())
     }
 
@@ -356,7 +378,18 @@ impl Index {
         let strip = p.len();
         p.extend_from_slice(prefix);
         IndexScan {
-            iter: ScanSource::Sled(self.cache.scan_prefix(p)),
+            iter: match &self.sled {
+                Some(sled) => ScanSource::Sled(sled.cache.scan_prefix(p)),
+                None => {
+                    let map = self.cache_map();
+                    let found: Vec<KeyValue> = map
+                        .range(p.clone()..)
+                        .take_while(|(k, _)| k.starts_with(&p))
+                        .map(|(k, v)| (k.clone(), v.clone()))
+                        .collect();
+                    ScanSource::Copied(found.into_iter())
+                }
+            },
             strip,
         }
     }
@@ -396,20 +429,27 @@ impl Index {
     /// Whether sled holds the marker of a move in progress or cut short.
     #[cfg(test)]
     pub(crate) fn sled_moving_for_tests(&self) -> bool {
-        self.tree.get(META_MOVING).unwrap().is_some()
+        self.sled("test")
+            .unwrap()
+            .tree
+            .get(META_MOVING)
+            .unwrap()
+            .is_some()
     }
 
     /// The applied seq as sled alone holds it (without the memtable).
     #[cfg(test)]
     pub(crate) fn sled_applied_seq_for_tests(&self) -> Option<u64> {
-        let v = self.tree.get(META_APPLIED).ok()??;
+        let v = self.sled.as_ref()?.tree.get(META_APPLIED).ok()??;
         be_u64(&v)
     }
 
     /// Flush sled's buffers (a courtesy on close: correctness never depends on it).
     pub(crate) fn flush(&self) -> Result<(), Error> {
         self.flush_mem()?;
-        flush_sled(&self.db).map_err(sled_err)?;
+        if let Some(sled) = &self.sled {
+            flush_sled(&sled.db).map_err(sled_err)?;
+        }
         if let Some(redo) = &self.redo {
             redo.lock().unwrap_or_else(|e| e.into_inner()).clear()?;
         }

@@ -25,7 +25,10 @@ impl Index {
     pub(super) fn bottom_get(&self, k: &[u8]) -> Result<Option<sled::IVec>, IndexError> {
         match self.base.get() {
             Some(base) => base.get(k),
-            None => sled_guard("reading a key", || Ok(self.tree.get(k)?)),
+            None => match &self.sled {
+                Some(sled) => sled_guard("reading a key", || Ok(sled.tree.get(k)?)),
+                None => Ok(None),
+            },
         }
     }
 
@@ -127,7 +130,10 @@ impl Index {
         };
         let bottom = match self.base.get() {
             Some(base) => Bottom::Checkpoint(base.range(lo, hi)),
-            None => Bottom::Sled(self.tree.range((lo, hi))),
+            None => match &self.sled {
+                Some(sled) => Bottom::Sled(sled.tree.range((lo, hi))),
+                None => Bottom::Empty,
+            },
         };
         MergeIter {
             mem: mem.into_iter().peekable(),
@@ -149,6 +155,8 @@ pub struct IndexScan {
 pub(super) enum ScanSource {
     Merged(MergeIter),
     Sled(sled::Iter),
+    /// Entries copied out of an in-memory map (the cache of an index without sled).
+    Copied(std::vec::IntoIter<KeyValue>),
 }
 
 impl Iterator for IndexScan {
@@ -172,6 +180,10 @@ impl Iterator for IndexScan {
                 },
                 Err(e) => Err(Error::Index(e)),
             },
+            ScanSource::Copied(i) => {
+                let (k, v) = i.next()?;
+                Ok((own_key(&k), v))
+            }
         })
     }
 }
@@ -209,6 +221,8 @@ impl Kv {
 pub(super) enum Bottom {
     Sled(sled::Iter),
     Checkpoint(crate::checkpoint::CheckpointIter),
+    /// No sled and no checkpoint (not built by any open; kept total).
+    Empty,
 }
 
 impl Iterator for Bottom {
@@ -220,6 +234,7 @@ impl Iterator for Bottom {
                 Err(e) => Some(Err(e)),
             },
             Bottom::Checkpoint(i) => i.next(),
+            Bottom::Empty => None,
         }
     }
 }

@@ -430,8 +430,7 @@ fn open_from_checkpoint(
     let what = |w: String| format!("checkpoint {}: {w}", path.display());
     let (opened, max_id, resume) = checked_checkpoint(vfs, dir, opts, path, true)?;
     let seq = resume.seq;
-    let (index, _) = Index::open(None, opts.indexers.clone()).map_err(|e| what(e.to_string()))?;
-    index.set_base(resume.ck.clone());
+    let index = Index::over_checkpoint(opts.indexers.clone(), resume.ck.clone());
     let state = scan_opened(vfs, dir, opts, &index, true, opened, max_id, Some(&resume))
         .map_err(|e| what(format!("the log after it: {e}")))?;
     if state.index_stale {

@@ -205,6 +205,32 @@ fn a_read_only_open_from_a_checkpoint_answers_as_a_rebuild_and_reads_only_the_ta
     assert_eq!(st.open_checkpoint_fallback, None);
     assert_eq!(st.open_records_decoded, 0);
     assert_eq!(answers(&ro).unwrap(), rebuilt(dir.path()));
+    // No sled under it: cache entries live in memory, and behave as sled's would.
+    let ix = ro.index();
+    ix.put_cache("snap", b"k1", b"v1").unwrap();
+    ix.put_cache("snap", b"k2", b"v2").unwrap();
+    ix.put_cache("other", b"k1", b"x").unwrap();
+    assert_eq!(
+        ix.get_cache("snap", b"k1").unwrap().as_deref(),
+        Some(&b"v1"[..])
+    );
+    let listed: Vec<_> = ix
+        .scan_cache_prefix("snap", b"k")
+        .map(|kv| kv.unwrap())
+        .collect();
+    assert_eq!(
+        listed,
+        vec![
+            (b"k1".to_vec(), b"v1".to_vec()),
+            (b"k2".to_vec(), b"v2".to_vec())
+        ]
+    );
+    ix.remove_cache("snap", b"k1").unwrap();
+    assert_eq!(ix.get_cache("snap", b"k1").unwrap(), None);
+    assert_eq!(
+        ix.get_cache("other", b"k1").unwrap().as_deref(),
+        Some(&b"x"[..])
+    );
     drop(ro);
 
     // A tail beside a live owner: only the tail is read.
