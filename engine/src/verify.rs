@@ -110,14 +110,14 @@ impl Drop for TempDir {
 /// Verify the store in `dir` without writing to it. `Err` only when the store cannot be
 /// read at all (e.g. the directory is missing); damage is reported in the report. Beside
 /// a live writer it checks the prefix of the log written when it reached each segment: a
-/// record the writer is still writing ends that view and is not damage.
+/// record the writer is still writing ends that view and is not damage, and a problem
+/// is reported only when every one of up to three passes finds one.
 pub fn verify(dir: impl AsRef<Path>, opts: Options) -> Result<VerifyReport, Error> {
     let dir = dir.as_ref();
     let mut report = verify_pass(dir, opts.clone())?;
     // Beside a live writer a pass reads the segments one after another: a segment
     // whose records ended when it was read may gain more before the next one is read,
-    // which looks like a gap. Damage stays where it is; such a gap does not, so a
-    // problem is reported only if it is found again by later passes.
+    // which looks like a gap. Damage stays where it is; such a gap does not.
     for _ in 1..LIVE_WRITER_PASSES_MAX {
         if report.ok || !writer_live(&*opts.vfs, dir) {
             break;
