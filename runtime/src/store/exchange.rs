@@ -56,7 +56,10 @@ use spool_engine::{
     AppendOutcome, EventData, ExpectedVersion, NewCommit, Uuid, EVENTS_PER_COMMIT_MAX,
 };
 
-use super::log::{stored_kind, LogStore, PURGE_EVENT_KIND, SESSION_EVENT_PREFIX};
+use super::log::{
+    stored_kind, LogStore, SettingsFold, PURGE_EVENT_KIND, SESSION_EVENT_PREFIX,
+    SETTINGS_TAIL_COMMITS,
+};
 use super::{SessionStore, StoreError};
 use crate::session::{
     decode_event, encode_event, AgentSession, SessionEvent, SessionId, EVENT_SCHEMA,
@@ -1085,6 +1088,11 @@ pub fn import_from(
         };
         next += 1;
         written.push(s.id.clone());
+        // A long session gets its settings snapshot from the events in
+        // hand, so its first execute does not replay the whole stream.
+        let snapshot = s.commits.len() as u64 >= SETTINGS_TAIL_COMMITS;
+        let mut fold = SettingsFold::default();
+        let mut last = None;
         for c in &s.commits {
             let outcome = new_commit(&s.id, c, p.base, opts).and_then(|commit| {
                 engine
@@ -1092,7 +1100,13 @@ pub fn import_from(
                     .map_err(|e| e.to_string())
             });
             let reason = match outcome {
-                Ok(AppendOutcome::Committed(_)) => None,
+                Ok(AppendOutcome::Committed(info)) => {
+                    if snapshot {
+                        fold.add(&c.events);
+                        last = Some((info.version, info.timestamp_ms));
+                    }
+                    None
+                }
                 Ok(AppendOutcome::AlreadyCommitted(info)) => Some(format!(
                     "commit id {} had already landed (stream {} version {})",
                     info.commit_id, info.stream, info.version
@@ -1112,6 +1126,9 @@ pub fn import_from(
                 commits: done,
                 total,
             });
+        }
+        if let Some((version, updated_ms)) = last {
+            store.write_settings_fold(fold, p.base, version, updated_ms);
         }
         Ok(())
     });
@@ -1248,6 +1265,34 @@ mod tests {
         let err = import_sessions(&sb, &sessions, &ImportOptions::default(), &mut || {});
         assert!(matches!(err, Err(ExchangeError::SessionExists { .. })));
         assert_eq!(sb.engine().unwrap().last_seq(), before);
+    }
+
+    #[test]
+    fn import_writes_each_long_session_settings_snapshot() {
+        let a = tempfile::tempdir().unwrap();
+        let b = tempfile::tempdir().unwrap();
+        let sa = store(a.path());
+        let long = sample(&sa);
+        let mut s = sa.load(&long).unwrap().unwrap();
+        for i in 0..SETTINGS_TAIL_COMMITS {
+            s.write_metadata("n", serde_json::json!(i)).unwrap();
+            s = sa.save(s).unwrap();
+        }
+        let short = sample(&sa);
+        let mut w = ExportWriter::new(Vec::new()).unwrap();
+        w.session(&sa, &long).unwrap();
+        w.session(&sa, &short).unwrap();
+        let bytes = w.finish().unwrap().0;
+        let sessions = read_export(&bytes[..]).unwrap();
+        let sb = store(b.path());
+        import_sessions(&sb, &sessions, &ImportOptions::default(), &mut || {}).unwrap();
+        let (version, cached) = sb.cached_settings(&long).expect("a settings snapshot");
+        assert_eq!(cached.version(), s.version());
+        assert_eq!(cached.version(), version, "no version base");
+        assert_eq!(cached.state().metadata, s.state().metadata);
+        sb.assert_settings_fold_from_start(&long);
+        // A short session's first fold is cheap: no snapshot for it.
+        assert!(sb.cached_settings(&short).is_none());
     }
 
     /// The lines of an export with the header's export time blanked.

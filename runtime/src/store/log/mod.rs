@@ -60,6 +60,7 @@ use self::sessions::{
     KEY_PURGED, KEY_STATUS,
 };
 use self::snapshots::{CACHE_SETTINGS, CACHE_SNAPSHOT};
+pub(crate) use self::snapshots::{SettingsFold, SETTINGS_TAIL_COMMITS};
 use self::transcript::{DecodeMemo, TranscriptIndexer};
 use crate::session::{
     encode_event, AgentSession, AgentSessionInfo, SessionEvent, SessionId, SessionInfoList,
@@ -409,9 +410,14 @@ impl LogStore {
     ) -> Result<AppendOutcome, StoreError> {
         // A commit id the engine draws: no retry can carry it, so the engine
         // skips the lookup that recognizes retries.
-        self.engine()?
+        let outcome = self
+            .engine()?
             .append_fresh(id.as_str(), expected, events)
-            .map_err(engine_err)
+            .map_err(engine_err)?;
+        if let AppendOutcome::Committed(info) = &outcome {
+            self.refresh_settings(id, info.version);
+        }
+        Ok(outcome)
     }
 
     /// Streams a log GC may remove whole: sessions whose current

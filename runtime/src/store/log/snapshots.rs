@@ -18,8 +18,11 @@ use super::{
     SNAPSHOT_TAIL_COMMITS,
 };
 use crate::session::codec::{decode_event_without_transcript, is_transcript_kind};
-use crate::session::{decode_event, decode_snapshot, encode_snapshot, AgentSession, SessionId};
+use crate::session::{
+    decode_event, decode_snapshot, encode_snapshot, AgentSession, SessionEvent, SessionId,
+};
 use crate::store::StoreError;
+use crate::transcript::Transcript;
 
 /// Tag of a snapshot in the cache area (its own key space: `s` there is not the
 /// status listing key of the index proper).
@@ -34,6 +37,51 @@ pub(super) const CACHE_SETTINGS: u8 = b'b';
 /// snapshot holds no transcript, so it is cheap to write, and every
 /// execute folds the tail after it.
 pub(crate) const SETTINGS_TAIL_COMMITS: u64 = 16;
+
+/// A commit whose stream version is a multiple of this refreshes the
+/// session's settings snapshot ([`LogStore::refresh_settings`]), so a
+/// session written by direct appends (no `execute` folding its settings)
+/// still costs the next settings fold at most this many commits. Each
+/// commit is then replayed about once more, spread over the appends.
+pub(crate) const SETTINGS_REFRESH_COMMITS: u64 = 128;
+
+/// The settings fold of events a writer holds in memory (an import writes
+/// each session's settings snapshot from it, without reading the session
+/// back): the same fold as [`LogStore::load_settings`] makes from the log.
+/// A fold that fails (which the import's check pass rules out) writes
+/// nothing.
+#[derive(Default)]
+pub(crate) struct SettingsFold {
+    session: Option<AgentSession>,
+    failed: bool,
+}
+
+impl SettingsFold {
+    /// Folds one commit's events: transcript events are skipped, a
+    /// `created` event's seed transcript is dropped.
+    pub fn add(&mut self, events: &[SessionEvent]) {
+        for ev in events {
+            if self.failed {
+                return;
+            }
+            if is_transcript_kind(ev.kind()) {
+                continue;
+            }
+            let mut ev = ev.clone();
+            if let SessionEvent::Created { state, .. } = &mut ev {
+                state.transcript = Transcript::new();
+            }
+            let folded = match self.session.take() {
+                Some(s) => s.replay_onto(std::iter::once(&ev)),
+                None => AgentSession::replay(std::iter::once(&ev)),
+            };
+            match folded {
+                Ok(s) => self.session = Some(s),
+                Err(_) => self.failed = true,
+            }
+        }
+    }
+}
 
 impl LogStore {
     fn read_snapshot(
@@ -183,6 +231,34 @@ impl LogStore {
 }
 
 impl LogStore {
+    /// Writes the settings snapshot `fold` ends in, as of stream version
+    /// `stream_version` committed at `updated_ms`, for a session whose
+    /// version base is `base`. A cache write: failing costs only time.
+    pub(crate) fn write_settings_fold(
+        &self,
+        fold: SettingsFold,
+        base: u64,
+        stream_version: u64,
+        updated_ms: i64,
+    ) {
+        if let (Some(session), false) = (fold.session, fold.failed) {
+            debug_assert!(stream_version > base, "a fold of no commit");
+            let session = session.reconstitute(stream_version - base, updated_ms);
+            self.write_cached(CACHE_SETTINGS, &session, stream_version);
+        }
+    }
+
+    /// After a commit at `stream_version`: every
+    /// [`SETTINGS_REFRESH_COMMITS`] stream versions, folds the settings
+    /// (which writes a snapshot when the last one is at least
+    /// [`SETTINGS_TAIL_COMMITS`] commits old). A cache write: a failure is
+    /// left to the next fold.
+    pub(super) fn refresh_settings(&self, id: &SessionId, stream_version: u64) {
+        if stream_version % SETTINGS_REFRESH_COMMITS == 0 {
+            let _ = self.load_settings(id);
+        }
+    }
+
     /// The session at its head folded without its transcript: header,
     /// definition and state with an empty transcript (its `generation` is
     /// left as folded from the non-transcript events; the transcript index
@@ -261,5 +337,84 @@ impl LogStore {
             self.write_cached(CACHE_SETTINGS, &session, version);
         }
         Ok(Some(session))
+    }
+}
+
+#[cfg(test)]
+impl LogStore {
+    /// The settings snapshot of `id`, if the cache holds one: its stream
+    /// version and session.
+    pub(crate) fn cached_settings(&self, id: &SessionId) -> Option<(u64, AgentSession)> {
+        self.read_cached(CACHE_SETTINGS, id, 0, u64::MAX)
+            .map(|(v, _, s)| (v, s))
+    }
+
+    /// Drops the settings snapshot of `id`, so the next fold starts from
+    /// the first commit.
+    pub(crate) fn drop_cached_settings(&self, id: &SessionId) {
+        let engine = self.engine().expect("engine");
+        engine
+            .index()
+            .remove_cache(SESSION_INDEXER, &key(CACHE_SETTINGS, id.as_str()))
+            .expect("remove the settings snapshot");
+    }
+
+    /// Asserts that the settings fold of `id` from its snapshot equals
+    /// the fold from its first commit.
+    pub(crate) fn assert_settings_fold_from_start(&self, id: &SessionId) {
+        let cached = self.load_settings(id).unwrap().unwrap();
+        self.drop_cached_settings(id);
+        let whole = self.load_settings(id).unwrap().unwrap();
+        assert_eq!(cached.state(), whole.state());
+        assert_eq!(cached.definition(), whole.definition());
+        assert_eq!(cached.info(), whole.info());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::session::AgentDefinition;
+    use crate::store::{LogStoreOptions, SessionStore};
+    use crate::transcript::{ContentBlock, EntryKind, Message};
+
+    #[test]
+    fn direct_appends_keep_the_settings_snapshot_fresh() {
+        let dir = tempfile::tempdir().unwrap();
+        let opts = LogStoreOptions {
+            durability: spool_engine::Durability::Buffered,
+            ..Default::default()
+        };
+        let store = LogStore::open(dir.path(), opts).unwrap();
+        let def = AgentDefinition::new("a", "d", "p");
+        let mut s = store.create(AgentSession::new(def, None)).unwrap();
+        let id = s.id().clone();
+        let commits = 3 * SETTINGS_REFRESH_COMMITS + 5;
+        for i in 0..commits {
+            s.append(EntryKind::Message {
+                message: Message::User {
+                    content: vec![ContentBlock::text(format!("turn {i}"))],
+                },
+            })
+            .unwrap();
+            s.write_metadata("n", serde_json::json!(i)).unwrap();
+            s = store.save(s).unwrap();
+        }
+        // Nothing but the commits ran a settings fold: the snapshot is the
+        // appends' own, at most one refresh interval behind the head.
+        let head = s.version();
+        let (version, cached) = store.cached_settings(&id).expect("a settings snapshot");
+        assert!(
+            head - version < SETTINGS_REFRESH_COMMITS,
+            "snapshot at {version}, head {head}"
+        );
+        assert_eq!(cached.version(), version);
+        store.assert_settings_fold_from_start(&id);
+        let settings = store.load_settings(&id).unwrap().unwrap();
+        assert_eq!(settings.version(), head);
+        assert_eq!(
+            settings.state().metadata.get("n"),
+            Some(&serde_json::json!(commits - 1))
+        );
     }
 }
