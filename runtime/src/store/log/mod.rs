@@ -59,8 +59,8 @@ use self::sessions::{
     decode_keyed_record, decode_record, key, parent_prefix, status_byte, KEY_BROKEN, KEY_HEADER,
     KEY_PURGED, KEY_STATUS,
 };
-use self::snapshots::{CACHE_SETTINGS, CACHE_SNAPSHOT};
 pub(crate) use self::snapshots::{SettingsFold, SETTINGS_TAIL_COMMITS};
+use self::snapshots::{CACHE_SETTINGS, CACHE_SNAPSHOT};
 use self::transcript::{DecodeMemo, TranscriptIndexer};
 use crate::session::{
     encode_event, AgentSession, AgentSessionInfo, SessionEvent, SessionId, SessionInfoList,

@@ -254,7 +254,7 @@ impl LogStore {
     /// [`SETTINGS_TAIL_COMMITS`] commits old). A cache write: a failure is
     /// left to the next fold.
     pub(super) fn refresh_settings(&self, id: &SessionId, stream_version: u64) {
-        if stream_version % SETTINGS_REFRESH_COMMITS == 0 {
+        if stream_version.is_multiple_of(SETTINGS_REFRESH_COMMITS) {
             let _ = self.load_settings(id);
         }
     }
