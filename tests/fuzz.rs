@@ -35,7 +35,7 @@ use crate::seed::Rng;
 use crate::workload::{capturing_runtime, check_recovered, run_workload, Tracker};
 
 /// The fuzz targets, by name (also the corpus directory names).
-pub const TARGETS: [&str; 7] = [
+pub const TARGETS: [&str; 8] = [
     "frame_decode",
     "event_decode",
     "store_open",
@@ -43,6 +43,7 @@ pub const TARGETS: [&str; 7] = [
     "index_record",
     "index_values",
     "redo_record",
+    "key_filter",
 ];
 
 /// Runs the target `name` on `data`. Unknown names panic (a test bug).
@@ -55,6 +56,7 @@ pub fn run_target(name: &str, data: &[u8]) {
         "index_record" => index_record(data),
         "index_values" => index_values(data),
         "redo_record" => redo_record(data),
+        "key_filter" => key_filter(data),
         other => panic!("unknown fuzz target {other}"),
     }
 }
@@ -348,6 +350,23 @@ pub fn event_decode(data: &[u8]) {
 fn created_event() -> SessionEvent {
     let s = AgentSession::new(AgentDefinition::new("fuzz", "", "p"), None);
     s.pending_events()[0].clone()
+}
+
+/// `key_filter`: the key filter saved at a clean close
+/// (`DIR/index/keys.filter`, read by the next owner open) on arbitrary
+/// bytes, as its filter part. Decoding never panics nor allocates past
+/// the format's bounds, a filter that decodes re-encodes to the same
+/// bytes, and the keys the input's last bytes name are looked up in it.
+pub fn key_filter(data: &[u8]) {
+    let data = &data[..data.len().min(INPUT_BYTES_MAX)];
+    match engine_fz::key_filter_reencode(data) {
+        Ok(again) => assert_eq!(again, data, "a key filter re-encodes to other bytes"),
+        Err(_) => return,
+    }
+    for n in [0, 1, 8, 32] {
+        let key = &data[data.len().saturating_sub(n)..];
+        assert!(engine_fz::key_filter_may_contain(data, key).is_some());
+    }
 }
 
 /// `redo_record`: the index's redo log (`DIR/index/moves.redo`, written by
@@ -851,6 +870,18 @@ pub fn seed_inputs() -> Vec<(&'static str, String, Vec<u8>)> {
         &std::fs::read(dir.path().join(engine_fz::REDO_FILE)).expect("read the redo log"),
     );
     out.push(("redo_record", "log-two-records".to_string(), seed));
+    // key_filter: a filter of the index keys above, and one of no key.
+    let keys: Vec<&[u8]> = writes.iter().map(|(k, _)| k.as_slice()).collect();
+    out.push((
+        "key_filter",
+        "index-keys".to_string(),
+        engine_fz::key_filter_of(&keys),
+    ));
+    out.push((
+        "key_filter",
+        "empty".to_string(),
+        engine_fz::key_filter_of(&[]),
+    ));
     for (name, v) in values {
         out.push(("index_values", name, v));
     }
@@ -928,6 +959,10 @@ mod tests {
         std::fs::write(dir.path().join(engine_fz::REDO_FILE), &log[1..]).unwrap();
         let found = engine_fz::redo_find(dir.path(), &engine_fz::redo_marker(&body[1..]));
         assert_eq!(found, Ok(Some(body[1..].to_vec())));
+        let kf = get("key_filter", "index-keys");
+        for (k, _) in &engine_fz::redo_body_writes(&body[1..]).unwrap() {
+            assert_eq!(engine_fz::key_filter_may_contain(&kf, k), Some(true));
+        }
         let so = get("store_open", "real-store");
         let files = usize::from(so[0] % 3) + 1;
         assert!(files >= 2, "the real store has {files} segments");

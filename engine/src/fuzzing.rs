@@ -1,5 +1,5 @@
 //! Entry points of the fuzz targets into formats the engine keeps private (the
-//! index's redo log). Feature `fuzzing`; not a stable API.
+//! index's redo log, the saved key filter). Feature `fuzzing`; not a stable API.
 
 use std::path::Path;
 
@@ -35,3 +35,33 @@ pub fn redo_find(dir: &Path, marker: &[u8]) -> Result<Option<Vec<u8>>, String> {
 
 /// Name of the redo log file in an index directory.
 pub const REDO_FILE: &str = crate::index::redo::REDO_FILE;
+
+/// The key filter encoded in `bytes` (the filter part of `index/keys.filter`)
+/// encoded again, or why it does not decode.
+pub fn key_filter_reencode(bytes: &[u8]) -> Result<Vec<u8>, String> {
+    let filter = crate::index::bloom::KeyFilter::decode(bytes)?;
+    let mut out = Vec::new();
+    if !filter.encode(&mut out) {
+        return Err("a decoded filter is saturated".into());
+    }
+    Ok(out)
+}
+
+/// Whether the key filter encoded in `bytes` may contain `key` (`None`: it does
+/// not decode).
+pub fn key_filter_may_contain(bytes: &[u8], key: &[u8]) -> Option<bool> {
+    let filter = crate::index::bloom::KeyFilter::decode(bytes).ok()?;
+    Some(filter.may_contain(crate::index::bloom::KeyHash::of(key)))
+}
+
+/// The encoding of a key filter holding `keys`.
+pub fn key_filter_of(keys: &[&[u8]]) -> Vec<u8> {
+    let mut filter = crate::index::bloom::KeyFilter::default();
+    for k in keys {
+        filter.insert(crate::index::bloom::KeyHash::of(k));
+    }
+    let mut out = Vec::new();
+    let kept = filter.encode(&mut out);
+    debug_assert!(kept, "a filter of a few keys is not saturated");
+    out
+}

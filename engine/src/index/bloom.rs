@@ -169,7 +169,9 @@ fn key_bits(f: &Blocks, h: KeyHash) -> (usize, impl Iterator<Item = u64>) {
     f.locate(h.0, words, KEY_HASHES)
 }
 
-/// Two hashes of a key (process-local: never stored).
+/// Two hashes of a key. Stored only as the bits of a saved [`KeyFilter`]: a change
+/// to the hash, to the bits it picks or to the filter's sizes is a change of the key
+/// filter file's format ([`KeyFilter::encode`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct KeyHash(u64, u64);
 
@@ -255,6 +257,97 @@ impl KeyFilter {
     pub fn may_contain(&self, h: KeyHash) -> bool {
         self.saturated || self.filters.iter().any(|f| f.may_contain(key_bits(f, h)))
     }
+
+    /// Appends the filter to `out` (docs/format.md, "Key filter file"): the number of
+    /// filters (u32 BE), then per filter its capacity and items (u64 BE each) and its
+    /// blocks' words (u64 BE, 8 per block). `false` (nothing appended) when saturated:
+    /// such a filter holds nothing worth keeping.
+    pub fn encode(&self, out: &mut Vec<u8>) -> bool {
+        if self.saturated {
+            return false;
+        }
+        out.reserve(self.bytes as usize + 4 + 16 * self.filters.len());
+        out.extend_from_slice(&(self.filters.len() as u32).to_be_bytes());
+        for f in &self.filters {
+            out.extend_from_slice(&f.capacity.to_be_bytes());
+            out.extend_from_slice(&f.items.to_be_bytes());
+            for w in f.blocks.iter().flatten() {
+                out.extend_from_slice(&w.to_be_bytes());
+            }
+        }
+        true
+    }
+
+    /// The filter [`KeyFilter::encode`] wrote into `bytes` (all of them). Checks the
+    /// shape before allocating: capacities double from the first, every filter but the
+    /// last is full, the blocks fit [`KEY_FILTER_BYTES_MAX`] and the bytes end exactly
+    /// with the last block.
+    pub fn decode(bytes: &[u8]) -> Result<KeyFilter, String> {
+        let mut r = bytes;
+        let count = take_u32(&mut r).ok_or("no filter count")?;
+        if count == 0 || count > KEY_FILTERS_MAX {
+            return Err(format!("{count} filters (1 to {KEY_FILTERS_MAX})"));
+        }
+        let mut filters = Vec::with_capacity(count as usize);
+        let mut total = 0u64;
+        for i in 0..count {
+            let capacity = take_u64(&mut r).ok_or("truncated filter header")?;
+            let items = take_u64(&mut r).ok_or("truncated filter header")?;
+            let want = KEY_FIRST_CAPACITY.checked_shl(i).unwrap_or(u64::MAX);
+            if capacity != want {
+                return Err(format!("filter {i} has capacity {capacity}, not {want}"));
+            }
+            let last = i + 1 == count;
+            if items > capacity || (!last && items != capacity) {
+                return Err(format!("filter {i} holds {items} of {capacity} keys"));
+            }
+            let nblocks = (capacity * KEY_BITS_PER_ITEM)
+                .div_ceil(BLOCK_BITS)
+                .next_power_of_two();
+            let size = nblocks * BLOCK_BITS / 8;
+            total = total.saturating_add(size);
+            if total > KEY_FILTER_BYTES_MAX || (r.len() as u64) < size {
+                return Err(format!(
+                    "filter {i}'s {size} bytes of blocks are missing or too many"
+                ));
+            }
+            let mut blocks = vec![[0u64; 8]; nblocks as usize];
+            for block in &mut blocks {
+                for w in block.iter_mut() {
+                    *w = take_u64(&mut r).ok_or("truncated block")?;
+                }
+            }
+            filters.push(Blocks {
+                blocks,
+                items,
+                capacity,
+            });
+        }
+        if !r.is_empty() {
+            return Err(format!("{} bytes after the last filter", r.len()));
+        }
+        Ok(KeyFilter {
+            filters,
+            bytes: total,
+            saturated: false,
+        })
+    }
+}
+
+/// Most filters a decoded [`KeyFilter`] may have: capacities double from
+/// `KEY_FIRST_CAPACITY`, so [`KEY_FILTER_BYTES_MAX`] is reached long before.
+const KEY_FILTERS_MAX: u32 = 32;
+
+fn take_u32(r: &mut &[u8]) -> Option<u32> {
+    let (head, rest) = r.split_first_chunk::<4>()?;
+    *r = rest;
+    Some(u32::from_be_bytes(*head))
+}
+
+fn take_u64(r: &mut &[u8]) -> Option<u64> {
+    let (head, rest) = r.split_first_chunk::<8>()?;
+    *r = rest;
+    Some(u64::from_be_bytes(*head))
 }
 
 #[cfg(test)]
@@ -293,6 +386,51 @@ mod tests {
         assert!(!f.saturated);
         assert!(f.bytes <= KEY_FILTER_BYTES_MAX);
         assert_ne!(KeyHash::of(b"a"), KeyHash::of(b"a\0"));
+    }
+
+    #[test]
+    fn key_filter_decodes_what_it_encodes_and_refuses_damage() {
+        let mut f = KeyFilter::default();
+        let key = |i: u64| format!("k{i}").into_bytes();
+        for i in 0..150_000u64 {
+            f.insert(KeyHash::of(&key(i)));
+        }
+        let mut bytes = Vec::new();
+        assert!(f.encode(&mut bytes));
+        let g = KeyFilter::decode(&bytes).unwrap();
+        assert_eq!(g.filters.len(), f.filters.len());
+        assert_eq!(g.bytes, f.bytes);
+        assert!((0..150_000u64).all(|i| g.may_contain(KeyHash::of(&key(i)))));
+        for i in 1_000_000..1_010_000u64 {
+            let h = KeyHash::of(&key(i));
+            assert_eq!(f.may_contain(h), g.may_contain(h));
+        }
+        // Every truncation is refused.
+        for n in (0..bytes.len()).step_by(997).chain([bytes.len() - 1]) {
+            assert!(
+                KeyFilter::decode(&bytes[..n]).is_err(),
+                "{n} bytes accepted"
+            );
+        }
+        // A trailing byte, a wrong count, a wrong capacity, an overfull filter.
+        let mut longer = bytes.clone();
+        longer.push(0);
+        assert!(KeyFilter::decode(&longer).is_err());
+        for (at, value) in [(0usize, 0xFFu8), (3, 9), (4, 0x7F), (19, 0xFF)] {
+            let mut bad = bytes.clone();
+            bad[at] = value;
+            assert!(
+                KeyFilter::decode(&bad).is_err(),
+                "byte {at} = {value} accepted"
+            );
+        }
+        // A huge count allocates nothing: refused from its header.
+        assert!(KeyFilter::decode(&u32::MAX.to_be_bytes()).is_err());
+        // Saturated: nothing to save.
+        let mut s = KeyFilter::with_bytes_max(0);
+        s.insert_bounded(KeyHash::of(b"x"), 0);
+        assert!(s.saturated);
+        assert!(!s.encode(&mut Vec::new()));
     }
 
     #[test]

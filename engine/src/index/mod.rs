@@ -14,9 +14,11 @@
 //!
 //! This file holds the [`Index`] handle, its shared state and the [`Indexer`] interface;
 //! [`keys`] the key layout, [`open`] opening and wiping, [`publish`] the write side,
-//! [`mover`] the move into sled, [`scan`] reads through the layers and [`read`] queries.
+//! [`mover`] the move into sled, [`scan`] reads through the layers, [`read`] queries and
+//! [`key_file`] the key filter saved at a clean close.
 
 pub(crate) mod bloom;
+mod key_file;
 mod keys;
 mod memtable;
 mod mover;

@@ -136,7 +136,16 @@ impl Index {
             Err(e) => return Err(e),
         };
         if whole && ix.is_current()? {
-            ix.start_key_scan();
+            // The filter saved at the last clean close, if it fits sled as it is; else
+            // the scan (a stale or damaged file costs only that).
+            match ix.take_key_filter() {
+                Ok(Some(filter)) => {
+                    let mut keys = ix.keys.write().unwrap_or_else(|e| e.into_inner());
+                    keys.filter = filter;
+                    keys.complete = true;
+                }
+                Ok(None) | Err(_) => ix.start_key_scan(),
+            }
             return Ok((ix, false));
         }
         if path.is_some() && (!whole || !ix.sled("check emptiness")?.tree.is_empty()) {

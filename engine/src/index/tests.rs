@@ -374,3 +374,96 @@ fn prefix_end_is_the_least_key_after_the_prefix() {
     assert_eq!(prefix_end(b"\xff\xff"), None);
     assert_eq!(prefix_end(b""), None);
 }
+
+/// The key filter saved at a clean close spares the next open its scan of sled, but
+/// only beside the sled state it was saved with: a file of an earlier state (one whose
+/// removal a crash undid) or a damaged one is refused and the open scans. A used
+/// filter that missed keys written since would answer "absent" for them. The file is
+/// removed by every open.
+#[test]
+fn a_saved_key_filter_is_used_only_beside_the_state_it_was_saved_with() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("index");
+    let file = path.join(super::key_file::KEY_FILTER_FILE);
+    let open = || {
+        Index::open(Some(&path), vec![Arc::new(KeyPerCommit)])
+            .unwrap()
+            .0
+    };
+    let scanned = |ix: &Index| ix.key_scan.lock().unwrap().is_some();
+    let readable = |ix: &Index, n: u64| {
+        for seq in 1..=n {
+            let v = ix
+                .get("key-per-commit", format!("c/{seq:08}").as_bytes())
+                .unwrap();
+            assert_eq!(v, Some(seq.to_be_bytes().to_vec()), "seq {seq}");
+        }
+        let never = ix.get("key-per-commit", b"c/99999999").unwrap();
+        assert_eq!(never, None);
+    };
+    let save_when_complete = |ix: &Index| {
+        let t0 = std::time::Instant::now();
+        while !ix.keys.read().unwrap().complete {
+            assert!(t0.elapsed().as_secs() < 60, "the key scan never ended");
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        ix.flush().unwrap();
+        assert!(ix.save_key_filter().unwrap());
+    };
+    let ix = open();
+    for seq in 1..=100 {
+        ix.apply(&[commit_to("s", seq, seq)]).unwrap();
+    }
+    save_when_complete(&ix);
+    drop(ix);
+    let saved = std::fs::read(&file).unwrap();
+
+    // Used: no scan, the file is gone, the filter complete at once.
+    let ix = open();
+    assert!(!scanned(&ix), "the saved filter was not used");
+    assert!(!file.exists());
+    assert!(ix.keys.read().unwrap().complete);
+    readable(&ix, 100);
+    // More commits reach sled; the process then ends without a save.
+    for seq in 101..=200 {
+        ix.apply(&[commit_to("s", seq, seq)]).unwrap();
+    }
+    ix.flush().unwrap();
+    drop(ix);
+
+    // The earlier file is back: refused, removed, and every key readable.
+    std::fs::write(&file, &saved).unwrap();
+    let ix = open();
+    assert!(scanned(&ix), "a file of an earlier state was used");
+    assert!(!file.exists());
+    readable(&ix, 200);
+    save_when_complete(&ix);
+    drop(ix);
+
+    // Damage anywhere, or a truncation, is refused.
+    let good = std::fs::read(&file).unwrap();
+    let n = good.len();
+    let mut cases: Vec<Vec<u8>> = [0, 9, 13, 17, 40, n / 2, n - 5, n - 1]
+        .iter()
+        .map(|&at| {
+            let mut bad = good.clone();
+            bad[at] ^= 0x10;
+            bad
+        })
+        .collect();
+    cases.push(good[..n - 1].to_vec());
+    cases.push(Vec::new());
+    for (i, bad) in cases.iter().enumerate() {
+        std::fs::write(&file, bad).unwrap();
+        let ix = open();
+        assert!(scanned(&ix), "damaged file {i} was used");
+        assert!(!file.exists());
+        readable(&ix, 200);
+        drop(ix);
+    }
+    // Whole again: used.
+    std::fs::write(&file, &good).unwrap();
+    let ix = open();
+    assert!(!scanned(&ix));
+    readable(&ix, 200);
+}

@@ -67,8 +67,11 @@ pub(super) fn shutdown(inner: &Inner) -> Result<(), Error> {
     }
     let flushed = inner.index.flush();
     if !inner.read_only && flushed.is_ok() && !inner.poisoned.load(Ordering::Acquire) {
-        // Sled now holds every commit applied: the checkpoint readers open from.
+        // Sled now holds every commit applied: the checkpoint readers open from, and
+        // the key filter the next owner open starts from (a cache: a failure costs
+        // that open a scan).
         inner.checkpoints.on_close(&inner.segments, &inner.index);
+        let _ = inner.index.save_key_filter();
     }
     // The lock is released when `Inner` is dropped, after the index.
     res

@@ -289,3 +289,32 @@ fn a_sled_write_failing_inside_a_move_loses_no_acknowledged_commit() {
     let report = crate::verify(dir.path(), opts()).unwrap();
     assert!(report.ok, "{:?}", report.errors);
 }
+
+/// A clean close saves the key filter beside the index; the next owner open takes it
+/// (the file is gone while the store is open) and answers as before. A read-only open
+/// leaves it alone.
+#[test]
+fn a_clean_close_saves_the_key_filter_and_the_next_open_takes_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("index").join("keys.filter");
+    let opts = || Options::default().durability(Durability::Buffered);
+    let s = Store::open(dir.path(), opts()).unwrap();
+    for i in 0..100u64 {
+        let o = s
+            .append(NewCommit::new("s", ExpectedVersion::Exact(i), ev(i)))
+            .unwrap();
+        assert!(matches!(o, AppendOutcome::Committed(_)));
+    }
+    s.close().unwrap();
+    assert!(file.exists(), "no key filter saved at close");
+    let r = Store::open_read_only(dir.path(), opts()).unwrap();
+    assert_eq!(r.read_stream("s", 1, 200).unwrap().len(), 100);
+    drop(r);
+    assert!(file.exists(), "a read-only open took the key filter");
+    let s = Store::open(dir.path(), opts()).unwrap();
+    assert!(!file.exists(), "the open left the key filter file in place");
+    assert_eq!(s.stream_version("s").unwrap(), Some(100));
+    assert_eq!(s.read_stream("s", 1, 200).unwrap().len(), 100);
+    s.close().unwrap();
+    assert!(file.exists());
+}

@@ -73,6 +73,11 @@ fn redo_record_corpus_replays() {
 }
 
 #[test]
+fn key_filter_corpus_replays() {
+    replay("key_filter");
+}
+
+#[test]
 fn generated_seed_inputs_pass_every_target() {
     let seeds = seed_inputs();
     for t in TARGETS {

@@ -1,0 +1,177 @@
+//! The key filter saved with the index at a clean close, so that the next owner open
+//! need not scan every key of sled to fill it (a scan that reads all of sled and fills
+//! its page cache, whatever the open then reads).
+//!
+//! The file is a cache and is trusted only for the exact sled state it was written
+//! beside: it carries a fingerprint of sled's meta keys (the applied marker, which
+//! names the last applied commit's seq and id, the layout and the format), compared
+//! byte for byte on open. An open always removes the file, whether it used it or not,
+//! so an index that an open has written to never has a file of an older state beside
+//! it; a file that a crash kept anyway still names the older marker. A missing, stale
+//! or damaged file only costs the scan. The layout is in docs/format.md, "Key filter
+//! file".
+
+use super::*;
+use crate::index::bloom::KEY_FILTER_BYTES_MAX;
+use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
+
+/// The saved filter's name in the index directory.
+pub(crate) const KEY_FILTER_FILE: &str = "keys.filter";
+/// Where a save writes before its rename.
+const KEY_FILTER_TMP: &str = "keys.filter.tmp";
+const MAGIC: [u8; 8] = *b"spoolkf1";
+const FILE_VERSION: u32 = 1;
+/// Most bytes of a fingerprint: three meta values of at most a few dozen bytes.
+const FINGERPRINT_BYTES_MAX: u32 = 1024;
+/// Most bytes of a key filter file: the filter's bound plus headers. A larger file is
+/// refused before it is read.
+const KEY_FILE_BYTES_MAX: u64 = KEY_FILTER_BYTES_MAX + 64 * 1024;
+
+impl Index {
+    /// The meta values a saved filter must match: applied marker, layout and format,
+    /// each as a length (u32 BE) and its bytes (absent = length 0).
+    fn key_fingerprint(&self) -> Result<Vec<u8>, Error> {
+        let tree = &self.sled("read its meta keys")?.tree;
+        let mut out = Vec::new();
+        for k in [META_APPLIED, META_LAYOUT, META_FORMAT] {
+            let v = tree.get(k).map_err(sled_err)?;
+            let v = v.as_deref().unwrap_or(&[]);
+            out.extend_from_slice(&(v.len() as u32).to_be_bytes());
+            out.extend_from_slice(v);
+        }
+        Ok(out)
+    }
+
+    /// Saves the key filter beside sled, if it is complete and not saturated. Call only
+    /// once sled holds every applied commit durably (after [`Index::flush`]) and nothing
+    /// will write to sled before the process lets go of it. Best effort: `Ok(false)`
+    /// when there is nothing worth saving.
+    pub(crate) fn save_key_filter(&self) -> Result<bool, Error> {
+        let Some(dir) = &self.path else {
+            return Ok(false);
+        };
+        if self.base.get().is_some() {
+            return Ok(false);
+        }
+        let fingerprint = self.key_fingerprint()?;
+        let mut bytes = Vec::new();
+        bytes.extend_from_slice(&MAGIC);
+        bytes.extend_from_slice(&FILE_VERSION.to_be_bytes());
+        bytes.extend_from_slice(&(fingerprint.len() as u32).to_be_bytes());
+        bytes.extend_from_slice(&fingerprint);
+        {
+            let keys = self.keys.read().unwrap_or_else(|e| e.into_inner());
+            if !keys.complete || !keys.filter.encode(&mut bytes) {
+                return Ok(false);
+            }
+        }
+        let crc = crc32fast::hash(&bytes);
+        bytes.extend_from_slice(&crc.to_be_bytes());
+        let tmp = dir.join(KEY_FILTER_TMP);
+        let file = dir.join(KEY_FILTER_FILE);
+        let io = |op: &'static str, p: &Path, e: std::io::Error| Error::io(p, op, e);
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&tmp)
+            .map_err(|e| io("open", &tmp, e))?;
+        f.write_all(&bytes).map_err(|e| io("write", &tmp, e))?;
+        // Not needed for safety (the checksum and the fingerprint refuse a file the
+        // rename made visible before its bytes), only so a crash does not waste it.
+        f.sync_all().map_err(|e| io("fsync", &tmp, e))?;
+        std::fs::rename(&tmp, &file).map_err(|e| io("rename", &file, e))?;
+        Ok(true)
+    }
+
+    /// Takes the saved key filter (the file is removed in any case): the filter, if the
+    /// file is whole and was written beside sled's present state. Reported as the reason
+    /// it was not used otherwise; `Ok(None)` when there is no file.
+    pub(super) fn take_key_filter(&self) -> Result<Option<KeyFilter>, String> {
+        let Some(dir) = &self.path else {
+            return Ok(None);
+        };
+        let file = dir.join(KEY_FILTER_FILE);
+        let read = read_bounded(&file);
+        let _ = std::fs::remove_file(dir.join(KEY_FILTER_TMP));
+        let bytes = match read {
+            Ok(Some(b)) => b,
+            Ok(None) => return Ok(None),
+            Err(e) => {
+                let _ = std::fs::remove_file(&file);
+                return Err(e);
+            }
+        };
+        // Removed before it is used: should the removal fail, the file is not used
+        // (an open that writes to sled must leave no file of the state before).
+        std::fs::remove_file(&file).map_err(|e| format!("removing {}: {e}", file.display()))?;
+        let at =
+            |offset: usize, what: &str| format!("{} at offset {offset}: {what}", file.display());
+        let body_len = bytes
+            .len()
+            .checked_sub(4)
+            .ok_or_else(|| at(0, "too short"))?;
+        let (body, crc) = bytes.split_at(body_len);
+        if crc32fast::hash(body).to_be_bytes() != crc {
+            return Err(at(body_len, "checksum mismatch"));
+        }
+        if body.get(..8) != Some(&MAGIC[..]) {
+            return Err(at(0, "not a key filter file"));
+        }
+        let mut r = &body[8..];
+        let version = take_u32(&mut r).ok_or_else(|| at(8, "truncated"))?;
+        if version != FILE_VERSION {
+            return Err(at(8, &format!("format version {version}")));
+        }
+        let len = take_u32(&mut r).ok_or_else(|| at(12, "truncated"))?;
+        if len > FINGERPRINT_BYTES_MAX || r.len() < len as usize {
+            return Err(at(12, &format!("fingerprint of {len} bytes")));
+        }
+        let (fingerprint, filter) = r.split_at(len as usize);
+        let now = self.key_fingerprint().map_err(|e| e.to_string())?;
+        if fingerprint != now {
+            return Err(at(16, "written beside another state of the index"));
+        }
+        KeyFilter::decode(filter)
+            .map(Some)
+            .map_err(|e| at(16 + len as usize, &e))
+    }
+}
+
+/// The file's bytes, `None` if there is none; refused unread over [`KEY_FILE_BYTES_MAX`].
+fn read_bounded(file: &Path) -> Result<Option<Vec<u8>>, String> {
+    let len = match std::fs::metadata(file) {
+        Ok(m) => m.len(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(format!("{}: {e}", file.display())),
+    };
+    if len > KEY_FILE_BYTES_MAX {
+        return Err(format!(
+            "{}: {len} bytes, over the {KEY_FILE_BYTES_MAX}-byte limit",
+            file.display()
+        ));
+    }
+    // Bounded again while reading: the file may have grown since.
+    let mut bytes = Vec::with_capacity(len as usize);
+    std::fs::File::open(file)
+        .and_then(|f| {
+            use std::io::Read;
+            f.take(KEY_FILE_BYTES_MAX + 1).read_to_end(&mut bytes)
+        })
+        .map_err(|e| format!("{}: {e}", file.display()))?;
+    if bytes.len() as u64 > KEY_FILE_BYTES_MAX {
+        return Err(format!(
+            "{}: grew past the limit while read",
+            file.display()
+        ));
+    }
+    Ok(Some(bytes))
+}
+
+fn take_u32(r: &mut &[u8]) -> Option<u32> {
+    let (head, rest) = r.split_first_chunk::<4>()?;
+    *r = rest;
+    Some(u32::from_be_bytes(*head))
+}
