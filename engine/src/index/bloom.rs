@@ -338,7 +338,8 @@ impl KeyFilter {
 /// `KEY_FIRST_CAPACITY`, so [`KEY_FILTER_BYTES_MAX`] is reached long before.
 const KEY_FILTERS_MAX: u32 = 32;
 
-fn take_u32(r: &mut &[u8]) -> Option<u32> {
+/// The next big-endian u32 of `r`, which moves past it.
+pub(crate) fn take_u32(r: &mut &[u8]) -> Option<u32> {
     let (head, rest) = r.split_first_chunk::<4>()?;
     *r = rest;
     Some(u32::from_be_bytes(*head))

@@ -12,7 +12,7 @@
 //! file".
 
 use super::*;
-use crate::index::bloom::KEY_FILTER_BYTES_MAX;
+use crate::index::bloom::{take_u32, KEY_FILTER_BYTES_MAX};
 use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
 
@@ -168,10 +168,4 @@ fn read_bounded(file: &Path) -> Result<Option<Vec<u8>>, String> {
         ));
     }
     Ok(Some(bytes))
-}
-
-fn take_u32(r: &mut &[u8]) -> Option<u32> {
-    let (head, rest) = r.split_first_chunk::<4>()?;
-    *r = rest;
-    Some(u32::from_be_bytes(*head))
 }

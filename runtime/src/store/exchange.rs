@@ -1267,34 +1267,6 @@ mod tests {
         assert_eq!(sb.engine().unwrap().last_seq(), before);
     }
 
-    #[test]
-    fn import_writes_each_long_session_settings_snapshot() {
-        let a = tempfile::tempdir().unwrap();
-        let b = tempfile::tempdir().unwrap();
-        let sa = store(a.path());
-        let long = sample(&sa);
-        let mut s = sa.load(&long).unwrap().unwrap();
-        for i in 0..SETTINGS_TAIL_COMMITS {
-            s.write_metadata("n", serde_json::json!(i)).unwrap();
-            s = sa.save(s).unwrap();
-        }
-        let short = sample(&sa);
-        let mut w = ExportWriter::new(Vec::new()).unwrap();
-        w.session(&sa, &long).unwrap();
-        w.session(&sa, &short).unwrap();
-        let bytes = w.finish().unwrap().0;
-        let sessions = read_export(&bytes[..]).unwrap();
-        let sb = store(b.path());
-        import_sessions(&sb, &sessions, &ImportOptions::default(), &mut || {}).unwrap();
-        let (version, cached) = sb.cached_settings(&long).expect("a settings snapshot");
-        assert_eq!(cached.version(), s.version());
-        assert_eq!(cached.version(), version, "no version base");
-        assert_eq!(cached.state().metadata, s.state().metadata);
-        sb.assert_settings_fold_from_start(&long);
-        // A short session's first fold is cheap: no snapshot for it.
-        assert!(sb.cached_settings(&short).is_none());
-    }
-
     /// The lines of an export with the header's export time blanked.
     fn without_export_time(bytes: &[u8]) -> Vec<String> {
         let text = String::from_utf8(bytes.to_vec()).unwrap();

@@ -378,18 +378,19 @@ mod tests {
     use crate::store::{LogStoreOptions, SessionStore};
     use crate::transcript::{ContentBlock, EntryKind, Message};
 
-    #[test]
-    fn direct_appends_keep_the_settings_snapshot_fresh() {
-        let dir = tempfile::tempdir().unwrap();
+    fn open(dir: &std::path::Path) -> LogStore {
         let opts = LogStoreOptions {
             durability: spool_engine::Durability::Buffered,
             ..Default::default()
         };
-        let store = LogStore::open(dir.path(), opts).unwrap();
+        LogStore::open(dir, opts).unwrap()
+    }
+
+    /// A session of `commits` saves after its creation, each appending a
+    /// user message and writing metadata `n`.
+    fn session_of(store: &LogStore, commits: u64) -> AgentSession {
         let def = AgentDefinition::new("a", "d", "p");
         let mut s = store.create(AgentSession::new(def, None)).unwrap();
-        let id = s.id().clone();
-        let commits = 3 * SETTINGS_REFRESH_COMMITS + 5;
         for i in 0..commits {
             s.append(EntryKind::Message {
                 message: Message::User {
@@ -400,6 +401,16 @@ mod tests {
             s.write_metadata("n", serde_json::json!(i)).unwrap();
             s = store.save(s).unwrap();
         }
+        s
+    }
+
+    #[test]
+    fn direct_appends_keep_the_settings_snapshot_fresh() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = open(dir.path());
+        let commits = 3 * SETTINGS_REFRESH_COMMITS + 5;
+        let s = session_of(&store, commits);
+        let id = s.id().clone();
         // Nothing but the commits ran a settings fold: the snapshot is the
         // appends' own, at most one refresh interval behind the head.
         let head = s.version();
@@ -416,5 +427,29 @@ mod tests {
             settings.state().metadata.get("n"),
             Some(&serde_json::json!(commits - 1))
         );
+    }
+
+    #[test]
+    fn import_writes_each_long_session_settings_snapshot() {
+        use crate::store::exchange::{import_sessions, read_export, ExportWriter, ImportOptions};
+        let a = tempfile::tempdir().unwrap();
+        let b = tempfile::tempdir().unwrap();
+        let sa = open(a.path());
+        let long = session_of(&sa, SETTINGS_TAIL_COMMITS);
+        let short = session_of(&sa, 2);
+        let mut w = ExportWriter::new(Vec::new()).unwrap();
+        w.session(&sa, long.id()).unwrap();
+        w.session(&sa, short.id()).unwrap();
+        let bytes = w.finish().unwrap().0;
+        let sessions = read_export(&bytes[..]).unwrap();
+        let sb = open(b.path());
+        import_sessions(&sb, &sessions, &ImportOptions::default(), &mut || {}).unwrap();
+        let (version, cached) = sb.cached_settings(long.id()).expect("a settings snapshot");
+        assert_eq!(cached.version(), long.version());
+        assert_eq!(cached.version(), version, "no version base");
+        assert_eq!(cached.state().metadata, long.state().metadata);
+        sb.assert_settings_fold_from_start(long.id());
+        // A short session's first fold is cheap: no snapshot for it.
+        assert!(sb.cached_settings(short.id()).is_none());
     }
 }
