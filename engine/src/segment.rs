@@ -5,6 +5,7 @@ use crate::format::CommitRef;
 use crate::format::{self, FrameCheck, FRAME_HEADER_BYTES, SEGMENT_HEADER_BYTES};
 use crate::types::{LogPosition, RecordedCommit};
 use crate::vfs::{Mapped, VfsFile};
+use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -556,14 +557,49 @@ pub(crate) fn frame_landed_since(
     ))
 }
 
+/// How a scan judges a zero frame header: the never-written preallocation, or a
+/// zeroed header with written bytes after it (a torn write, or damage).
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum ZeroHeader<'a> {
+    /// Look at every byte after it in the scanned bytes (verify, salvage).
+    CheckMapped,
+    /// Look at every byte after it through `pread` (an owner's open): the same answer
+    /// without faulting the zero tail of the mapping in, which would make the whole
+    /// preallocated segment resident.
+    CheckFile(&'a dyn VfsFile, &'a Path),
+    /// It ends the records (a reader's view): what may follow is a write in flight or a
+    /// torn tail, which a reader never judges; damage there is the owner's open's and
+    /// `verify`'s to report (RELIABILITY.md, "Beside a live writer").
+    EndsView,
+}
+
+/// One past the last nonzero byte of `file` at or after `from` (`from` if there is
+/// none), read backwards from `len` in fixed chunks: a bounded buffer, never a mapping.
+pub(crate) fn written_end_of_file(file: &dyn VfsFile, from: u64, len: u64) -> std::io::Result<u64> {
+    const CHUNK_BYTES: u64 = 256 * 1024;
+    let mut buf = vec![0u8; CHUNK_BYTES.min(len.saturating_sub(from)) as usize];
+    let mut end = len;
+    while end > from {
+        let n = (end - from).min(CHUNK_BYTES);
+        let chunk = &mut buf[..n as usize];
+        file.read_at(chunk, end - n)?;
+        if let Some(i) = chunk.iter().rposition(|b| *b != 0) {
+            return Ok(end - n + i as u64 + 1);
+        }
+        end -= n;
+    }
+    Ok(from)
+}
+
 /// Scan the records of a segment (`bytes` is the whole file, header included, already
 /// validated). `on_record` gets each valid record's offset and payload; an error from it
-/// stops the scan.
+/// stops the scan. `zero` says how a zero frame header is judged.
 pub(crate) fn scan_segment(
     bytes: &[u8],
     seg_id: u64,
     max_len: u32,
     start: u64,
+    zero: ZeroHeader<'_>,
     mut on_record: impl FnMut(u64, &[u8]) -> Result<(), Error>,
 ) -> Result<SegmentScan, Error> {
     let mut off = start;
@@ -582,7 +618,14 @@ pub(crate) fn scan_segment(
                 continue;
             }
             FrameCheck::Zero => {
-                let we = written_end(bytes);
+                let we = match zero {
+                    ZeroHeader::CheckMapped => written_end(bytes),
+                    ZeroHeader::CheckFile(file, path) => {
+                        written_end_of_file(file, off, bytes.len() as u64)
+                            .map_err(|e| Error::io(path, "read_at", e))?
+                    }
+                    ZeroHeader::EndsView => off,
+                };
                 if we <= off {
                     return Ok(SegmentScan {
                         end: off,

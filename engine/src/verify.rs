@@ -269,32 +269,39 @@ fn verify_pass(dir: &Path, opts: Options) -> Result<VerifyReport, Error> {
         let mut start = header.data_start;
         loop {
             let mut found: Vec<VerifyProblem> = Vec::new();
-            let scan = segment::scan_segment(&map, id, max, start, |off, payload| {
-                report.records += 1;
-                let pos = LogPosition {
-                    segment: id,
-                    offset: off,
-                };
-                let rec = match format::decode_commit(payload, pos) {
-                    Ok(r) => r,
-                    Err(p) => {
+            let scan = segment::scan_segment(
+                &map,
+                id,
+                max,
+                start,
+                segment::ZeroHeader::CheckMapped,
+                |off, payload| {
+                    report.records += 1;
+                    let pos = LogPosition {
+                        segment: id,
+                        offset: off,
+                    };
+                    let rec = match format::decode_commit(payload, pos) {
+                        Ok(r) => r,
+                        Err(p) => {
+                            found.push(problem(&name, off, p));
+                            return Ok(());
+                        }
+                    };
+                    report.commits += 1;
+                    if let Err(p) = hist.check(&rec) {
                         found.push(problem(&name, off, p));
-                        return Ok(());
+                        hist.accept(&rec);
                     }
-                };
-                report.commits += 1;
-                if let Err(p) = hist.check(&rec) {
-                    found.push(problem(&name, off, p));
-                    hist.accept(&rec);
-                }
-                if let Some((ix, applied, _)) = &index {
-                    if rec.info.seq <= *applied && index_failed.is_none() {
-                        heads_at_applied.insert(rec.info.stream.clone(), rec.info.version);
-                        index_failed = check_index_entry(ix, &rec, &mut found);
+                    if let Some((ix, applied, _)) = &index {
+                        if rec.info.seq <= *applied && index_failed.is_none() {
+                            heads_at_applied.insert(rec.info.stream.clone(), rec.info.version);
+                            index_failed = check_index_entry(ix, &rec, &mut found);
+                        }
                     }
-                }
-                Ok(())
-            })?;
+                    Ok(())
+                },
+            )?;
             report.errors.append(&mut found);
             match scan.tail {
                 Tail::Clean => break,

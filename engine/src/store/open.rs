@@ -841,7 +841,12 @@ pub(super) fn scan_opened(
             first_seq = r.segments[i].first_seq;
             start = r.p_end;
         }
-        let scan = segment::scan_segment(&map, id, max, start, |off, payload| {
+        let zero = if read_only {
+            segment::ZeroHeader::EndsView
+        } else {
+            segment::ZeroHeader::CheckFile(&*file, &path)
+        };
+        let scan = segment::scan_segment(&map, id, max, start, zero, |off, payload| {
             let pos = LogPosition {
                 segment: id,
                 offset: off,

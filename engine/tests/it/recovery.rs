@@ -370,6 +370,45 @@ fn read_only_tolerates_torn_tail_without_writing_and_verify_reports_it() {
     assert_eq!(r.torn_tail_bytes, 0);
 }
 
+/// A zero frame header ends a reader's view without the reader looking at the rest of
+/// the segment (which would make the whole preallocated zero tail resident); the owner's
+/// open still reads every byte after it and refuses a valid record there, as `verify`
+/// reports it.
+#[test]
+fn a_zero_header_ends_a_readers_view_and_the_owner_still_judges_what_follows() {
+    let dir = tempfile::tempdir().unwrap();
+    let infos = write_commits(dir.path(), test_opts(), 4);
+    let third = &infos[2];
+    let last = &infos[3];
+    assert_eq!(third.position.segment, last.position.segment);
+    let path = seg_path(dir.path(), last.position.segment);
+    let mut bytes = std::fs::read(&path).unwrap();
+    // Damage that zeroes the third record's frame header: the fourth, valid, follows.
+    let at = third.position.offset as usize;
+    bytes[at..at + format::FRAME_HEADER_BYTES as usize].fill(0);
+    std::fs::write(&path, &bytes).unwrap();
+    // Without the close's checkpoint, the reader scans these records.
+    std::fs::remove_dir_all(dir.path().join(CHECKPOINT_DIR)).unwrap();
+
+    let ro = Store::open_read_only(dir.path(), test_opts()).unwrap();
+    assert_eq!(ro.last_seq(), 2, "the view ends at the zero header");
+    drop(ro);
+    assert_eq!(std::fs::read(&path).unwrap(), bytes, "a reader wrote");
+
+    match Store::open(dir.path(), test_opts()) {
+        Err(Error::Corrupt {
+            segment, offset, ..
+        }) => {
+            assert!(segment.contains(&format!("{:016x}", last.position.segment)));
+            assert_eq!(offset, third.position.offset);
+        }
+        other => panic!("the owner's open must refuse, got {other:?}"),
+    }
+    let r = verify(dir.path(), test_opts()).unwrap();
+    assert!(!r.ok, "{r:?}");
+    assert_eq!(std::fs::read(&path).unwrap(), bytes, "a refused open wrote");
+}
+
 #[test]
 fn verify_skips_the_index_of_a_locked_store() {
     let dir = tempfile::tempdir().unwrap();
