@@ -80,9 +80,11 @@ impl Shared {
         }
     }
 
-    /// On the owner's open: take the newest checkpoint whose record the log holds,
-    /// removing newer ones it does not (ahead of the log after lost writes, or not
-    /// readable), so that readers never keep meeting them.
+    /// On the owner's open: take the newest checkpoint whose record the log holds and
+    /// that was made for this open's index format and indexers, removing newer ones that
+    /// are not (ahead of the log after lost writes, not readable, or made for other
+    /// indexers, whose index this open rebuilt), so that readers never keep meeting them
+    /// and the close writes one they can use.
     pub(crate) fn adopt_or_remove(
         &self,
         segments: &BTreeMap<u64, Arc<Segment>>,
@@ -92,7 +94,13 @@ impl Shared {
         while let Some(path) = newest(&*self.vfs, &self.dir) {
             let backed = CheckpointFile::open(&*self.vfs, &path).is_ok_and(|ck| {
                 let h = &ck.header;
-                h.seq <= log_last_seq
+                let mut made_for = h.indexers.clone();
+                made_for.sort();
+                let mut this = self.indexers.clone();
+                this.sort();
+                h.index_format == INDEX_FORMAT_VERSION
+                    && made_for == this
+                    && h.seq <= log_last_seq
                     && segments
                         .get(&h.segment)
                         .and_then(|s| s.read(h.offset, max).ok())

@@ -475,6 +475,18 @@ fn a_checkpoint_from_another_store_or_other_indexers_falls_back() {
     let ro = Store::open_read_only(dir.path(), opts().indexer(Arc::new(EventCount))).unwrap();
     let why = ro.stats().open_checkpoint_fallback.expect("other indexers");
     assert!(why.contains("indexers"), "{why}");
+    drop(ro);
+    // An owner with those indexers rebuilds its index and replaces the checkpoint at
+    // close, although the log did not grow: readers with them use it from then on.
+    let with_count = || opts().indexer(Arc::new(EventCount));
+    Store::open(dir.path(), with_count())
+        .unwrap()
+        .close()
+        .unwrap();
+    assert_eq!(checkpoints(dir.path()).len(), 1);
+    let ro = Store::open_read_only(dir.path(), with_count()).unwrap();
+    assert_eq!(ro.stats().open_checkpoint_fallback, None);
+    assert!(ro.stats().open_checkpoint_seq.is_some());
 }
 
 struct EventCount;
