@@ -297,7 +297,22 @@ impl ListQuery {
         }
     }
 
-    fn encode_cursor(&self, h: &AgentSessionInfo) -> String {
+    /// The query's limit checked, and its cursor's position (primary key, id).
+    pub(crate) fn checked_after(&self) -> Result<Option<(i64, String)>, StoreError> {
+        if let Some(l) = self.limit {
+            if l > MAX_PAGE_LIMIT {
+                return Err(StoreError::InvalidQuery {
+                    reason: format!("limit {l} exceeds {MAX_PAGE_LIMIT}"),
+                });
+            }
+        }
+        match &self.cursor {
+            Some(c) => Ok(Some(self.decode_cursor(c)?)),
+            None => Ok(None),
+        }
+    }
+
+    pub(crate) fn encode_cursor(&self, h: &AgentSessionInfo) -> String {
         format!("{}{}:{}", self.order_tag(), self.primary(h), h.id.as_str())
     }
 
@@ -322,17 +337,7 @@ impl ListQuery {
     where
         I: IntoIterator<Item = AgentSessionInfo>,
     {
-        if let Some(l) = self.limit {
-            if l > MAX_PAGE_LIMIT {
-                return Err(StoreError::InvalidQuery {
-                    reason: format!("limit {l} exceeds {MAX_PAGE_LIMIT}"),
-                });
-            }
-        }
-        let after = match &self.cursor {
-            Some(c) => Some(self.decode_cursor(c)?),
-            None => None,
-        };
+        let after = self.checked_after()?;
         // Filter, sort and page in place: a listing can hold thousands of
         // headers, and a fresh buffer of that size is fresh pages the
         // allocator maps and faults in on every call (in place was clearly

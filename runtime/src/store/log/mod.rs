@@ -73,7 +73,7 @@ use crate::store::{ListQuery, LoadCounter, SessionStore, StoreError, StoreStats}
 pub const SESSION_INDEXER: &str = "sessions";
 
 /// Version of the session index layout; bumping it rebuilds the index.
-pub const SESSION_INDEX_VERSION: u32 = 2;
+pub const SESSION_INDEX_VERSION: u32 = 3;
 
 /// A load that replays at least this many commits writes a snapshot.
 pub const SNAPSHOT_TAIL_COMMITS: u64 = 64;
@@ -622,38 +622,48 @@ impl SessionStore for LogStore {
         }
     }
 
-    /// One prefix scan: the status, parent and header keys all hold the
-    /// header record, so no header is looked up by id.
+    /// Newest first without an agent or parent filter: a range scan that
+    /// stops after the page (`sessions::list_newest_first`). Otherwise one
+    /// prefix scan: the status, parent and header keys all hold the header
+    /// record, so no header is looked up by id.
     fn list_headers(&self, query: &ListQuery) -> Result<SessionInfoList, StoreError> {
         let engine = self.engine()?;
         let index = engine.index();
-        let mut skipped = Vec::new();
-        let mut headers = Vec::new();
-        // Pick the narrowest index for the query's filters.
-        let prefix: Vec<u8> = if let Some(p) = &query.parent {
-            parent_prefix(p.as_str())
-        } else if let Some(s) = query.status {
-            vec![KEY_STATUS, status_byte(s)]
-        } else {
-            vec![KEY_HEADER]
+        let mut list = match sessions::list_newest_first(index, query)? {
+            Some(list) => list,
+            None => {
+                let mut skipped = Vec::new();
+                let mut headers = Vec::new();
+                // Pick the narrowest index for the query's filters.
+                let prefix: Vec<u8> = if let Some(p) = &query.parent {
+                    parent_prefix(p.as_str())
+                } else if let Some(s) = query.status {
+                    vec![KEY_STATUS, status_byte(s)]
+                } else {
+                    vec![KEY_HEADER]
+                };
+                index
+                    .visit_prefix(SESSION_INDEXER, &prefix, |k, v| {
+                        let id = k.get(prefix.len()..).unwrap_or_default();
+                        match decode_keyed_record(id, v) {
+                            Ok(h) => headers.push(h),
+                            Err(reason) => skipped.push(SkippedSession {
+                                location: format!("index:{}", String::from_utf8_lossy(id)),
+                                reason,
+                            }),
+                        }
+                        true
+                    })
+                    .map_err(engine_err)?;
+                let mut list = query.apply(headers)?;
+                list.skipped.extend(skipped);
+                list
+            }
         };
-        index
-            .visit_prefix(SESSION_INDEXER, &prefix, |k, v| {
-                let id = k.get(prefix.len()..).unwrap_or_default();
-                match decode_keyed_record(id, v) {
-                    Ok(h) => headers.push(h),
-                    Err(reason) => skipped.push(SkippedSession {
-                        location: format!("index:{}", String::from_utf8_lossy(id)),
-                        reason,
-                    }),
-                }
-                true
-            })
-            .map_err(engine_err)?;
         // Sessions whose stored events do not decode are reported, not listed.
         for kv in index.scan_prefix(SESSION_INDEXER, &[KEY_BROKEN]) {
             let (k, v) = kv.map_err(engine_err)?;
-            skipped.push(SkippedSession {
+            list.skipped.push(SkippedSession {
                 location: format!(
                     "log:{}",
                     String::from_utf8_lossy(k.get(1..).unwrap_or_default())
@@ -661,8 +671,6 @@ impl SessionStore for LogStore {
                 reason: String::from_utf8_lossy(&v).into_owned(),
             });
         }
-        let mut list = query.apply(headers)?;
-        list.skipped.extend(skipped);
         Ok(list)
     }
 

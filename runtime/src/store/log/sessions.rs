@@ -35,12 +35,16 @@ use std::sync::Arc;
 
 use spool_engine::{IndexBatch, IndexError, Indexer, RecordedCommit};
 
+use super::engine_err;
 use super::transcript::DecodeMemo;
 use super::{
     be_u64, PURGE_EVENT_KIND, SESSION_EVENT_PREFIX, SESSION_INDEXER, SESSION_INDEX_VERSION,
 };
 use crate::session::codec::decode_event_without_transcript;
-use crate::session::{AgentSessionInfo, SessionEvent, SessionId, SessionStatus};
+use crate::session::{
+    AgentSessionInfo, SessionEvent, SessionId, SessionInfoList, SessionStatus, SkippedSession,
+};
+use crate::store::{ListOrder, ListQuery, SortDirection, StoreError};
 
 pub(super) const KEY_HEADER: u8 = b'h';
 
@@ -52,6 +56,69 @@ pub(super) const KEY_PURGED: u8 = b'x';
 
 /// A session whose stored events do not decode: value is the reason.
 pub(super) const KEY_BROKEN: u8 = b'k';
+
+/// Headers newest first: the key orders as a listing by update time,
+/// descending, does (see [`updated_key`]); the value is the header record.
+pub(super) const KEY_UPDATED: u8 = b'u';
+
+/// The number of headers with a status (`n` + status byte → u64 BE): a
+/// listing's total without counting the headers.
+const KEY_COUNT: u8 = b'n';
+
+/// The key of a header under [`KEY_UPDATED`]: the update time, then the
+/// id, both so that ascending keys are descending `(updated_at_ms, id)`,
+/// the order `ListQuery` gives newest first (ties: greater id first).
+/// Time: the sign bit flipped (signed order as unsigned), then every bit
+/// inverted. Id: every byte inverted (`255 - b`), then `0xFF`; ids are
+/// ASCII, so no inverted byte is `0xFF` and a shorter id that is a prefix
+/// of a longer one sorts after it, as it must in descending order.
+pub(super) fn updated_key(updated_at_ms: i64, id: &str) -> Vec<u8> {
+    let mut k = Vec::with_capacity(1 + 8 + id.len() + 1);
+    k.push(KEY_UPDATED);
+    let ordered = (updated_at_ms as u64) ^ (1 << 63);
+    k.extend_from_slice(&(!ordered).to_be_bytes());
+    k.extend(id.bytes().map(|b| 255 - b));
+    k.push(0xFF);
+    k
+}
+
+/// The id bytes of an [`updated_key`] (`None`: not such a key).
+pub(super) fn id_of_updated_key(k: &[u8]) -> Option<Vec<u8>> {
+    let inverted = k.get(9..)?.strip_suffix(&[0xFF])?;
+    Some(inverted.iter().map(|b| 255 - b).collect())
+}
+
+fn count_key(s: SessionStatus) -> [u8; 2] {
+    [KEY_COUNT, status_byte(s)]
+}
+
+/// The number of headers with status `s`, as the index holds it.
+pub(super) fn header_count(
+    index: &spool_engine::Index,
+    s: SessionStatus,
+) -> Result<u64, spool_engine::Error> {
+    Ok(index
+        .get(SESSION_INDEXER, &count_key(s))?
+        .and_then(|v| be_u64(&v))
+        .unwrap_or(0))
+}
+
+/// Adds `delta` to the count of headers with status `s`.
+fn add_count(batch: &mut IndexBatch<'_>, s: SessionStatus, delta: i64) -> Result<(), IndexError> {
+    let k = count_key(s);
+    let n = batch.get(&k)?.and_then(|v| be_u64(&v)).unwrap_or(0);
+    let n = n.checked_add_signed(delta).ok_or_else(|| {
+        IndexError::indexer(
+            SESSION_INDEXER,
+            format!(
+                "header count of status {} would leave 0..=u64::MAX",
+                s.as_str()
+            ),
+        )
+    })?;
+    batch.insert(&k, &n.to_be_bytes());
+    Ok(())
+}
 
 pub(super) fn key(tag: u8, id: &str) -> Vec<u8> {
     let mut k = Vec::with_capacity(1 + id.len());
@@ -332,6 +399,84 @@ pub(super) fn decode_keyed_record(id_bytes: &[u8], b: &[u8]) -> Result<AgentSess
     Ok(decode_record(id, b)?.0)
 }
 
+/// A listing newest first (by update time, descending) without an agent or
+/// parent filter, the default and the one `spool sessions` asks: one range
+/// scan of [`KEY_UPDATED`] from the cursor that stops after the page, and
+/// the total from the per-status counts, so its cost is the page's, not the
+/// number of sessions. `Ok(None)` for every other query, which takes the
+/// scan of every header. Answers exactly as `ListQuery::apply` over all
+/// headers would (tested against it).
+pub(super) fn list_newest_first(
+    index: &spool_engine::Index,
+    query: &ListQuery,
+) -> Result<Option<SessionInfoList>, StoreError> {
+    if query.order != ListOrder::UpdatedAt
+        || query.direction != SortDirection::Descending
+        || query.agent.is_some()
+        || query.parent.is_some()
+    {
+        return Ok(None);
+    }
+    let after = query.checked_after()?;
+    let mut total = 0u64;
+    for s in SessionStatus::ALL {
+        let counted = match query.status {
+            Some(want) => s == want,
+            None => s != SessionStatus::Deleted || query.include_deleted,
+        };
+        if counted {
+            total = total.saturating_add(header_count(index, s).map_err(engine_err)?);
+        }
+    }
+    let from = match &after {
+        Some((t, id)) => updated_key(*t, id),
+        None => vec![KEY_UPDATED],
+    };
+    let mut skip = query.offset;
+    let want = query.limit.unwrap_or(u64::MAX);
+    let mut list = SessionInfoList {
+        total,
+        ..SessionInfoList::default()
+    };
+    let mut more = false;
+    index
+        .visit_range(SESSION_INDEXER, &[KEY_UPDATED], &from, |k, v| {
+            if after.is_some() && k == from.as_slice() {
+                // The cursor's own header: the page starts after it.
+                return true;
+            }
+            let id = id_of_updated_key(k).unwrap_or_default();
+            let h = match decode_keyed_record(&id, v) {
+                Ok(h) => h,
+                Err(reason) => {
+                    list.skipped.push(SkippedSession {
+                        location: format!("index:{}", String::from_utf8_lossy(&id)),
+                        reason,
+                    });
+                    return true;
+                }
+            };
+            if !query.matches(&h) {
+                return true;
+            }
+            if skip > 0 {
+                skip -= 1;
+                return true;
+            }
+            if list.headers.len() as u64 >= want {
+                more = true;
+                return false;
+            }
+            list.headers.push(h);
+            true
+        })
+        .map_err(engine_err)?;
+    if more && !list.headers.is_empty() {
+        list.next_cursor = list.headers.last().map(|h| query.encode_cursor(h));
+    }
+    Ok(Some(list))
+}
+
 /// Maintains the session header index from the log. See the module docs.
 ///
 /// [`SessionIndexer::default`] checks a `created` event's transcript
@@ -377,30 +522,35 @@ impl SessionIndexer {
                 // Most commits (appended entries, touches) change only the
                 // version and the update time: patch the stored record and
                 // write it under the same keys (status and parent unchanged).
-                let (skey, pkey, base) = {
+                let (skey, pkey, base, old_updated) = {
                     let view = decode_view(&rec).map_err(bad)?;
                     (
                         status_key(view.status, id),
                         view.parent.map(|p| parent_key(p, id)),
                         view.base,
+                        view.updated_at_ms,
                     )
                 };
                 let version = commit.info.version.saturating_sub(base);
+                let updated = commit.info.timestamp_ms;
                 rec[REC_VERSION..REC_VERSION + 8].copy_from_slice(&version.to_be_bytes());
-                rec[REC_UPDATED..REC_UPDATED + 8]
-                    .copy_from_slice(&commit.info.timestamp_ms.to_be_bytes());
+                rec[REC_UPDATED..REC_UPDATED + 8].copy_from_slice(&updated.to_be_bytes());
                 batch.insert(&skey, &rec);
                 if let Some(pk) = pkey {
                     batch.insert(&pk, &rec);
                 }
+                if old_updated != updated {
+                    batch.remove(&updated_key(old_updated, id));
+                }
+                batch.insert(&updated_key(updated, id), &rec);
                 batch.insert(&hkey, &rec);
                 return Ok(());
             }
             let view = decode_view(&rec).map_err(bad)?;
-            let fields = view.to_fields();
+            let old = (view.to_fields(), view.updated_at_ms);
             // A session with a header is not broken (breaking removes it),
             // and its record holds the version base.
-            return self.apply_events(commit, batch, Some(fields), view.base, false);
+            return self.apply_events(commit, batch, Some(old), view.base, false);
         }
         let base = match batch.get(&key(KEY_PURGED, id))? {
             Some(b) => be_u64(&b).unwrap_or(0),
@@ -416,12 +566,14 @@ impl SessionIndexer {
         &self,
         commit: &RecordedCommit,
         batch: &mut IndexBatch<'_>,
-        old: Option<Fields>,
+        old: Option<(Fields, i64)>,
         mut base: u64,
         mut broken: bool,
     ) -> Result<(), IndexError> {
         let id = commit.info.stream.as_str();
         let bkey = key(KEY_BROKEN, id);
+        let old_updated = old.as_ref().map(|(_, u)| *u);
+        let old = old.map(|(f, _)| f);
         let mut header = old.clone();
         for (i, ev) in commit.events.iter().enumerate() {
             if ev.kind == PURGE_EVENT_KIND {
@@ -502,6 +654,11 @@ impl SessionIndexer {
             .and_then(|h| h.parent.as_deref().map(|p| parent_key(p, id)));
         // Remove the secondary keys of the old header the new one does not keep.
         if let Some(o) = &old {
+            if let Some(u) =
+                old_updated.filter(|u| header.is_none() || *u != commit.info.timestamp_ms)
+            {
+                batch.remove(&updated_key(u, id));
+            }
             let skey = status_key(o.status, id);
             if new_skey.as_ref() != Some(&skey) {
                 batch.remove(&skey);
@@ -522,6 +679,7 @@ impl SessionIndexer {
                         IndexError::indexer(SESSION_INDEXER, format!("header of {id}: {e}"))
                     })?;
                 batch.insert(&hkey, &rec);
+                batch.insert(&updated_key(commit.info.timestamp_ms, id), &rec);
                 if let Some(k) = &new_skey {
                     batch.insert(k, &rec);
                 }
@@ -530,6 +688,18 @@ impl SessionIndexer {
                 }
             }
             None => batch.remove(&hkey),
+        }
+        let (was, now) = (
+            old.as_ref().map(|o| o.status),
+            header.as_ref().map(|h| h.status),
+        );
+        if was != now {
+            if let Some(s) = was {
+                add_count(batch, s, -1)?;
+            }
+            if let Some(s) = now {
+                add_count(batch, s, 1)?;
+            }
         }
         Ok(())
     }
@@ -735,6 +905,126 @@ mod tests {
             }
         }
         assert_eq!(all.headers.len(), listed);
+        assert_newest_first_listing_matches(store, ids);
+    }
+
+    /// The newest-first listing (a range scan of `u` keys, totals from the
+    /// counts) answers every query exactly as `ListQuery::apply` over every
+    /// header: pages, offsets, totals, cursors followed to the end.
+    fn assert_newest_first_listing_matches(store: &LogStore, ids: &[&SessionId]) {
+        let headers: Vec<AgentSessionInfo> = ids
+            .iter()
+            .filter_map(|id| store.header(id).unwrap())
+            .collect();
+        let index_owner = store.engine().unwrap();
+        let index = index_owner.index();
+        let mut queries = vec![ListQuery::all(), ListQuery::all().including_deleted()];
+        for st in SessionStatus::ALL {
+            queries.push(ListQuery::all().with_status(st));
+        }
+        for q in queries {
+            for (offset, limit) in [(0, None), (0, Some(1)), (1, Some(2)), (3, Some(3))] {
+                let mut q = q.clone();
+                q.offset = offset;
+                q.limit = limit;
+                let mut pages = 0;
+                loop {
+                    let want = q.apply(headers.clone()).unwrap();
+                    let got = list_newest_first(index, &q).unwrap().expect("fast path");
+                    assert_eq!(got, want, "{q:?}");
+                    match want.next_cursor {
+                        Some(c) => {
+                            q.offset = 0;
+                            q.cursor = Some(c);
+                        }
+                        None => break,
+                    }
+                    pages += 1;
+                    assert!(pages <= ids.len(), "cursors do not advance: {q:?}");
+                }
+            }
+        }
+    }
+
+    /// Random header changes with many update-time ties (commits in the
+    /// same millisecond) and ids that are prefixes of one another: the
+    /// newest-first listing always answers as `apply` does, also after the
+    /// index is rebuilt from the log.
+    #[test]
+    fn the_newest_first_listing_answers_as_a_sort_of_every_header() {
+        for seed in [1u64, 7, 0x5eed] {
+            println!("seed {seed:#x}");
+            let mut rng = seed;
+            let mut next = |n: u64| {
+                rng = rng
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                (rng >> 33) % n
+            };
+            let dir = tempfile::tempdir().unwrap();
+            let store = LogStore::open(dir.path(), LogStoreOptions::default()).unwrap();
+            let names = ["a", "ab", "abc", "b", "b-", "B", "z_9", "a0", "ab-x"];
+            let ids: Vec<SessionId> = names.iter().map(|n| SessionId::parse(n).unwrap()).collect();
+            let refs: Vec<&SessionId> = ids.iter().collect();
+            for step in 0..120 {
+                let id = &ids[next(ids.len() as u64) as usize];
+                let Some(h) = store.header(id).unwrap() else {
+                    let def = crate::session::AgentDefinition::new("a", "d", "p");
+                    let _ = store.create(AgentSession::new_with_id(id.clone(), def, None));
+                    continue;
+                };
+                match next(8) {
+                    0..=3 => {
+                        let _ = store.append_events(id, h.version, vec![SessionEvent::Touched]);
+                    }
+                    4 | 5 => {
+                        let mut sess = store.load(id).unwrap().unwrap();
+                        let to = SessionStatus::ALL[next(4) as usize];
+                        if sess.set_status(to).is_ok() {
+                            let _ = store.save(sess);
+                        }
+                    }
+                    6 => {
+                        let mut sess = store.load(id).unwrap().unwrap();
+                        if sess.set_status(SessionStatus::Deleted).is_ok() {
+                            let _ = store.save(sess);
+                        }
+                    }
+                    _ => {
+                        store.delete(id).unwrap();
+                    }
+                }
+                if step % 10 == 9 {
+                    assert_newest_first_listing_matches(&store, &refs);
+                }
+            }
+            assert_newest_first_listing_matches(&store, &refs);
+            store.close().unwrap();
+            std::fs::remove_dir_all(dir.path().join(spool_engine::INDEX_DIR)).unwrap();
+            std::fs::remove_dir_all(dir.path().join(spool_engine::CHECKPOINT_DIR)).unwrap();
+            let store = LogStore::open(dir.path(), LogStoreOptions::default()).unwrap();
+            assert_newest_first_listing_matches(&store, &refs);
+        }
+    }
+
+    #[test]
+    fn updated_keys_order_as_a_newest_first_listing() {
+        let mut pairs = vec![
+            (i64::MIN, "a"),
+            (-1, "a"),
+            (0, "a"),
+            (0, "ab"),
+            (0, "b"),
+            (1, "A"),
+            (i64::MAX, "z"),
+        ];
+        // Descending (time, id) is ascending key order.
+        pairs.sort_by(|a, b| (b.0, b.1).cmp(&(a.0, a.1)));
+        let keys: Vec<Vec<u8>> = pairs.iter().map(|(t, id)| updated_key(*t, id)).collect();
+        assert!(keys.windows(2).all(|w| w[0] < w[1]), "{pairs:?}");
+        for ((_, id), k) in pairs.iter().zip(&keys) {
+            assert_eq!(id_of_updated_key(k).unwrap(), id.as_bytes());
+        }
     }
 
     #[test]
