@@ -189,7 +189,20 @@ fn resolve(dir: &Path, arg: &str) -> Result<Option<SessionId>> {
     if arg.len() == 36 && uuid::Uuid::try_parse(arg).is_ok() {
         return Ok(Some(id));
     }
-    let rt = runtime_for(dir, false)?;
+    lookup(&runtime_for(dir, false)?, arg, id)
+}
+
+/// [`resolve_id`] through a runtime the command opened already (one open
+/// of the store per command, not one to resolve and one to answer).
+pub fn resolve_in(rt: &SessionRuntime, arg: &str) -> Result<SessionId> {
+    let id = parse_id(arg)?;
+    if arg.len() == 36 && uuid::Uuid::try_parse(arg).is_ok() {
+        return Ok(id);
+    }
+    lookup(rt, arg, id)?.ok_or_else(|| no_session(arg))
+}
+
+fn lookup(rt: &SessionRuntime, arg: &str, id: SessionId) -> Result<Option<SessionId>> {
     match rt.session_info(&id) {
         Ok(_) => return Ok(Some(id)),
         Err(e) if e.is_not_found() => {}

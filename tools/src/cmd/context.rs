@@ -2,7 +2,6 @@
 //! leaf, in spool's shape or in a model API's (the library builds both;
 //! this command prints).
 
-use std::path::Path;
 use std::process::ExitCode;
 
 use serde::Serialize;
@@ -14,7 +13,8 @@ use spool_runtime::transcript::{
 
 use crate::cli::ContextFormat;
 use crate::out::{ellipsize, human_bytes, print_json, Result, ToolError};
-use crate::session_open::{parse_id, runtime_err, runtime_for};
+use crate::session_open::runtime_err;
+use spool_runtime::{SessionId, SessionRuntime};
 
 /// The `--json` shape of the spool format.
 const CONTEXT_JSON_VERSION: u32 = 1;
@@ -64,20 +64,23 @@ fn budget_note(b: &BudgetReport) -> String {
 }
 
 /// The spool format without a budget (the demo's call).
-pub fn run(dir: &Path, id: &str, budget_bytes: Option<u64>, json: bool) -> Result<ExitCode> {
-    run_as(dir, id, budget_bytes, ContextFormat::Spool, json)
+pub fn run(
+    rt: &SessionRuntime,
+    id: &SessionId,
+    budget_bytes: Option<u64>,
+    json: bool,
+) -> Result<ExitCode> {
+    run_as(rt, id, budget_bytes, ContextFormat::Spool, json)
 }
 
 pub fn run_as(
-    dir: &Path,
-    id: &str,
+    rt: &SessionRuntime,
+    id: &SessionId,
     budget_bytes: Option<u64>,
     format: ContextFormat,
     json: bool,
 ) -> Result<ExitCode> {
-    let id = parse_id(id)?;
-    let rt = runtime_for(dir, false)?;
-    let s = rt.get_session(&id).map_err(|e| runtime_err(&id, e))?;
+    let s = rt.get_session(id).map_err(|e| runtime_err(id, e))?;
     let transcript = &s.state().transcript;
     let system_prompt = s.state().system_prompt.as_str();
     let (ctx, budget): (ModelContext, Option<BudgetReport>) = match budget_bytes {

@@ -190,11 +190,12 @@ pub fn run(dir: &Path, json: bool) -> Result<ExitCode> {
     );
     crate::outln!();
     drop(rt);
-    super::tree::run(dir, id1.as_str(), false)?;
+    let ro = crate::session_open::runtime_for(dir, false)?;
+    super::tree::run(&ro, &id1, false)?;
     crate::outln!();
     crate::outln!("The model context at its leaf:");
     crate::outln!();
-    super::context::run(dir, id1.as_str(), None, false)?;
+    super::context::run(&ro, &id1, None, false)?;
     crate::outln!();
     crate::outln!("Explore further:");
     for cmd in explore_commands(dir, &id1) {

@@ -7,7 +7,7 @@ use crate::cli::{Cli, Command};
 use crate::out::{Result, ToolError};
 use spool_runtime::session::SessionId;
 
-use crate::session_open::{is_postgres, resolve_id, resolve_stream};
+use crate::session_open::{is_postgres, resolve_id, resolve_in, resolve_stream, runtime_for};
 
 mod compact;
 mod context;
@@ -92,12 +92,12 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
             )
         }
         Command::Show { id, json } => {
-            let dir = need_store(&store)?;
-            show::run(dir, resolve_id(dir, &id)?.as_str(), json)
+            let rt = runtime_for(need_store(&store)?, false)?;
+            show::run(&rt, &resolve_in(&rt, &id)?, json)
         }
         Command::Tree { id, json } => {
-            let dir = need_store(&store)?;
-            tree::run(dir, resolve_id(dir, &id)?.as_str(), json)
+            let rt = runtime_for(need_store(&store)?, false)?;
+            tree::run(&rt, &resolve_in(&rt, &id)?, json)
         }
         Command::Context {
             id,
@@ -105,14 +105,8 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
             format,
             json,
         } => {
-            let dir = need_store(&store)?;
-            context::run_as(
-                dir,
-                resolve_id(dir, &id)?.as_str(),
-                budget_bytes,
-                format,
-                json,
-            )
+            let rt = runtime_for(need_store(&store)?, false)?;
+            context::run_as(&rt, &resolve_in(&rt, &id)?, budget_bytes, format, json)
         }
         Command::Stats { top, json } => {
             let dir = need_store(&store)?;

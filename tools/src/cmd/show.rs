@@ -1,6 +1,5 @@
 //! `spool show`: one session's header, definition and a summary of its state.
 
-use std::path::Path;
 use std::process::ExitCode;
 
 use serde::Serialize;
@@ -8,7 +7,8 @@ use spool_runtime::session::{AgentDefinition, AgentSession};
 
 use crate::cmd::sessions::HeaderRow;
 use crate::out::{ellipsize, human_time_ms, print_doc, Result};
-use crate::session_open::{parse_id, runtime_err, runtime_with, Access};
+use crate::session_open::runtime_err;
+use spool_runtime::{SessionId, SessionRuntime};
 
 #[derive(Serialize)]
 struct StateSummary {
@@ -68,10 +68,8 @@ impl<'a> Shown<'a> {
     }
 }
 
-pub fn run(dir: &Path, id: &str, json: bool) -> Result<ExitCode> {
-    let id = parse_id(id)?;
-    let rt = runtime_with(dir, Access::Read)?;
-    let s = rt.get_session(&id).map_err(|e| runtime_err(&id, e))?;
+pub fn run(rt: &SessionRuntime, id: &SessionId, json: bool) -> Result<ExitCode> {
+    let s = rt.get_session(id).map_err(|e| runtime_err(id, e))?;
     if json {
         print_doc(&Shown::of(&s))?;
         return Ok(ExitCode::SUCCESS);

@@ -1,18 +1,16 @@
 //! `spool tree`: the transcript tree of a session.
 
 use std::collections::HashMap;
-use std::path::Path;
 use std::process::ExitCode;
 
 use spool_runtime::transcript::TreeRow;
 
 use crate::out::{print_doc, Result};
-use crate::session_open::{parse_id, runtime_err, runtime_with, Access};
+use crate::session_open::runtime_err;
+use spool_runtime::{SessionId, SessionRuntime};
 
-pub fn run(dir: &Path, id: &str, json: bool) -> Result<ExitCode> {
-    let id = parse_id(id)?;
-    let rt = runtime_with(dir, Access::Read)?;
-    let s = rt.get_session(&id).map_err(|e| runtime_err(&id, e))?;
+pub fn run(rt: &SessionRuntime, id: &SessionId, json: bool) -> Result<ExitCode> {
+    let s = rt.get_session(id).map_err(|e| runtime_err(id, e))?;
     let transcript = &s.state().transcript;
     let rows = transcript.tree();
     if json {
