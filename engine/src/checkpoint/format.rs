@@ -185,14 +185,72 @@ pub(crate) fn encode_block_index(blocks: &[BlockRef]) -> Vec<u8> {
     b
 }
 
+/// Where one block is, as the block index gives it.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct BlockAt {
+    /// The block's first key: `key_len` bytes at `key_at` of the block index.
+    key_at: u32,
+    key_len: u32,
+    pub offset: u64,
+    /// Bytes of the block, its trailing crc included.
+    pub len: u32,
+}
+
+/// A decoded block index: its bytes as read and one fixed-size [`BlockAt`] per
+/// block whose first key is a slice of them, so an open allocates two buffers, not
+/// one per block (a million-commit store's checkpoint has about ten thousand).
+#[derive(Debug)]
+pub(crate) struct BlockIndex {
+    bytes: Vec<u8>,
+    blocks: Vec<BlockAt>,
+}
+
+impl BlockIndex {
+    pub(crate) fn len(&self) -> usize {
+        self.blocks.len()
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.blocks.is_empty()
+    }
+
+    pub(crate) fn at(&self, i: usize) -> BlockAt {
+        self.blocks[i]
+    }
+
+    pub(crate) fn first_key(&self, i: usize) -> &[u8] {
+        let b = &self.blocks[i];
+        // In bounds: checked by `decode_block_index`.
+        &self.bytes[b.key_at as usize..b.key_at as usize + b.key_len as usize]
+    }
+
+    /// The number of blocks whose first key is `<= k`.
+    pub(crate) fn count_at_or_below(&self, k: &[u8]) -> usize {
+        let (mut lo, mut hi) = (0, self.blocks.len());
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            if self.first_key(mid) <= k {
+                lo = mid + 1;
+            } else {
+                hi = mid;
+            }
+        }
+        lo
+    }
+}
+
 /// The block index in `b` (its crc already checked); every block must lie in
-/// `data_start..data_end`, in order, not overlapping.
+/// `data_start..data_end`, in order, not overlapping, and first keys must increase.
 pub(crate) fn decode_block_index(
-    b: &[u8],
+    b: Vec<u8>,
     data_start: u64,
     data_end: u64,
-) -> Result<Vec<BlockRef>, (u64, String)> {
-    let mut r = Cursor { b, at: 0 };
+) -> Result<BlockIndex, (u64, String)> {
+    // The block index is at most `BLOCK_INDEX_BYTES_MAX`, so positions in it fit a u32.
+    if b.len() as u64 > BLOCK_INDEX_BYTES_MAX {
+        return Err((0, format!("block index of {} bytes", b.len())));
+    }
+    let mut r = Cursor { b: &b, at: 0 };
     let n = r.u32()? as usize;
     // Each entry is at least 16 bytes: a count past that is damage, not an allocation.
     if n > b.len() / 16 {
@@ -201,26 +259,27 @@ pub(crate) fn decode_block_index(
             format!("block count {n} larger than the block index holds"),
         ));
     }
-    let mut out = Vec::with_capacity(n);
+    let mut out: Vec<BlockAt> = Vec::with_capacity(n);
     let mut next = data_start;
+    let mut prev_key: Option<&[u8]> = None;
     for _ in 0..n {
         let at = r.at as u64;
         let klen = r.u32()? as usize;
-        let first_key = r.take(klen)?.to_vec();
+        let key_at = r.at;
+        let first_key = r.take(klen)?;
         let offset = r.u64()?;
         let len = r.u32()?;
         if offset != next || u64::from(len) < 4 || offset + u64::from(len) > data_end {
             return Err((at, "block out of place".into()));
         }
-        if out
-            .last()
-            .is_some_and(|p: &BlockRef| p.first_key >= first_key)
-        {
+        if prev_key.is_some_and(|p| p >= first_key) {
             return Err((at, "block first keys do not increase".into()));
         }
+        prev_key = Some(first_key);
         next = offset + u64::from(len);
-        out.push(BlockRef {
-            first_key,
+        out.push(BlockAt {
+            key_at: key_at as u32,
+            key_len: klen as u32,
             offset,
             len,
         });
@@ -231,7 +290,10 @@ pub(crate) fn decode_block_index(
     if next != data_end {
         return Err((0, "blocks do not cover the data".into()));
     }
-    Ok(out)
+    Ok(BlockIndex {
+        bytes: b,
+        blocks: out,
+    })
 }
 
 pub(crate) struct Footer {

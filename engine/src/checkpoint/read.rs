@@ -6,7 +6,7 @@
 //! answers from it. The checkpoint was already chosen over the log when that is found,
 //! so the read fails rather than answer from the log behind the caller's back.
 
-use super::format::{self, BlockRef, Footer, Header, FOOTER_BYTES};
+use super::format::{self, BlockIndex, Footer, Header, FOOTER_BYTES};
 use super::write::parse_file_name;
 use super::CHECKPOINT_DIR;
 use crate::error::IndexError;
@@ -55,7 +55,7 @@ pub(crate) struct CheckpointFile {
     pub path: PathBuf,
     file: Arc<dyn VfsFile>,
     pub header: Header,
-    blocks: Vec<BlockRef>,
+    blocks: BlockIndex,
     cache: Mutex<Vec<(usize, Arc<Block>)>>,
 }
 
@@ -130,7 +130,7 @@ impl CheckpointFile {
         if format::crc(&ib) != footer.index_crc {
             return Err(at(data_end, "block index checksum mismatch"));
         }
-        let blocks = format::decode_block_index(&ib, header_len, data_end)
+        let blocks = format::decode_block_index(ib, header_len, data_end)
             .map_err(|(off, e)| at(data_end + off, &e))?;
         if header.entries > 0 && blocks.is_empty() || header.entries == 0 && !blocks.is_empty() {
             return Err(at(0, "entry count and blocks disagree"));
@@ -161,7 +161,7 @@ impl CheckpointFile {
                 return Ok(b);
             }
         }
-        let r = &self.blocks[i];
+        let r = self.blocks.at(i);
         // The block index bounded every block by the file's size when it was opened.
         let mut buf = vec![0u8; r.len as usize];
         self.file
@@ -179,7 +179,7 @@ impl CheckpointFile {
             bytes: buf,
             entries,
         };
-        if block.entries.is_empty() || block.key(0) != r.first_key.as_slice() {
+        if block.entries.is_empty() || block.key(0) != self.blocks.first_key(i) {
             return Err(self.malformed(r.offset, "block's first key differs from its index"));
         }
         let block = Arc::new(block);
@@ -193,7 +193,7 @@ impl CheckpointFile {
 
     /// The block that would hold `k` (the last whose first key is `<= k`).
     fn block_for(&self, k: &[u8]) -> Option<usize> {
-        let n = self.blocks.partition_point(|b| b.first_key.as_slice() <= k);
+        let n = self.blocks.count_at_or_below(k);
         n.checked_sub(1)
     }
 
