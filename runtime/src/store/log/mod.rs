@@ -622,7 +622,7 @@ impl SessionStore for LogStore {
         }
     }
 
-    /// Newest first without an agent or parent filter: a range scan that
+    /// Newest first without a filter: a range scan that
     /// stops after the page (`sessions::list_newest_first`). Otherwise one
     /// prefix scan: the status, parent and header keys all hold the header
     /// record, so no header is looked up by id.
