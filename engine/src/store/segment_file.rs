@@ -112,22 +112,11 @@ pub(crate) fn open_segments_in_order(
             .open(&path, OpenMode::Read)
             .map_err(|e| Error::io(&path, "open", e))?;
         let map: Mapped = file.map().map_err(|e| Error::io(&path, "map", e))?;
-        let header = format::check_header(&map, id);
-        let key = match &header {
-            Ok(h) => match h.compacted {
-                Some((first, _)) => first,
-                None => match map
-                    .get(h.data_start as usize..)
-                    .map(|rest| format::check_frame(rest, id, max))
-                {
-                    Some(format::FrameCheck::Valid { payload, .. }) => {
-                        format::peek_seq(payload).unwrap_or(u64::MAX)
-                    }
-                    _ => u64::MAX,
-                },
-            },
-            Err(_) => u64::MAX,
-        };
+        // The header and the first record are read, not touched through the map:
+        // a first touch of a file mapping faults in a whole folio around it, for
+        // every segment of the log, where a read copies the bytes asked for.
+        let (header, key) = read_header_and_key(&*file, map.len() as u64, id, max)
+            .map_err(|e| Error::io(&path, "read_at", e))?;
         out.push(OpenedSegment {
             id,
             path,
@@ -146,6 +135,62 @@ pub(crate) fn open_segments_in_order(
         )
     });
     Ok((out, max_id))
+}
+
+/// A segment's header check and its position in log order (`OpenedSegment::key`), from
+/// the file's first bytes and first record, read with `pread` (`len`: the file's size).
+fn read_header_and_key(
+    file: &dyn VfsFile,
+    len: u64,
+    id: u64,
+    max: u32,
+) -> std::io::Result<(Result<format::SegmentHeader, format::HeaderProblem>, u64)> {
+    let mut head = vec![0u8; len.min(SEGMENT_HEADER_BYTES + format::COMPACTED_EXT_BYTES) as usize];
+    file.read_at(&mut head, 0)?;
+    let header = format::check_header(&head, id);
+    let h = match &header {
+        Ok(h) => *h,
+        Err(_) => return Ok((header, u64::MAX)),
+    };
+    if let Some((first, _)) = h.compacted {
+        return Ok((header, first));
+    }
+    let key = match read_valid_frame(file, len, h.data_start, max)? {
+        Some(frame) => match format::check_frame(&frame, id, max) {
+            format::FrameCheck::Valid { payload, .. } => {
+                format::peek_seq(payload).unwrap_or(u64::MAX)
+            }
+            _ => u64::MAX,
+        },
+        None => u64::MAX,
+    };
+    Ok((header, key))
+}
+
+/// The bytes of the frame at `off` when its header is plausible (not zero, its length
+/// within `max` and the file's `len`); `None` otherwise. The caller checks the frame.
+fn read_valid_frame(
+    file: &dyn VfsFile,
+    len: u64,
+    off: u64,
+    max: u32,
+) -> std::io::Result<Option<Vec<u8>>> {
+    let mut fh = [0u8; FRAME_HEADER_BYTES as usize];
+    if off + FRAME_HEADER_BYTES > len {
+        return Ok(None);
+    }
+    file.read_at(&mut fh, off)?;
+    let h = format::FrameHeader::parse(&fh);
+    if format::FrameHeader::is_zero(&fh) || h.len > max {
+        return Ok(None);
+    }
+    let total = FRAME_HEADER_BYTES + u64::from(h.len);
+    if off + total > len {
+        return Ok(None);
+    }
+    let mut frame = vec![0u8; total as usize];
+    file.read_at(&mut frame, off)?;
+    Ok(Some(frame))
 }
 
 /// Segments not written by GC must appear in log order by ascending id (the writer only
