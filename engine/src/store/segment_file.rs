@@ -155,7 +155,7 @@ fn read_header_and_key(
     if let Some((first, _)) = h.compacted {
         return Ok((header, first));
     }
-    let key = match read_valid_frame(file, len, h.data_start, max)? {
+    let key = match read_plausible_frame(file, len, h.data_start, max)? {
         Some(frame) => match format::check_frame(&frame, id, max) {
             format::FrameCheck::Valid { payload, .. } => {
                 format::peek_seq(payload).unwrap_or(u64::MAX)
@@ -169,7 +169,7 @@ fn read_header_and_key(
 
 /// The bytes of the frame at `off` when its header is plausible (not zero, its length
 /// within `max` and the file's `len`); `None` otherwise. The caller checks the frame.
-fn read_valid_frame(
+fn read_plausible_frame(
     file: &dyn VfsFile,
     len: u64,
     off: u64,
