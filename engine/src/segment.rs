@@ -535,26 +535,39 @@ pub(crate) fn frame_landed_since(
     max_len: u32,
     off: u64,
 ) -> std::io::Result<bool> {
+    Ok(
+        read_plausible_frame(file, off, max_len)?.is_some_and(|frame| {
+            matches!(
+                format::check_frame(&frame, seg_id, max_len),
+                FrameCheck::Valid { .. }
+            )
+        }),
+    )
+}
+
+/// The bytes of the frame at `off`, read with `pread`, when its header is plausible
+/// (not zero, its length within `max_len`) and the file holds all of it; `None`
+/// otherwise. The caller checks the frame.
+pub(crate) fn read_plausible_frame(
+    file: &dyn VfsFile,
+    off: u64,
+    max_len: u32,
+) -> std::io::Result<Option<Vec<u8>>> {
+    let read = |buf: &mut [u8]| match file.read_at(buf, off) {
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => Ok(false),
+        Err(e) => Err(e),
+    };
     let mut head = [0u8; FRAME_HEADER_BYTES as usize];
-    match file.read_at(&mut head, off) {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(false),
-        Err(e) => return Err(e),
+    if !read(&mut head)? {
+        return Ok(None);
     }
     let h = format::FrameHeader::parse(&head);
     if format::FrameHeader::is_zero(&head) || h.len > max_len {
-        return Ok(false);
+        return Ok(None);
     }
     let mut frame = vec![0u8; FRAME_HEADER_BYTES as usize + h.len as usize];
-    match file.read_at(&mut frame, off) {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(false),
-        Err(e) => return Err(e),
-    }
-    Ok(matches!(
-        format::check_frame(&frame, seg_id, max_len),
-        FrameCheck::Valid { .. }
-    ))
+    Ok(read(&mut frame)?.then_some(frame))
 }
 
 /// How a scan judges a zero frame header: the never-written preallocation, or a

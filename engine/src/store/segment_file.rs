@@ -155,7 +155,10 @@ fn read_header_and_key(
     if let Some((first, _)) = h.compacted {
         return Ok((header, first));
     }
-    let key = match read_plausible_frame(file, len, h.data_start, max)? {
+    // A frame longer than the rest of the file is not read (nor allocated).
+    let in_file = len.saturating_sub(h.data_start + FRAME_HEADER_BYTES);
+    let cap = u32::try_from(in_file).unwrap_or(u32::MAX).min(max);
+    let key = match segment::read_plausible_frame(file, h.data_start, cap)? {
         Some(frame) => match format::check_frame(&frame, id, max) {
             format::FrameCheck::Valid { payload, .. } => {
                 format::peek_seq(payload).unwrap_or(u64::MAX)
@@ -165,32 +168,6 @@ fn read_header_and_key(
         None => u64::MAX,
     };
     Ok((header, key))
-}
-
-/// The bytes of the frame at `off` when its header is plausible (not zero, its length
-/// within `max` and the file's `len`); `None` otherwise. The caller checks the frame.
-fn read_plausible_frame(
-    file: &dyn VfsFile,
-    len: u64,
-    off: u64,
-    max: u32,
-) -> std::io::Result<Option<Vec<u8>>> {
-    let mut fh = [0u8; FRAME_HEADER_BYTES as usize];
-    if off + FRAME_HEADER_BYTES > len {
-        return Ok(None);
-    }
-    file.read_at(&mut fh, off)?;
-    let h = format::FrameHeader::parse(&fh);
-    if format::FrameHeader::is_zero(&fh) || h.len > max {
-        return Ok(None);
-    }
-    let total = FRAME_HEADER_BYTES + u64::from(h.len);
-    if off + total > len {
-        return Ok(None);
-    }
-    let mut frame = vec![0u8; total as usize];
-    file.read_at(&mut frame, off)?;
-    Ok(Some(frame))
 }
 
 /// Segments not written by GC must appear in log order by ascending id (the writer only
