@@ -10,11 +10,19 @@
 //!              order up to the checkpoint's (id u64, first seq u64, end u64), crc u32
 //! blocks       per block: entries (key length u32, key, value length u32, value), in
 //!              strictly increasing key order across the file, then crc u32
-//! block index  block count u32, per block (first key length u32, first key, offset
-//!              u64, length u32 with the crc)
-//! footer       block index offset u64, block index length u64, block index crc u32,
+//! chunks       the block index in runs of at most `CHUNK_BLOCKS` blocks, per run:
+//!              block count u32, per block (first key length u32, first key, offset
+//!              u64, length u32 with the crc), then crc u32
+//! top index    chunk count u32, per chunk (first key length u32, first key, offset
+//!              u64, length u32 with the crc, block count u32, offset of its first
+//!              block u64)
+//! footer       top index offset u64, top index length u64, top index crc u32,
 //!              footer crc u32 (of the 20 bytes before it), magic "SPOOLCKE"
 //! ```
+//!
+//! Format version 1 (still read) had one flat block index where version 2 has the
+//! chunks and the top index: the footer pointed at it, and it was the encoding of one
+//! chunk without the crc.
 //!
 //! Every crc is CRC-32 (IEEE, `crc32fast`).
 
@@ -22,8 +30,11 @@ use uuid::Uuid;
 
 pub(crate) const MAGIC: [u8; 8] = *b"SPOOLCKP";
 pub(crate) const FOOTER_MAGIC: [u8; 8] = *b"SPOOLCKE";
-/// Version of the checkpoint layout; another one is not used (the open falls back).
-pub(crate) const FORMAT_VERSION: u32 = 1;
+/// Version of the checkpoint layout written; [`FORMAT_VERSION_FLAT`] is read too, any
+/// other is not used (the open falls back).
+pub(crate) const FORMAT_VERSION: u32 = 2;
+/// The layout whose block index is one flat list (no chunks, no top index).
+pub(crate) const FORMAT_VERSION_FLAT: u32 = 1;
 pub(crate) const FOOTER_BYTES: u64 = 32;
 /// Bytes of entries after which a block is closed (a larger entry makes a block of
 /// its own).
@@ -32,7 +43,7 @@ pub(crate) const BLOCK_BYTES_TARGET: usize = 32 << 10;
 pub(crate) const HEADER_BYTES_MAX: u64 = 16 << 20;
 /// Largest block accepted (one entry may be a large indexer value).
 pub(crate) const BLOCK_BYTES_MAX: u64 = 1 << 30;
-/// Largest block index accepted.
+/// Largest block index chunk, and largest top index, accepted.
 pub(crate) const BLOCK_INDEX_BYTES_MAX: u64 = 1 << 30;
 
 /// Where a segment's records end, for a segment up to the checkpoint's position.
@@ -115,7 +126,7 @@ impl Header {
             return Err((0, "not a checkpoint (magic)".into()));
         }
         let version = r.u32()?;
-        if version != FORMAT_VERSION {
+        if version != FORMAT_VERSION && version != FORMAT_VERSION_FLAT {
             return Err((8, format!("checkpoint format version {version}")));
         }
         let _len = r.u32()?;
@@ -162,138 +173,6 @@ impl Header {
             segments,
         })
     }
-}
-
-/// A block's place in the file and its first key.
-#[derive(Debug, Clone)]
-pub(crate) struct BlockRef {
-    pub first_key: Vec<u8>,
-    pub offset: u64,
-    /// Bytes of the block, its trailing crc included.
-    pub len: u32,
-}
-
-pub(crate) fn encode_block_index(blocks: &[BlockRef]) -> Vec<u8> {
-    let mut b = Vec::new();
-    b.extend_from_slice(&(blocks.len() as u32).to_le_bytes());
-    for r in blocks {
-        b.extend_from_slice(&(r.first_key.len() as u32).to_le_bytes());
-        b.extend_from_slice(&r.first_key);
-        b.extend_from_slice(&r.offset.to_le_bytes());
-        b.extend_from_slice(&r.len.to_le_bytes());
-    }
-    b
-}
-
-/// Where one block is, as the block index gives it.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct BlockAt {
-    /// The block's first key: `key_len` bytes at `key_at` of the block index.
-    key_at: u32,
-    key_len: u32,
-    pub offset: u64,
-    /// Bytes of the block, its trailing crc included.
-    pub len: u32,
-}
-
-/// A decoded block index: its bytes as read and one fixed-size [`BlockAt`] per
-/// block whose first key is a slice of them, so an open allocates two buffers, not
-/// one per block (a million-commit store's checkpoint has about ten thousand).
-#[derive(Debug)]
-pub(crate) struct BlockIndex {
-    bytes: Vec<u8>,
-    blocks: Vec<BlockAt>,
-}
-
-impl BlockIndex {
-    pub(crate) fn len(&self) -> usize {
-        self.blocks.len()
-    }
-
-    pub(crate) fn is_empty(&self) -> bool {
-        self.blocks.is_empty()
-    }
-
-    pub(crate) fn at(&self, i: usize) -> BlockAt {
-        self.blocks[i]
-    }
-
-    pub(crate) fn first_key(&self, i: usize) -> &[u8] {
-        let b = &self.blocks[i];
-        // In bounds: checked by `decode_block_index`.
-        &self.bytes[b.key_at as usize..b.key_at as usize + b.key_len as usize]
-    }
-
-    /// The number of blocks whose first key is `<= k`.
-    pub(crate) fn count_at_or_below(&self, k: &[u8]) -> usize {
-        let (mut lo, mut hi) = (0, self.blocks.len());
-        while lo < hi {
-            let mid = lo + (hi - lo) / 2;
-            if self.first_key(mid) <= k {
-                lo = mid + 1;
-            } else {
-                hi = mid;
-            }
-        }
-        lo
-    }
-}
-
-/// The block index in `b` (its crc already checked); every block must lie in
-/// `data_start..data_end`, in order, not overlapping, and first keys must increase.
-pub(crate) fn decode_block_index(
-    b: Vec<u8>,
-    data_start: u64,
-    data_end: u64,
-) -> Result<BlockIndex, (u64, String)> {
-    // The block index is at most `BLOCK_INDEX_BYTES_MAX`, so positions in it fit a u32.
-    if b.len() as u64 > BLOCK_INDEX_BYTES_MAX {
-        return Err((0, format!("block index of {} bytes", b.len())));
-    }
-    let mut r = Cursor { b: &b, at: 0 };
-    let n = r.u32()? as usize;
-    // Each entry is at least 16 bytes: a count past that is damage, not an allocation.
-    if n > b.len() / 16 {
-        return Err((
-            0,
-            format!("block count {n} larger than the block index holds"),
-        ));
-    }
-    let mut out: Vec<BlockAt> = Vec::with_capacity(n);
-    let mut next = data_start;
-    let mut prev_key: Option<&[u8]> = None;
-    for _ in 0..n {
-        let at = r.at as u64;
-        let klen = r.u32()? as usize;
-        let key_at = r.at;
-        let first_key = r.take(klen)?;
-        let offset = r.u64()?;
-        let len = r.u32()?;
-        if offset != next || u64::from(len) < 4 || offset + u64::from(len) > data_end {
-            return Err((at, "block out of place".into()));
-        }
-        if prev_key.is_some_and(|p| p >= first_key) {
-            return Err((at, "block first keys do not increase".into()));
-        }
-        prev_key = Some(first_key);
-        next = offset + u64::from(len);
-        out.push(BlockAt {
-            key_at: key_at as u32,
-            key_len: klen as u32,
-            offset,
-            len,
-        });
-    }
-    if r.at != b.len() {
-        return Err((r.at as u64, "bytes after the block index".into()));
-    }
-    if next != data_end {
-        return Err((0, "blocks do not cover the data".into()));
-    }
-    Ok(BlockIndex {
-        bytes: b,
-        blocks: out,
-    })
 }
 
 pub(crate) struct Footer {
@@ -364,13 +243,13 @@ pub(crate) fn parse_block(b: &[u8]) -> Result<Vec<[u32; 4]>, (u64, String)> {
 }
 
 /// Bounds-checked reads of little-endian fields; errors carry the offset.
-struct Cursor<'a> {
-    b: &'a [u8],
-    at: usize,
+pub(super) struct Cursor<'a> {
+    pub b: &'a [u8],
+    pub at: usize,
 }
 
 impl<'a> Cursor<'a> {
-    fn take(&mut self, n: usize) -> Result<&'a [u8], (u64, String)> {
+    pub fn take(&mut self, n: usize) -> Result<&'a [u8], (u64, String)> {
         let end = self
             .at
             .checked_add(n)
@@ -385,17 +264,17 @@ impl<'a> Cursor<'a> {
         self.at = end;
         Ok(s)
     }
-    fn u16(&mut self) -> Result<u16, (u64, String)> {
+    pub fn u16(&mut self) -> Result<u16, (u64, String)> {
         Ok(u16::from_le_bytes(
             self.take(2)?.try_into().unwrap_or_default(),
         ))
     }
-    fn u32(&mut self) -> Result<u32, (u64, String)> {
+    pub fn u32(&mut self) -> Result<u32, (u64, String)> {
         Ok(u32::from_le_bytes(
             self.take(4)?.try_into().unwrap_or_default(),
         ))
     }
-    fn u64(&mut self) -> Result<u64, (u64, String)> {
+    pub fn u64(&mut self) -> Result<u64, (u64, String)> {
         Ok(u64::from_le_bytes(
             self.take(8)?.try_into().unwrap_or_default(),
         ))

@@ -10,10 +10,12 @@
 //! open uses the same checks to read only the log after the checkpoint when its
 //! sled already holds the checkpoint's commits.
 //!
-//! [`format`] is the byte layout (docs/format.md has it byte by byte), [`write`] writes
+//! [`format`] is the byte layout (docs/format.md has it byte by byte), [`block_index`]
+//! the two-level index of a file's blocks, [`write`] writes
 //! one crash-safely (temporary name, fsync, rename, directory fsync), [`read`] opens
 //! and validates one and serves point and range reads from its blocks with `pread`.
 
+pub(crate) mod block_index;
 pub(crate) mod format;
 mod owner;
 pub(crate) mod read;

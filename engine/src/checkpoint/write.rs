@@ -4,7 +4,8 @@
 //! A reader that has an older one open keeps reading it (an unlinked open file stays
 //! readable).
 
-use super::format::{self, BlockRef, Footer, Header};
+use super::block_index::{encode_two_level, BlockRef};
+use super::format::{self, Footer, Header};
 use super::CHECKPOINT_DIR;
 use crate::error::Error;
 use crate::vfs::{OpenMode, Vfs, VfsFile};
@@ -141,15 +142,16 @@ fn write_body<E: std::fmt::Display>(
         }
     }
     finish(&mut block, &mut first_key, &mut at)?;
-    let index = format::encode_block_index(&blocks);
-    let index_offset = at;
-    write(&index, index_offset)?;
+    let (chunks, top) = encode_two_level(&blocks, at);
+    write(&chunks, at)?;
+    let index_offset = at + chunks.len() as u64;
+    write(&top, index_offset)?;
     let footer = Footer {
         index_offset,
-        index_len: index.len() as u64,
-        index_crc: format::crc(&index),
+        index_len: top.len() as u64,
+        index_crc: format::crc(&top),
     };
-    write(&footer.encode(), index_offset + index.len() as u64)?;
+    write(&footer.encode(), index_offset + top.len() as u64)?;
     header.entries = count;
     let h = header.encode();
     debug_assert_eq!(h.len() as u64, header_len);

@@ -552,6 +552,16 @@ fn hostile_checkpoint_files_never_panic_or_allocate_beyond_the_file() {
     }
 }
 
+/// Where a checkpoint file's data blocks end: at its first block index chunk, which
+/// the top index's first entry (after the chunk count and the first key) gives.
+fn blocks_end(b: &[u8]) -> usize {
+    let n = b.len();
+    let top = u64::from_le_bytes(b[n - 32..n - 24].try_into().unwrap()) as usize;
+    let key_len = u32::from_le_bytes(b[top + 4..top + 8].try_into().unwrap()) as usize;
+    let at = top + 8 + key_len;
+    u64::from_le_bytes(b[at..at + 8].try_into().unwrap()) as usize
+}
+
 #[test]
 fn verify_compares_the_checkpoint_with_a_rebuild_and_reports_a_damaged_block() {
     let (dir, ck, _) = closed_store();
@@ -571,9 +581,8 @@ fn verify_compares_the_checkpoint_with_a_rebuild_and_reports_a_damaged_block() {
     // in a block the open reads, e.g. the first with the meta keys, makes the open
     // fall back.)
     let mut b = std::fs::read(&ck).unwrap();
-    let n = b.len();
-    let index_at = u64::from_le_bytes(b[n - 32..n - 24].try_into().unwrap()) as usize;
-    b[index_at - 10] ^= 4;
+    let blocks_end = blocks_end(&b);
+    b[blocks_end - 10] ^= 4;
     std::fs::write(&ck, &b).unwrap();
     let r = verify(dir.path(), opts()).unwrap();
     assert!(!r.ok);
@@ -586,7 +595,7 @@ fn verify_compares_the_checkpoint_with_a_rebuild_and_reports_a_damaged_block() {
     );
     // A flipped header byte: read-only opens do not use it; not an error.
     let mut b = std::fs::read(&ck).unwrap();
-    b[index_at - 10] ^= 4;
+    b[blocks_end - 10] ^= 4;
     b[30] ^= 1;
     std::fs::write(&ck, &b).unwrap();
     let r = verify(dir.path(), opts()).unwrap();
