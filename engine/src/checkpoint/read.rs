@@ -258,7 +258,11 @@ impl CheckpointFile {
         }
     }
 
-    fn block(&self, i: u64) -> Result<Arc<Block>, IndexError> {
+    /// Block `i`, read and checked if it is not cached; `keep`: cache it. A scan keeps
+    /// only the block it starts in, so that a long one (the owner's check of every
+    /// version block, a reader's whole-prefix scan) neither holds a cache's worth of
+    /// blocks it will not read again nor evicts those point lookups use.
+    fn block(&self, i: u64, keep: bool) -> Result<Arc<Block>, IndexError> {
         if let Some(hit) = touch(&mut self.cache.lock().unwrap_or_else(|e| e.into_inner()), i) {
             return Ok(hit);
         }
@@ -285,12 +289,14 @@ impl CheckpointFile {
             return Err(self.malformed(r.offset, "block's first key differs from its index"));
         }
         let block = Arc::new(block);
-        remember(
-            &mut self.cache.lock().unwrap_or_else(|e| e.into_inner()),
-            i,
-            block.clone(),
-            BLOCK_CACHE_BLOCKS,
-        );
+        if keep {
+            remember(
+                &mut self.cache.lock().unwrap_or_else(|e| e.into_inner()),
+                i,
+                block.clone(),
+                BLOCK_CACHE_BLOCKS,
+            );
+        }
         Ok(block)
     }
 
@@ -314,7 +320,7 @@ impl CheckpointFile {
         let Some(i) = self.block_for(k)? else {
             return Ok(None);
         };
-        let b = self.block(i)?;
+        let b = self.block(i, true)?;
         let at = b.lower_bound(k);
         Ok((at < b.entries.len() && b.key(at) == k).then(|| IVec::from(b.value(at))))
     }
@@ -378,7 +384,10 @@ impl Iterator for CheckpointIter {
             }
             let b = match &self.current {
                 Some(b) => b.clone(),
-                None => match self.file.block(self.block) {
+                None => match self
+                    .file
+                    .block(self.block, matches!(self.pos, Pos::Start(_)))
+                {
                     Ok(b) => {
                         self.current = Some(b.clone());
                         b
@@ -576,6 +585,10 @@ mod tests {
         };
         assert_eq!(top.block_count(), (3 * CHUNK_BLOCKS + 5) as u64);
         assert_eq!(top.chunk_of(top.block_count() - 1), 3);
+        // A scan of every block keeps only the one it started in.
+        let all = ck.range(Bound::Unbounded, Bound::Unbounded).count();
+        assert_eq!(all, want.len());
+        assert_eq!(ck.cache.lock().unwrap().len(), 1);
         check_answers(&ck, &want);
     }
 
