@@ -88,9 +88,9 @@ fn entry_strings_bytes(e: &Entry) -> usize {
 
 /// Decodes one event written by [`encode_event`].
 ///
-/// A `created` or `history_rewritten` event in the layout [`encode_event`]
-/// writes is read by hand (module `fast`: the entries by the hand entry
-/// reader, the other fields by serde from their own bytes), without the
+/// A `created`, `entry_appended` or `history_rewritten` event in the layout
+/// [`encode_event`] writes is read by hand (module `msgpack`: the entries by
+/// the hand entry reader, the other fields by serde from their own bytes), without the
 /// event enum's buffering of the whole event; any other event or shape goes
 /// through serde, which gives the answer and the error. Both give the same
 /// value (checked by tests and the `event_decode` fuzz target).

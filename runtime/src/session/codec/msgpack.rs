@@ -272,8 +272,8 @@ impl<'a> Reader<'a> {
     }
 }
 
-/// A `created` or `history_rewritten` event body (after the schema
-/// byte); `None` for any other event or shape. With `keep_transcript`
+/// A `created`, `entry_appended` or `history_rewritten` event body
+/// (after the schema byte); `None` for any other event or shape. With `keep_transcript`
 /// false a `created` event's transcript is read and checked but not
 /// kept (left empty).
 pub(super) fn event(body: &[u8], keep_transcript: bool) -> Option<SessionEvent> {
@@ -331,6 +331,18 @@ pub(super) fn event_with(body: &[u8], keep: Keep) -> Option<(SessionEvent, Optio
                 state: Box::new(state),
             };
             return Some((ev, parts));
+        }
+        (b"entry_appended", 2) => {
+            r.key("entry")?;
+            let at = r.b;
+            let entry = match entry(r, true) {
+                Some(e) => e,
+                None => {
+                    r.b = at;
+                    r.serde::<Entry>()?
+                }
+            };
+            SessionEvent::EntryAppended { entry }
         }
         (b"history_rewritten", 4) => {
             r.key("generation")?;

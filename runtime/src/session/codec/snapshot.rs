@@ -117,6 +117,16 @@ mod tests {
             assert_eq!(decode_event_split(&bytes).unwrap(), split(ev.clone()));
             assert!(msgpack::event_with(&bytes[1..], msgpack::Keep::Entries).is_some());
 
+            // An appended entry, every kind of it: by hand when the entry reader
+            // takes it, by serde from the entry's bytes when it does not.
+            for e in &entries {
+                let appended = SessionEvent::EntryAppended { entry: e.clone() };
+                let bytes = encode_event(&appended).unwrap();
+                assert_eq!(msgpack::event(&bytes[1..], true).as_ref(), Some(&appended));
+                assert_eq!(decode_event_serde(&bytes).unwrap(), appended);
+                assert_eq!(decode_event(&bytes).unwrap(), appended);
+            }
+
             let rewritten = SessionEvent::HistoryRewritten {
                 generation: 9,
                 leaf: entries.first().map(|e| e.id.clone()),
