@@ -321,3 +321,88 @@ pub(crate) fn decode_top_index(
         blocks,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `n` blocks of 100 bytes each from offset 64, first keys `b0000`, `b0001`, ...
+    fn blocks(n: usize) -> Vec<BlockRef> {
+        (0..n)
+            .map(|i| BlockRef {
+                first_key: format!("b{i:04}").into_bytes(),
+                offset: 64 + 100 * i as u64,
+                len: 100,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_two_levels_decode_as_encoded() {
+        let refs = blocks(3 * CHUNK_BLOCKS + 7);
+        let data_end = 64 + 100 * refs.len() as u64;
+        let (chunks, top) = encode_two_level(&refs, data_end);
+        let top_at = data_end + chunks.len() as u64;
+        let t = decode_top_index(top, 64, top_at).unwrap();
+        assert_eq!(t.block_count(), refs.len() as u64);
+        for c in 0..4 {
+            let ch = t.at(c);
+            let body = (ch.offset - data_end) as usize
+                ..(ch.offset - data_end) as usize + ch.len as usize - 4;
+            let idx =
+                decode_block_index(chunks[body].to_vec(), ch.data_start, ch.data_end).unwrap();
+            assert_eq!(idx.len() as u32, ch.blocks);
+            for i in 0..idx.len() {
+                let r = &refs[ch.first_block as usize + i];
+                assert_eq!(idx.first_key(i), r.first_key.as_slice());
+                assert_eq!(idx.at(i).offset, r.offset);
+            }
+            assert_eq!(t.chunk_of(ch.first_block), c);
+            assert_eq!(t.chunk_for(t.first_key(c)), Some(c));
+        }
+        assert_eq!(t.chunk_for(b"a"), None);
+        assert_eq!(t.chunk_for(b"c"), Some(3));
+        // No blocks: no chunks, an empty top index.
+        let (chunks, top) = encode_two_level(&[], 64);
+        assert!(chunks.is_empty());
+        assert_eq!(decode_top_index(top, 64, 64).unwrap().block_count(), 0);
+    }
+
+    /// Every byte of a top index and of a chunk set to other values (their CRCs are
+    /// the caller's; these are the bytes a CRC would not catch): decoding never
+    /// panics, and what decodes still places its chunks and blocks in the file.
+    #[test]
+    fn changed_index_bytes_never_panic_and_what_decodes_is_in_place() {
+        let refs = blocks(2 * CHUNK_BLOCKS + 3);
+        let data_end = 64 + 100 * refs.len() as u64;
+        let (chunks, top) = encode_two_level(&refs, data_end);
+        let top_at = data_end + chunks.len() as u64;
+        for i in 0..top.len() {
+            for v in [0u8, 1, 0x7f, 0x80, 0xff, top[i] ^ 0x10] {
+                let mut b = top.clone();
+                b[i] = v;
+                if let Ok(t) = decode_top_index(b, 64, top_at) {
+                    for c in 0..3 {
+                        let ch = t.at(c);
+                        assert!(64 <= ch.data_start && ch.data_start < ch.data_end);
+                        assert!(ch.data_end <= data_end && ch.offset >= ch.data_end);
+                        assert!(ch.offset + u64::from(ch.len) <= top_at);
+                    }
+                }
+            }
+        }
+        let first = CHUNK_BLOCKS * (4 + 5 + 8 + 4) + 4;
+        for i in 0..first {
+            for v in [0u8, 1, 0x7f, 0xff, chunks[i] ^ 0x04] {
+                let mut b = chunks[..first].to_vec();
+                b[i] = v;
+                if let Ok(idx) = decode_block_index(b, 64, 64 + 100 * CHUNK_BLOCKS as u64) {
+                    for j in 0..idx.len() {
+                        let at = idx.at(j);
+                        assert!(at.offset >= 64 && at.offset + u64::from(at.len) <= data_end);
+                    }
+                }
+            }
+        }
+    }
+}
