@@ -20,6 +20,7 @@
 pub(crate) mod bloom;
 mod key_file;
 mod keys;
+mod mem_cache;
 mod memtable;
 mod mover;
 mod open;
@@ -216,7 +217,7 @@ pub struct Index {
     /// [`Index::over_checkpoint`]), which never moves anything into sled.
     sled: Option<Sled>,
     /// The cache entries of an index without sled (see [`Index::put_cache`]).
-    cache_mem: Mutex<BTreeMap<Vec<u8>, Vec<u8>>>,
+    cache_mem: Mutex<mem_cache::MemCache>,
     indexers: Vec<Arc<dyn Indexer>>,
     path: Option<PathBuf>,
     /// Applied writes not yet moved into sled (a memtable in front of it). Moving them in

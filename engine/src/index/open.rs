@@ -228,7 +228,7 @@ impl Index {
     ) -> Index {
         Index {
             sled,
-            cache_mem: Mutex::new(BTreeMap::new()),
+            cache_mem: Mutex::new(Default::default()),
             indexers,
             path: path.map(Path::to_path_buf),
             mem: RwLock::new(Mem::default()),

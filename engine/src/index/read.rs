@@ -317,7 +317,9 @@ impl Index {
         Ok(())
     }
 
-    /// Write a cache entry (outside commits; dropped when the index is rebuilt).
+    /// Write a cache entry (outside commits; dropped when the index is rebuilt). An
+    /// index without sled keeps its cache in memory, at most
+    /// [`MEM_CACHE_BYTES_MAX`](super::mem_cache::MEM_CACHE_BYTES_MAX) bytes of it.
     pub fn put_cache(&self, ns: &str, key: &[u8], value: &[u8]) -> Result<(), Error> {
         let mut k = cache_prefix(ns);
         k.extend_from_slice(key);
@@ -325,15 +327,13 @@ impl Index {
             Some(sled) => {
                 sled.cache.insert(k, value).map_err(sled_err)?;
             }
-            None => {
-                self.cache_map().insert(k, value.to_vec());
-            }
+            None => self.cache_map().insert(k, value),
         }
         Ok(())
     }
 
     /// The cache of an index without sled.
-    fn cache_map(&self) -> std::sync::MutexGuard<'_, BTreeMap<Vec<u8>, Vec<u8>>> {
+    fn cache_map(&self) -> std::sync::MutexGuard<'_, super::mem_cache::MemCache> {
         self.cache_mem.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -354,7 +354,7 @@ impl Index {
         k.extend_from_slice(key);
         match &self.sled {
             Some(sled) => Ok(sled.cache.get(k).map_err(sled_err)?.map(|v| read(&v))),
-            None => Ok(self.cache_map().get(&k).map(|v| read(v))),
+            None => Ok(self.cache_map().get(&k).map(read)),
         }
     }
 
@@ -365,9 +365,7 @@ impl Index {
             Some(sled) => {
                 sled.cache.remove(k).map_err(sled_err)?;
             }
-            None => {
-                self.cache_map().remove(&k);
-            }
+            None => self.cache_map().remove(&k),
         }
         Ok(())
     }
@@ -381,12 +379,7 @@ impl Index {
             iter: match &self.sled {
                 Some(sled) => ScanSource::Sled(sled.cache.scan_prefix(p)),
                 None => {
-                    let map = self.cache_map();
-                    let found: Vec<KeyValue> = map
-                        .range(p.clone()..)
-                        .take_while(|(k, _)| k.starts_with(&p))
-                        .map(|(k, v)| (k.clone(), v.clone()))
-                        .collect();
+                    let found: Vec<KeyValue> = self.cache_map().with_prefix(&p);
                     ScanSource::Copied(found.into_iter())
                 }
             },
