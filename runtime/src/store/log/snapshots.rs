@@ -7,7 +7,9 @@
 //! the [`encode_snapshot`] bytes, are in docs/format.md, "Snapshots"). Policy: a
 //! `load` that replayed at least [`SNAPSHOT_TAIL_COMMITS`] commits beyond
 //! the snapshot it started from (or from the start) writes a new one, so
-//! the next load costs the snapshot plus a short tail. A snapshot that
+//! the next load costs the snapshot plus a short tail; a read-only store,
+//! whose cache lives only in its process, writes one from a session's
+//! second load there. A snapshot that
 //! fails to decode, has another schema, or does not fit the stream is
 //! ignored and the events are replayed. Snapshots are a cache: a rebuild
 //! drops them.
@@ -31,6 +33,11 @@ pub(super) const CACHE_SNAPSHOT: u8 = b's';
 /// Tag of a settings snapshot in the cache area: the fold of a session
 /// without its transcript (see [`LogStore::load_settings`]).
 pub(super) const CACHE_SETTINGS: u8 = b'b';
+
+/// Tag of the mark a read-only store leaves in its (in-memory) cache area
+/// after a session's first load (see [`LogStore::snapshot_worth_writing`]);
+/// never on disk.
+const CACHE_LOADED_ONCE: u8 = b'l';
 
 /// A settings fold that replayed at least this many commits writes a
 /// settings snapshot. Lower than [`SNAPSHOT_TAIL_COMMITS`]: a settings
@@ -223,10 +230,31 @@ impl LogStore {
             return Ok(None);
         };
         let session = session.reconstitute(version - base, updated);
-        if upto.is_none() && replayed >= SNAPSHOT_TAIL_COMMITS {
+        if upto.is_none() && replayed >= SNAPSHOT_TAIL_COMMITS && self.snapshot_worth_writing(id) {
             self.write_snapshot(&session, version);
         }
         Ok(Some(session))
+    }
+
+    /// Whether a load that replayed a long tail of `id` should write a
+    /// snapshot. An owner's cache persists in sled: always. A read-only
+    /// store's lives only in this process: from the session's second load
+    /// here on, so that a one-shot read (the command-line tools) does not
+    /// encode a snapshot nobody reads.
+    fn snapshot_worth_writing(&self, id: &SessionId) -> bool {
+        let Ok(engine) = self.engine() else {
+            return false;
+        };
+        if !engine.is_read_only() {
+            return true;
+        }
+        let mark = key(CACHE_LOADED_ONCE, id.as_str());
+        let index = engine.index();
+        if matches!(index.get_cache(SESSION_INDEXER, &mark), Ok(Some(_))) {
+            return true;
+        }
+        let _ = index.put_cache(SESSION_INDEXER, &mark, &[]);
+        false
     }
 }
 
@@ -427,6 +455,33 @@ mod tests {
             settings.state().metadata.get("n"),
             Some(&serde_json::json!(commits - 1))
         );
+    }
+
+    #[test]
+    fn a_read_only_store_writes_a_snapshot_from_a_sessions_second_load() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = open(dir.path());
+        let id = session_of(&store, SNAPSHOT_TAIL_COMMITS + 2).id().clone();
+        store.close().unwrap();
+        let ro = LogStore::open_read_only(dir.path()).unwrap();
+        let first = ro.load(&id).unwrap().unwrap();
+        assert!(
+            ro.read_snapshot(&id, 0, u64::MAX).is_none(),
+            "after one load"
+        );
+        let second = ro.load(&id).unwrap().unwrap();
+        let (version, _, cached) = ro.read_snapshot(&id, 0, u64::MAX).expect("after two");
+        assert_eq!(version, first.version());
+        assert_eq!(cached.state(), first.state());
+        let third = ro.load(&id).unwrap().unwrap();
+        for s in [&second, &third] {
+            assert_eq!((s.info(), s.state()), (first.info(), first.state()));
+        }
+        // An owner writes one at the first load that replays a long tail.
+        drop(ro);
+        let owner = open(dir.path());
+        owner.load(&id).unwrap().unwrap();
+        assert!(owner.read_snapshot(&id, 0, u64::MAX).is_some());
     }
 
     #[test]
