@@ -14,6 +14,7 @@ pub mod api_format;
 pub mod context;
 mod entry;
 pub mod history;
+mod json;
 mod json_size;
 pub mod path_facts;
 pub mod resident;
@@ -40,6 +41,7 @@ pub use history::{
     PageBudget, PageOrder, Position, ReadError, ReadResult, ReadScope, TranscriptVersion,
     VersionConflict, CONTINUATION_ENCODED_LEN_MAX, CONTINUATION_FORMAT, NAV_CHILDREN_MAX,
 };
+pub use json::Json;
 pub(crate) use json_size::parent_json_len;
 pub use path_facts::{first_kept_depth, path_facts_by_walk, Anchor, IndexedTranscript, PathFacts};
 pub(crate) use resident::select_resident_sized;

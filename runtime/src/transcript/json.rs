@@ -1,0 +1,357 @@
+//! [`Json`]: an opaque JSON payload held as its compact text.
+//!
+//! Entries and events carry JSON values the runtime never looks into (a
+//! tool call's arguments, a custom entry's data, a metadata value). Held
+//! as a `serde_json::Value` tree, such a value takes ~32 bytes per element
+//! plus the copies a decode, fold and encode make; held as text it takes
+//! its own length. Every conversion streams: a [`Json`] is decoded from any
+//! deserializer (MessagePack from the log, JSON from an export line) by
+//! writing JSON text as the values arrive, and encoded into any serializer
+//! by reading the text with `serde_json`'s parser, so no tree is built
+//! either way.
+//!
+//! # Canonical text
+//!
+//! The text is always the one `serde_json::to_string` writes for the
+//! equivalent `serde_json::Value` (this crate's `serde_json` sorts object
+//! keys): compact, object keys in byte order, a repeated key keeping its
+//! last value, numbers and string escapes as `serde_json` writes them, a
+//! float that is not finite written as `null`. So a [`Json`] encodes to
+//! exactly the bytes the `Value` did (the stored format is unchanged), and
+//! two [`Json`]s are equal exactly when their texts are, which is when the
+//! `Value`s are equal.
+//!
+//! Decoding accepts exactly what `Value` accepted: byte strings, enums,
+//! non-string map keys and integers beyond the 64-bit range are refused
+//! with an error, never a panic. Nesting is bounded by the source's own
+//! limit (128 for `serde_json` text, rmp-serde's for MessagePack), as it
+//! was for `Value`.
+
+use std::fmt;
+use std::io::Write as _;
+
+use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
+use serde::{Deserialize, Serialize, Serializer};
+
+/// An immutable JSON value stored as its canonical compact text (see the
+/// module docs): what entries and events hold for opaque payloads.
+///
+/// Build one from a `serde_json::Value` (`json!({...}).into()`) or from
+/// text ([`Json::from_text`]); read it as text ([`Json::as_str`],
+/// `Display`) or as a tree ([`Json::to_value`]). It serializes exactly as
+/// the `Value` it holds would.
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct Json(Box<str>);
+
+impl Json {
+    /// The JSON `null`.
+    pub fn null() -> Self {
+        Json("null".into())
+    }
+
+    /// Parses and validates JSON text (with `serde_json`'s nesting limit
+    /// of 128); the value keeps the canonical form of it.
+    pub fn from_text(text: &str) -> Result<Self, serde_json::Error> {
+        let mut de = serde_json::Deserializer::from_str(text);
+        let json = Json::deserialize(&mut de)?;
+        de.end()?;
+        Ok(json)
+    }
+
+    /// The canonical compact JSON text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// The value as a `serde_json::Value` tree (built on each call).
+    pub fn to_value(&self) -> serde_json::Value {
+        let mut de = serde_json::Deserializer::from_str(&self.0);
+        de.disable_recursion_limit();
+        // The text is valid JSON, written by this module.
+        serde_json::Value::deserialize(&mut de).unwrap_or(serde_json::Value::Null)
+    }
+
+    /// Whether the value is `null`.
+    pub fn is_null(&self) -> bool {
+        &*self.0 == "null"
+    }
+
+    /// The value if it is a string (unescaped).
+    pub fn as_string(&self) -> Option<String> {
+        if !self.0.starts_with('"') {
+            return None;
+        }
+        serde_json::from_str(&self.0).ok()
+    }
+
+    /// Length of the text in bytes: the value's compact JSON size.
+    pub fn text_len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Decodes a value from any deserializer into canonical text (see
+    /// the module docs), without building a tree.
+    pub fn from_deserializer<'de, D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let mut out = Vec::new();
+        TextSeed { out: &mut out }.deserialize(d)?;
+        String::from_utf8(out)
+            .map(|s| Json(s.into_boxed_str()))
+            .map_err(de::Error::custom)
+    }
+}
+
+impl Default for Json {
+    /// `null`.
+    fn default() -> Self {
+        Json::null()
+    }
+}
+
+impl fmt::Debug for Json {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Json({})", self.0)
+    }
+}
+
+impl fmt::Display for Json {
+    /// The canonical compact JSON text.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl From<serde_json::Value> for Json {
+    fn from(v: serde_json::Value) -> Self {
+        Json::from(&v)
+    }
+}
+
+impl From<&serde_json::Value> for Json {
+    fn from(v: &serde_json::Value) -> Self {
+        // `serde_json` writes a `Value` in exactly the canonical form and
+        // cannot fail on one (its map keys are strings).
+        serde_json::to_string(v)
+            .map(|s| Json(s.into_boxed_str()))
+            .unwrap_or_default()
+    }
+}
+
+impl From<Json> for serde_json::Value {
+    fn from(j: Json) -> Self {
+        j.to_value()
+    }
+}
+
+impl PartialEq<serde_json::Value> for Json {
+    fn eq(&self, other: &serde_json::Value) -> bool {
+        *self == Json::from(other)
+    }
+}
+
+impl PartialEq<Json> for serde_json::Value {
+    fn eq(&self, other: &Json) -> bool {
+        other == self
+    }
+}
+
+impl Serialize for Json {
+    /// The data model stream of the equivalent `Value`, read from the text
+    /// (sequences and maps without a length hint; rmp-serde then counts
+    /// them and writes the same bytes).
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut de = serde_json::Deserializer::from_str(&self.0);
+        // The text was accepted when it was built (perhaps deeper than
+        // `serde_json`'s default limit, from MessagePack or a `Value`).
+        de.disable_recursion_limit();
+        serde_transcode::transcode(&mut de, s)
+    }
+}
+
+impl<'de> Deserialize<'de> for Json {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        Json::from_deserializer(d)
+    }
+}
+
+/// Writes the canonical text of the next value into `out`.
+struct TextSeed<'a> {
+    out: &'a mut Vec<u8>,
+}
+
+/// A `serde_json` scalar into `out` (writing to a `Vec` fails only on a
+/// value `serde_json` refuses, which no caller passes).
+fn scalar<T: Serialize + ?Sized, E: de::Error>(out: &mut Vec<u8>, v: &T) -> Result<(), E> {
+    serde_json::to_writer(out, v).map_err(E::custom)
+}
+
+impl<'de> DeserializeSeed<'de> for TextSeed<'_> {
+    type Value = ();
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for TextSeed<'_> {
+    type Value = ();
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("any valid JSON value")
+    }
+
+    fn visit_bool<E: de::Error>(self, v: bool) -> Result<(), E> {
+        self.out
+            .extend_from_slice(if v { b"true" } else { b"false" });
+        Ok(())
+    }
+
+    fn visit_i64<E: de::Error>(self, v: i64) -> Result<(), E> {
+        write!(self.out, "{v}").map_err(E::custom)
+    }
+
+    fn visit_u64<E: de::Error>(self, v: u64) -> Result<(), E> {
+        write!(self.out, "{v}").map_err(E::custom)
+    }
+
+    fn visit_i128<E: de::Error>(self, v: i128) -> Result<(), E> {
+        // As `Value`: an integer in the 64-bit range, else an error.
+        if let Ok(u) = u64::try_from(v) {
+            self.visit_u64(u)
+        } else if let Ok(i) = i64::try_from(v) {
+            self.visit_i64(i)
+        } else {
+            Err(E::custom("JSON number out of range"))
+        }
+    }
+
+    fn visit_u128<E: de::Error>(self, v: u128) -> Result<(), E> {
+        match u64::try_from(v) {
+            Ok(u) => self.visit_u64(u),
+            Err(_) => Err(E::custom("JSON number out of range")),
+        }
+    }
+
+    fn visit_f32<E: de::Error>(self, v: f32) -> Result<(), E> {
+        // As `Value`, which widens it to f64.
+        self.visit_f64(f64::from(v))
+    }
+
+    fn visit_f64<E: de::Error>(self, v: f64) -> Result<(), E> {
+        // `serde_json` writes a float that is not finite as `null`, as
+        // `Value` holds it.
+        scalar(self.out, &v)
+    }
+
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<(), E> {
+        scalar(self.out, v)
+    }
+
+    fn visit_unit<E: de::Error>(self) -> Result<(), E> {
+        self.out.extend_from_slice(b"null");
+        Ok(())
+    }
+
+    fn visit_none<E: de::Error>(self) -> Result<(), E> {
+        self.visit_unit()
+    }
+
+    fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        self.deserialize(d)
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        self.out.push(b'[');
+        let mut first = true;
+        loop {
+            let mark = self.out.len();
+            if !first {
+                self.out.push(b',');
+            }
+            if seq
+                .next_element_seed(TextSeed {
+                    out: &mut *self.out,
+                })?
+                .is_none()
+            {
+                self.out.truncate(mark);
+                break;
+            }
+            first = false;
+        }
+        self.out.push(b']');
+        Ok(())
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        // Each entry's key (raw) and value (text) go to `scratch`; the
+        // entries are then written in key order, a repeated key keeping
+        // its last value, as a `Value`'s map holds them.
+        let mut scratch: Vec<u8> = Vec::new();
+        // (start, end of key, end of value) in `scratch`.
+        let mut spans: Vec<(usize, usize, usize)> = Vec::new();
+        let mut sorted = true;
+        while map.next_key_seed(KeySeed { out: &mut scratch })?.is_some() {
+            let start = spans.last().map_or(0, |s| s.2);
+            let key_end = scratch.len();
+            map.next_value_seed(TextSeed { out: &mut scratch })?;
+            if let Some(&(ps, pk, _)) = spans.last() {
+                sorted &= scratch[ps..pk] < scratch[start..key_end];
+            }
+            spans.push((start, key_end, scratch.len()));
+        }
+        if !sorted {
+            // Stable: among equal keys the last stays last.
+            spans.sort_by(|a, b| scratch[a.0..a.1].cmp(&scratch[b.0..b.1]));
+        }
+        self.out.push(b'{');
+        let mut first = true;
+        for (i, &(start, key_end, end)) in spans.iter().enumerate() {
+            if spans
+                .get(i + 1)
+                .is_some_and(|n| scratch[n.0..n.1] == scratch[start..key_end])
+            {
+                continue;
+            }
+            if !first {
+                self.out.push(b',');
+            }
+            first = false;
+            let key = std::str::from_utf8(&scratch[start..key_end]).map_err(de::Error::custom)?;
+            scalar(self.out, key)?;
+            self.out.push(b':');
+            self.out.extend_from_slice(&scratch[key_end..end]);
+        }
+        self.out.push(b'}');
+        Ok(())
+    }
+}
+
+/// Appends a map key's raw text (a string, as `Value` requires) to `out`.
+struct KeySeed<'a> {
+    out: &'a mut Vec<u8>,
+}
+
+impl<'de> DeserializeSeed<'de> for KeySeed<'_> {
+    type Value = ();
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_str(self)
+    }
+}
+
+impl<'de> Visitor<'de> for KeySeed<'_> {
+    type Value = ();
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a string key")
+    }
+
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<(), E> {
+        self.out.extend_from_slice(v.as_bytes());
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+#[path = "json_tests.rs"]
+mod tests;
