@@ -29,19 +29,22 @@
 
 use std::fmt;
 use std::io::Write as _;
+use std::sync::Arc;
 
 use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde::{Deserialize, Serialize, Serializer};
 
 /// An immutable JSON value stored as its canonical compact text (see the
-/// module docs): what entries and events hold for opaque payloads.
+/// module docs): what entries and events hold for opaque payloads. The
+/// text is shared: a clone (a fold copying an entry into the transcript)
+/// does not copy it.
 ///
 /// Build one from a `serde_json::Value` (`json!({...}).into()`) or from
 /// text ([`Json::from_text`]); read it as text ([`Json::as_str`],
 /// `Display`) or as a tree ([`Json::to_value`]). It serializes exactly as
 /// the `Value` it holds would.
 #[derive(Clone, PartialEq, Eq, Hash)]
-pub struct Json(Box<str>);
+pub struct Json(Arc<str>);
 
 impl Json {
     /// The JSON `null`.
@@ -95,7 +98,7 @@ impl Json {
         let mut out = Vec::new();
         TextSeed { out: &mut out }.deserialize(d)?;
         String::from_utf8(out)
-            .map(|s| Json(s.into_boxed_str()))
+            .map(|s| Json(s.into()))
             .map_err(de::Error::custom)
     }
 }
@@ -131,7 +134,7 @@ impl From<&serde_json::Value> for Json {
         // `serde_json` writes a `Value` in exactly the canonical form and
         // cannot fail on one (its map keys are strings).
         serde_json::to_string(v)
-            .map(|s| Json(s.into_boxed_str()))
+            .map(|s| Json(s.into()))
             .unwrap_or_default()
     }
 }
@@ -144,7 +147,8 @@ impl From<Json> for serde_json::Value {
 
 impl PartialEq<serde_json::Value> for Json {
     fn eq(&self, other: &serde_json::Value) -> bool {
-        *self == Json::from(other)
+        // The canonical text is the one `serde_json` writes for a `Value`.
+        serde_json::to_string(other).is_ok_and(|t| *t == *self.0)
     }
 }
 

@@ -21,6 +21,7 @@ pub mod resident;
 pub mod rewrite;
 mod shared_seq;
 mod source;
+pub(crate) mod tagged;
 pub mod tree;
 
 pub use context::PathMarker;
@@ -30,7 +31,7 @@ pub use context::{
     SYNTHETIC_TOOL_RESULT_TEXT,
 };
 pub(crate) use entry::now_ms;
-pub(crate) use entry::{custom_type, label_value};
+pub(crate) use entry::{custom_type, label_value, tagged_by};
 pub use entry::{
     ContentBlock, Entry, EntryId, EntryKind, InvalidEntryId, Message, StopReason, Usage,
     ENTRY_ID_LEN_MAX,
