@@ -48,6 +48,7 @@
 //! a [`Json`] without a tree. So a line takes a few times its length at
 //! most, whatever it holds; then the entries, and an id map.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
 use std::io::BufRead;
 
@@ -109,7 +110,7 @@ pub fn read_pi<R: BufRead>(mut r: R, source: &str) -> Result<PiSession, PiError>
     let mut line_no = 0u64;
     let mut skipped_lines = Vec::new();
     // The next non-blank line that is JSON, with its number.
-    let mut next_line = |skipped: &mut Vec<u64>| -> Result<Option<(u64, Obj)>, PiError> {
+    let mut next_line = |skipped: &mut Vec<u64>| -> Result<Option<(u64, String)>, PiError> {
         loop {
             let had = read_line_bounded(&mut r, &mut buf, PI_LINE_BYTES_MAX)
                 .map_err(|e| err(line_no + 1, e.to_string()))?;
@@ -128,15 +129,17 @@ pub fn read_pi<R: BufRead>(mut r: R, source: &str) -> Result<PiSession, PiError>
                 skipped.push(line_no);
                 continue;
             }
-            return match serde_json::from_str::<Obj>(text) {
-                Ok(m) => Ok(Some((line_no, m))),
-                Err(_) => Err(err(line_no, "not a JSON object")),
-            };
+            // The line's bytes, taken (not copied): its objects are
+            // read in place.
+            let text = String::from_utf8(std::mem::take(&mut buf))
+                .map_err(|e| err(line_no, format!("not UTF-8: {e}")))?;
+            return Ok(Some((line_no, text)));
         }
     };
-    let Some((hline, header)) = next_line(&mut skipped_lines)? else {
+    let Some((hline, htext)) = next_line(&mut skipped_lines)? else {
         return Err(err(0, "empty file: no pi session header"));
     };
+    let header = parse_obj(&htext).ok_or_else(|| err(hline, "not a JSON object"))?;
     if str_of(&header, "type").as_deref() != Some("session") {
         return Err(err(
             hline,
@@ -171,7 +174,8 @@ pub fn read_pi<R: BufRead>(mut r: R, source: &str) -> Result<PiSession, PiError>
     let mut entries: Vec<(u64, Entry)> = Vec::new();
     let mut session_name: Option<String> = None;
     let mut last_ts = header_ts.unwrap_or(0);
-    while let Some((line, mut m)) = next_line(&mut skipped_lines)? {
+    while let Some((line, text)) = next_line(&mut skipped_lines)? {
+        let mut m = parse_obj(&text).ok_or_else(|| err(line, "not a JSON object"))?;
         if version < 2 {
             let new_id = loop {
                 let g = EntryId::generate();
@@ -382,10 +386,17 @@ pub fn read_pi<R: BufRead>(mut r: R, source: &str) -> Result<PiSession, PiError>
     })
 }
 
-/// A JSON object whose fields are kept as their JSON text and parsed
-/// only when read (a repeated key keeps its last value, as in a
-/// `serde_json::Value` map).
-type Obj = BTreeMap<String, Box<RawValue>>;
+/// A JSON object whose fields are kept as their JSON text, in place in
+/// the line, and parsed only when read (a repeated key keeps its last
+/// value, as in a `serde_json::Value` map). A field set by a migration
+/// is owned.
+type Obj<'a> = BTreeMap<String, Cow<'a, RawValue>>;
+
+/// The object `text` holds, read in place.
+fn parse_obj(text: &str) -> Option<Obj<'_>> {
+    let m: BTreeMap<String, &RawValue> = serde_json::from_str(text).ok()?;
+    Some(m.into_iter().map(|(k, v)| (k, Cow::Borrowed(v))).collect())
+}
 
 /// A field that is a string.
 fn str_of(m: &Obj, key: &str) -> Option<String> {
@@ -419,10 +430,13 @@ fn f64_of(m: &Obj, key: &str) -> Option<f64> {
         .and_then(|v| serde_json::from_str(v.get()).ok())
 }
 
-/// A field that is an object, taken out of `m`.
-fn take_obj(m: &mut Obj, key: &str) -> Option<Obj> {
-    m.remove(key)
-        .and_then(|v| serde_json::from_str::<Obj>(v.get()).ok())
+/// A field that is an object, taken out of `m` (a migration sets no
+/// objects).
+fn take_obj<'a>(m: &mut Obj<'a>, key: &str) -> Option<Obj<'a>> {
+    match m.remove(key)? {
+        Cow::Borrowed(v) => parse_obj(v.get()),
+        Cow::Owned(_) => None,
+    }
 }
 
 /// A field taken out of `m` as an opaque payload.
@@ -449,8 +463,10 @@ fn obj_json(m: Obj) -> Result<Json, String> {
 }
 
 /// A value as a field's JSON text.
-fn raw<T: serde::Serialize + ?Sized>(v: &T) -> Result<Box<RawValue>, String> {
-    serde_json::value::to_raw_value(v).map_err(|e| e.to_string())
+fn raw<T: serde::Serialize + ?Sized>(v: &T) -> Result<Cow<'static, RawValue>, String> {
+    serde_json::value::to_raw_value(v)
+        .map(Cow::Owned)
+        .map_err(|e| e.to_string())
 }
 
 fn get_str(m: &Obj, key: &str) -> Result<String, String> {
@@ -631,7 +647,7 @@ fn bash_execution_text(msg: &Obj) -> String {
 }
 
 /// Message content: a string (one text block) or an array of blocks.
-fn content(v: Option<Box<RawValue>>) -> Result<Vec<ContentBlock>, String> {
+fn content(v: Option<Cow<'_, RawValue>>) -> Result<Vec<ContentBlock>, String> {
     let Some(v) = v else {
         return Ok(Vec::new());
     };
@@ -641,9 +657,8 @@ fn content(v: Option<Box<RawValue>>) -> Result<Vec<ContentBlock>, String> {
             serde_json::from_str::<String>(v.get()).map_err(|e| e.to_string())?,
         )]),
         Some(b'[') => {
-            let blocks: Vec<Box<RawValue>> =
+            let blocks: Vec<&RawValue> =
                 serde_json::from_str(v.get()).map_err(|e| e.to_string())?;
-            drop(v);
             blocks.into_iter().map(block).collect()
         }
         _ => Err(format!(
@@ -676,11 +691,10 @@ fn take_opt_str(m: &mut Obj, key: &str) -> Option<String> {
     s
 }
 
-fn block(b: Box<RawValue>) -> Result<ContentBlock, String> {
-    let Ok(mut m) = serde_json::from_str::<Obj>(b.get()) else {
+fn block(b: &RawValue) -> Result<ContentBlock, String> {
+    let Some(mut m) = parse_obj(b.get()) else {
         return Err("a content block is not an object".into());
     };
-    drop(b);
     let ty = take_str(&mut m, "type")?;
     Ok(match ty.as_str() {
         "text" => ContentBlock::Text {

@@ -44,19 +44,20 @@ use serde::{Deserialize, Serialize, Serializer};
 /// `Display`) or as a tree ([`Json::to_value`]). It serializes exactly as
 /// the `Value` it holds would.
 #[derive(Clone, PartialEq, Eq, Hash)]
-pub struct Json(Arc<str>);
+pub struct Json(Arc<String>);
 
 impl Json {
     /// The JSON `null`.
     pub fn null() -> Self {
-        Json("null".into())
+        Json(Arc::new("null".to_string()))
     }
 
     /// Parses and validates JSON text (with `serde_json`'s nesting limit
     /// of 128); the value keeps the canonical form of it.
     pub fn from_text(text: &str) -> Result<Self, serde_json::Error> {
         let mut de = serde_json::Deserializer::from_str(text);
-        let json = Json::deserialize(&mut de)?;
+        // The canonical text is about as long as the text read.
+        let json = Json::from_seed(text.len(), &mut de)?;
         de.end()?;
         Ok(json)
     }
@@ -76,7 +77,7 @@ impl Json {
 
     /// Whether the value is `null`.
     pub fn is_null(&self) -> bool {
-        &*self.0 == "null"
+        self.0.as_str() == "null"
     }
 
     /// The value if it is a string (unescaped).
@@ -95,11 +96,18 @@ impl Json {
     /// Decodes a value from any deserializer into canonical text (see
     /// the module docs), without building a tree.
     pub fn from_deserializer<'de, D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let mut out = Vec::new();
+        Json::from_seed(0, d)
+    }
+
+    /// [`Json::from_deserializer`] into a buffer of `capacity` bytes.
+    fn from_seed<'de, D: Deserializer<'de>>(capacity: usize, d: D) -> Result<Self, D::Error> {
+        let mut out = Vec::with_capacity(capacity);
         TextSeed { out: &mut out }.deserialize(d)?;
-        String::from_utf8(out)
-            .map(|s| Json(s.into()))
-            .map_err(de::Error::custom)
+        let mut text = String::from_utf8(out).map_err(de::Error::custom)?;
+        // In place for the allocator of the `spool` binary when less
+        // than half is spare; the text is not copied again after this.
+        text.shrink_to_fit();
+        Ok(Json(Arc::new(text)))
     }
 }
 
@@ -134,7 +142,7 @@ impl From<&serde_json::Value> for Json {
         // `serde_json` writes a `Value` in exactly the canonical form and
         // cannot fail on one (its map keys are strings).
         serde_json::to_string(v)
-            .map(|s| Json(s.into()))
+            .map(|s| Json(Arc::new(s)))
             .unwrap_or_default()
     }
 }
@@ -148,7 +156,7 @@ impl From<Json> for serde_json::Value {
 impl PartialEq<serde_json::Value> for Json {
     fn eq(&self, other: &serde_json::Value) -> bool {
         // The canonical text is the one `serde_json` writes for a `Value`.
-        serde_json::to_string(other).is_ok_and(|t| *t == *self.0)
+        serde_json::to_string(other).is_ok_and(|t| t == *self.0)
     }
 }
 
@@ -159,15 +167,10 @@ impl PartialEq<Json> for serde_json::Value {
 }
 
 impl Serialize for Json {
-    /// The data model stream of the equivalent `Value`, read from the text
-    /// (sequences and maps without a length hint; rmp-serde then counts
-    /// them and writes the same bytes).
+    /// The data model stream of the equivalent `Value`, lengths included,
+    /// read from the text (see `json_encode`).
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let mut de = serde_json::Deserializer::from_str(&self.0);
-        // The text was accepted when it was built (perhaps deeper than
-        // `serde_json`'s default limit, from MessagePack or a `Value`).
-        de.disable_recursion_limit();
-        serde_transcode::transcode(&mut de, s)
+        super::json_encode::encode(&self.0, s)
     }
 }
 
@@ -287,43 +290,57 @@ impl<'de> Visitor<'de> for TextSeed<'_> {
     }
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
-        // Each entry's key (raw) and value (text) go to `scratch`; the
-        // entries are then written in key order, a repeated key keeping
-        // its last value, as a `Value`'s map holds them.
-        let mut scratch: Vec<u8> = Vec::new();
-        // (start, end of key, end of value) in `scratch`.
-        let mut spans: Vec<(usize, usize, usize)> = Vec::new();
-        let mut sorted = true;
-        while map.next_key_seed(KeySeed { out: &mut scratch })?.is_some() {
-            let start = spans.last().map_or(0, |s| s.2);
-            let key_end = scratch.len();
-            map.next_value_seed(TextSeed { out: &mut scratch })?;
-            if let Some(&(ps, pk, _)) = spans.last() {
-                sorted &= scratch[ps..pk] < scratch[start..key_end];
-            }
-            spans.push((start, key_end, scratch.len()));
-        }
-        if !sorted {
-            // Stable: among equal keys the last stays last.
-            spans.sort_by(|a, b| scratch[a.0..a.1].cmp(&scratch[b.0..b.1]));
-        }
+        // The entries are written as they come; a `Value`'s map holds
+        // them in key order with a repeated key's last value, so when
+        // the keys did not come strictly increasing the object is
+        // written again in that order.
+        let start = self.out.len();
         self.out.push(b'{');
-        let mut first = true;
-        for (i, &(start, key_end, end)) in spans.iter().enumerate() {
-            if spans
-                .get(i + 1)
-                .is_some_and(|n| scratch[n.0..n.1] == scratch[start..key_end])
-            {
-                continue;
-            }
-            if !first {
+        // The raw keys, one after the other.
+        let mut keys: Vec<u8> = Vec::new();
+        // Per entry: the end of its key in `keys`, the start and end of
+        // its value in `out`.
+        let mut spans: Vec<[usize; 3]> = Vec::new();
+        let mut sorted = true;
+        while map.next_key_seed(KeySeed { out: &mut keys })?.is_some() {
+            let key_start = spans.last().map_or(0, |s| s[0]);
+            let key_end = keys.len();
+            if let Some(prev) = spans.len().checked_sub(1) {
+                let prev_start = prev.checked_sub(1).map_or(0, |p| spans[p][0]);
+                sorted &= keys[prev_start..key_start] < keys[key_start..key_end];
                 self.out.push(b',');
             }
-            first = false;
-            let key = std::str::from_utf8(&scratch[start..key_end]).map_err(de::Error::custom)?;
+            let key = std::str::from_utf8(&keys[key_start..key_end]).map_err(de::Error::custom)?;
             scalar(self.out, key)?;
             self.out.push(b':');
-            self.out.extend_from_slice(&scratch[key_end..end]);
+            let value_start = self.out.len();
+            map.next_value_seed(TextSeed {
+                out: &mut *self.out,
+            })?;
+            spans.push([key_end, value_start, self.out.len()]);
+        }
+        if !sorted {
+            let body = self.out.split_off(start);
+            let key = |i: usize| &keys[i.checked_sub(1).map_or(0, |p| spans[p][0])..spans[i][0]];
+            let mut order: Vec<usize> = (0..spans.len()).collect();
+            // Stable: among equal keys the last stays last.
+            order.sort_by(|&a, &b| key(a).cmp(key(b)));
+            self.out.push(b'{');
+            let mut first = true;
+            for (n, &i) in order.iter().enumerate() {
+                if order.get(n + 1).is_some_and(|&next| key(next) == key(i)) {
+                    continue;
+                }
+                if !first {
+                    self.out.push(b',');
+                }
+                first = false;
+                let k = std::str::from_utf8(key(i)).map_err(de::Error::custom)?;
+                scalar(self.out, k)?;
+                self.out.push(b':');
+                self.out
+                    .extend_from_slice(&body[spans[i][1] - start..spans[i][2] - start]);
+            }
         }
         self.out.push(b'}');
         Ok(())

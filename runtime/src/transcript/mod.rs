@@ -15,6 +15,7 @@ pub mod context;
 mod entry;
 pub mod history;
 mod json;
+mod json_encode;
 mod json_size;
 pub mod path_facts;
 pub mod resident;
