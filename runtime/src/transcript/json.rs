@@ -13,8 +13,9 @@
 //! # Canonical text
 //!
 //! The text is always the one `serde_json::to_string` writes for the
-//! equivalent `serde_json::Value` (this crate's `serde_json` sorts object
-//! keys): compact, object keys in byte order, a repeated key keeping its
+//! equivalent `serde_json::Value` (whose map sorts its keys: `serde_json`'s
+//! `preserve_order` feature is off): compact, object keys in byte order
+//! (also when a source, e.g. a JSON file, has them in another order), a repeated key keeping its
 //! last value, numbers and string escapes as `serde_json` writes them, a
 //! float that is not finite written as `null`. So a [`Json`] encodes to
 //! exactly the bytes the `Value` did (the stored format is unchanged), and
@@ -88,11 +89,6 @@ impl Json {
         serde_json::from_str(&self.0).ok()
     }
 
-    /// Length of the text in bytes: the value's compact JSON size.
-    pub fn text_len(&self) -> usize {
-        self.0.len()
-    }
-
     /// Decodes a value from any deserializer into canonical text (see
     /// the module docs), without building a tree.
     pub fn from_deserializer<'de, D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
@@ -139,11 +135,9 @@ impl From<serde_json::Value> for Json {
 
 impl From<&serde_json::Value> for Json {
     fn from(v: &serde_json::Value) -> Self {
-        // `serde_json` writes a `Value` in exactly the canonical form and
-        // cannot fail on one (its map keys are strings).
-        serde_json::to_string(v)
-            .map(|s| Json(Arc::new(s)))
-            .unwrap_or_default()
+        // Read like any source, so the keys are sorted whatever order the
+        // `Value`'s map keeps; a `Value` is always valid JSON.
+        Json::from_deserializer(v).unwrap_or_default()
     }
 }
 
@@ -155,8 +149,7 @@ impl From<Json> for serde_json::Value {
 
 impl PartialEq<serde_json::Value> for Json {
     fn eq(&self, other: &serde_json::Value) -> bool {
-        // The canonical text is the one `serde_json` writes for a `Value`.
-        serde_json::to_string(other).is_ok_and(|t| t == *self.0)
+        Json::from_deserializer(other).is_ok_and(|j| j == *self)
     }
 }
 
