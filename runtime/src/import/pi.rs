@@ -43,7 +43,7 @@
 //! blocks' `textSignature`.
 //!
 //! Memory: a line is read as objects whose fields stay JSON text until
-//! they are used ([`Obj`]); opaque payloads (a tool call's arguments, a
+//! they are used; opaque payloads (a tool call's arguments, a
 //! custom entry's data, a custom message's details) go from that text to
 //! a [`Json`] without a tree. So a line takes a few times its length at
 //! most, whatever it holds; then the entries, and an id map.
@@ -58,7 +58,7 @@ use serde_json::value::RawValue;
 use serde_json::Value;
 use uuid::Uuid;
 
-use crate::session::encode_event;
+use crate::session::encoded_event_len;
 use crate::session::{AgentDefinition, AgentState, ModelConfig, SessionEvent, SessionId};
 use crate::store::exchange::{read_line_bounded, ImportCommit, ImportSession};
 use crate::transcript::{
@@ -356,9 +356,8 @@ pub fn read_pi<R: BufRead>(mut r: R, source: &str) -> Result<PiSession, PiError>
     for (line, entry) in entries {
         let ts = entry.timestamp_ms;
         let ev = SessionEvent::EntryAppended { entry };
-        let bytes = encode_event(&ev)
-            .map_err(|e| err(line, format!("cannot encode the entry: {e}")))?
-            .len();
+        let bytes = encoded_event_len(&ev)
+            .map_err(|e| err(line, format!("cannot encode the entry: {e}")))?;
         if !cur.events.is_empty()
             && (cur.events.len() >= PI_COMMIT_EVENTS_MAX
                 || cur_bytes.saturating_add(bytes) > PI_COMMIT_BYTES_MAX)
@@ -951,7 +950,8 @@ mod tests {
         // The signatures survive the store's codec.
         for c in &s.import.commits {
             for ev in &c.events {
-                let back = crate::session::decode_event(&encode_event(ev).unwrap()).unwrap();
+                let back = crate::session::decode_event(&crate::session::encode_event(ev).unwrap())
+                    .unwrap();
                 assert_eq!(&back, ev);
             }
         }

@@ -24,6 +24,7 @@ mod state;
 
 use serde::{Deserialize, Serialize};
 
+pub(crate) use codec::encoded_event_len;
 pub use codec::{
     decode_appended_entry, decode_event, decode_snapshot, encode_event, encode_snapshot,
     CodecError, EVENT_SCHEMA, MAX_CODEC_INPUT, SNAPSHOT_SCHEMA,
