@@ -13,9 +13,10 @@
 //! variants, which the compiler checks against the enum). A map whose tag
 //! is not first is buffered, in the source's own kind of format (JSON text
 //! for a human-readable source, MessagePack otherwise), and decoded from
-//! that: the same answers as serde's, at the cost of one copy. A sequence
-//! (serde's compact form: the tag, then the fields in order) is decoded
-//! in place.
+//! that, at the cost of one copy: the same answers as serde's, except that
+//! a field repeated inside a JSON-buffered value keeps its last occurrence
+//! where serde would refuse it. A sequence (serde's compact form: the tag,
+//! then the fields in order) is decoded in place.
 
 use std::fmt;
 use std::marker::PhantomData;
