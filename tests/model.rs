@@ -75,7 +75,7 @@ pub struct ModelSession {
     pub definition: AgentDefinition,
     pub system_prompt: String,
     pub model: ModelConfig,
-    pub metadata: BTreeMap<String, serde_json::Value>,
+    pub metadata: BTreeMap<String, spool_runtime::Json>,
     pub tasks: Vec<Task>,
     pub generation: u64,
     pub execution_count: u64,
@@ -184,8 +184,10 @@ impl ModelSession {
             return Err("invalid_transition");
         }
         if let Some(r) = reason {
-            self.metadata
-                .insert("failure_reason".into(), serde_json::Value::String(r.into()));
+            self.metadata.insert(
+                "failure_reason".into(),
+                serde_json::Value::String(r.into()).into(),
+            );
         }
         self.status = SessionStatus::Failed;
         self.saved();
@@ -231,7 +233,7 @@ impl ModelSession {
         if key.is_empty() || key.len() > METADATA_KEY_MAX {
             return Err("action_failed");
         }
-        self.metadata.insert(key.into(), value.clone());
+        self.metadata.insert(key.into(), value.into());
         self.saved();
         Ok(())
     }
@@ -444,7 +446,7 @@ impl ModelSession {
                     vec![ContentBlock::ToolCall {
                         id: call_id.clone(),
                         name: tool.clone(),
-                        arguments: arguments.clone(),
+                        arguments: arguments.clone().into(),
                         signature: None,
                     }],
                     StopReason::ToolUse,

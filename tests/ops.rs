@@ -616,7 +616,7 @@ impl Runner {
                     let kind = match n % 4 {
                         0 => EntryKind::Custom {
                             custom_type: "note".into(),
-                            data: value(n as u8),
+                            data: value(n as u8).into(),
                         },
                         1 => EntryKind::Message {
                             message: Message::User {

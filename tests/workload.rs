@@ -178,7 +178,7 @@ pub fn run_workload(
                         timestamp_ms: 1_700_000_000_000 + n as i64,
                         kind: EntryKind::Custom {
                             custom_type: "step".into(),
-                            data: json!({ "n": n }),
+                            data: json!({ "n": n }).into(),
                         },
                     };
                     let action = FnAction("append_entry", move |s: &mut AgentSession| {

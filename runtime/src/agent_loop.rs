@@ -27,7 +27,7 @@ pub struct LoopSettings {
     pub system_prompt: String,
     /// The model the loop should use (`ChangeModel` changes it).
     pub model: ModelConfig,
-    pub metadata: BTreeMap<String, serde_json::Value>,
+    pub metadata: BTreeMap<String, crate::transcript::Json>,
     pub tasks: Vec<Task>,
     /// The 1-based number of this execution in the session.
     pub execution: u64,
@@ -348,7 +348,7 @@ impl AgentLoop for ScriptedLoop {
                             vec![ContentBlock::ToolCall {
                                 id: call_id.clone(),
                                 name: tool.clone(),
-                                arguments: arguments.clone(),
+                                arguments: arguments.clone().into(),
                                 signature: None,
                             }],
                             StopReason::ToolUse,

@@ -67,4 +67,4 @@ pub use session::{
     SessionEvent, SessionId, SessionInfoList, SessionStatus,
 };
 pub use store::{open_store, ListQuery, LogStore, LogStoreOptions, SessionStore, StoreError};
-pub use transcript::{Entry, EntryId, ModelContext};
+pub use transcript::{Entry, EntryId, Json, ModelContext};

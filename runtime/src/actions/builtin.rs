@@ -144,14 +144,14 @@ impl SessionAction for ChangeModel {
 #[derive(Clone, Debug)]
 pub struct WriteMetadata {
     pub key: String,
-    pub value: serde_json::Value,
+    pub value: crate::transcript::Json,
 }
 
 impl WriteMetadata {
     pub fn new(key: impl Into<String>, value: impl Into<serde_json::Value>) -> Self {
         WriteMetadata {
             key: key.into(),
-            value: value.into(),
+            value: crate::transcript::Json::from(value.into()),
         }
     }
 }

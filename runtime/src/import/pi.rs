@@ -42,20 +42,27 @@
 //! the model), assistant `api`, `responseId` and cost figures, and text
 //! blocks' `textSignature`.
 //!
-//! Memory: one line's JSON tree at a time (its values are moved, not
-//! copied, into the entry), the entries, and an id map.
+//! Memory: a line is read as objects whose fields stay JSON text until
+//! they are used; opaque payloads (a tool call's arguments, a
+//! custom entry's data, a custom message's details) go from that text to
+//! a [`Json`] without a tree. So a line takes a few times its length at
+//! most, whatever it holds; then the entries, and an id map.
 
-use std::collections::HashMap;
+use std::borrow::Cow;
+use std::collections::{BTreeMap, HashMap};
 use std::io::BufRead;
 
-use serde_json::{Map, Value};
+use serde::de::IgnoredAny;
+use serde::Deserialize;
+use serde_json::value::RawValue;
+use serde_json::Value;
 use uuid::Uuid;
 
-use crate::session::encode_event;
+use crate::session::encoded_event_len;
 use crate::session::{AgentDefinition, AgentState, ModelConfig, SessionEvent, SessionId};
 use crate::store::exchange::{read_line_bounded, ImportCommit, ImportSession};
 use crate::transcript::{
-    path_settings, ContentBlock, Entry, EntryId, EntryKind, Message, StopReason, Usage,
+    path_settings, ContentBlock, Entry, EntryId, EntryKind, Json, Message, StopReason, Usage,
 };
 
 /// Newest pi session format version this reader understands.
@@ -103,7 +110,7 @@ pub fn read_pi<R: BufRead>(mut r: R, source: &str) -> Result<PiSession, PiError>
     let mut line_no = 0u64;
     let mut skipped_lines = Vec::new();
     // The next non-blank line that is JSON, with its number.
-    let mut next_line = |skipped: &mut Vec<u64>| -> Result<Option<(u64, Value)>, PiError> {
+    let mut next_line = |skipped: &mut Vec<u64>| -> Result<Option<(u64, String)>, PiError> {
         loop {
             let had = read_line_bounded(&mut r, &mut buf, PI_LINE_BYTES_MAX)
                 .map_err(|e| err(line_no + 1, e.to_string()))?;
@@ -116,29 +123,33 @@ pub fn read_pi<R: BufRead>(mut r: R, source: &str) -> Result<PiSession, PiError>
             if text.trim().is_empty() {
                 continue;
             }
-            match serde_json::from_str::<Value>(text) {
-                Ok(v) => return Ok(Some((line_no, v))),
-                // pi's loader skips what JSON.parse refuses.
-                Err(_) => skipped.push(line_no),
+            // pi's loader skips what JSON.parse refuses (checked without
+            // building anything, with serde_json's nesting limit).
+            if serde_json::from_str::<IgnoredAny>(text).is_err() {
+                skipped.push(line_no);
+                continue;
             }
+            // The line's bytes, taken (not copied): its objects are
+            // read in place.
+            let text = String::from_utf8(std::mem::take(&mut buf))
+                .map_err(|e| err(line_no, format!("not UTF-8: {e}")))?;
+            return Ok(Some((line_no, text)));
         }
     };
-    let Some((hline, header)) = next_line(&mut skipped_lines)? else {
+    let Some((hline, htext)) = next_line(&mut skipped_lines)? else {
         return Err(err(0, "empty file: no pi session header"));
     };
-    let Value::Object(header) = header else {
-        return Err(err(hline, "not a JSON object"));
-    };
-    if header.get("type").and_then(Value::as_str) != Some("session") {
+    let header = parse_obj(&htext).ok_or_else(|| err(hline, "not a JSON object"))?;
+    if str_of(&header, "type").as_deref() != Some("session") {
         return Err(err(
             hline,
             "the first line is not a pi session header ({\"type\":\"session\",...})",
         ));
     }
-    let version = match header.get("version") {
-        None | Some(Value::Null) => 1,
-        Some(v) => v
-            .as_u64()
+    let version = match header.get("version").filter(|v| v.get() != "null") {
+        None => 1,
+        Some(v) => serde_json::from_str::<u64>(v.get())
+            .ok()
             .filter(|v| (1..=PI_VERSION_MAX).contains(v))
             .ok_or_else(|| {
                 err(
@@ -147,14 +158,12 @@ pub fn read_pi<R: BufRead>(mut r: R, source: &str) -> Result<PiSession, PiError>
                 )
             })?,
     };
-    let sid = header
-        .get("id")
-        .and_then(Value::as_str)
-        .ok_or_else(|| err(hline, "the header has no session id"))?;
-    let id = SessionId::parse(sid)
+    let sid = str_of(&header, "id").ok_or_else(|| err(hline, "the header has no session id"))?;
+    let id = SessionId::parse(&sid)
         .map_err(|e| err(hline, format!("session id {sid:?} cannot be used: {e}")))?;
-    let header_ts = header.get("timestamp").and_then(parse_time);
-    let cwd = header.get("cwd").and_then(Value::as_str).unwrap_or("");
+    let header_ts = header.get("timestamp").and_then(|t| parse_time_raw(t));
+    let cwd = str_of(&header, "cwd").unwrap_or_default();
+    let cwd = cwd.as_str();
 
     // Each line is migrated to v3 as pi does, mapped, and its JSON dropped.
     // v1 ids by entry index (the header being 0), for compaction indexes.
@@ -165,10 +174,8 @@ pub fn read_pi<R: BufRead>(mut r: R, source: &str) -> Result<PiSession, PiError>
     let mut entries: Vec<(u64, Entry)> = Vec::new();
     let mut session_name: Option<String> = None;
     let mut last_ts = header_ts.unwrap_or(0);
-    while let Some((line, v)) = next_line(&mut skipped_lines)? {
-        let Value::Object(mut m) = v else {
-            return Err(err(line, "not a JSON object"));
-        };
+    while let Some((line, text)) = next_line(&mut skipped_lines)? {
+        let mut m = parse_obj(&text).ok_or_else(|| err(line, "not a JSON object"))?;
         if version < 2 {
             let new_id = loop {
                 let g = EntryId::generate();
@@ -176,15 +183,13 @@ pub fn read_pi<R: BufRead>(mut r: R, source: &str) -> Result<PiSession, PiError>
                     break g;
                 }
             };
-            m.insert("id".into(), Value::String(new_id.as_str().to_string()));
+            m.insert("id".into(), raw(new_id.as_str()).map_err(|e| err(line, e))?);
             m.insert(
                 "parentId".into(),
-                prev.as_ref()
-                    .map(|p| Value::String(p.as_str().to_string()))
-                    .unwrap_or(Value::Null),
+                raw(&prev.as_ref().map(EntryId::as_str)).map_err(|e| err(line, e))?,
             );
-            if m.get("type").and_then(Value::as_str) == Some("compaction") {
-                if let Some(idx) = m.get("firstKeptEntryIndex").and_then(Value::as_u64) {
+            if str_of(&m, "type").as_deref() == Some("compaction") {
+                if let Some(idx) = u64_of(&m, "firstKeptEntryIndex") {
                     // pi resolves the index among the file's entries
                     // (header = 0); only earlier ones have ids yet.
                     let target = usize::try_from(idx)
@@ -193,7 +198,7 @@ pub fn read_pi<R: BufRead>(mut r: R, source: &str) -> Result<PiSession, PiError>
                     if let Some(t) = target {
                         m.insert(
                             "firstKeptEntryId".into(),
-                            Value::String(t.as_str().to_string()),
+                            raw(t.as_str()).map_err(|e| err(line, e))?,
                         );
                     }
                     m.remove("firstKeptEntryIndex");
@@ -202,28 +207,24 @@ pub fn read_pi<R: BufRead>(mut r: R, source: &str) -> Result<PiSession, PiError>
             v1_ids.push(Some(new_id.clone()));
             prev = Some(new_id);
         }
-        let ty = m
-            .get("type")
-            .and_then(Value::as_str)
-            .ok_or_else(|| err(line, "the entry has no \"type\""))?
-            .to_string();
+        let ty = str_of(&m, "type").ok_or_else(|| err(line, "the entry has no \"type\""))?;
         if ty == "session" {
             return Err(err(line, "a second session header"));
         }
-        let raw_id = m
-            .get("id")
-            .and_then(Value::as_str)
-            .ok_or_else(|| err(line, format!("the {ty} entry has no id")))?;
+        let raw_id =
+            str_of(&m, "id").ok_or_else(|| err(line, format!("the {ty} entry has no id")))?;
         let eid =
-            EntryId::parse(raw_id).map_err(|e| err(line, format!("entry id {raw_id:?}: {e}")))?;
+            EntryId::parse(&raw_id).map_err(|e| err(line, format!("entry id {raw_id:?}: {e}")))?;
         if index.contains_key(&eid) {
             return Err(err(line, format!("entry id {eid} is used twice")));
         }
-        let parent = match m.get("parentId") {
-            None | Some(Value::Null) => None,
-            Some(Value::String(p)) => {
+        let parent = match m.get("parentId").filter(|p| p.get() != "null") {
+            None => None,
+            Some(p) if p.get().starts_with('"') => {
+                let p: String =
+                    serde_json::from_str(p.get()).map_err(|e| err(line, e.to_string()))?;
                 let pid =
-                    EntryId::parse(p).map_err(|e| err(line, format!("parent id {p:?}: {e}")))?;
+                    EntryId::parse(&p).map_err(|e| err(line, format!("parent id {p:?}: {e}")))?;
                 if pid == eid {
                     return Err(err(line, format!("entry {eid} is its own parent")));
                 }
@@ -241,11 +242,18 @@ pub fn read_pi<R: BufRead>(mut r: R, source: &str) -> Result<PiSession, PiError>
         };
         let ts = m
             .get("timestamp")
-            .and_then(parse_time)
+            .and_then(|t| parse_time_raw(t))
             .or_else(|| {
+                // The message's own timestamp, read without the rest.
+                #[derive(Deserialize)]
+                struct Stamped<'a> {
+                    #[serde(borrow)]
+                    timestamp: Option<&'a RawValue>,
+                }
                 m.get("message")
-                    .and_then(|msg| msg.get("timestamp"))
-                    .and_then(parse_time)
+                    .and_then(|msg| serde_json::from_str::<Stamped<'_>>(msg.get()).ok())
+                    .and_then(|s| s.timestamp)
+                    .and_then(parse_time_raw)
             })
             .unwrap_or(last_ts);
         last_ts = ts;
@@ -307,19 +315,21 @@ pub fn read_pi<R: BufRead>(mut r: R, source: &str) -> Result<PiSession, PiError>
     let mut state = AgentState::new().with_model(model);
     state
         .metadata
-        .insert("pi.session_version".into(), Value::from(version));
+        .insert("pi.session_version".into(), Value::from(version).into());
     if !cwd.is_empty() {
-        state.metadata.insert("pi.cwd".into(), Value::from(cwd));
-    }
-    if let Some(p) = header.get("parentSession").and_then(Value::as_str) {
         state
             .metadata
-            .insert("pi.parent_session".into(), Value::from(p));
+            .insert("pi.cwd".into(), Value::from(cwd).into());
+    }
+    if let Some(p) = str_of(&header, "parentSession") {
+        state
+            .metadata
+            .insert("pi.parent_session".into(), Value::from(p).into());
     }
     if let Some(t) = thinking {
         state
             .metadata
-            .insert("pi.thinking_level".into(), Value::from(t));
+            .insert("pi.thinking_level".into(), Value::from(t).into());
     }
     let created_at_ms = header_ts
         .or_else(|| entries.first().map(|(_, e)| e.timestamp_ms))
@@ -346,9 +356,8 @@ pub fn read_pi<R: BufRead>(mut r: R, source: &str) -> Result<PiSession, PiError>
     for (line, entry) in entries {
         let ts = entry.timestamp_ms;
         let ev = SessionEvent::EntryAppended { entry };
-        let bytes = encode_event(&ev)
-            .map_err(|e| err(line, format!("cannot encode the entry: {e}")))?
-            .len();
+        let bytes = encoded_event_len(&ev)
+            .map_err(|e| err(line, format!("cannot encode the entry: {e}")))?;
         if !cur.events.is_empty()
             && (cur.events.len() >= PI_COMMIT_EVENTS_MAX
                 || cur_bytes.saturating_add(bytes) > PI_COMMIT_BYTES_MAX)
@@ -376,88 +385,149 @@ pub fn read_pi<R: BufRead>(mut r: R, source: &str) -> Result<PiSession, PiError>
     })
 }
 
-fn get_str<'a>(m: &'a Map<String, Value>, key: &str) -> Result<&'a str, String> {
-    m.get(key)
-        .and_then(Value::as_str)
-        .ok_or_else(|| format!("\"{key}\" is missing or not a string"))
+/// A JSON object whose fields are kept as their JSON text, in place in
+/// the line, and parsed only when read (a repeated key keeps its last
+/// value, as in a `serde_json::Value` map). A field set by a migration
+/// is owned.
+type Obj<'a> = BTreeMap<String, Cow<'a, RawValue>>;
+
+/// The object `text` holds, read in place.
+fn parse_obj(text: &str) -> Option<Obj<'_>> {
+    let m: BTreeMap<String, &RawValue> = serde_json::from_str(text).ok()?;
+    Some(m.into_iter().map(|(k, v)| (k, Cow::Borrowed(v))).collect())
 }
 
-fn opt_str(m: &Map<String, Value>, key: &str) -> Option<String> {
-    m.get(key).and_then(Value::as_str).map(str::to_string)
+/// A field that is a string.
+fn str_of(m: &Obj, key: &str) -> Option<String> {
+    m.get(key)
+        .filter(|v| v.get().starts_with('"'))
+        .and_then(|v| serde_json::from_str(v.get()).ok())
+}
+
+/// A field that is a boolean.
+fn bool_of(m: &Obj, key: &str) -> Option<bool> {
+    m.get(key).and_then(|v| serde_json::from_str(v.get()).ok())
+}
+
+/// A field that is a non-negative integer.
+fn u64_of(m: &Obj, key: &str) -> Option<u64> {
+    m.get(key).and_then(|v| serde_json::from_str(v.get()).ok())
+}
+
+/// A field that is an integer.
+fn i64_of(m: &Obj, key: &str) -> Option<i64> {
+    m.get(key).and_then(|v| serde_json::from_str(v.get()).ok())
+}
+
+/// A field that is a number, as a float.
+fn f64_of(m: &Obj, key: &str) -> Option<f64> {
+    m.get(key)
+        .filter(|v| {
+            v.get()
+                .starts_with(|c: char| c == '-' || c.is_ascii_digit())
+        })
+        .and_then(|v| serde_json::from_str(v.get()).ok())
+}
+
+/// A field that is an object, taken out of `m` (a migration sets no
+/// objects).
+fn take_obj<'a>(m: &mut Obj<'a>, key: &str) -> Option<Obj<'a>> {
+    match m.remove(key)? {
+        Cow::Borrowed(v) => parse_obj(v.get()),
+        Cow::Owned(_) => None,
+    }
+}
+
+/// A field taken out of `m` as an opaque payload.
+fn take_json(m: &mut Obj, key: &str) -> Result<Option<Json>, String> {
+    m.remove(key)
+        .map(|v| Json::from_text(v.get()).map_err(|e| format!("\"{key}\": {e}")))
+        .transpose()
+}
+
+/// The whole object as an opaque payload.
+fn obj_json(m: Obj) -> Result<Json, String> {
+    let mut text = String::from("{");
+    for (i, (k, v)) in m.iter().enumerate() {
+        if i > 0 {
+            text.push(',');
+        }
+        text.push_str(&serde_json::to_string(k).map_err(|e| e.to_string())?);
+        text.push(':');
+        text.push_str(v.get());
+    }
+    text.push('}');
+    drop(m);
+    Json::from_text(&text).map_err(|e| e.to_string())
+}
+
+/// A value as a field's JSON text.
+fn raw<T: serde::Serialize + ?Sized>(v: &T) -> Result<Cow<'static, RawValue>, String> {
+    serde_json::value::to_raw_value(v)
+        .map(Cow::Owned)
+        .map_err(|e| e.to_string())
+}
+
+fn get_str(m: &Obj, key: &str) -> Result<String, String> {
+    str_of(m, key).ok_or_else(|| format!("\"{key}\" is missing or not a string"))
 }
 
 /// Maps one (migrated) pi entry to an entry kind.
-fn map_entry(
-    ty: &str,
-    m: &mut Map<String, Value>,
-    own_id: &EntryId,
-    version: u64,
-) -> Result<EntryKind, String> {
+fn map_entry(ty: &str, m: &mut Obj, own_id: &EntryId, version: u64) -> Result<EntryKind, String> {
     Ok(match ty {
         "message" => {
-            let msg = m
-                .get_mut("message")
-                .and_then(Value::as_object_mut)
-                .ok_or("the message entry has no \"message\" object")?;
-            map_message(msg, version)?
+            let mut msg =
+                take_obj(m, "message").ok_or("the message entry has no \"message\" object")?;
+            map_message(&mut msg, version)?
         }
         "model_change" => EntryKind::ModelChange {
-            provider: get_str(m, "provider")?.to_string(),
-            model_id: get_str(m, "modelId")?.to_string(),
+            provider: get_str(m, "provider")?,
+            model_id: get_str(m, "modelId")?,
         },
         "thinking_level_change" => EntryKind::ThinkingLevelChange {
-            thinking_level: get_str(m, "thinkingLevel")?.to_string(),
+            thinking_level: get_str(m, "thinkingLevel")?,
         },
         "compaction" => EntryKind::Compaction {
-            summary: get_str(m, "summary")?.to_string(),
+            summary: get_str(m, "summary")?,
             // pi keeps nothing before the compaction when its first kept
             // entry is not found; pointing at the compaction itself gives
             // the same context here.
-            first_kept_entry_id: m
-                .get("firstKeptEntryId")
-                .and_then(Value::as_str)
-                .and_then(|s| EntryId::parse(s).ok())
+            first_kept_entry_id: str_of(m, "firstKeptEntryId")
+                .and_then(|s| EntryId::parse(&s).ok())
                 .unwrap_or_else(|| own_id.clone()),
-            tokens_before: m.get("tokensBefore").and_then(Value::as_u64).unwrap_or(0),
+            tokens_before: u64_of(m, "tokensBefore").unwrap_or(0),
         },
         "branch_summary" => EntryKind::BranchSummary {
-            from_id: m
-                .get("fromId")
-                .and_then(Value::as_str)
-                .and_then(|s| EntryId::parse(s).ok()),
-            summary: get_str(m, "summary")?.to_string(),
+            from_id: str_of(m, "fromId").and_then(|s| EntryId::parse(&s).ok()),
+            summary: get_str(m, "summary")?,
         },
         "custom" => EntryKind::Custom {
-            custom_type: get_str(m, "customType")?.to_string(),
-            data: m.remove("data").unwrap_or(Value::Null),
+            custom_type: get_str(m, "customType")?,
+            data: take_json(m, "data")?.unwrap_or_default(),
         },
         "custom_message" => EntryKind::CustomMessage {
-            custom_type: get_str(m, "customType")?.to_string(),
+            custom_type: get_str(m, "customType")?,
             content: content(m.remove("content"))?,
-            display: m.get("display").and_then(Value::as_bool).unwrap_or(false),
-            details: m.remove("details").filter(|d| !d.is_null()),
+            display: bool_of(m, "display").unwrap_or(false),
+            details: take_json(m, "details")?.filter(|d| !d.is_null()),
         },
         "label" => {
             let target = get_str(m, "targetId")?;
             EntryKind::Label {
-                target_id: EntryId::parse(target)
+                target_id: EntryId::parse(&target)
                     .map_err(|e| format!("label target {target:?}: {e}"))?,
-                label: opt_str(m, "label"),
+                label: str_of(m, "label"),
             }
         }
         "session_info" => EntryKind::SessionInfo {
-            name: opt_str(m, "name").map(|n| n.trim().to_string()),
+            name: str_of(m, "name").map(|n| n.trim().to_string()),
         },
         other => return Err(format!("unknown entry type {other:?}")),
     })
 }
 
-fn map_message(msg: &mut Map<String, Value>, version: u64) -> Result<EntryKind, String> {
-    let role = msg
-        .get("role")
-        .and_then(Value::as_str)
-        .ok_or("the message has no \"role\"")?
-        .to_string();
+fn map_message(msg: &mut Obj, version: u64) -> Result<EntryKind, String> {
+    let role = str_of(msg, "role").ok_or("the message has no \"role\"")?;
     // v2 -> v3: the hookMessage role was renamed to custom.
     let role = if role == "hookMessage" && version < 3 {
         "custom"
@@ -470,14 +540,14 @@ fn map_message(msg: &mut Map<String, Value>, version: u64) -> Result<EntryKind, 
             content: content(msg.remove("content"))?,
         }),
         "assistant" => {
-            let provider = msg.get("provider").and_then(Value::as_str).unwrap_or("");
-            let model = msg.get("model").and_then(Value::as_str).unwrap_or("");
+            let provider = str_of(msg, "provider").unwrap_or_default();
+            let model = str_of(msg, "model").unwrap_or_default();
             let model = match (provider.is_empty(), model.is_empty()) {
                 (false, false) => Some(format!("{provider}/{model}")),
-                (true, false) => Some(model.to_string()),
+                (true, false) => Some(model),
                 _ => None,
             };
-            let stop_reason = match msg.get("stopReason").and_then(Value::as_str) {
+            let stop_reason = match str_of(msg, "stopReason").as_deref() {
                 None | Some("stop") => StopReason::Stop,
                 Some("length") => StopReason::Length,
                 Some("toolUse") => StopReason::ToolUse,
@@ -485,10 +555,9 @@ fn map_message(msg: &mut Map<String, Value>, version: u64) -> Result<EntryKind, 
                 Some("aborted") => StopReason::Aborted,
                 Some(other) => return Err(format!("unknown stopReason {other:?}")),
             };
-            let u = msg.get("usage");
+            let u = take_obj(msg, "usage").unwrap_or_default();
             let tokens = |k: &str| {
-                u.and_then(|u| u.get(k))
-                    .and_then(Value::as_f64)
+                f64_of(&u, k)
                     .filter(|t| t.is_finite() && *t >= 0.0)
                     .map_or(0, |t| t as u64)
             };
@@ -503,31 +572,24 @@ fn map_message(msg: &mut Map<String, Value>, version: u64) -> Result<EntryKind, 
                 stop_reason,
                 usage,
                 model,
-                error_message: opt_str(msg, "errorMessage"),
+                error_message: str_of(msg, "errorMessage"),
             })
         }
         "toolResult" => message(Message::ToolResult {
-            tool_call_id: get_str(msg, "toolCallId")?.to_string(),
-            tool_name: msg
-                .get("toolName")
-                .and_then(Value::as_str)
-                .unwrap_or("")
-                .to_string(),
+            tool_call_id: get_str(msg, "toolCallId")?,
+            tool_name: str_of(msg, "toolName").unwrap_or_default(),
             content: content(msg.remove("content"))?,
-            is_error: msg.get("isError").and_then(Value::as_bool).unwrap_or(false),
+            is_error: bool_of(msg, "isError").unwrap_or(false),
         }),
         "custom" => EntryKind::CustomMessage {
-            custom_type: get_str(msg, "customType")?.to_string(),
+            custom_type: get_str(msg, "customType")?,
             content: content(msg.remove("content"))?,
-            display: msg.get("display").and_then(Value::as_bool).unwrap_or(false),
-            details: msg.remove("details").filter(|d| !d.is_null()),
+            display: bool_of(msg, "display").unwrap_or(false),
+            details: take_json(msg, "details")?.filter(|d| !d.is_null()),
         },
         "branchSummary" => EntryKind::BranchSummary {
-            from_id: msg
-                .get("fromId")
-                .and_then(Value::as_str)
-                .and_then(|s| EntryId::parse(s).ok()),
-            summary: get_str(msg, "summary")?.to_string(),
+            from_id: str_of(msg, "fromId").and_then(|s| EntryId::parse(&s).ok()),
+            summary: get_str(msg, "summary")?,
         },
         "compactionSummary" => EntryKind::CustomMessage {
             custom_type: "pi.compactionSummary".into(),
@@ -536,12 +598,9 @@ fn map_message(msg: &mut Map<String, Value>, version: u64) -> Result<EntryKind, 
             details: None,
         },
         "bashExecution" => {
-            let excluded = msg
-                .get("excludeFromContext")
-                .and_then(Value::as_bool)
-                .unwrap_or(false);
+            let excluded = bool_of(msg, "excludeFromContext").unwrap_or(false);
             let text = (!excluded).then(|| bash_execution_text(msg));
-            let whole = Value::Object(std::mem::take(msg));
+            let whole = obj_json(std::mem::take(msg))?;
             if let Some(text) = text {
                 EntryKind::CustomMessage {
                     custom_type: "pi.bashExecution".into(),
@@ -561,25 +620,25 @@ fn map_message(msg: &mut Map<String, Value>, version: u64) -> Result<EntryKind, 
 }
 
 /// The text pi sends to the model for a bash execution.
-fn bash_execution_text(msg: &Map<String, Value>) -> String {
-    let command = msg.get("command").and_then(Value::as_str).unwrap_or("");
-    let output = msg.get("output").and_then(Value::as_str).unwrap_or("");
+fn bash_execution_text(msg: &Obj) -> String {
+    let command = str_of(msg, "command").unwrap_or_default();
+    let output = str_of(msg, "output").unwrap_or_default();
     let mut text = format!("Ran `{command}`\n");
     if output.is_empty() {
         text.push_str("(no output)");
     } else {
         text.push_str(&format!("```\n{output}\n```"));
     }
-    let flag = |k: &str| msg.get(k).and_then(Value::as_bool).unwrap_or(false);
+    let flag = |k: &str| bool_of(msg, k).unwrap_or(false);
     if flag("cancelled") {
         text.push_str("\n\n(command cancelled)");
-    } else if let Some(code) = msg.get("exitCode").and_then(Value::as_i64) {
+    } else if let Some(code) = i64_of(msg, "exitCode") {
         if code != 0 {
             text.push_str(&format!("\n\nCommand exited with code {code}"));
         }
     }
     if flag("truncated") {
-        if let Some(p) = msg.get("fullOutputPath").and_then(Value::as_str) {
+        if let Some(p) = str_of(msg, "fullOutputPath") {
             text.push_str(&format!("\n\n[Output truncated. Full output: {p}]"));
         }
     }
@@ -587,45 +646,52 @@ fn bash_execution_text(msg: &Map<String, Value>) -> String {
 }
 
 /// Message content: a string (one text block) or an array of blocks.
-fn content(v: Option<Value>) -> Result<Vec<ContentBlock>, String> {
-    match v {
-        None | Some(Value::Null) => Ok(Vec::new()),
-        Some(Value::String(s)) => Ok(vec![ContentBlock::text(s)]),
-        Some(Value::Array(blocks)) => blocks.into_iter().map(block).collect(),
-        Some(other) => Err(format!(
+fn content(v: Option<Cow<'_, RawValue>>) -> Result<Vec<ContentBlock>, String> {
+    let Some(v) = v else {
+        return Ok(Vec::new());
+    };
+    match v.get().as_bytes().first() {
+        Some(b'n') => Ok(Vec::new()),
+        Some(b'"') => Ok(vec![ContentBlock::text(
+            serde_json::from_str::<String>(v.get()).map_err(|e| e.to_string())?,
+        )]),
+        Some(b'[') => {
+            let blocks: Vec<&RawValue> =
+                serde_json::from_str(v.get()).map_err(|e| e.to_string())?;
+            blocks.into_iter().map(block).collect()
+        }
+        _ => Err(format!(
             "content {} is neither text nor a list of blocks",
-            json_kind(&other)
+            json_kind(&v)
         )),
     }
 }
 
-fn json_kind(v: &Value) -> &'static str {
-    match v {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
+fn json_kind(v: &RawValue) -> &'static str {
+    match v.get().as_bytes().first() {
+        Some(b'n') => "null",
+        Some(b't' | b'f') => "a boolean",
+        Some(b'"') => "a string",
+        Some(b'[') => "an array",
+        Some(b'{') => "an object",
+        _ => "a number",
     }
 }
 
-fn take_str(m: &mut Map<String, Value>, key: &str) -> Result<String, String> {
-    match m.remove(key) {
-        Some(Value::String(s)) => Ok(s),
-        _ => Err(format!("\"{key}\" is missing or not a string")),
-    }
+fn take_str(m: &mut Obj, key: &str) -> Result<String, String> {
+    let s = get_str(m, key);
+    m.remove(key);
+    s
 }
 
-fn take_opt_str(m: &mut Map<String, Value>, key: &str) -> Option<String> {
-    match m.remove(key) {
-        Some(Value::String(s)) => Some(s),
-        _ => None,
-    }
+fn take_opt_str(m: &mut Obj, key: &str) -> Option<String> {
+    let s = str_of(m, key);
+    m.remove(key);
+    s
 }
 
-fn block(b: Value) -> Result<ContentBlock, String> {
-    let Value::Object(mut m) = b else {
+fn block(b: &RawValue) -> Result<ContentBlock, String> {
+    let Some(mut m) = parse_obj(b.get()) else {
         return Err("a content block is not an object".into());
     };
     let ty = take_str(&mut m, "type")?;
@@ -636,12 +702,12 @@ fn block(b: Value) -> Result<ContentBlock, String> {
         "thinking" => ContentBlock::Thinking {
             thinking: take_str(&mut m, "thinking")?,
             signature: take_opt_str(&mut m, "thinkingSignature"),
-            redacted: m.get("redacted").and_then(Value::as_bool).unwrap_or(false),
+            redacted: bool_of(&m, "redacted").unwrap_or(false),
         },
         "toolCall" => ContentBlock::ToolCall {
             id: take_str(&mut m, "id")?,
             name: take_str(&mut m, "name")?,
-            arguments: m.remove("arguments").unwrap_or(Value::Null),
+            arguments: take_json(&mut m, "arguments")?.unwrap_or_default(),
             signature: take_opt_str(&mut m, "thoughtSignature"),
         },
         "image" => ContentBlock::Image {
@@ -650,6 +716,19 @@ fn block(b: Value) -> Result<ContentBlock, String> {
         },
         other => return Err(format!("unknown content block type {other:?}")),
     })
+}
+
+/// A time field's JSON text (see [`parse_time`]); only a number or a
+/// string is parsed.
+fn parse_time_raw(v: &RawValue) -> Option<i64> {
+    let t = v.get();
+    if !t.starts_with(|c: char| c == '"' || c == '-' || c.is_ascii_digit()) {
+        return None;
+    }
+    serde_json::from_str::<Value>(t)
+        .ok()
+        .as_ref()
+        .and_then(parse_time)
 }
 
 /// A time: milliseconds since the epoch (a number) or an RFC 3339 /
@@ -863,7 +942,7 @@ mod tests {
                 ContentBlock::ToolCall {
                     id: "c1".into(),
                     name: "read".into(),
-                    arguments: serde_json::json!({"path": "x"}),
+                    arguments: serde_json::json!({"path": "x"}).into(),
                     signature: Some("TS".into())
                 },
             ]
@@ -871,7 +950,8 @@ mod tests {
         // The signatures survive the store's codec.
         for c in &s.import.commits {
             for ev in &c.events {
-                let back = crate::session::decode_event(&encode_event(ev).unwrap()).unwrap();
+                let back = crate::session::decode_event(&crate::session::encode_event(ev).unwrap())
+                    .unwrap();
                 assert_eq!(&back, ev);
             }
         }

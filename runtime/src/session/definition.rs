@@ -4,6 +4,8 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use crate::transcript::Json;
+
 /// Which model a loop talks to, and with which parameters.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
@@ -13,7 +15,7 @@ pub struct ModelConfig {
     /// The model id at that provider.
     pub model: String,
     /// Provider parameters (temperature, max tokens, ...).
-    pub params: BTreeMap<String, serde_json::Value>,
+    pub params: BTreeMap<String, Json>,
 }
 
 impl ModelConfig {
@@ -26,8 +28,8 @@ impl ModelConfig {
     }
 
     /// Adds a parameter.
-    pub fn with_param(mut self, key: impl Into<String>, value: serde_json::Value) -> Self {
-        self.params.insert(key.into(), value);
+    pub fn with_param(mut self, key: impl Into<String>, value: impl Into<Json>) -> Self {
+        self.params.insert(key.into(), value.into());
         self
     }
 
@@ -69,7 +71,7 @@ pub struct AgentDefinition {
     /// Names of tools the agent may call.
     pub tools: Vec<String>,
     pub budget: Budget,
-    pub metadata: BTreeMap<String, serde_json::Value>,
+    pub metadata: BTreeMap<String, Json>,
 }
 
 impl AgentDefinition {

@@ -6,6 +6,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::transcript::Json;
+
 use super::definition::{AgentDefinition, ModelConfig};
 use super::id::SessionId;
 use super::info::SessionStatus;
@@ -13,7 +15,10 @@ use super::state::{AgentState, ExecutionStatus, Task};
 use crate::transcript::{Entry, EntryId, Usage};
 
 /// One change to a session.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+///
+/// Decoded without buffering (see `transcript::tagged`); the twin
+/// `SessionEventDe` below lists the same variants.
+#[derive(Clone, Debug, PartialEq, Serialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 #[non_exhaustive]
 pub enum SessionEvent {
@@ -48,7 +53,7 @@ pub enum SessionEvent {
     },
     MetadataWritten {
         key: String,
-        value: serde_json::Value,
+        value: Json,
     },
     MetadataRemoved {
         key: String,
@@ -102,6 +107,82 @@ pub enum SessionEvent {
     /// A save that changed nothing but must still advance the version.
     Touched,
 }
+
+// The externally tagged twin of `SessionEvent` (same variants, checked by
+// the compiler), decoding the fields that follow the tag.
+#[derive(Deserialize)]
+#[serde(remote = "SessionEvent", rename_all = "snake_case")]
+enum SessionEventDe {
+    Created {
+        id: SessionId,
+        parent_id: Option<SessionId>,
+        agent_name: String,
+        label: String,
+        created_at_ms: i64,
+        definition: Box<AgentDefinition>,
+        state: Box<AgentState>,
+    },
+    EntryAppended {
+        entry: Entry,
+    },
+    LeafMoved {
+        leaf: Option<EntryId>,
+    },
+    StatusChanged {
+        from: SessionStatus,
+        to: SessionStatus,
+    },
+    SystemPromptChanged {
+        system_prompt: String,
+    },
+    ModelChanged {
+        model: ModelConfig,
+    },
+    MetadataWritten {
+        key: String,
+        value: Json,
+    },
+    MetadataRemoved {
+        key: String,
+    },
+    TaskUpdated {
+        tasks: Vec<Task>,
+    },
+    StateCleared,
+    ExecutionStarted {
+        execution: u64,
+    },
+    ExecutionFinished {
+        status: ExecutionStatus,
+        usage: Usage,
+        error: Option<String>,
+    },
+    HistoryRewritten {
+        generation: u64,
+        entries: Vec<Entry>,
+        leaf: Option<EntryId>,
+    },
+    TranscriptRewritten {
+        generation: u64,
+        written: Vec<Entry>,
+        reparented: Vec<(EntryId, Option<EntryId>)>,
+        removed: Vec<EntryId>,
+        leaf: Option<EntryId>,
+    },
+    Forked {
+        from: SessionId,
+        at_entry: Option<EntryId>,
+    },
+    Deleted,
+    Touched,
+}
+
+crate::transcript::tagged_by!(
+    SessionEvent,
+    SessionEventDe,
+    "type",
+    "a session event tagged by `type`"
+);
 
 impl SessionEvent {
     /// A short stable name of the event kind (`created`, `entry_appended`, ...).

@@ -24,6 +24,7 @@ mod state;
 
 use serde::{Deserialize, Serialize};
 
+pub(crate) use codec::encoded_event_len;
 pub use codec::{
     decode_appended_entry, decode_event, decode_snapshot, encode_event, encode_snapshot,
     CodecError, EVENT_SCHEMA, MAX_CODEC_INPUT, SNAPSHOT_SCHEMA,
@@ -40,7 +41,8 @@ pub use state::{
 };
 
 use crate::transcript::{
-    now_ms, Entry, EntryId, EntryKind, Navigation, RewritePlan, Transcript, TranscriptError, Usage,
+    now_ms, Entry, EntryId, EntryKind, Json, Navigation, RewritePlan, Transcript, TranscriptError,
+    Usage,
 };
 
 /// A session mutation was refused. Nothing was recorded.
@@ -506,7 +508,7 @@ impl AgentSession {
     pub fn write_metadata(
         &mut self,
         key: impl Into<String>,
-        value: serde_json::Value,
+        value: impl Into<Json>,
     ) -> Result<(), SessionError> {
         self.guard()?;
         let key = key.into();
@@ -516,7 +518,10 @@ impl AgentSession {
                 reason: "length must be 1..=256 bytes",
             });
         }
-        self.record(SessionEvent::MetadataWritten { key, value })
+        self.record(SessionEvent::MetadataWritten {
+            key,
+            value: value.into(),
+        })
     }
 
     /// Removes one metadata key; returns whether it was present (an absent

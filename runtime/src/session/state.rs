@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use super::definition::ModelConfig;
-use crate::transcript::{Transcript, Usage};
+use crate::transcript::{Json, Transcript, Usage};
 
 /// Maximum number of tasks in a session's task list.
 pub const MAX_TASKS: usize = 64;
@@ -130,7 +130,7 @@ pub struct AgentState {
     pub transcript: Transcript,
     /// Transcript generation: bumped by every history rewrite.
     pub generation: u64,
-    pub metadata: BTreeMap<String, serde_json::Value>,
+    pub metadata: BTreeMap<String, Json>,
     pub system_prompt: String,
     /// The model the next execution's loop is built with.
     pub model: ModelConfig,
@@ -162,8 +162,8 @@ impl AgentState {
         self
     }
 
-    pub fn with_metadata(mut self, key: impl Into<String>, value: serde_json::Value) -> Self {
-        self.metadata.insert(key.into(), value);
+    pub fn with_metadata(mut self, key: impl Into<String>, value: impl Into<Json>) -> Self {
+        self.metadata.insert(key.into(), value.into());
         self
     }
 

@@ -449,7 +449,7 @@ pub fn metadata_and_transcript_round_trip(store: &dyn SessionStore) {
     let b = s.append(user("branch two")).unwrap();
     s.append(EntryKind::Custom {
         custom_type: "plugin".into(),
-        data: serde_json::json!({"bytes": "\u{0}\u{1f}\"\\"}),
+        data: serde_json::json!({"bytes": "\u{0}\u{1f}\"\\"}).into(),
     })
     .unwrap();
     s.move_leaf(Some(b)).unwrap();

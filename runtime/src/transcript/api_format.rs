@@ -31,6 +31,7 @@ use serde_json::{json, Map, Value};
 
 use super::context::{ContextMessage, ContextRole, ModelContext};
 use super::entry::ContentBlock;
+use super::Json;
 
 /// A model API's message shape.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -212,10 +213,11 @@ pub fn openai_messages(system_prompt: &str, messages: &[ContextMessage]) -> Vec<
 }
 
 /// Tool-call arguments as the JSON string OpenAI takes.
-fn arguments_string(arguments: &Value) -> String {
-    match arguments {
-        Value::Null => "{}".into(),
-        v => v.to_string(),
+fn arguments_string(arguments: &Json) -> String {
+    if arguments.is_null() {
+        "{}".into()
+    } else {
+        arguments.as_str().to_string()
     }
 }
 
@@ -258,7 +260,7 @@ fn anthropic_blocks(blocks: &[ContentBlock], assistant: bool) -> Vec<Value> {
                 "type": "tool_use",
                 "id": id,
                 "name": name,
-                "input": if arguments.is_null() { json!({}) } else { arguments.clone() },
+                "input": if arguments.is_null() { json!({}) } else { arguments.to_value() },
             })),
             _ => None,
         })

@@ -12,6 +12,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::Json;
+
 /// Maximum length of an entry id in bytes.
 pub const ENTRY_ID_LEN_MAX: usize = 128;
 
@@ -325,7 +327,10 @@ pub struct Entry {
 }
 
 /// What an entry is.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+///
+/// Decoded without buffering (see the `tagged` module); the twin
+/// `EntryKindDe` below lists the same variants.
+#[derive(Clone, Debug, PartialEq, Serialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 #[non_exhaustive]
 pub enum EntryKind {
@@ -336,7 +341,7 @@ pub enum EntryKind {
     /// Plugin state: stored and read back byte-exact, never sent to a model.
     Custom {
         custom_type: String,
-        data: serde_json::Value,
+        data: Json,
     },
     /// A message injected by a plugin; it is sent to the model.
     CustomMessage {
@@ -344,7 +349,7 @@ pub enum EntryKind {
         content: Vec<ContentBlock>,
         /// Whether a user interface shows it.
         display: bool,
-        details: Option<serde_json::Value>,
+        details: Option<Json>,
     },
     /// A summary of a branch that was left, placed where the new branch starts.
     BranchSummary {
@@ -381,7 +386,7 @@ pub enum EntryKind {
 }
 
 /// A conversation message.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize)]
 #[serde(tag = "role", rename_all = "snake_case")]
 #[non_exhaustive]
 pub enum Message {
@@ -406,7 +411,7 @@ pub enum Message {
 }
 
 /// One block of message content.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 #[non_exhaustive]
 pub enum ContentBlock {
@@ -427,7 +432,7 @@ pub enum ContentBlock {
     ToolCall {
         id: String,
         name: String,
-        arguments: serde_json::Value,
+        arguments: Json,
         /// Provider data tied to the call (opaque), e.g. the thought
         /// signature a provider asks to be sent back with it.
         #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -481,6 +486,134 @@ impl Usage {
     }
 }
 
+// The externally tagged twins of the tagged enums above: the same
+// variants and fields (the compiler checks them against the enums), each
+// decoding the fields that follow the tag (see the `tagged` module).
+
+#[derive(Deserialize)]
+#[serde(remote = "EntryKind", rename_all = "snake_case")]
+enum EntryKindDe {
+    Message {
+        message: Message,
+    },
+    Custom {
+        custom_type: String,
+        data: Json,
+    },
+    CustomMessage {
+        custom_type: String,
+        content: Vec<ContentBlock>,
+        display: bool,
+        details: Option<Json>,
+    },
+    BranchSummary {
+        from_id: Option<EntryId>,
+        summary: String,
+    },
+    Compaction {
+        summary: String,
+        first_kept_entry_id: EntryId,
+        tokens_before: u64,
+    },
+    Reset,
+    ModelChange {
+        provider: String,
+        model_id: String,
+    },
+    ThinkingLevelChange {
+        thinking_level: String,
+    },
+    Label {
+        target_id: EntryId,
+        label: Option<String>,
+    },
+    SessionInfo {
+        name: Option<String>,
+    },
+}
+
+#[derive(Deserialize)]
+#[serde(remote = "Message", rename_all = "snake_case")]
+enum MessageDe {
+    User {
+        content: Vec<ContentBlock>,
+    },
+    Assistant {
+        content: Vec<ContentBlock>,
+        stop_reason: StopReason,
+        usage: Usage,
+        model: Option<String>,
+        error_message: Option<String>,
+    },
+    ToolResult {
+        tool_call_id: String,
+        tool_name: String,
+        content: Vec<ContentBlock>,
+        is_error: bool,
+    },
+}
+
+#[derive(Deserialize)]
+#[serde(remote = "ContentBlock", rename_all = "snake_case")]
+enum ContentBlockDe {
+    Text {
+        text: String,
+    },
+    Thinking {
+        thinking: String,
+        #[serde(default)]
+        signature: Option<String>,
+        #[serde(default)]
+        redacted: bool,
+    },
+    ToolCall {
+        id: String,
+        name: String,
+        arguments: Json,
+        #[serde(default)]
+        signature: Option<String>,
+    },
+    Image {
+        mime_type: String,
+        data: String,
+    },
+}
+
+/// Decodes the tagged enum `$ty` through its twin `$twin` (see the
+/// `tagged` module).
+macro_rules! tagged_by {
+    ($ty:ty, $twin:ty, $tag:literal, $expecting:literal) => {
+        impl $crate::transcript::tagged::Tagged for $ty {
+            const TAG: &'static str = $tag;
+            const EXPECTING: &'static str = $expecting;
+            fn externally_tagged<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                <$twin>::deserialize(d)
+            }
+        }
+
+        impl<'de> serde::Deserialize<'de> for $ty {
+            fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                $crate::transcript::tagged::deserialize(d)
+            }
+        }
+    };
+}
+pub(crate) use tagged_by;
+
+tagged_by!(
+    EntryKind,
+    EntryKindDe,
+    "type",
+    "an entry kind tagged by `type`"
+);
+tagged_by!(Message, MessageDe, "role", "a message tagged by `role`");
+tagged_by!(
+    ContentBlock,
+    ContentBlockDe,
+    "type",
+    "a content block tagged by `type`"
+);
+
 fn is_false(b: &bool) -> bool {
     !*b
 }
@@ -503,12 +636,12 @@ impl ContentBlock {
     pub fn tool_call(
         id: impl Into<String>,
         name: impl Into<String>,
-        arguments: serde_json::Value,
+        arguments: impl Into<Json>,
     ) -> Self {
         ContentBlock::ToolCall {
             id: id.into(),
             name: name.into(),
-            arguments,
+            arguments: arguments.into(),
             signature: None,
         }
     }

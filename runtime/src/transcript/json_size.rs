@@ -606,7 +606,7 @@ mod tests {
             (text(), text(), value()).prop_map(|(id, name, arguments)| ContentBlock::ToolCall {
                 id,
                 name,
-                arguments,
+                arguments: arguments.into(),
                 signature: None,
             }),
         ]
@@ -632,8 +632,10 @@ mod tests {
                     }
                 }
             ),
-            (text(), value())
-                .prop_map(|(custom_type, data)| EntryKind::Custom { custom_type, data }),
+            (text(), value()).prop_map(|(custom_type, data)| EntryKind::Custom {
+                custom_type,
+                data: data.into()
+            }),
             (text(), any::<u64>()).prop_map(|(summary, tokens_before)| EntryKind::Compaction {
                 summary,
                 first_kept_entry_id: EntryId::generate(),
@@ -686,7 +688,7 @@ mod tests {
             timestamp_ms: 0,
             kind: EntryKind::Custom {
                 custom_type: "t".into(),
-                data: json!({"f": 1.5, "g": [0.1, -2e300]}),
+                data: json!({"f": 1.5, "g": [0.1, -2e300]}).into(),
             },
         };
         assert_eq!(json_len(&e), None);

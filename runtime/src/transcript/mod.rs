@@ -14,12 +14,15 @@ pub mod api_format;
 pub mod context;
 mod entry;
 pub mod history;
+mod json;
+mod json_encode;
 mod json_size;
 pub mod path_facts;
 pub mod resident;
 pub mod rewrite;
 mod shared_seq;
 mod source;
+pub(crate) mod tagged;
 pub mod tree;
 
 pub use context::PathMarker;
@@ -29,7 +32,7 @@ pub use context::{
     SYNTHETIC_TOOL_RESULT_TEXT,
 };
 pub(crate) use entry::now_ms;
-pub(crate) use entry::{custom_type, label_value};
+pub(crate) use entry::{custom_type, label_value, tagged_by};
 pub use entry::{
     ContentBlock, Entry, EntryId, EntryKind, InvalidEntryId, Message, StopReason, Usage,
     ENTRY_ID_LEN_MAX,
@@ -40,6 +43,7 @@ pub use history::{
     PageBudget, PageOrder, Position, ReadError, ReadResult, ReadScope, TranscriptVersion,
     VersionConflict, CONTINUATION_ENCODED_LEN_MAX, CONTINUATION_FORMAT, NAV_CHILDREN_MAX,
 };
+pub use json::Json;
 pub(crate) use json_size::parent_json_len;
 pub use path_facts::{first_kept_depth, path_facts_by_walk, Anchor, IndexedTranscript, PathFacts};
 pub(crate) use resident::select_resident_sized;

@@ -71,7 +71,7 @@ fn hammer(store: Arc<dyn SessionStore>) {
         for k in 0..PER_THREAD {
             assert_eq!(
                 fin.state().metadata.get(&format!("t{t}-{k}")),
-                Some(&serde_json::json!(k)),
+                Some(&serde_json::json!(k).into()),
                 "lost update t{t}-{k}"
             );
         }

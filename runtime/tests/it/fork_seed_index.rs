@@ -196,7 +196,7 @@ fn kind(sel: u8, target: usize) -> EntryKind {
         0 | 1 => text(&format!("message {target}\n  with   spaces")),
         2 => EntryKind::Custom {
             custom_type: ["plan", "todo"][target % 2].into(),
-            data: serde_json::json!({ "n": target }),
+            data: serde_json::json!({ "n": target }).into(),
         },
         3 => EntryKind::CustomMessage {
             custom_type: "tool_output".into(),

@@ -20,6 +20,7 @@ mod handle_publication;
 mod handle_rewrite;
 mod handle_scale;
 mod handle_writers;
+mod json_payloads;
 mod listing_scale;
 mod log_erase;
 mod postgres;

@@ -163,7 +163,10 @@ fn oversized_entry_is_omitted_not_truncated_and_older_entries_stay() {
     let EntryKind::Custom { data, .. } = &b.t.get(&big).unwrap().kind else {
         panic!("custom entry expected");
     };
-    assert_eq!(data["payload"].as_str().unwrap().len(), 5 * 1024 * 1024);
+    assert_eq!(
+        data.to_value()["payload"].as_str().unwrap().len(),
+        5 * 1024 * 1024
+    );
 }
 
 /// A leaf over the byte budget is omitted, and nothing older is held in
@@ -644,7 +647,7 @@ fn chain_kind((k, a, size): (u8, u16, usize)) -> EntryKind {
         },
         5 => EntryKind::Custom {
             custom_type: "c".into(),
-            data: serde_json::json!({ "t": text }),
+            data: serde_json::json!({ "t": text }).into(),
         },
         6 => EntryKind::Label {
             target_id: id("e1"),
@@ -811,7 +814,7 @@ fn extended_refuses_what_needs_the_source() {
     };
     let plain = || EntryKind::Custom {
         custom_type: "c".into(),
-        data: serde_json::json!(1),
+        data: serde_json::json!(1).into(),
     };
     // Nothing appended, not under the leaf, a compaction, wrong sizes.
     assert!(s.extended(&sizes, &[]).is_none());

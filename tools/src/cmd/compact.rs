@@ -420,7 +420,7 @@ impl SessionAction for ConcurrentWrite {
     fn execute(&self, session: &mut AgentSession) -> std::result::Result<(), ActionError> {
         session.append(EntryKind::Custom {
             custom_type: TEST_HOOK_CUSTOM_TYPE.into(),
-            data: json!({ "between": "prepare and commit" }),
+            data: json!({ "between": "prepare and commit" }).into(),
         })?;
         Ok(())
     }

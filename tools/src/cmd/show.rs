@@ -48,7 +48,7 @@ fn summary(s: &AgentSession) -> StateSummary {
         metadata: st
             .metadata
             .iter()
-            .map(|(k, v)| (k.clone(), v.clone()))
+            .map(|(k, v)| (k.clone(), v.to_value()))
             .collect(),
         tasks: st
             .tasks

@@ -201,7 +201,7 @@ fn tool_call(call: &str) -> EntryKind {
             content: vec![ContentBlock::ToolCall {
                 id: call.into(),
                 name: "cat".into(),
-                arguments: json!({"path": "big.log"}),
+                arguments: json!({"path": "big.log"}).into(),
                 signature: None,
             }],
             stop_reason: StopReason::ToolUse,
@@ -226,7 +226,7 @@ fn tool_result(call: &str, body: &str) -> EntryKind {
 fn custom(n: u64) -> EntryKind {
     EntryKind::Custom {
         custom_type: "plugin.state".into(),
-        data: json!({"n": n}),
+        data: json!({"n": n}).into(),
     }
 }
 

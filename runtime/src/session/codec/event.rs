@@ -14,6 +14,27 @@ pub fn encode_event(event: &SessionEvent) -> Result<Vec<u8>, CodecError> {
     encode("event", EVENT_SCHEMA, event, event_bytes_hint(event))
 }
 
+/// The length of [`encode_event`]'s bytes for `event`, counted without
+/// writing them.
+pub(crate) fn encoded_event_len(event: &SessionEvent) -> Result<usize, CodecError> {
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0 = self.0.saturating_add(b.len());
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut n = Count(1);
+    rmp_serde::encode::write_named(&mut n, event).map_err(|e| CodecError::Encode {
+        what: "event",
+        reason: e.to_string(),
+    })?;
+    Ok(n.0)
+}
+
 /// Bytes allowed per entry in the size hints for what is not counted
 /// string by string: ids, tags, field names, numbers (an assistant
 /// message's usage alone is about 80). Rather high than low: a hint short
@@ -25,9 +46,10 @@ const ENTRY_OVERHEAD_BYTES_HINT: usize = 192;
 /// buffer's capacity, so that a seed of megabytes (a fork's) is written
 /// without growing the buffer by doubling, which copies and faults in
 /// its bytes again at every step. The strings of the entries are counted
-/// (in MessagePack a string costs its bytes plus a short prefix), JSON
-/// values are not: a short estimate costs one late growth, never a
-/// wrong result.
+/// (in MessagePack a string costs its bytes plus a short prefix), and so
+/// are JSON payloads, by the length of their text (MessagePack is not
+/// longer but for floats; capacity never written is never faulted in): a
+/// short estimate costs one late growth, never a wrong result.
 fn event_bytes_hint(event: &SessionEvent) -> usize {
     match event {
         SessionEvent::Created { state, .. } => entries_bytes_hint(state.transcript.entries()),
@@ -35,6 +57,9 @@ fn event_bytes_hint(event: &SessionEvent) -> usize {
         SessionEvent::TranscriptRewritten { written, .. } => entries_bytes_hint(written),
         // An append's buffer grew ~8 times by doubling for a 1.5 KB entry.
         SessionEvent::EntryAppended { entry } => entries_bytes_hint(std::slice::from_ref(entry)),
+        SessionEvent::MetadataWritten { key, value } => {
+            key.len().saturating_add(value.as_str().len())
+        }
         _ => 0,
     }
 }
@@ -47,7 +72,8 @@ pub(super) fn entries_bytes_hint(entries: &[Entry]) -> usize {
         .fold(0, usize::saturating_add)
 }
 
-/// The bytes of an entry's variable-length strings (content, summaries).
+/// The bytes of an entry's variable-length strings (content, summaries)
+/// and JSON payloads.
 fn entry_strings_bytes(e: &Entry) -> usize {
     let blocks = |content: &[ContentBlock]| -> usize {
         content
@@ -59,7 +85,12 @@ fn entry_strings_bytes(e: &Entry) -> usize {
                     signature,
                     ..
                 } => thinking.len() + signature.as_ref().map_or(0, String::len),
-                ContentBlock::ToolCall { id, name, .. } => id.len() + name.len(),
+                ContentBlock::ToolCall {
+                    id,
+                    name,
+                    arguments,
+                    ..
+                } => id.len() + name.len() + arguments.as_str().len(),
                 ContentBlock::Image { mime_type, data } => mime_type.len() + data.len(),
             })
             .fold(0, usize::saturating_add)
@@ -77,8 +108,15 @@ fn entry_strings_bytes(e: &Entry) -> usize {
         EntryKind::CustomMessage {
             custom_type,
             content,
+            details,
             ..
-        } => custom_type.len().saturating_add(blocks(content)),
+        } => custom_type
+            .len()
+            .saturating_add(blocks(content))
+            .saturating_add(details.as_ref().map_or(0, |d| d.as_str().len())),
+        EntryKind::Custom { custom_type, data } => {
+            custom_type.len().saturating_add(data.as_str().len())
+        }
         EntryKind::BranchSummary { summary, .. } | EntryKind::Compaction { summary, .. } => {
             summary.len()
         }

@@ -28,7 +28,7 @@ pub use event::{decode_appended_entry, decode_event, encode_event};
 pub(crate) use event::TRANSCRIPT_EVENT_KINDS;
 pub(crate) use event::{
     decode_appended_entry_as, decode_entry_at, decode_event_split, decode_event_without_transcript,
-    event_entry_offsets, is_transcript_kind, TranscriptParts,
+    encoded_event_len, event_entry_offsets, is_transcript_kind, TranscriptParts,
 };
 #[cfg(feature = "fuzzing")]
 pub use event::{decode_appended_entry_serde, decode_event_serde};

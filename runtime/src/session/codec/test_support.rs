@@ -63,7 +63,7 @@ pub(super) fn samples() -> Vec<Entry> {
                 content: vec![ContentBlock::ToolCall {
                     id: "c1".into(),
                     name: "read".into(),
-                    arguments: serde_json::json!({"path": "/x", "n": [1, -2.5, null]}),
+                    arguments: serde_json::json!({"path": "/x", "n": [1, -2.5, null]}).into(),
                     signature: Some("s".into()),
                 }],
                 stop_reason: StopReason::Aborted,
@@ -82,7 +82,7 @@ pub(super) fn samples() -> Vec<Entry> {
         },
         EntryKind::Custom {
             custom_type: "state".into(),
-            data: serde_json::json!({"k": [1, 2]}),
+            data: serde_json::json!({"k": [1, 2]}).into(),
         },
         EntryKind::CustomMessage {
             custom_type: "tool_output".into(),
@@ -94,7 +94,7 @@ pub(super) fn samples() -> Vec<Entry> {
             custom_type: "t".into(),
             content: vec![],
             display: false,
-            details: Some(serde_json::json!("d")),
+            details: Some(serde_json::json!("d").into()),
         },
         EntryKind::BranchSummary {
             from_id: Some(id("f")),
@@ -154,7 +154,7 @@ pub(super) fn state_of(entries: Vec<Entry>) -> AgentState {
     let mut model = ModelConfig::new("p", "m");
     model
         .params
-        .insert("temperature".into(), serde_json::json!(0.5));
+        .insert("temperature".into(), serde_json::json!(0.5).into());
     AgentState {
         transcript,
         generation: 3,

@@ -55,7 +55,7 @@ pub(crate) fn erased_entry(e: &Entry) -> Entry {
         timestamp_ms: e.timestamp_ms,
         kind: EntryKind::Custom {
             custom_type: ERASED_CUSTOM_TYPE.to_string(),
-            data: json!({ "kind": e.kind_name() }),
+            data: json!({ "kind": e.kind_name() }).into(),
         },
     }
 }

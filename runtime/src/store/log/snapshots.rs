@@ -453,7 +453,7 @@ mod tests {
         assert_eq!(settings.version(), head);
         assert_eq!(
             settings.state().metadata.get("n"),
-            Some(&serde_json::json!(commits - 1))
+            Some(&serde_json::json!(commits - 1).into())
         );
     }
 

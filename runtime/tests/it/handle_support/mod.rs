@@ -74,7 +74,7 @@ pub fn assistant(text: impl Into<String>, stop: StopReason) -> EntryKind {
 pub fn custom(custom_type: &str, data: serde_json::Value) -> EntryKind {
     EntryKind::Custom {
         custom_type: custom_type.into(),
-        data,
+        data: data.into(),
     }
 }
 

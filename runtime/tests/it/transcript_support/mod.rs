@@ -90,7 +90,7 @@ impl B {
             .map(|(cid, name)| ContentBlock::ToolCall {
                 id: cid.to_string(),
                 name: name.to_string(),
-                arguments: serde_json::json!({}),
+                arguments: serde_json::json!({}).into(),
                 signature: None,
             })
             .collect();
@@ -131,7 +131,7 @@ impl B {
     pub fn custom(&mut self, ty: &str, data: serde_json::Value) -> EntryId {
         self.add(EntryKind::Custom {
             custom_type: ty.to_string(),
-            data,
+            data: data.into(),
         })
     }
 

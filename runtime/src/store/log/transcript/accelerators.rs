@@ -855,7 +855,7 @@ mod tests {
         .unwrap();
         h.append(EntryKind::Custom {
             custom_type: "payload".into(),
-            data: serde_json::json!({"k": 1}),
+            data: serde_json::json!({"k": 1}).into(),
         })
         .unwrap();
         check(&store);

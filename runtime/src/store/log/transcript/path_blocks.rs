@@ -579,7 +579,7 @@ mod tests {
             .unwrap();
             h.append(EntryKind::Custom {
                 custom_type: "payload".into(),
-                data: serde_json::json!({"k": 1}),
+                data: serde_json::json!({"k": 1}).into(),
             })
             .unwrap();
             assert_eq!(check_path(&store, &id).len(), 42);
