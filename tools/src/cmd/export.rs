@@ -4,7 +4,8 @@
 //! line, one line per event grouped by commit, end line with totals). With
 //! `--out FILE` the file is written to a temporary name beside it and
 //! renamed into place once complete, so a failed export leaves no partial
-//! file behind. Progress goes to stderr.
+//! file behind; a device or a pipe (`/dev/null`, a FIFO) is written in
+//! place. Progress goes to stderr.
 
 use std::io::{BufWriter, Write};
 use std::path::Path;
@@ -19,6 +20,11 @@ use spool_runtime::{ListQuery, SessionStore};
 
 use crate::out::{Result, ToolError};
 use crate::session_open::{is_postgres, parse_id, postgres_store, read_only};
+
+/// Whether `path` exists and is neither a regular file nor a directory.
+fn is_special(path: &Path) -> bool {
+    std::fs::metadata(path).is_ok_and(|m| !m.is_file() && !m.is_dir())
+}
 
 /// The store an export reads: a log-store directory (opened read-only)
 /// or a PostgreSQL database.
@@ -125,6 +131,28 @@ pub fn run(dir: &Path, args: Args<'_>) -> Result<ExitCode> {
             let stdout = std::io::stdout();
             let (mut out, _, _) = write_all(&store, &ids, BufWriter::new(stdout.lock()))?;
             out.flush()?;
+        }
+        Some(path) if is_special(path) => {
+            // A device or a pipe (`/dev/null`, `/dev/stdout`, a FIFO): written in
+            // place. Writing beside it and renaming would replace it with a file.
+            let f = std::fs::OpenOptions::new()
+                .write(true)
+                .open(path)
+                .map_err(|e| {
+                    ToolError::with_source(format!("cannot open {}", path.display()), e)
+                })?;
+            let (mut out, sessions, events) = write_all(&store, &ids, BufWriter::new(f))?;
+            out.flush().map_err(|e| {
+                ToolError::with_source(format!("writing {} failed", path.display()), e)
+            })?;
+            eprintln!(
+                "exported {sessions} session(s), {events} event(s) to {}",
+                path.display()
+            );
+        }
+        Some(path) if path.is_dir() => {
+            return Err(ToolError::new(format!("{} is a directory", path.display()))
+                .hint("name a file to write, e.g. DIR/export.jsonl"));
         }
         Some(path) => {
             let parent = match path.parent() {

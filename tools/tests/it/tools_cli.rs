@@ -258,6 +258,44 @@ fn stats_counts_live_and_dead_bytes_and_delete_tombstones() {
     assert!(String::from_utf8_lossy(&out.stdout).contains("already deleted"));
 }
 
+/// `--out` naming a pipe writes into it and leaves it a pipe (a temporary
+/// file renamed over it would have replaced it, as it would `/dev/null`);
+/// `--out` naming a directory is refused.
+#[cfg(unix)]
+#[test]
+fn export_out_writes_into_a_pipe_and_refuses_a_directory() {
+    use std::os::unix::fs::FileTypeExt;
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("s");
+    demo(&store);
+    let fifo = dir.path().join("fifo");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap();
+    assert!(made.success());
+    let reader = {
+        let fifo = fifo.clone();
+        std::thread::spawn(move || std::fs::read_to_string(fifo).unwrap())
+    };
+    let out = run(
+        &store,
+        &["export", "--all", "--out", fifo.to_str().unwrap()],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    // Checked before waiting for the reader, which a replaced pipe leaves blocked.
+    assert!(std::fs::metadata(&fifo).unwrap().file_type().is_fifo());
+    let text = reader.join().unwrap();
+    assert!(text.starts_with("{\"format\":\"spool-export\""), "{text}");
+    assert!(text.trim_end().ends_with('}') && text.contains("\"end\":true"));
+    let out = run(
+        &store,
+        &["export", "--all", "--out", dir.path().to_str().unwrap()],
+    );
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("is a directory"), "{}", stderr(&out));
+}
+
 #[test]
 fn export_then_import_round_trips_identical_sessions() {
     let dir = tempfile::tempdir().unwrap();
