@@ -4,10 +4,10 @@
 //! back exactly. A binary of its own: it counts every allocation of the
 //! process with its own global allocator.
 
-use std::alloc::{GlobalAlloc, Layout, System};
+use std::alloc::System;
 use std::io::Cursor;
-use std::sync::atomic::{AtomicUsize, Ordering};
 
+use peakmem_alloc::{PeakMemAlloc, PeakMemAllocTrait, INSTRUMENTED_SYSTEM};
 use spool_engine::Durability;
 use spool_runtime::import::pi::read_pi;
 use spool_runtime::store::exchange::{import_from, read_export, ExportWriter, ImportOptions};
@@ -15,47 +15,15 @@ use spool_runtime::transcript::{ContentBlock, EntryKind, Message};
 use spool_runtime::{LogStore, LogStoreOptions, SessionStore};
 
 /// The system allocator, counting the bytes live and their peak.
-struct Counting;
-
-static LIVE: AtomicUsize = AtomicUsize::new(0);
-static PEAK: AtomicUsize = AtomicUsize::new(0);
-
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
-        let p = unsafe { System.alloc(l) };
-        if !p.is_null() {
-            let now = LIVE.fetch_add(l.size(), Ordering::Relaxed) + l.size();
-            PEAK.fetch_max(now, Ordering::Relaxed);
-        }
-        p
-    }
-    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
-        unsafe { System.dealloc(p, l) };
-        LIVE.fetch_sub(l.size(), Ordering::Relaxed);
-    }
-    unsafe fn realloc(&self, p: *mut u8, l: Layout, new: usize) -> *mut u8 {
-        let q = unsafe { System.realloc(p, l, new) };
-        if !q.is_null() {
-            // Counted as an allocation of the new size beside the old one
-            // (what a moving reallocation holds at its peak).
-            let now = LIVE.fetch_add(new, Ordering::Relaxed) + new;
-            PEAK.fetch_max(now, Ordering::Relaxed);
-            LIVE.fetch_sub(l.size(), Ordering::Relaxed);
-        }
-        q
-    }
-}
-
 #[global_allocator]
-static A: Counting = Counting;
+static GLOBAL: &PeakMemAlloc<System> = &INSTRUMENTED_SYSTEM;
 
 /// Runs `f` and returns its result with the peak of live bytes during it
 /// above the bytes live before it.
 fn peak_above<T>(f: impl FnOnce() -> T) -> (T, usize) {
-    let base = LIVE.load(Ordering::Relaxed);
-    PEAK.store(base, Ordering::Relaxed);
+    GLOBAL.reset_peak_memory();
     let out = f();
-    (out, PEAK.load(Ordering::Relaxed).saturating_sub(base))
+    (out, GLOBAL.get_peak_memory())
 }
 
 /// A JSON array of `n` small integers.
