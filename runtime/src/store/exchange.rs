@@ -828,18 +828,20 @@ pub enum ImportProgress {
 /// the same order (a source read from a file re-reads the file).
 pub trait ImportSource {
     /// Calls `f` on every session, in order; stops at `f`'s first error.
+    /// Sessions are lent, not given: a source that holds them (a slice)
+    /// never copies one.
     fn for_each_session(
         &mut self,
-        f: &mut dyn FnMut(ImportSession) -> Result<(), ExchangeError>,
+        f: &mut dyn FnMut(&ImportSession) -> Result<(), ExchangeError>,
     ) -> Result<(), ExchangeError>;
 }
 
 impl ImportSource for &[ImportSession] {
     fn for_each_session(
         &mut self,
-        f: &mut dyn FnMut(ImportSession) -> Result<(), ExchangeError>,
+        f: &mut dyn FnMut(&ImportSession) -> Result<(), ExchangeError>,
     ) -> Result<(), ExchangeError> {
-        self.iter().try_for_each(|s| f(s.clone()))
+        self.iter().try_for_each(f)
     }
 }
 
@@ -857,7 +859,7 @@ impl ExportFile {
 impl ImportSource for ExportFile {
     fn for_each_session(
         &mut self,
-        f: &mut dyn FnMut(ImportSession) -> Result<(), ExchangeError>,
+        f: &mut dyn FnMut(&ImportSession) -> Result<(), ExchangeError>,
     ) -> Result<(), ExchangeError> {
         let file = std::fs::File::open(&self.path).map_err(|source| ExchangeError::Io {
             context: format!("opening {}", self.path.display()),
@@ -865,7 +867,7 @@ impl ImportSource for ExportFile {
         })?;
         let mut reader = ExportReader::new(std::io::BufReader::with_capacity(1 << 16, file))?;
         while let Some(s) = reader.next_session()? {
-            f(s)?;
+            f(&s)?;
         }
         Ok(())
     }
@@ -1057,7 +1059,7 @@ pub fn import_from(
         let mut commit_ids = HashSet::new();
         let mut checked = 0u64;
         source.for_each_session(&mut |s| {
-            plan.push(check_session(store, &s, opts, &mut ids, &mut commit_ids)?);
+            plan.push(check_session(store, s, opts, &mut ids, &mut commit_ids)?);
             checked += s.commits.len() as u64;
             progress(ImportProgress::Checked { commits: checked });
             Ok(())

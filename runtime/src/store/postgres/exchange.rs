@@ -110,12 +110,12 @@ impl PostgresStore {
         let mut commit_ids = HashSet::new();
         let mut checked = 0u64;
         source.for_each_session(&mut |s| {
-            let folded = check_shape(&s, &mut ids)?;
+            let folded = check_shape(s, &mut ids)?;
             if self.header(&s.id)?.is_some() {
                 return Err(ExchangeError::SessionExists { id: s.id.clone() });
             }
             if !opts.fresh_commit_ids {
-                self.check_commit_ids(&s, &mut commit_ids)?;
+                self.check_commit_ids(s, &mut commit_ids)?;
             }
             checked += s.commits.len() as u64;
             progress(ImportProgress::Checked { commits: checked });
