@@ -318,8 +318,8 @@ impl Index {
     }
 
     /// Write a cache entry (outside commits; dropped when the index is rebuilt). An
-    /// index without sled keeps its cache in memory, at most
-    /// [`MEM_CACHE_BYTES_MAX`](super::mem_cache::MEM_CACHE_BYTES_MAX) bytes of it.
+    /// index without sled keeps its cache in memory, at most 16 MiB of it
+    /// (`MEM_CACHE_BYTES_MAX`).
     pub fn put_cache(&self, ns: &str, key: &[u8], value: &[u8]) -> Result<(), Error> {
         let mut k = cache_prefix(ns);
         k.extend_from_slice(key);
