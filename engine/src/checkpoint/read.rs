@@ -198,6 +198,22 @@ impl CheckpointFile {
         ))
     }
 
+    /// The `len` bytes at `offset` (a block or a chunk, which the open placed inside the
+    /// file, at least 4 bytes long) without their trailing crc, once it is checked.
+    fn read_checked(&self, offset: u64, len: u32, what: &str) -> Result<Vec<u8>, IndexError> {
+        let mut buf = vec![0u8; len as usize];
+        self.file
+            .read_at(&mut buf, offset)
+            .map_err(|e| self.malformed(offset, &format!("read: {e}")))?;
+        let n = buf.len().saturating_sub(4);
+        let stored = u32::from_le_bytes(buf[n..].try_into().unwrap_or_default());
+        if format::crc(&buf[..n]) != stored {
+            return Err(self.malformed(offset, &format!("{what} checksum mismatch")));
+        }
+        buf.truncate(n);
+        Ok(buf)
+    }
+
     /// Number of data blocks.
     fn block_count(&self) -> u64 {
         match &self.blocks {
@@ -221,16 +237,7 @@ impl CheckpointFile {
         }
         let ch = top.at(c);
         // The top index placed every chunk inside the file when it was opened.
-        let mut buf = vec![0u8; ch.len as usize];
-        self.file
-            .read_at(&mut buf, ch.offset)
-            .map_err(|e| self.malformed(ch.offset, &format!("read: {e}")))?;
-        let n = buf.len() - 4;
-        let stored = u32::from_le_bytes(buf[n..].try_into().unwrap_or_default());
-        if format::crc(&buf[..n]) != stored {
-            return Err(self.malformed(ch.offset, "block index chunk checksum mismatch"));
-        }
-        buf.truncate(n);
+        let buf = self.read_checked(ch.offset, ch.len, "block index chunk")?;
         let index = decode_block_index(buf, ch.data_start, ch.data_end)
             .map_err(|(off, e)| self.malformed(ch.offset + off, &e))?;
         if index.len() as u64 != u64::from(ch.blocks) || index.first_key(0) != top.first_key(c) {
@@ -269,16 +276,7 @@ impl CheckpointFile {
         let (index, local) = self.locate(i)?;
         let r = index.at(local);
         // The block index bounded every block by the file's size when it was opened.
-        let mut buf = vec![0u8; r.len as usize];
-        self.file
-            .read_at(&mut buf, r.offset)
-            .map_err(|e| self.malformed(r.offset, &format!("read: {e}")))?;
-        let n = buf.len() - 4;
-        let stored = u32::from_le_bytes(buf[n..].try_into().unwrap_or_default());
-        if format::crc(&buf[..n]) != stored {
-            return Err(self.malformed(r.offset, "block checksum mismatch"));
-        }
-        buf.truncate(n);
+        let buf = self.read_checked(r.offset, r.len, "block")?;
         let entries =
             format::parse_block(&buf).map_err(|(off, e)| self.malformed(r.offset + off, &e))?;
         let block = Block {
