@@ -124,6 +124,25 @@ impl<'de, T: Tagged> Visitor<'de> for TaggedVisitor<T> {
     }
 }
 
+/// Calls `field` with each key of a map whose tag was not first (`first`,
+/// then the rest), leaving it to read the value; returns the tag's value.
+fn rest_fields<'de, A: MapAccess<'de>>(
+    first: String,
+    map: &mut A,
+    tag_name: &'static str,
+    mut field: impl FnMut(String, &mut A) -> Result<(), A::Error>,
+) -> Result<String, A::Error> {
+    let mut tag = None;
+    field(first, map)?;
+    while let Some(key) = map.next_key_seed(KeySeed(tag_name))? {
+        match key {
+            Key::Tag => tag = Some(map.next_value::<String>()?),
+            Key::Other(k) => field(k, map)?,
+        }
+    }
+    tag.ok_or_else(|| de::Error::missing_field(tag_name))
+}
+
 /// The fields of a map whose tag was not first, as JSON text, then
 /// decoded from that text.
 fn buffered_json<'de, A: MapAccess<'de>, T: Tagged>(
@@ -131,29 +150,16 @@ fn buffered_json<'de, A: MapAccess<'de>, T: Tagged>(
     mut map: A,
 ) -> Result<T, A::Error> {
     let mut text = String::from("{");
-    let mut tag = None;
-    let mut key = Some(first);
-    loop {
-        let k = match key.take() {
-            Some(k) => k,
-            None => match map.next_key_seed(KeySeed(T::TAG))? {
-                None => break,
-                Some(Key::Tag) => {
-                    tag = Some(map.next_value::<String>()?);
-                    continue;
-                }
-                Some(Key::Other(k)) => k,
-            },
-        };
+    let tag = rest_fields(first, &mut map, T::TAG, |k, map| {
         if text.len() > 1 {
             text.push(',');
         }
         text.push_str(&serde_json::to_string(&k).map_err(de::Error::custom)?);
         text.push(':');
         text.push_str(map.next_value::<crate::transcript::Json>()?.as_str());
-    }
+        Ok(())
+    })?;
     text.push('}');
-    let tag = tag.ok_or_else(|| de::Error::missing_field(T::TAG))?;
     let mut de = serde_json::Deserializer::from_str(&text);
     de.disable_recursion_limit();
     de::Deserializer::deserialize_map(&mut de, RestVisitor::<T>(tag, PhantomData))
@@ -168,26 +174,12 @@ fn buffered_msgpack<'de, A: MapAccess<'de>, T: Tagged>(
 ) -> Result<T, A::Error> {
     let mut body = Vec::new();
     let mut n: u64 = 0;
-    let mut tag = None;
-    let mut key = Some(first);
-    loop {
-        let k = match key.take() {
-            Some(k) => k,
-            None => match map.next_key_seed(KeySeed(T::TAG))? {
-                None => break,
-                Some(Key::Tag) => {
-                    tag = Some(map.next_value::<String>()?);
-                    continue;
-                }
-                Some(Key::Other(k)) => k,
-            },
-        };
+    let tag = rest_fields(first, &mut map, T::TAG, |k, map| {
         n += 1;
         let mut ser = rmp_serde::Serializer::new(&mut body);
         serde::Serialize::serialize(&k, &mut ser).map_err(de::Error::custom)?;
-        map.next_value_seed(Transcode(&mut body))?;
-    }
-    let tag = tag.ok_or_else(|| de::Error::missing_field(T::TAG))?;
+        map.next_value_seed(Transcode(&mut body))
+    })?;
     let mut bytes = Vec::with_capacity(body.len() + 5);
     match n {
         0..=15 => bytes.push(0x80 | n as u8),

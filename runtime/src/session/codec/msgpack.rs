@@ -334,15 +334,9 @@ pub(super) fn event_with(body: &[u8], keep: Keep) -> Option<(SessionEvent, Optio
         }
         (b"entry_appended", 2) => {
             r.key("entry")?;
-            let at = r.b;
-            let entry = match entry(r, true) {
-                Some(e) => e,
-                None => {
-                    r.b = at;
-                    r.serde::<Entry>()?
-                }
-            };
-            SessionEvent::EntryAppended { entry }
+            SessionEvent::EntryAppended {
+                entry: entry_or_serde(r)?,
+            }
         }
         (b"history_rewritten", 4) => {
             r.key("generation")?;
@@ -525,9 +519,18 @@ pub(super) fn entry_at(b: &[u8]) -> Option<Entry> {
 /// declared count.
 const ENTRY_BYTES_MIN: usize = 16;
 
-/// An array of entries: each by the hand entry reader, or, when it
-/// does not take it (a JSON value, another shape), by serde from the
-/// entry's own bytes. With `keep` false the entries are checked and
+/// One entry by the hand entry reader, or, when it does not take it (a
+/// JSON value, another shape), by serde from the entry's own bytes.
+fn entry_or_serde(r: &mut Reader<'_>) -> Option<Entry> {
+    let at = r.b;
+    if let Some(e) = entry(r, true) {
+        return Some(e);
+    }
+    r.b = at;
+    r.serde::<Entry>()
+}
+
+/// An array of entries, each read by [`entry_or_serde`]. With `keep` false the entries are checked and
 /// dropped (the answer is empty).
 fn entries(r: &mut Reader<'_>, keep: bool) -> Option<Vec<Entry>> {
     let n = r.array_len()?;
@@ -536,14 +539,7 @@ fn entries(r: &mut Reader<'_>, keep: bool) -> Option<Vec<Entry>> {
         out.reserve(usize::try_from(n).ok()?.min(r.b.len() / ENTRY_BYTES_MIN));
     }
     for _ in 0..n {
-        let at = r.b;
-        let e = match entry(r, true) {
-            Some(e) => e,
-            None => {
-                r.b = at;
-                r.serde::<Entry>()?
-            }
-        };
+        let e = entry_or_serde(r)?;
         if keep {
             out.push(e);
         }
