@@ -18,6 +18,7 @@
 //! [`key_file`] the key filter saved at a clean close.
 
 pub(crate) mod bloom;
+pub(super) mod close;
 mod key_file;
 mod keys;
 mod mem_cache;
@@ -258,6 +259,10 @@ pub struct Index {
     /// exactly the commits up to the `AppliedAt`, as no other move runs): the store's
     /// background checkpoint.
     after_move: std::sync::OnceLock<AfterMove>,
+    /// Bytes of keys and values moved into sled since the open, and whether the close
+    /// may open sled once more to write its snapshot (see [`close`]).
+    moved_bytes: AtomicU64,
+    snapshot_at_close: AtomicBool,
     /// Holds background moves at their start (tests).
     #[cfg(test)]
     move_gate: Arc<MoveGate>,
@@ -458,6 +463,7 @@ impl Drop for Index {
         // sled must not outlive the Index through the mover thread: a reopen of the same
         // directory would find it still locked.
         let _ = self.join_moving();
+        self.write_sled_snapshot();
         if let Some(p) = &self.path {
             tighten_permissions(p);
         }

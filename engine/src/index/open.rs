@@ -243,6 +243,8 @@ impl Index {
             changes: AtomicU64::new(0),
             base: std::sync::OnceLock::new(),
             applied_at: Mutex::new(None),
+            moved_bytes: AtomicU64::new(0),
+            snapshot_at_close: AtomicBool::new(false),
             after_move: std::sync::OnceLock::new(),
             #[cfg(test)]
             move_gate: Arc::default(),

@@ -288,6 +288,8 @@ impl Index {
         let mut mem = self.mem.write().unwrap_or_else(|e| e.into_inner());
         let mut frozen = self.frozen.write().unwrap_or_else(|e| e.into_inner());
         let keys = mem.writes.len();
+        self.moved_bytes
+            .fetch_add(mem.bytes as u64, Ordering::Relaxed);
         let writes = Arc::new(std::mem::take(&mut mem.writes));
         *mem = Mem {
             writes: MemTable::with_capacity(keys),

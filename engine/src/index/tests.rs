@@ -467,3 +467,81 @@ fn a_saved_key_filter_is_used_only_beside_the_state_it_was_saved_with() {
     assert!(!scanned(&ix));
     readable(&ix, 200);
 }
+
+/// A fresh 64 KiB value per commit, under `c/<seq>`.
+struct BigValuePerCommit;
+
+impl Indexer for BigValuePerCommit {
+    fn name(&self) -> &'static str {
+        "big-value-per-commit"
+    }
+    fn version(&self) -> u32 {
+        1
+    }
+    fn apply(&self, c: &RecordedCommit, batch: &mut IndexBatch<'_>) -> Result<(), IndexError> {
+        let seq = c.info.seq;
+        batch.insert(format!("c/{seq:08}").as_bytes(), &vec![seq as u8; 64 << 10]);
+        Ok(())
+    }
+}
+
+/// sled's snapshot files in `dir`, finished ones only, in name (log position) order.
+fn sled_snapshots(dir: &std::path::Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("snap.") && !n.ends_with(".generating"))
+        .collect();
+    names.sort();
+    names
+}
+
+/// sled writes its snapshot only while it opens, so the first open after a process
+/// that moved much into sled replayed all of it. A clean close that moved at least
+/// `SNAPSHOT_AT_CLOSE_BYTES_MIN` opens sled once more and leaves a newer snapshot; a
+/// close that moved less, or that was not asked to, leaves sled's files as they were.
+#[test]
+fn a_close_that_moved_enough_leaves_sled_a_newer_snapshot() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("index");
+    let indexers = || -> Vec<Arc<dyn Indexer>> { vec![Arc::new(BigValuePerCommit)] };
+    let bytes_per_commit = 64 << 10;
+    let enough = super::close::SNAPSHOT_AT_CLOSE_BYTES_MIN / bytes_per_commit + 1;
+    let mut seq = 0;
+    let mut close_after = |commits: u64, asked: bool| {
+        let (index, _) = Index::open(Some(&path), indexers()).unwrap();
+        let before = sled_snapshots(&path);
+        for _ in 0..commits {
+            seq += 1;
+            index.apply(&[commit_to("s", seq, seq)]).unwrap();
+        }
+        index.flush().unwrap();
+        assert!(index.moved_bytes() >= commits * bytes_per_commit);
+        if asked {
+            index.snapshot_at_close();
+        }
+        drop(index);
+        (before, sled_snapshots(&path))
+    };
+    let (before, after) = close_after(2, true);
+    assert_eq!(before, after, "a short close leaves the snapshot alone");
+    let (before, after) = close_after(enough, false);
+    assert_eq!(
+        before, after,
+        "a close not asked to leaves the snapshot alone"
+    );
+    // The open above replayed the unasked close's moves and wrote a snapshot of them.
+    let (before, after) = close_after(enough, true);
+    assert!(
+        after.last() > before.last(),
+        "a close that moved {enough} commits of 64 KiB left {after:?} (before: {before:?})"
+    );
+    let (index, fresh) = Index::open(Some(&path), indexers()).unwrap();
+    assert!(!fresh);
+    for s in 1..=seq {
+        let v = index
+            .get("big-value-per-commit", format!("c/{s:08}").as_bytes())
+            .unwrap();
+        assert_eq!(v.map(|v| v.len()), Some(64 << 10), "seq {s}");
+    }
+}

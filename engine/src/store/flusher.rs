@@ -72,6 +72,8 @@ pub(super) fn shutdown(inner: &Inner) -> Result<(), Error> {
         // that open a scan).
         inner.checkpoints.on_close(&inner.segments, &inner.index);
         let _ = inner.index.save_key_filter();
+        // sled's snapshot, written when the index is dropped (before the lock).
+        inner.index.snapshot_at_close();
     }
     // The lock is released when `Inner` is dropped, after the index.
     res
