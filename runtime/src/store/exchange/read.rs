@@ -1,0 +1,331 @@
+//! Reading a `spool-export` file: bounded lines, the commit grouping and
+//! the end line's totals, checked as the lines come.
+
+use super::*;
+
+// ---------------------------------------------------------------------------
+// Reading
+// ---------------------------------------------------------------------------
+
+/// Reads one line of at most `max` bytes into `buf` (without the newline).
+/// `Ok(None)` at end of input; `Ok(Some(true))` when the line ended with a
+/// newline, `Some(false)` when the input ended first.
+pub(crate) fn read_line_bounded<R: BufRead>(
+    r: &mut R,
+    buf: &mut Vec<u8>,
+    max: usize,
+) -> std::io::Result<Option<bool>> {
+    buf.clear();
+    let mut any = false;
+    loop {
+        let chunk = match r.fill_buf() {
+            Ok(c) => c,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        if chunk.is_empty() {
+            return Ok(if any { Some(false) } else { None });
+        }
+        any = true;
+        let (take, done) = match chunk.iter().position(|&b| b == b'\n') {
+            Some(i) => (i, true),
+            None => (chunk.len(), false),
+        };
+        if buf.len().saturating_add(take) > max {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!("line longer than {max} bytes"),
+            ));
+        }
+        buf.extend_from_slice(&chunk[..take]);
+        r.consume(if done { take + 1 } else { take });
+        if done {
+            return Ok(Some(true));
+        }
+    }
+}
+
+/// Any line after the header, parsed straight into its fields (no
+/// intermediate JSON tree of the line): an end line has `end`, an event
+/// line the rest.
+#[derive(Deserialize)]
+struct BodyLine {
+    end: Option<bool>,
+    sessions: Option<u64>,
+    commits: Option<u64>,
+    events: Option<u64>,
+    session: Option<SessionId>,
+    version: Option<u64>,
+    commit_id: Option<Uuid>,
+    timestamp_ms: Option<i64>,
+    index: Option<u32>,
+    events_in_commit: Option<u32>,
+    event: Option<SessionEvent>,
+}
+
+fn json_reason(what: &str, e: &serde_json::Error) -> String {
+    format!(
+        "{what} ({e}){}",
+        if e.is_eof() {
+            "; the file may be truncated"
+        } else {
+            ""
+        }
+    )
+}
+
+/// Reads a `spool-export` file one session at a time, checking every line
+/// (header, commit grouping, contiguous sessions, the end line and its
+/// totals) as it goes; the sessions are not folded here (see
+/// [`ImportSession::validate`]). Memory holds one session, not the file.
+pub struct ExportReader<R> {
+    r: R,
+    buf: Vec<u8>,
+    line_no: u64,
+    header: ExportHeader,
+    /// The session being read.
+    cur: Option<ImportSession>,
+    /// Events the open commit still expects (its announced count).
+    open: Option<u32>,
+    seen_ids: HashSet<SessionId>,
+    totals: ExportCounts,
+    end_line: Option<u64>,
+}
+
+impl<R: BufRead> ExportReader<R> {
+    /// Reads and checks the header line.
+    pub fn new(mut r: R) -> Result<Self, ExchangeError> {
+        let mut buf = Vec::new();
+        let mut line_no = 0u64;
+        let header = loop {
+            let had = read_line_bounded(&mut r, &mut buf, EXPORT_LINE_BYTES_MAX).map_err(|e| {
+                ExchangeError::Malformed {
+                    line: line_no + 1,
+                    reason: e.to_string(),
+                }
+            })?;
+            if had.is_none() {
+                return Err(ExchangeError::Malformed {
+                    line: line_no.max(1),
+                    reason: "empty file: no spool-export header".into(),
+                });
+            }
+            line_no += 1;
+            let malformed = |reason: String| ExchangeError::Malformed {
+                line: line_no,
+                reason,
+            };
+            let text =
+                std::str::from_utf8(&buf).map_err(|e| malformed(format!("not UTF-8: {e}")))?;
+            if text.trim().is_empty() {
+                continue;
+            }
+            let h: ExportHeader = serde_json::from_str(text)
+                .map_err(|e| malformed(json_reason("not a spool-export header", &e)))?;
+            if h.format != EXPORT_FORMAT {
+                return Err(malformed(format!(
+                    "format {:?} is not {EXPORT_FORMAT:?}",
+                    h.format
+                )));
+            }
+            if h.version == 0 || h.version > EXPORT_VERSION {
+                return Err(malformed(format!(
+                    "spool-export version {} is not supported (this build reads 1..={EXPORT_VERSION})",
+                    h.version
+                )));
+            }
+            break h;
+        };
+        Ok(ExportReader {
+            r,
+            buf,
+            line_no,
+            header,
+            cur: None,
+            open: None,
+            seen_ids: HashSet::new(),
+            totals: ExportCounts::default(),
+            end_line: None,
+        })
+    }
+
+    /// The file's header.
+    pub fn header(&self) -> &ExportHeader {
+        &self.header
+    }
+
+    /// The next session, `None` after the end line (once the rest of the
+    /// file is checked to be blank).
+    pub fn next_session(&mut self) -> Result<Option<ImportSession>, ExchangeError> {
+        loop {
+            let had = read_line_bounded(&mut self.r, &mut self.buf, EXPORT_LINE_BYTES_MAX)
+                .map_err(|e| ExchangeError::Malformed {
+                    line: self.line_no + 1,
+                    reason: e.to_string(),
+                })?;
+            if had.is_none() {
+                return match self.end_line {
+                    Some(_) => Ok(None),
+                    None => Err(ExchangeError::Truncated { line: self.line_no }),
+                };
+            }
+            self.line_no += 1;
+            let line_no = self.line_no;
+            let malformed = |reason: String| ExchangeError::Malformed {
+                line: line_no,
+                reason,
+            };
+            let text =
+                std::str::from_utf8(&self.buf).map_err(|e| malformed(format!("not UTF-8: {e}")))?;
+            if text.trim().is_empty() {
+                continue;
+            }
+            if let Some(end_line) = self.end_line {
+                return Err(malformed(format!(
+                    "data after the end line (line {end_line})"
+                )));
+            }
+            let line: BodyLine = serde_json::from_str(text)
+                .map_err(|e| malformed(json_reason("not a spool-export line", &e)))?;
+            if let Some(end) = line.end {
+                let (Some(sessions), Some(commits), Some(events)) =
+                    (line.sessions, line.commits, line.events)
+                else {
+                    return Err(malformed(
+                        "malformed end line: it needs sessions, commits and events".into(),
+                    ));
+                };
+                if let Some(n) = self.open {
+                    return Err(malformed(format!(
+                        "end line inside a commit ({n} events announced, fewer given)"
+                    )));
+                }
+                let t = self.totals;
+                if !end || sessions != t.sessions || commits != t.commits || events != t.events {
+                    return Err(malformed(format!(
+                        "end line says {sessions} sessions, {commits} commits, {events} events; the file has {}, {}, {}",
+                        t.sessions, t.commits, t.events
+                    )));
+                }
+                self.end_line = Some(line_no);
+                if let Some(s) = self.cur.take() {
+                    return Ok(Some(s));
+                }
+                continue;
+            }
+            let missing = |f: &str| malformed(format!("malformed event line: missing field `{f}`"));
+            let ev = ExportEventLine {
+                session: line.session.ok_or_else(|| missing("session"))?,
+                version: line.version.ok_or_else(|| missing("version"))?,
+                commit_id: line.commit_id.ok_or_else(|| missing("commit_id"))?,
+                timestamp_ms: line.timestamp_ms.ok_or_else(|| missing("timestamp_ms"))?,
+                index: line.index.ok_or_else(|| missing("index"))?,
+                events_in_commit: line
+                    .events_in_commit
+                    .ok_or_else(|| missing("events_in_commit"))?,
+                event: line.event.ok_or_else(|| missing("event"))?,
+            };
+            if ev.events_in_commit == 0 || ev.index >= ev.events_in_commit {
+                return Err(malformed(format!(
+                    "event index {} of a commit of {} events",
+                    ev.index, ev.events_in_commit
+                )));
+            }
+            let mut finished: Option<ImportSession> = None;
+            match self.open {
+                Some(n) => {
+                    // Continue the open commit of the current session.
+                    let commit = self
+                        .cur
+                        .as_mut()
+                        .filter(|s| s.id == ev.session)
+                        .and_then(|s| s.commits.last_mut())
+                        .filter(|c| c.version == ev.version && c.commit_id == ev.commit_id)
+                        .ok_or_else(|| {
+                            malformed(
+                                "the previous commit is incomplete (this line belongs to another commit)"
+                                    .into(),
+                            )
+                        })?;
+                    if n != ev.events_in_commit
+                        || ev.index as usize != commit.events.len()
+                        || ev.timestamp_ms != commit.timestamp_ms
+                    {
+                        return Err(malformed(format!(
+                            "event {} of commit {} does not continue it",
+                            ev.index, ev.commit_id
+                        )));
+                    }
+                    commit.events.push(ev.event);
+                    commit.lines.push(line_no);
+                }
+                None => {
+                    if ev.index != 0 {
+                        return Err(malformed(format!(
+                            "a commit starts with event index {}",
+                            ev.index
+                        )));
+                    }
+                    let same = self.cur.as_ref().is_some_and(|s| s.id == ev.session);
+                    if !same {
+                        if !self.seen_ids.insert(ev.session.clone()) {
+                            return Err(malformed(format!(
+                                "session {} appears again after other sessions (its lines must be contiguous)",
+                                ev.session
+                            )));
+                        }
+                        finished = self.cur.replace(ImportSession {
+                            id: ev.session.clone(),
+                            commits: Vec::new(),
+                        });
+                        self.totals.sessions += 1;
+                    }
+                    let s = self
+                        .cur
+                        .as_mut()
+                        .ok_or_else(|| malformed("no session".into()))?;
+                    let want = s.commits.last().map_or(1, |c| c.version + 1);
+                    if ev.version != want {
+                        return Err(malformed(format!(
+                            "session {}: expected version {want}, found {}",
+                            ev.session, ev.version
+                        )));
+                    }
+                    s.commits.push(ImportCommit {
+                        version: ev.version,
+                        commit_id: ev.commit_id,
+                        timestamp_ms: ev.timestamp_ms,
+                        events: vec![ev.event],
+                        lines: vec![line_no],
+                    });
+                    self.totals.commits += 1;
+                }
+            }
+            self.totals.events += 1;
+            let done = self
+                .cur
+                .as_ref()
+                .and_then(|s| s.commits.last())
+                .is_some_and(|c| c.events.len() as u32 == ev.events_in_commit);
+            self.open = if done {
+                None
+            } else {
+                Some(ev.events_in_commit)
+            };
+            if finished.is_some() {
+                return Ok(finished);
+            }
+        }
+    }
+}
+
+/// Parses a whole `spool-export` file into memory (see [`ExportReader`]
+/// for a reader that holds one session at a time).
+pub fn read_export<R: BufRead>(r: R) -> Result<Vec<ImportSession>, ExchangeError> {
+    let mut reader = ExportReader::new(r)?;
+    let mut sessions = Vec::new();
+    while let Some(s) = reader.next_session()? {
+        sessions.push(s);
+    }
+    Ok(sessions)
+}
