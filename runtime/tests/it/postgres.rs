@@ -845,9 +845,9 @@ fn postgres_import_keeps_commit_times_and_is_all_or_nothing() {
         calls: usize,
     }
     impl ImportSource for Changing {
-        fn for_each_session(
+        fn for_each_commit(
             &mut self,
-            f: &mut dyn FnMut(&ImportSession) -> Result<(), ExchangeError>,
+            f: &mut dyn FnMut(&SessionId, &ImportCommit) -> Result<(), ExchangeError>,
         ) -> Result<(), ExchangeError> {
             self.calls += 1;
             let list = if self.calls == 1 {
@@ -855,7 +855,7 @@ fn postgres_import_keeps_commit_times_and_is_all_or_nothing() {
             } else {
                 &self.second
             };
-            list.iter().try_for_each(f)
+            (&mut list.as_slice()).for_each_commit(f)
         }
     }
     let c = session("c", 3_000);

@@ -45,28 +45,38 @@ pub enum ImportProgress {
 }
 
 /// Sessions to import, which an import reads twice: once to check them
-/// all, once to write them. Both passes must yield the same sessions in
-/// the same order (a source read from a file re-reads the file).
+/// all, once to write them. Both passes must yield the same commits in the
+/// same order (a source read from a file re-reads the file).
 pub trait ImportSource {
-    /// Calls `f` on every session, in order; stops at `f`'s first error.
-    /// Sessions are lent, not given: a source that holds them (a slice)
-    /// never copies one.
-    fn for_each_session(
+    /// Calls `f` on every commit of every session, in order: a session's
+    /// commits come one after the other, in version order from 1. Stops at
+    /// `f`'s first error. Commits are lent one at a time, so a source that
+    /// reads a file holds one commit, not a session.
+    fn for_each_commit(
         &mut self,
-        f: &mut dyn FnMut(&ImportSession) -> Result<(), ExchangeError>,
+        f: &mut dyn FnMut(&SessionId, &ImportCommit) -> Result<(), ExchangeError>,
     ) -> Result<(), ExchangeError>;
 }
 
 impl ImportSource for &[ImportSession] {
-    fn for_each_session(
+    fn for_each_commit(
         &mut self,
-        f: &mut dyn FnMut(&ImportSession) -> Result<(), ExchangeError>,
+        f: &mut dyn FnMut(&SessionId, &ImportCommit) -> Result<(), ExchangeError>,
     ) -> Result<(), ExchangeError> {
-        self.iter().try_for_each(f)
+        for s in self.iter() {
+            if s.commits.is_empty() {
+                return Err(ExchangeError::Malformed {
+                    line: 0,
+                    reason: format!("session {} has no commits", s.id),
+                });
+            }
+            s.commits.iter().try_for_each(|c| f(&s.id, c))?;
+        }
+        Ok(())
     }
 }
 
-/// A `spool-export` file read from its path, one session at a time.
+/// A `spool-export` file read from its path, one commit at a time.
 pub struct ExportFile {
     path: std::path::PathBuf,
 }
@@ -78,30 +88,96 @@ impl ExportFile {
 }
 
 impl ImportSource for ExportFile {
-    fn for_each_session(
+    fn for_each_commit(
         &mut self,
-        f: &mut dyn FnMut(&ImportSession) -> Result<(), ExchangeError>,
+        f: &mut dyn FnMut(&SessionId, &ImportCommit) -> Result<(), ExchangeError>,
     ) -> Result<(), ExchangeError> {
         let file = std::fs::File::open(&self.path).map_err(|source| ExchangeError::Io {
             context: format!("opening {}", self.path.display()),
             source,
         })?;
         let mut reader = ExportReader::new(std::io::BufReader::with_capacity(1 << 16, file))?;
-        while let Some(s) = reader.next_session()? {
-            f(&s)?;
+        while let Some((id, c)) = reader.next_commit()? {
+            f(&id, &c)?;
         }
         Ok(())
     }
 }
 
+/// Splits a source's commits into sessions for one pass of an import:
+/// `start` at a session's first commit (the id is new to this pass), `commit`
+/// for each, `end` after a session's last (before the next one starts, and
+/// once after the source's last commit).
+pub(crate) fn for_each_session_commit<S>(
+    source: &mut dyn ImportSource,
+    start: &mut dyn FnMut(&SessionId, &ImportCommit) -> Result<S, ExchangeError>,
+    commit: &mut dyn FnMut(&mut S, &ImportCommit) -> Result<(), ExchangeError>,
+    end: &mut dyn FnMut(S) -> Result<(), ExchangeError>,
+) -> Result<(), ExchangeError> {
+    let mut ids: HashSet<SessionId> = HashSet::new();
+    let mut cur: Option<(SessionId, S)> = None;
+    source.for_each_commit(&mut |id, c| {
+        if cur.as_ref().is_none_or(|(cur_id, _)| cur_id != id) {
+            if let Some((_, s)) = cur.take() {
+                end(s)?;
+            }
+            if !ids.insert(id.clone()) {
+                return Err(ExchangeError::Malformed {
+                    line: c.lines.first().copied().unwrap_or(0),
+                    reason: format!("session {id} appears twice"),
+                });
+            }
+            cur = Some((id.clone(), start(id, c)?));
+        }
+        match cur.as_mut() {
+            Some((_, s)) => commit(s, c),
+            None => Ok(()),
+        }
+    })?;
+    match cur.take() {
+        Some((_, s)) => end(s),
+        None => Ok(()),
+    }
+}
+
 /// What the first pass learnt of one session.
-struct Planned {
-    id: SessionId,
+pub(crate) struct Planned {
+    pub(crate) id: SessionId,
     /// The stream version the session continues from.
-    base: u64,
-    commits: u64,
-    events: u64,
-    entries: u64,
+    pub(crate) base: u64,
+    pub(crate) commits: u64,
+    pub(crate) events: u64,
+    pub(crate) entries: u64,
+    /// The folded session's header (what the PostgreSQL store's import
+    /// writes before the commits).
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub(crate) info: AgentSessionInfo,
+}
+
+impl Planned {
+    /// From a finished light fold.
+    pub(crate) fn from_fold(fold: SessionFold, base: u64) -> Result<Planned, ExchangeError> {
+        let (id, commits, events) = (fold.id().clone(), fold.commits(), fold.events());
+        let entries = fold.entries();
+        let folded = fold.finish()?;
+        Ok(Planned {
+            id,
+            base,
+            commits,
+            events,
+            entries,
+            info: folded.info().clone(),
+        })
+    }
+
+    pub(crate) fn imported(&self) -> ImportedSession {
+        ImportedSession {
+            id: self.id.clone(),
+            version: self.commits,
+            events: self.events,
+            entries: self.entries,
+        }
+    }
 }
 
 /// The engine commit that imports `c` (its events encoded as a
@@ -129,104 +205,111 @@ fn new_commit(
     })
 }
 
-/// The store-independent checks of one session of an import: its id is
-/// not repeated in the same import (`ids`) and its events fold
-/// ([`ImportSession::validate`]). Returns the folded session.
-pub(crate) fn check_shape(
-    s: &ImportSession,
-    ids: &mut HashSet<SessionId>,
-) -> Result<AgentSession, ExchangeError> {
-    let line = s
-        .commits
-        .first()
-        .and_then(|c| c.lines.first())
-        .copied()
-        .unwrap_or(0);
-    if !ids.insert(s.id.clone()) {
-        return Err(ExchangeError::Malformed {
-            line,
-            reason: format!("session {} appears twice", s.id),
-        });
-    }
-    s.validate()
-}
-
-/// Checks one session against `store` and the sessions before it in the
-/// same import, writing nothing.
-fn check_session(
-    store: &LogStore,
-    s: &ImportSession,
-    opts: &ImportOptions,
-    ids: &mut HashSet<SessionId>,
-    commit_ids: &mut HashSet<Uuid>,
-) -> Result<Planned, ExchangeError> {
-    let folded = check_shape(s, ids)?;
-    if store.header(&s.id)?.is_some() {
-        return Err(ExchangeError::SessionExists { id: s.id.clone() });
+/// The stream version a new session `id` continues from in `store`: 0, or
+/// the version of the purge that ended an earlier incarnation. Fails when
+/// the session exists or the stream is something else.
+fn session_base(store: &LogStore, id: &SessionId) -> Result<u64, ExchangeError> {
+    if store.header(id)?.is_some() {
+        return Err(ExchangeError::SessionExists { id: id.clone() });
     }
     let engine = store.engine()?;
-    let base = match engine.stream_version(s.id.as_str()).map_err(engine_err)? {
-        None => 0,
+    match engine.stream_version(id.as_str()).map_err(engine_err)? {
+        None => Ok(0),
         Some(head) => {
             // A stream without a session header is either a purged
             // session (its last commit is the purge marker) or some
             // other stream that must not be mixed with a session.
             let last = engine
-                .read_stream(s.id.as_str(), head, 1)
+                .read_stream(id.as_str(), head, 1)
                 .map_err(engine_err)?;
             let purged = last
                 .first()
                 .is_some_and(|c| c.events.iter().any(|e| e.kind == PURGE_EVENT_KIND));
             if !purged {
-                return Err(ExchangeError::StreamExists { id: s.id.clone() });
+                return Err(ExchangeError::StreamExists { id: id.clone() });
             }
-            head
+            Ok(head)
         }
-    };
-    for c in &s.commits {
-        if !opts.fresh_commit_ids {
-            let taken = !commit_ids.insert(c.commit_id)
-                || engine
-                    .commit_by_id(c.commit_id)
-                    .map_err(engine_err)?
-                    .is_some();
-            if taken {
-                return Err(ExchangeError::CommitIdTaken {
-                    id: s.id.clone(),
-                    version: c.version,
-                    commit_id: c.commit_id,
-                });
-            }
-        }
-        // Every commit must fit the store's record limit before the first
-        // write, so an oversized entry writes nothing.
-        let line = c.lines.first().copied().unwrap_or(0);
-        let commit =
-            new_commit(&s.id, c, base, opts).map_err(|reason| ExchangeError::Malformed {
-                line,
-                reason: format!("session {} version {}: {reason}", s.id, c.version),
-            })?;
-        if let Err(e) = engine.check_commit(&commit) {
-            // Name the line of the commit's largest event: the likely cause.
-            let largest = (0..commit.events.len())
-                .max_by_key(|&i| commit.events[i].payload.len())
-                .and_then(|i| c.lines.get(i).copied())
-                .unwrap_or(line);
-            return Err(ExchangeError::Unstorable {
-                line: largest,
-                id: s.id.clone(),
+    }
+}
+
+/// Checks one commit of session `fold` against `store` and the commits
+/// before it in the same import, writing nothing: it folds, its commit id
+/// is free, it fits the store's record limit.
+fn check_commit(
+    store: &LogStore,
+    fold: &mut SessionFold,
+    base: u64,
+    c: &ImportCommit,
+    opts: &ImportOptions,
+    commit_ids: &mut HashSet<Uuid>,
+) -> Result<(), ExchangeError> {
+    fold.commit(c)?;
+    let id = fold.id();
+    let engine = store.engine()?;
+    if !opts.fresh_commit_ids {
+        let taken = !commit_ids.insert(c.commit_id)
+            || engine
+                .commit_by_id(c.commit_id)
+                .map_err(engine_err)?
+                .is_some();
+        if taken {
+            return Err(ExchangeError::CommitIdTaken {
+                id: id.clone(),
                 version: c.version,
-                source: e,
+                commit_id: c.commit_id,
             });
         }
     }
-    Ok(Planned {
-        id: s.id.clone(),
-        base,
-        commits: s.commits.len() as u64,
-        events: s.event_count(),
-        entries: folded.state().transcript.len() as u64,
-    })
+    // Every commit must fit the store's record limit before the first
+    // write, so an oversized entry writes nothing.
+    let line = c.lines.first().copied().unwrap_or(0);
+    let commit = new_commit(id, c, base, opts).map_err(|reason| ExchangeError::Malformed {
+        line,
+        reason: format!("session {id} version {}: {reason}", c.version),
+    })?;
+    if let Err(e) = engine.check_commit(&commit) {
+        // Name the line of the commit's largest event: the likely cause.
+        let largest = (0..commit.events.len())
+            .max_by_key(|&i| commit.events[i].payload.len())
+            .and_then(|i| c.lines.get(i).copied())
+            .unwrap_or(line);
+        return Err(ExchangeError::Unstorable {
+            line: largest,
+            id: id.clone(),
+            version: c.version,
+            source: e,
+        });
+    }
+    Ok(())
+}
+
+/// The first pass of [`import_from`]: checks every session of `source`
+/// against `store`, writing nothing.
+fn check_pass(
+    store: &LogStore,
+    source: &mut dyn ImportSource,
+    opts: &ImportOptions,
+    progress: &mut dyn FnMut(ImportProgress),
+) -> Result<Vec<Planned>, ExchangeError> {
+    let mut plan: Vec<Planned> = Vec::new();
+    let mut commit_ids = HashSet::new();
+    let mut checked = 0u64;
+    for_each_session_commit(
+        source,
+        &mut |id, _| Ok((SessionFold::new(id.clone(), true), session_base(store, id)?)),
+        &mut |(fold, base), c| {
+            check_commit(store, fold, *base, c, opts, &mut commit_ids)?;
+            checked += 1;
+            progress(ImportProgress::Checked { commits: checked });
+            Ok(())
+        },
+        &mut |(fold, base)| {
+            plan.push(Planned::from_fold(fold, base)?);
+            Ok(())
+        },
+    )?;
+    Ok(plan)
 }
 
 /// Checks that `sessions` can be imported into `store` (every session
@@ -239,12 +322,8 @@ pub fn check_import(
     sessions: &[ImportSession],
     opts: &ImportOptions,
 ) -> Result<Vec<u64>, ExchangeError> {
-    let mut ids = HashSet::new();
-    let mut commit_ids = HashSet::new();
-    sessions
-        .iter()
-        .map(|s| check_session(store, s, opts, &mut ids, &mut commit_ids).map(|p| p.base))
-        .collect()
+    let plan = check_pass(store, &mut { sessions }, opts, &mut |_| {})?;
+    Ok(plan.iter().map(|p| p.base).collect())
 }
 
 /// Imports `sessions` into `store` (see [`import_from`]). `on_commit` is
@@ -262,30 +341,31 @@ pub fn import_sessions(
     })
 }
 
+/// The session the write pass is writing.
+struct Writing<'p> {
+    plan: &'p Planned,
+    /// The settings snapshot of a long session, folded from the events in
+    /// hand (so its first execute does not replay the whole stream).
+    fold: Option<SettingsFold>,
+    /// The version and time of the last commit written.
+    last: Option<(u64, i64)>,
+}
+
 /// Imports every session of `source` into `store`, all or nothing (see the
 /// module docs). The first pass checks every session and writes nothing;
 /// the second appends each commit under its exact version fence with its
 /// original commit time, and the log is synced once at the end (open the
 /// store with [`spool_engine::Durability::Buffered`] for a bulk import:
-/// with `Immediate` every append is synced on its own).
+/// with `Immediate` every append is synced on its own). Both passes hold
+/// one commit of the source at a time; the first also holds, per session,
+/// a fold of its entries' ids and links (see [`ImportSource`]).
 pub fn import_from(
     store: &LogStore,
     source: &mut dyn ImportSource,
     opts: &ImportOptions,
     progress: &mut dyn FnMut(ImportProgress),
 ) -> Result<Vec<ImportedSession>, ExchangeError> {
-    let mut plan: Vec<Planned> = Vec::new();
-    {
-        let mut ids = HashSet::new();
-        let mut commit_ids = HashSet::new();
-        let mut checked = 0u64;
-        source.for_each_session(&mut |s| {
-            plan.push(check_session(store, s, opts, &mut ids, &mut commit_ids)?);
-            checked += s.commits.len() as u64;
-            progress(ImportProgress::Checked { commits: checked });
-            Ok(())
-        })?;
-    }
+    let plan = check_pass(store, source, opts, progress)?;
     let total: u64 = plan.iter().map(|p| p.commits).sum();
     let engine = store.engine()?;
     let mut written: Vec<SessionId> = Vec::new();
@@ -293,41 +373,43 @@ pub fn import_from(
     let mut next = 0usize;
     // The failure of the second pass: which session and version, why.
     let mut failure: Option<(SessionId, u64, String)> = None;
-    let res = source.for_each_session(&mut |s| {
-        let fail = |version: u64, reason: String| ExchangeError::ImportFailed {
-            id: s.id.clone(),
-            version,
-            reason,
-            rolled_back: false,
-        };
-        let p = match plan.get(next) {
-            Some(p) if p.id == s.id && p.commits == s.commits.len() as u64 => p,
-            _ => {
-                return Err(fail(
-                    0,
-                    "the source changed between the check and the write".into(),
-                ))
+    let changed = |id: &SessionId, version: u64| ExchangeError::ImportFailed {
+        id: id.clone(),
+        version,
+        reason: "the source changed between the check and the write".into(),
+        rolled_back: false,
+    };
+    let res = for_each_session_commit(
+        source,
+        &mut |id, _| {
+            let p = match plan.get(next) {
+                Some(p) if p.id == *id => p,
+                _ => return Err(changed(id, 0)),
+            };
+            next += 1;
+            written.push(id.clone());
+            Ok(Writing {
+                plan: p,
+                fold: (p.commits >= SETTINGS_TAIL_COMMITS).then(SettingsFold::default),
+                last: None,
+            })
+        },
+        &mut |w, c| {
+            let p = w.plan;
+            if c.version > p.commits {
+                return Err(changed(&p.id, c.version));
             }
-        };
-        next += 1;
-        written.push(s.id.clone());
-        // A long session gets its settings snapshot from the events in
-        // hand, so its first execute does not replay the whole stream.
-        let snapshot = s.commits.len() as u64 >= SETTINGS_TAIL_COMMITS;
-        let mut fold = SettingsFold::default();
-        let mut last = None;
-        for c in &s.commits {
-            let outcome = new_commit(&s.id, c, p.base, opts).and_then(|commit| {
+            let outcome = new_commit(&p.id, c, p.base, opts).and_then(|commit| {
                 engine
                     .append_at(commit, c.timestamp_ms)
                     .map_err(|e| e.to_string())
             });
             let reason = match outcome {
                 Ok(AppendOutcome::Committed(info)) => {
-                    if snapshot {
+                    if let Some(fold) = w.fold.as_mut() {
                         fold.add(&c.events);
-                        last = Some((info.version, info.timestamp_ms));
                     }
+                    w.last = Some((info.version, info.timestamp_ms));
                     None
                 }
                 Ok(AppendOutcome::AlreadyCommitted(info)) => Some(format!(
@@ -341,19 +423,38 @@ pub fn import_from(
                 Err(e) => Some(e),
             };
             if let Some(reason) = reason {
-                failure = Some((s.id.clone(), c.version, reason.clone()));
-                return Err(fail(c.version, reason));
+                failure = Some((p.id.clone(), c.version, reason.clone()));
+                return Err(ExchangeError::ImportFailed {
+                    id: p.id.clone(),
+                    version: c.version,
+                    reason,
+                    rolled_back: false,
+                });
             }
             done += 1;
             progress(ImportProgress::Written {
                 commits: done,
                 total,
             });
-        }
-        if let Some((version, updated_ms)) = last {
-            store.write_settings_fold(fold, p.base, version, updated_ms);
-        }
-        Ok(())
+            Ok(())
+        },
+        &mut |w| {
+            let p = w.plan;
+            let (version, updated_ms) = w.last.unwrap_or((p.base, 0));
+            if version != p.base + p.commits {
+                // Fewer commits than the check saw.
+                return Err(changed(&p.id, version.saturating_sub(p.base)));
+            }
+            if let Some(fold) = w.fold {
+                store.write_settings_fold(fold, p.base, version, updated_ms);
+            }
+            Ok(())
+        },
+    )
+    .and_then(|()| match plan.get(next) {
+        // A session the check saw and the write did not.
+        Some(p) => Err(changed(&p.id, 0)),
+        None => Ok(()),
     });
     if let Err(e) = res {
         let Some(last) = written.last().cloned() else {
@@ -389,13 +490,5 @@ pub fn import_from(
     engine
         .flush()
         .map_err(|e| ExchangeError::SyncFailed(StoreError::Engine(e)))?;
-    Ok(plan
-        .into_iter()
-        .map(|p| ImportedSession {
-            id: p.id,
-            version: p.commits,
-            events: p.events,
-            entries: p.entries,
-        })
-        .collect())
+    Ok(plan.iter().map(Planned::imported).collect())
 }

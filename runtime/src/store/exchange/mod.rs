@@ -62,7 +62,8 @@ use super::log::{
 };
 use super::{SessionStore, StoreError};
 use crate::session::{
-    decode_event, encode_event, AgentSession, SessionEvent, SessionId, EVENT_SCHEMA,
+    decode_event, encode_event, AgentSession, AgentSessionInfo, SessionEvent, SessionId,
+    EVENT_SCHEMA,
 };
 use crate::transcript::now_ms;
 
@@ -201,66 +202,11 @@ impl ImportSession {
     /// Returns the folded session at its last version; errors name the
     /// source line when known.
     pub fn validate(&self) -> Result<AgentSession, ExchangeError> {
-        let first_line = |c: &ImportCommit| c.lines.first().copied().unwrap_or(0);
-        let malformed = |line: u64, reason: String| ExchangeError::Malformed { line, reason };
-        let mut session: Option<AgentSession> = None;
-        if self.commits.is_empty() {
-            return Err(malformed(0, format!("session {} has no commits", self.id)));
+        let mut fold = SessionFold::new(self.id.clone(), false);
+        for c in &self.commits {
+            fold.commit(c)?;
         }
-        for (i, c) in self.commits.iter().enumerate() {
-            let want = i as u64 + 1;
-            if c.version != want {
-                return Err(malformed(
-                    first_line(c),
-                    format!(
-                        "session {}: expected version {want}, found {}",
-                        self.id, c.version
-                    ),
-                ));
-            }
-            if c.events.is_empty() || c.events.len() > EVENTS_PER_COMMIT_MAX {
-                return Err(malformed(
-                    first_line(c),
-                    format!(
-                        "session {} version {}: a commit carries 1..={EVENTS_PER_COMMIT_MAX} events, got {}",
-                        self.id,
-                        c.version,
-                        c.events.len()
-                    ),
-                ));
-            }
-            for (j, ev) in c.events.iter().enumerate() {
-                let line = c.lines.get(j).copied().unwrap_or(0);
-                match session.as_mut() {
-                    None => {
-                        let s = AgentSession::replay(std::iter::once(ev))
-                            .map_err(|e| malformed(line, format!("session {}: {e}", self.id)))?;
-                        if s.id() != &self.id {
-                            return Err(malformed(
-                                line,
-                                format!(
-                                    "the `created` event of session {} names session {}",
-                                    self.id,
-                                    s.id()
-                                ),
-                            ));
-                        }
-                        session = Some(s);
-                    }
-                    Some(s) => s.apply(ev).map_err(|e| {
-                        malformed(
-                            line,
-                            format!("session {} version {}: {e}", self.id, c.version),
-                        )
-                    })?,
-                }
-            }
-        }
-        let last = self.commits.last().map_or(0, |c| c.version);
-        let last_ts = self.commits.last().map_or(0, |c| c.timestamp_ms);
-        session
-            .map(|s| s.reconstitute(last, last_ts))
-            .ok_or_else(|| malformed(0, format!("session {} has no events", self.id)))
+        fold.finish()
     }
 }
 
@@ -455,8 +401,13 @@ fn write_line<W: Write, T: Serialize>(out: &mut W, value: &T) -> Result<(), Exch
     out.write_all(b"\n").map_err(io)
 }
 
+mod fold;
 mod import;
 mod read;
+
+pub(crate) use fold::SessionFold;
+#[cfg(feature = "postgres")]
+pub(crate) use import::{for_each_session_commit, Planned};
 
 pub use import::*;
 pub use read::*;

@@ -74,19 +74,24 @@ fn json_reason(what: &str, e: &serde_json::Error) -> String {
     )
 }
 
-/// Reads a `spool-export` file one session at a time, checking every line
-/// (header, commit grouping, contiguous sessions, the end line and its
-/// totals) as it goes; the sessions are not folded here (see
-/// [`ImportSession::validate`]). Memory holds one session, not the file.
+/// Reads a `spool-export` file a commit or a session at a time, checking
+/// every line (header, commit grouping, contiguous sessions, the end line
+/// and its totals) as it goes; the sessions are not folded here (see
+/// [`ImportSession::validate`]). Memory holds one commit
+/// ([`ExportReader::next_commit`]) or one session
+/// ([`ExportReader::next_session`]), not the file.
 pub struct ExportReader<R> {
     r: R,
     buf: Vec<u8>,
     line_no: u64,
     header: ExportHeader,
-    /// The session being read.
-    cur: Option<ImportSession>,
-    /// Events the open commit still expects (its announced count).
-    open: Option<u32>,
+    /// The session being read and the version of its last commit.
+    cur: Option<(SessionId, u64)>,
+    /// The commit being read, with the number of events it announced.
+    open: Option<(SessionId, ImportCommit, u32)>,
+    /// A commit read ahead by [`ExportReader::next_session`]: the first of
+    /// the next session.
+    peeked: Option<(SessionId, ImportCommit)>,
     seen_ids: HashSet<SessionId>,
     totals: ExportCounts,
     end_line: Option<u64>,
@@ -143,6 +148,7 @@ impl<R: BufRead> ExportReader<R> {
             header,
             cur: None,
             open: None,
+            peeked: None,
             seen_ids: HashSet::new(),
             totals: ExportCounts::default(),
             end_line: None,
@@ -157,6 +163,32 @@ impl<R: BufRead> ExportReader<R> {
     /// The next session, `None` after the end line (once the rest of the
     /// file is checked to be blank).
     pub fn next_session(&mut self) -> Result<Option<ImportSession>, ExchangeError> {
+        let Some((id, first)) = self.next_commit()? else {
+            return Ok(None);
+        };
+        let mut session = ImportSession {
+            id,
+            commits: vec![first],
+        };
+        loop {
+            match self.next_commit()? {
+                Some((id, c)) if id == session.id => session.commits.push(c),
+                Some(next) => {
+                    self.peeked = Some(next);
+                    return Ok(Some(session));
+                }
+                None => return Ok(Some(session)),
+            }
+        }
+    }
+
+    /// The next commit and the session it belongs to, `None` after the end
+    /// line (once the rest of the file is checked to be blank). A session's
+    /// commits come one after the other, in version order from 1.
+    pub fn next_commit(&mut self) -> Result<Option<(SessionId, ImportCommit)>, ExchangeError> {
+        if let Some(c) = self.peeked.take() {
+            return Ok(Some(c));
+        }
         loop {
             let had = read_line_bounded(&mut self.r, &mut self.buf, EXPORT_LINE_BYTES_MAX)
                 .map_err(|e| ExchangeError::Malformed {
@@ -195,9 +227,10 @@ impl<R: BufRead> ExportReader<R> {
                         "malformed end line: it needs sessions, commits and events".into(),
                     ));
                 };
-                if let Some(n) = self.open {
+                if let Some((_, c, n)) = &self.open {
                     return Err(malformed(format!(
-                        "end line inside a commit ({n} events announced, fewer given)"
+                        "end line inside a commit ({n} events announced, {} given)",
+                        c.events.len()
                     )));
                 }
                 let t = self.totals;
@@ -208,9 +241,6 @@ impl<R: BufRead> ExportReader<R> {
                     )));
                 }
                 self.end_line = Some(line_no);
-                if let Some(s) = self.cur.take() {
-                    return Ok(Some(s));
-                }
                 continue;
             }
             let missing = |f: &str| malformed(format!("malformed event line: missing field `{f}`"));
@@ -231,23 +261,19 @@ impl<R: BufRead> ExportReader<R> {
                     ev.index, ev.events_in_commit
                 )));
             }
-            let mut finished: Option<ImportSession> = None;
-            match self.open {
-                Some(n) => {
+            match self.open.as_mut() {
+                Some((id, commit, n)) => {
                     // Continue the open commit of the current session.
-                    let commit = self
-                        .cur
-                        .as_mut()
-                        .filter(|s| s.id == ev.session)
-                        .and_then(|s| s.commits.last_mut())
-                        .filter(|c| c.version == ev.version && c.commit_id == ev.commit_id)
-                        .ok_or_else(|| {
-                            malformed(
-                                "the previous commit is incomplete (this line belongs to another commit)"
-                                    .into(),
-                            )
-                        })?;
-                    if n != ev.events_in_commit
+                    if *id != ev.session
+                        || commit.version != ev.version
+                        || commit.commit_id != ev.commit_id
+                    {
+                        return Err(malformed(
+                            "the previous commit is incomplete (this line belongs to another commit)"
+                                .into(),
+                        ));
+                    }
+                    if *n != ev.events_in_commit
                         || ev.index as usize != commit.events.len()
                         || ev.timestamp_ms != commit.timestamp_ms
                     {
@@ -266,7 +292,7 @@ impl<R: BufRead> ExportReader<R> {
                             ev.index
                         )));
                     }
-                    let same = self.cur.as_ref().is_some_and(|s| s.id == ev.session);
+                    let same = self.cur.as_ref().is_some_and(|(id, _)| *id == ev.session);
                     if !same {
                         if !self.seen_ids.insert(ev.session.clone()) {
                             return Err(malformed(format!(
@@ -274,46 +300,41 @@ impl<R: BufRead> ExportReader<R> {
                                 ev.session
                             )));
                         }
-                        finished = self.cur.replace(ImportSession {
-                            id: ev.session.clone(),
-                            commits: Vec::new(),
-                        });
+                        self.cur = Some((ev.session.clone(), 0));
                         self.totals.sessions += 1;
                     }
-                    let s = self
-                        .cur
-                        .as_mut()
-                        .ok_or_else(|| malformed("no session".into()))?;
-                    let want = s.commits.last().map_or(1, |c| c.version + 1);
-                    if ev.version != want {
+                    let last = self.cur.as_ref().map_or(0, |(_, v)| *v);
+                    if ev.version != last + 1 {
                         return Err(malformed(format!(
-                            "session {}: expected version {want}, found {}",
-                            ev.session, ev.version
+                            "session {}: expected version {}, found {}",
+                            ev.session,
+                            last + 1,
+                            ev.version
                         )));
                     }
-                    s.commits.push(ImportCommit {
+                    if let Some((_, v)) = self.cur.as_mut() {
+                        *v = ev.version;
+                    }
+                    let commit = ImportCommit {
                         version: ev.version,
                         commit_id: ev.commit_id,
                         timestamp_ms: ev.timestamp_ms,
                         events: vec![ev.event],
                         lines: vec![line_no],
-                    });
+                    };
+                    self.open = Some((ev.session, commit, ev.events_in_commit));
                     self.totals.commits += 1;
                 }
             }
             self.totals.events += 1;
-            let done = self
-                .cur
+            let complete = self
+                .open
                 .as_ref()
-                .and_then(|s| s.commits.last())
-                .is_some_and(|c| c.events.len() as u32 == ev.events_in_commit);
-            self.open = if done {
-                None
-            } else {
-                Some(ev.events_in_commit)
-            };
-            if finished.is_some() {
-                return Ok(finished);
+                .is_some_and(|(_, c, n)| c.events.len() as u32 == *n);
+            if complete {
+                if let Some((id, c, _)) = self.open.take() {
+                    return Ok(Some((id, c)));
+                }
             }
         }
     }

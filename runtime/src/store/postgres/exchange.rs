@@ -18,8 +18,8 @@ use super::transcript::TxIndex;
 use super::{version_from_sql, version_to_sql, Fail, PostgresStore, HEADER_COLUMNS};
 use crate::session::{decode_event, encode_event, SessionEvent, SessionId};
 use crate::store::exchange::{
-    check_shape, ExchangeError, ExportWriter, ImportOptions, ImportProgress, ImportSession,
-    ImportSource, ImportedSession,
+    for_each_session_commit, ExchangeError, ExportWriter, ImportCommit, ImportOptions,
+    ImportProgress, ImportSource, ImportedSession, Planned, SessionFold,
 };
 use crate::store::{SessionStore, StoreError};
 
@@ -98,70 +98,76 @@ impl PostgresStore {
     /// or, on any failure, none. A first pass checks every session (it
     /// folds, its id and commit ids are free) without writing; the second
     /// writes each session's header, its commits with their original commit
-    /// ids and times, and its transcript index. `source` is read twice.
+    /// ids and times, and its transcript index. `source` is read twice, one
+    /// commit at a time.
     pub fn import_from(
         &self,
         source: &mut (dyn ImportSource + Send),
         opts: &ImportOptions,
         progress: &mut (dyn FnMut(ImportProgress) + Send),
     ) -> Result<Vec<ImportedSession>, ExchangeError> {
-        let mut plan: Vec<ImportedSession> = Vec::new();
-        let mut ids = HashSet::new();
+        let mut plan: Vec<Planned> = Vec::new();
         let mut commit_ids = HashSet::new();
         let mut checked = 0u64;
-        source.for_each_session(&mut |s| {
-            let folded = check_shape(s, &mut ids)?;
-            if self.header(&s.id)?.is_some() {
-                return Err(ExchangeError::SessionExists { id: s.id.clone() });
-            }
-            if !opts.fresh_commit_ids {
-                self.check_commit_ids(s, &mut commit_ids)?;
-            }
-            checked += s.commits.len() as u64;
-            progress(ImportProgress::Checked { commits: checked });
-            plan.push(ImportedSession {
-                id: s.id.clone(),
-                version: s.commits.len() as u64,
-                events: s.event_count(),
-                entries: folded.state().transcript.len() as u64,
-            });
-            Ok(())
-        })?;
-        let total: u64 = plan.iter().map(|p| p.version).sum();
+        for_each_session_commit(
+            source,
+            &mut |id, _| {
+                if self.header(id)?.is_some() {
+                    return Err(ExchangeError::SessionExists { id: id.clone() });
+                }
+                Ok((SessionFold::new(id.clone(), true), Vec::new()))
+            },
+            &mut |(fold, ids), c| {
+                fold.commit(c)?;
+                if !opts.fresh_commit_ids {
+                    ids.push((c.version, c.commit_id));
+                }
+                checked += 1;
+                progress(ImportProgress::Checked { commits: checked });
+                Ok(())
+            },
+            &mut |(fold, ids)| {
+                self.check_commit_ids(fold.id(), &ids, &mut commit_ids)?;
+                plan.push(Planned::from_fold(fold, 0)?);
+                Ok(())
+            },
+        )?;
+        let total: u64 = plan.iter().map(|p| p.commits).sum();
         // The write pass may run again after a lost connection: it starts
         // over from the source's beginning in a new transaction.
         self.run("import", "import", |client| {
             write_all(client, source, &plan, opts, total, progress)
         })?
-        .map(|()| plan)
+        .map(|()| plan.iter().map(Planned::imported).collect())
     }
 
-    /// Fails with [`ExchangeError::CommitIdTaken`] when a commit id of `s`
-    /// is in the database or earlier in the same import.
+    /// Fails with [`ExchangeError::CommitIdTaken`] when a commit id of
+    /// session `id` (`(version, commit id)` pairs) is in the database or
+    /// earlier in the same import.
     fn check_commit_ids(
         &self,
-        s: &ImportSession,
+        id: &SessionId,
+        commits: &[(u64, Uuid)],
         seen: &mut HashSet<Uuid>,
     ) -> Result<(), ExchangeError> {
         let taken_by = |c: Uuid| {
-            let version = s
-                .commits
-                .iter()
-                .find(|x| x.commit_id == c)
-                .map_or(0, |x| x.version);
+            let version = commits.iter().find(|x| x.1 == c).map_or(0, |x| x.0);
             ExchangeError::CommitIdTaken {
-                id: s.id.clone(),
+                id: id.clone(),
                 version,
                 commit_id: c,
             }
         };
-        for c in &s.commits {
-            if !seen.insert(c.commit_id) {
-                return Err(taken_by(c.commit_id));
+        for (_, c) in commits {
+            if !seen.insert(*c) {
+                return Err(taken_by(*c));
             }
         }
-        let wanted: Vec<Uuid> = s.commits.iter().map(|c| c.commit_id).collect();
-        let taken = self.run("import check", &format!("session {}", s.id), |client| {
+        if commits.is_empty() {
+            return Ok(());
+        }
+        let wanted: Vec<Uuid> = commits.iter().map(|c| c.1).collect();
+        let taken = self.run("import check", &format!("session {id}"), |client| {
             let row = client.query_opt(
                 "SELECT commit_id FROM spool_commits WHERE commit_id = ANY($1) LIMIT 1",
                 &[&wanted],
@@ -181,7 +187,7 @@ impl PostgresStore {
 fn write_all(
     client: &mut Client,
     source: &mut (dyn ImportSource + Send),
-    plan: &[ImportedSession],
+    plan: &[Planned],
     opts: &ImportOptions,
     total: u64,
     progress: &mut (dyn FnMut(ImportProgress) + Send),
@@ -200,89 +206,128 @@ fn write_all(
     // A database error inside the source's callback is carried out beside
     // it (the callback can only return an `ExchangeError`).
     let mut pg: Option<Fail> = None;
-    let res = source.for_each_session(&mut |s| {
-        match plan.get(next) {
-            Some(p) if p.id == s.id && p.version == s.commits.len() as u64 => {}
-            _ => {
-                return Err(ExchangeError::ImportFailed {
-                    id: s.id.clone(),
-                    version: 0,
-                    reason: "the source changed between the check and the write".into(),
-                    rolled_back: true,
-                })
-            }
-        }
-        next += 1;
-        let folded = s.validate()?;
-        let info = folded.info();
-        let last = version_to_sql(&s.id, s.commits.len() as u64)?;
-        let last_ts = s.commits.last().map_or(0, |c| c.timestamp_ms);
-        let parent = info.parent_id.as_ref().map(|p| p.as_str());
-        let mut write = || -> Result<(), Fail> {
-            tx.execute(
-                &insert_header,
-                &[
-                    &s.id.as_str(),
-                    &parent,
-                    &info.status.as_str(),
-                    &last,
-                    &info.agent_name,
-                    &info.label,
-                    &info.created_at_ms,
-                    &last_ts,
-                ],
-            )?;
-            for c in &s.commits {
-                let (kinds, payloads) = encode(&s.id, c.version, &c.events)?;
-                let commit_id = if opts.fresh_commit_ids {
-                    Uuid::new_v4()
-                } else {
-                    c.commit_id
+    let changed = |id: &SessionId| ExchangeError::ImportFailed {
+        id: id.clone(),
+        version: 0,
+        reason: "the source changed between the check and the write".into(),
+        rolled_back: true,
+    };
+    let refused = |id: &SessionId| ExchangeError::ImportFailed {
+        id: id.clone(),
+        version: 0,
+        reason: "the database refused the write".into(),
+        rolled_back: true,
+    };
+    let res = {
+        let tx = &mut tx;
+        let pg = &mut pg;
+        for_each_session_commit(
+            source,
+            &mut |id, _| match plan.get(next) {
+                Some(p) if p.id == *id => {
+                    next += 1;
+                    Ok((p, false))
+                }
+                _ => Err(changed(id)),
+            },
+            &mut |(p, started), c| {
+                if c.version > p.commits {
+                    return Err(changed(&p.id));
+                }
+                let mut write = || -> Result<(), Fail> {
+                    if !*started {
+                        write_header(tx, &insert_header, p)?;
+                        *started = true;
+                    }
+                    write_commit(tx, &insert_commit, &p.id, c, opts)
                 };
-                let version = version_to_sql(&s.id, c.version).map_err(Fail::Store)?;
-                tx.execute(
-                    &insert_commit,
-                    &[
-                        &s.id.as_str(),
-                        &version,
-                        &commit_id,
-                        &c.timestamp_ms,
-                        &kinds,
-                        &payloads,
-                    ],
-                )?;
-                // The transcript index, in the same transaction, a commit
-                // at a time as every other write maintains it.
-                TxIndex::new(&mut tx, s.id.as_str())
-                    .apply(&c.events, Some(&payloads), c.timestamp_ms)
-                    .map_err(|e| e.into_fail(&s.id))?;
+                write().map_err(|e| {
+                    *pg = Some(e);
+                    refused(&p.id)
+                })?;
                 done += 1;
                 progress(ImportProgress::Written {
                     commits: done,
                     total,
                 });
-            }
-            Ok(())
-        };
-        write().map_err(|e| {
-            let id = s.id.clone();
-            pg = Some(e);
-            ExchangeError::ImportFailed {
-                id,
-                version: 0,
-                reason: "the database refused the write".into(),
-                rolled_back: true,
-            }
-        })
-    });
+                Ok(())
+            },
+            &mut |_| Ok(()),
+        )
+    };
     if let Some(e) = pg {
         return Err(e);
     }
+    // Every session the check saw, with every commit it saw.
+    let res = res.and_then(|()| match plan.get(next) {
+        Some(p) => Err(changed(&p.id)),
+        None if done != total => Err(changed(&plan[plan.len() - 1].id)),
+        None => Ok(()),
+    });
     if let Err(e) = res {
         return Ok(Err(e));
     }
     tx.commit()?;
     Ok(Ok(()))
+}
+
+/// Inserts the header of imported session `p`, as the check folded it.
+fn write_header(
+    tx: &mut postgres::Transaction<'_>,
+    insert_header: &postgres::Statement,
+    p: &Planned,
+) -> Result<(), Fail> {
+    let info = &p.info;
+    let last = version_to_sql(&p.id, p.commits).map_err(Fail::Store)?;
+    let parent = info.parent_id.as_ref().map(|p| p.as_str());
+    tx.execute(
+        insert_header,
+        &[
+            &p.id.as_str(),
+            &parent,
+            &info.status.as_str(),
+            &last,
+            &info.agent_name,
+            &info.label,
+            &info.created_at_ms,
+            &info.updated_at_ms,
+        ],
+    )?;
+    Ok(())
+}
+
+/// Inserts one imported commit of session `id` and its transcript index.
+fn write_commit(
+    tx: &mut postgres::Transaction<'_>,
+    insert_commit: &postgres::Statement,
+    id: &SessionId,
+    c: &ImportCommit,
+    opts: &ImportOptions,
+) -> Result<(), Fail> {
+    let (kinds, payloads) = encode(id, c.version, &c.events)?;
+    let commit_id = if opts.fresh_commit_ids {
+        Uuid::new_v4()
+    } else {
+        c.commit_id
+    };
+    let version = version_to_sql(id, c.version).map_err(Fail::Store)?;
+    tx.execute(
+        insert_commit,
+        &[
+            &id.as_str(),
+            &version,
+            &commit_id,
+            &c.timestamp_ms,
+            &kinds,
+            &payloads,
+        ],
+    )?;
+    // The transcript index, in the same transaction, a commit at a time as
+    // every other write maintains it.
+    TxIndex::new(tx, id.as_str())
+        .apply(&c.events, Some(&payloads), c.timestamp_ms)
+        .map_err(|e| e.into_fail(id))?;
+    Ok(())
 }
 
 /// The kinds and [`encode_event`] bytes of one imported commit, as
