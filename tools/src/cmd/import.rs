@@ -8,7 +8,6 @@
 //! This command opens the store, draws the progress bar and prints.
 
 use std::fs::File;
-use std::io::BufReader;
 use std::path::Path;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -16,10 +15,10 @@ use std::time::{Duration, Instant};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde::Serialize;
 use spool_engine::Durability;
-use spool_runtime::import::pi::read_pi;
+use spool_runtime::import::pi::PiFile;
 use spool_runtime::store::exchange::{
-    import_from, ExchangeError, ExportFile, ImportOptions, ImportProgress, ImportSession,
-    ImportSource, ImportedSession,
+    import_from, ExchangeError, ExportFile, ImportOptions, ImportProgress, ImportSource,
+    ImportedSession,
 };
 use spool_runtime::store::{LogStore, LogStoreOptions};
 
@@ -139,33 +138,35 @@ pub fn run(
     fresh_commit_ids: bool,
     json: bool,
 ) -> Result<ExitCode> {
-    let f = File::open(file).map_err(|e| {
+    // Opened here for the error a user meets first; each pass opens it again.
+    File::open(file).map_err(|e| {
         ToolError::with_source(format!("cannot open {}", file.display()), e).hint("check the path")
     })?;
-    let mut pi: Option<(Vec<ImportSession>, u64, Vec<u64>)> = None;
+    let mut pi: Option<PiFile> = None;
     if let ImportFormat::Pi = format {
         let name = file
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default();
-        let s = read_pi(BufReader::new(f), &name).map_err(|e| {
+        let p = PiFile::open(file, &name).map_err(|e| {
             file_err(file, e).hint("nothing was imported; is this a pi session file (.jsonl)?")
         })?;
-        for line in &s.skipped_lines {
+        for line in p.skipped_lines() {
             eprintln!(
                 "warning: {} line {line} skipped: not JSON (pi skips it too)",
                 file.display()
             );
         }
-        pi = Some((vec![s.import], s.file_version, s.skipped_lines));
+        pi = Some(p);
     }
     let opts = ImportOptions::default().fresh_commit_ids(fresh_commit_ids);
     let mut progress = Progress::new();
     let mut export_file = ExportFile::new(file);
-    let mut slice: &[ImportSession] = pi.as_ref().map_or(&[], |(s, _, _)| s.as_slice());
-    let source: &mut (dyn ImportSource + Send) = match format {
-        ImportFormat::Spool => &mut export_file,
-        ImportFormat::Pi => &mut slice,
+    let pi_version = pi.as_ref().map(PiFile::file_version);
+    let skipped_lines: Option<Vec<u64>> = pi.as_ref().map(|p| p.skipped_lines().to_vec());
+    let source: &mut (dyn ImportSource + Send) = match pi.as_mut() {
+        Some(p) => p,
+        None => &mut export_file,
     };
     let imported = if is_postgres(dir) {
         // One transaction: all or nothing.
@@ -195,8 +196,8 @@ pub fn run(
             ImportFormat::Spool => "spool",
             ImportFormat::Pi => "pi",
         },
-        pi_version: pi.as_ref().map(|p| p.1),
-        skipped_lines: pi.as_ref().map(|p| p.2.as_slice()),
+        pi_version,
+        skipped_lines: skipped_lines.as_deref(),
         commits,
         sessions: &imported,
     };
