@@ -285,8 +285,6 @@ impl PiFile {
     }
 }
 
-/// A line's error in a later reading of a [`PiFile`]: the first reading
-/// found none, so the file changed in between (or could not be read).
 impl crate::store::exchange::ImportSource for PiFile {
     fn for_each_commit(
         &mut self,
@@ -296,6 +294,8 @@ impl crate::store::exchange::ImportSource for PiFile {
     }
 }
 
+/// A line's error in a later reading of a [`PiFile`]: the first reading
+/// found none, so the file changed in between (or could not be read).
 fn changed(e: PiError) -> ExchangeError {
     ExchangeError::Malformed {
         line: e.line,
