@@ -212,35 +212,8 @@ impl Transcript {
         removed: &[EntryId],
         leaf: Option<&EntryId>,
     ) -> Result<(), String> {
+        check_rewrite(|id| self.contains(id), written, reparented, removed, leaf)?;
         let removed_set: HashSet<&EntryId> = removed.iter().collect();
-        let mut named: HashSet<&EntryId> = HashSet::new();
-        for id in removed
-            .iter()
-            .chain(written.iter().map(|e| &e.id))
-            .chain(reparented.iter().map(|(id, _)| id))
-        {
-            if !self.contains(id) {
-                return Err(format!("entry {id} is not in the transcript"));
-            }
-            if !named.insert(id) {
-                return Err(format!("entry {id} is named twice"));
-            }
-        }
-        let kept = |id: &EntryId| self.contains(id) && !removed_set.contains(id);
-        for p in written
-            .iter()
-            .filter_map(|e| e.parent_id.as_ref())
-            .chain(reparented.iter().filter_map(|(_, p)| p.as_ref()))
-        {
-            if !kept(p) {
-                return Err(format!("new parent {p} is not kept by the rewrite"));
-            }
-        }
-        if let Some(l) = leaf {
-            if !kept(l) {
-                return Err(format!("leaf {l} is not kept by the rewrite"));
-            }
-        }
         let written_by: HashMap<&EntryId, &Entry> = written.iter().map(|e| (&e.id, e)).collect();
         let relinked: HashMap<&EntryId, &Option<EntryId>> =
             reparented.iter().map(|(id, p)| (id, p)).collect();
@@ -262,4 +235,47 @@ impl Transcript {
         self.replace_all(out, leaf.cloned());
         Ok(())
     }
+}
+
+/// The checks of a delta rewrite ([`Transcript::apply_rewrite`]) against a
+/// transcript that holds the ids `contains` says it holds: every named
+/// entry exists and is named once, is not removed when written or
+/// relinked; every new parent and the leaf exist after the rewrite.
+pub(crate) fn check_rewrite(
+    contains: impl Fn(&EntryId) -> bool,
+    written: &[Entry],
+    reparented: &[(EntryId, Option<EntryId>)],
+    removed: &[EntryId],
+    leaf: Option<&EntryId>,
+) -> Result<(), String> {
+    let removed_set: HashSet<&EntryId> = removed.iter().collect();
+    let mut named: HashSet<&EntryId> = HashSet::new();
+    for id in removed
+        .iter()
+        .chain(written.iter().map(|e| &e.id))
+        .chain(reparented.iter().map(|(id, _)| id))
+    {
+        if !contains(id) {
+            return Err(format!("entry {id} is not in the transcript"));
+        }
+        if !named.insert(id) {
+            return Err(format!("entry {id} is named twice"));
+        }
+    }
+    let kept = |id: &EntryId| contains(id) && !removed_set.contains(id);
+    for p in written
+        .iter()
+        .filter_map(|e| e.parent_id.as_ref())
+        .chain(reparented.iter().filter_map(|(_, p)| p.as_ref()))
+    {
+        if !kept(p) {
+            return Err(format!("new parent {p} is not kept by the rewrite"));
+        }
+    }
+    if let Some(l) = leaf {
+        if !kept(l) {
+            return Err(format!("leaf {l} is not kept by the rewrite"));
+        }
+    }
+    Ok(())
 }

@@ -31,6 +31,7 @@ pub use codec::{
 };
 pub use definition::{AgentDefinition, Budget, ModelConfig};
 pub use events::SessionEvent;
+pub(crate) use fold::check_rewrite;
 pub use fold::FoldError;
 pub use id::{InvalidSessionId, SessionId, SESSION_ID_LEN_MAX};
 pub use info::{AgentSessionInfo, SessionInfoList, SessionStatus, SkippedSession, UnknownStatus};

@@ -4,7 +4,7 @@
 use std::collections::HashSet;
 
 use super::*;
-use crate::session::FoldError;
+use crate::session::{check_rewrite, FoldError};
 use crate::transcript::{Entry, EntryId, EntryKind, Transcript, TranscriptError};
 
 /// Folds one session's commits as they come, checking their shape: dense
@@ -264,39 +264,17 @@ impl Ids {
         removed: &[EntryId],
         leaf: Option<&EntryId>,
     ) -> Result<(), String> {
-        let removed_set: HashSet<&EntryId> = removed.iter().collect();
-        let mut named: HashSet<&EntryId> = HashSet::new();
-        for id in removed
-            .iter()
-            .chain(written.iter().map(|e| &e.id))
-            .chain(reparented.iter().map(|(id, _)| id))
-        {
-            if !self.ids.contains(id) {
-                return Err(format!("entry {id} is not in the transcript"));
-            }
-            if !named.insert(id) {
-                return Err(format!("entry {id} is named twice"));
-            }
-        }
-        let kept = |id: &EntryId| self.ids.contains(id) && !removed_set.contains(id);
-        for p in written
-            .iter()
-            .filter_map(|e| e.parent_id.as_ref())
-            .chain(reparented.iter().filter_map(|(_, p)| p.as_ref()))
-        {
-            if !kept(p) {
-                return Err(format!("new parent {p} is not kept by the rewrite"));
-            }
-        }
-        if let Some(l) = leaf {
-            if !kept(l) {
-                return Err(format!("leaf {l} is not kept by the rewrite"));
-            }
-        }
+        check_rewrite(
+            |id| self.ids.contains(id),
+            written,
+            reparented,
+            removed,
+            leaf,
+        )?;
         for id in removed {
             self.ids.remove(id);
         }
-        self.len -= removed.len() as u64;
+        self.len = self.len.saturating_sub(removed.len() as u64);
         self.leaf = leaf.cloned();
         Ok(())
     }
