@@ -166,7 +166,7 @@ fn spool_open(dir: &Path) -> ChildResult {
 }
 
 /// `spool import FILE` into the (fresh) store at `dir`, as the command
-/// does it: the file read twice, one session at a time (a check pass, then
+/// does it: the file read twice, one commit at a time (a check pass, then
 /// the writes), buffered appends and one sync before success.
 fn spool_import(dir: &Path, file: &Path) -> ChildResult {
     let opts = LogStoreOptions {

@@ -587,7 +587,7 @@ pub fn markdown(rows: &[&ResultRow]) -> String {
          per session, one commit each after the session's `created` commit). spool: \
          the library as the `spool` command uses it (a read-only `LogStore` for the reads, an \
          owner `LogStore::open` and close, and `import_from` over the file (two passes, one \
-         session at a time) into a fresh store, buffered with one sync, as `spool import` \
+         commit at a time) into a fresh store, buffered with one sync, as `spool import` \
          does). `sqlite`: sessions(id, header columns, leaf, \
          definition) with an index on updated_at, entries keyed by (session, seq) with the \
          entry id, parent id and JSON content, a unique index on (session, id); listing \
