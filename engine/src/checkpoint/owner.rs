@@ -21,7 +21,7 @@ use crate::types::Options;
 use crate::vfs::Vfs;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 type Segments = RwLock<BTreeMap<u64, Arc<Segment>>>;
@@ -38,6 +38,9 @@ pub(crate) struct Shared {
     failure: Mutex<Option<String>>,
     /// One write at a time (the move thread's and close's).
     writing: Mutex<()>,
+    /// Live [`crate::CheckpointsDeferred`] guards: while any is, no checkpoint is
+    /// written in the background (a close still writes one).
+    deferred: AtomicU32,
 }
 
 fn be_u64(v: &[u8]) -> Option<u64> {
@@ -59,7 +62,17 @@ impl Shared {
             written: AtomicU64::new(0),
             failure: Mutex::new(None),
             writing: Mutex::new(()),
+            deferred: AtomicU32::new(0),
         }
+    }
+
+    pub(crate) fn defer(&self) {
+        self.deferred.fetch_add(1, Ordering::AcqRel);
+    }
+
+    pub(crate) fn resume(&self) {
+        let before = self.deferred.fetch_sub(1, Ordering::AcqRel);
+        debug_assert!(before > 0, "resumed more checkpoints than were deferred");
     }
 
     pub(crate) fn written(&self) -> u64 {
@@ -124,7 +137,7 @@ impl Shared {
     /// After a background move into sled: a checkpoint when enough was applied since
     /// the last one.
     pub(crate) fn after_move(&self, segments: &Segments, tree: &sled::Tree, at: &AppliedAt) {
-        if self.commits_min == 0 {
+        if self.commits_min == 0 || self.deferred.load(Ordering::Acquire) > 0 {
             return;
         }
         let last = self.last_seq.load(Ordering::Relaxed);

@@ -299,6 +299,17 @@ impl Store {
         res
     }
 
+    /// Hold back the checkpoints the owner writes in the background until the
+    /// returned guard drops, for a bulk write such as an import: each background
+    /// checkpoint writes the whole index, and a bulk write would otherwise write
+    /// one per eighth of its growth. Readers meanwhile open from the last
+    /// checkpoint and fold the log after it; a clean close writes one as usual.
+    /// Guards nest. A no-op on a read-only store.
+    pub fn defer_checkpoints(&self) -> CheckpointsDeferred<'_> {
+        self.inner.checkpoints.defer();
+        CheckpointsDeferred { store: self }
+    }
+
     /// Flush, stop background work and release the lock.
     pub fn close(self) -> Result<(), Error> {
         shutdown(&self.inner)
@@ -344,6 +355,19 @@ impl Store {
     /// Whether this store was opened with [`Store::open_read_only`].
     pub fn is_read_only(&self) -> bool {
         self.inner.read_only
+    }
+}
+
+/// Background checkpoints held back while this lives
+/// ([`Store::defer_checkpoints`]).
+#[must_use = "checkpoints are deferred only while the guard lives"]
+pub struct CheckpointsDeferred<'a> {
+    store: &'a Store,
+}
+
+impl Drop for CheckpointsDeferred<'_> {
+    fn drop(&mut self) {
+        self.store.inner.checkpoints.resume();
     }
 }
 

@@ -289,6 +289,35 @@ fn background_checkpoints_follow_the_log_and_readers_use_them() {
     );
 }
 
+#[test]
+fn deferred_checkpoints_wait_for_the_guard_and_a_close_still_writes_one() {
+    let mut rng = Rng(seed());
+    let dir = tempfile::tempdir().unwrap();
+    let o = opts()
+        .checkpoint_commits_min(64)
+        .durability(Durability::Buffered);
+    let s = Store::open(dir.path(), o).unwrap();
+    {
+        let _outer = s.defer_checkpoints();
+        let _inner = s.defer_checkpoints();
+        // The same load that writes background checkpoints in the test above.
+        workload(&s, &mut rng, 9000);
+        s.flush().unwrap();
+        s.flush_index().unwrap();
+        drop(_inner);
+        workload(&s, &mut rng, 5000);
+        s.flush().unwrap();
+        assert_eq!(s.stats().checkpoints_written, 0, "{:?}", s.stats());
+        assert!(checkpoints(dir.path()).is_empty());
+    }
+    workload(&s, &mut rng, 14000);
+    assert!(s.stats().checkpoints_written >= 1, "{:?}", s.stats());
+    s.close().unwrap();
+    let ro = Store::open_read_only(dir.path(), opts()).unwrap();
+    assert!(ro.stats().open_checkpoint_seq.is_some(), "{:?}", ro.stats());
+    assert_eq!(answers(&ro).unwrap(), rebuilt(dir.path()));
+}
+
 /// A store of `n` commits built in `sim` (deterministic), still open.
 fn sim_store(sim: &SimVfs, dir: &Path, n: u64) -> Store {
     let s = Store::open(dir, opts().vfs(Arc::new(sim.clone()))).unwrap();

@@ -368,6 +368,7 @@ pub fn import_from(
     let plan = check_pass(store, source, opts, progress)?;
     let total: u64 = plan.iter().map(|p| p.commits).sum();
     let engine = store.engine()?;
+    let _deferred = engine.defer_checkpoints();
     let mut written: Vec<SessionId> = Vec::new();
     let mut done = 0u64;
     let mut next = 0usize;

@@ -33,8 +33,8 @@
 //! # Import guarantees
 //!
 //! An import ([`import_from`]) reads its source twice. The first pass
-//! parses every line ([`ExportReader`], one session in memory at a time),
-//! folds every session with [`AgentSession::replay`] and checks the target
+//! parses every line ([`ExportReader`], one commit in memory at a time),
+//! folds every session's events and checks the target
 //! store (no session with the same id, no stream of that name that is not
 //! a purged session, no commit id already taken, every commit within the
 //! store's record limit) **before writing anything**. A malformed or
@@ -42,7 +42,8 @@
 //! each commit through the engine under its exact version fence and with
 //! its original commit time, with the same event kinds (`session.<kind>`)
 //! and encoding ([`encode_event`]) as [`LogStore`] uses, and the log is
-//! synced once at the end. Should an append still fail (I/O, a concurrent
+//! synced once at the end; the store's background checkpoints wait until
+//! the write is over ([`spool_engine::Store::defer_checkpoints`]). Should an append still fail (I/O, a concurrent
 //! writer), every session this import wrote is purged again, so no
 //! half-imported session stays visible; a crash in the middle of an import
 //! can leave a prefix of the commits of one session (a valid session at an
