@@ -2,6 +2,23 @@
 //! log bytes, the scan of the log in seq order ([`LogScan`]) and commit-id lookups.
 
 use super::*;
+use std::ops::ControlFlow;
+
+/// Positions [`Store::visit_stream`] reads from the index at a time.
+const VISIT_POSITIONS_MAX: usize = 1024;
+
+/// The index placed `stream`'s `version` at `pos`, where the log holds another commit.
+fn misplaced(
+    stream: &str,
+    version: u64,
+    pos: LogPosition,
+    found: &str,
+    found_version: u64,
+) -> Error {
+    Error::Index(IndexError::Mismatch(format!(
+        "index says {stream:?} v{version} is at {pos}, the log has {found:?} v{found_version} there"
+    )))
+}
 
 impl Store {
     /// The head version of `stream`; `None` when it does not exist.
@@ -44,14 +61,64 @@ impl Store {
         for (version, pos) in positions {
             let rec = self.read_at(pos)?;
             if rec.info.stream != stream || rec.info.version != version {
-                return Err(Error::Index(IndexError::Mismatch(format!(
-                    "index says {stream:?} v{version} is at {pos}, the log has {:?} v{} there",
-                    rec.info.stream, rec.info.version
-                ))));
+                return Err(misplaced(
+                    stream,
+                    version,
+                    pos,
+                    &rec.info.stream,
+                    rec.info.version,
+                ));
             }
             out.push(rec);
         }
         Ok(out)
+    }
+
+    /// [`Store::read_stream`] without copying a commit out: each commit of `stream`
+    /// with a version `>= from_version`, ascending, at most `limit` of them, decoded in
+    /// place and handed to `f` (as [`Store::visit_at`] does) until `f` breaks. What it
+    /// holds is a batch of positions, whatever the commits' sizes. A GC that moves
+    /// records meanwhile is followed: the visit goes on from the first version `f` has
+    /// not seen, so `f` sees each version once.
+    pub fn visit_stream(
+        &self,
+        stream: &str,
+        from_version: u64,
+        limit: usize,
+        mut f: impl FnMut(CommitRef<'_>) -> ControlFlow<()>,
+    ) -> Result<(), Error> {
+        let mut next = from_version.max(1);
+        let mut left = limit;
+        'batches: while left > 0 {
+            let epoch = self.inner.gc_epoch.load(Ordering::Acquire);
+            let batch = left.min(VISIT_POSITIONS_MAX);
+            let positions = self.inner.index.stream_positions(stream, next, batch)?;
+            if positions.is_empty() {
+                return Ok(());
+            }
+            for (version, pos) in positions {
+                let visited = self.visit_at(pos, |c| {
+                    if c.stream != stream || c.version != version {
+                        return Err(misplaced(stream, version, pos, c.stream, c.version));
+                    }
+                    Ok(f(c))
+                });
+                match visited.and_then(|r| r) {
+                    Ok(ControlFlow::Continue(())) => {
+                        next = version.saturating_add(1);
+                        left -= 1;
+                    }
+                    Ok(ControlFlow::Break(())) => return Ok(()),
+                    // Positions read before a GC swapped segments are stale: read
+                    // them again from the rebuilt index.
+                    Err(_) if self.inner.gc_epoch.load(Ordering::Acquire) != epoch => {
+                        continue 'batches
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+        Ok(())
     }
 
     /// The segment holding `pos` (`NotFound` when no segment has its id).

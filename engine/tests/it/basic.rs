@@ -502,3 +502,58 @@ fn auto_preallocation_zero_fills_buffered_segments_too() {
     assert_eq!(len_b, len_i);
     assert_eq!(len_s, len_i);
 }
+
+/// `visit_stream` hands its function exactly the commits `read_stream` copies
+/// out, in version order, across segments and batches of positions, and
+/// stops where the function breaks.
+#[test]
+fn visit_stream_visits_what_read_stream_reads() {
+    use std::ops::ControlFlow;
+    let dir = tempfile::tempdir().unwrap();
+    let s = Store::open(dir.path(), small_opts()).unwrap();
+    for i in 0..1500u64 {
+        s.append(commit("v", ExpectedVersion::Exact(i), &i.to_be_bytes()))
+            .unwrap();
+        if i % 7 == 0 {
+            s.append(commit("other", ExpectedVersion::Any, b"x"))
+                .unwrap();
+        }
+    }
+    assert!(s.stats().segments > 3, "{:?}", s.stats());
+    let cases = [
+        (1, usize::MAX),
+        (1, 1),
+        (63, 5),
+        (1000, 1024),
+        (1499, 10),
+        (1501, 10),
+        (5, 0),
+    ];
+    for (from, limit) in cases {
+        let read = s.read_stream("v", from, limit).unwrap();
+        let mut visited = Vec::new();
+        s.visit_stream("v", from, limit, |c| {
+            visited.push(c.to_owned());
+            ControlFlow::Continue(())
+        })
+        .unwrap();
+        assert_eq!(visited, read, "from {from}, limit {limit}");
+    }
+    let mut seen = Vec::new();
+    s.visit_stream("v", 1, usize::MAX, |c| {
+        seen.push(c.version);
+        match c.version {
+            1100 => ControlFlow::Break(()),
+            _ => ControlFlow::Continue(()),
+        }
+    })
+    .unwrap();
+    assert_eq!(seen, (1..=1100).collect::<Vec<u64>>());
+    let mut absent = 0;
+    s.visit_stream("absent", 1, 10, |_| {
+        absent += 1;
+        ControlFlow::Continue(())
+    })
+    .unwrap();
+    assert_eq!(absent, 0);
+}

@@ -81,9 +81,6 @@ pub const SNAPSHOT_TAIL_COMMITS: u64 = 64;
 /// How long `close` waits for operations in flight to let go of the engine.
 const CLOSE_WAIT_MAX: std::time::Duration = std::time::Duration::from_secs(5);
 
-/// Commits read from the engine per batch while loading.
-pub(super) const LOAD_BATCH_COMMITS: usize = 256;
-
 /// Options of a [`LogStore`].
 #[derive(Clone, Debug)]
 pub struct LogStoreOptions {

@@ -14,10 +14,13 @@
 //! ignored and the events are replayed. Snapshots are a cache: a rebuild
 //! drops them.
 
+use std::ops::ControlFlow;
+
+use spool_engine::CommitRef;
+
 use super::sessions::key;
 use super::{
-    be_u64, engine_err, LogStore, LOAD_BATCH_COMMITS, SESSION_EVENT_PREFIX, SESSION_INDEXER,
-    SNAPSHOT_TAIL_COMMITS,
+    be_u64, engine_err, LogStore, SESSION_EVENT_PREFIX, SESSION_INDEXER, SNAPSHOT_TAIL_COMMITS,
 };
 use crate::session::codec::{decode_event_without_transcript, is_transcript_kind};
 use crate::session::{
@@ -182,49 +185,38 @@ impl LogStore {
         } else {
             None
         };
-        let (mut session, mut from, mut version, mut updated) = match snapshot {
+        let (mut session, from, mut version, mut updated) = match snapshot {
             Some((v, u, s)) => (Some(s), v + 1, v, u),
             None => (None, base + 1, base, 0),
         };
         let mut replayed = 0u64;
-        while from <= target {
-            let want = (target - from + 1).min(LOAD_BATCH_COMMITS as u64) as usize;
-            let batch = self
-                .engine()?
-                .read_stream(id.as_str(), from, want)
-                .map_err(engine_err)?;
-            if batch.is_empty() {
-                break;
-            }
-            for c in &batch {
-                let mut events = Vec::with_capacity(c.events.len());
-                for (i, e) in c.events.iter().enumerate() {
-                    if !e.kind.starts_with(SESSION_EVENT_PREFIX) {
-                        continue;
-                    }
-                    events.push(decode_event(&e.payload).map_err(|source| {
-                        StoreError::Encoding {
-                            context: format!(
-                                "session {id}, stream version {}, event {i}",
-                                c.info.version
-                            ),
-                            source,
-                        }
-                    })?);
+        // Visited in place (see `load_settings`): only the decoded events of
+        // one commit are held besides the session being folded.
+        let mut failed: Option<StoreError> = None;
+        let limit =
+            usize::try_from(target.saturating_add(1).saturating_sub(from)).unwrap_or(usize::MAX);
+        self.engine()?
+            .visit_stream(id.as_str(), from, limit, |c| {
+                if c.version > target {
+                    return ControlFlow::Break(());
                 }
-                let folded = match session.take() {
-                    Some(s) => s.replay_onto(events.iter()),
-                    None => AgentSession::replay(events.iter()),
-                };
-                session = Some(folded.map_err(|e| StoreError::Corrupt {
-                    id: id.clone(),
-                    reason: format!("stream version {}: {e}", c.info.version),
-                })?);
-                version = c.info.version;
-                updated = c.info.timestamp_ms;
-                from = c.info.version + 1;
+                let folded = decode_session_events(id, &c)
+                    .and_then(|events| fold_onto(id, session.take(), &events, c.version));
+                match folded {
+                    Ok(s) => session = Some(s),
+                    Err(e) => {
+                        failed = Some(e);
+                        return ControlFlow::Break(());
+                    }
+                }
+                version = c.version;
+                updated = c.timestamp_ms;
                 replayed += 1;
-            }
+                ControlFlow::Continue(())
+            })
+            .map_err(engine_err)?;
+        if let Some(e) = failed {
+            return Err(e);
         }
         let Some(session) = session else {
             return Ok(None);
@@ -310,52 +302,55 @@ impl LogStore {
         if head <= base {
             return Ok(None);
         }
-        let (mut session, mut from, mut version, mut updated) =
+        let (mut session, from, mut version, mut updated) =
             match self.read_cached(CACHE_SETTINGS, id, base, head) {
                 Some((v, u, s)) => (Some(s), v + 1, v, u),
                 None => (None, base + 1, base, 0),
             };
         let mut replayed = 0u64;
-        while from <= head {
-            let want = (head - from + 1).min(LOAD_BATCH_COMMITS as u64) as usize;
-            let batch = self
-                .engine()?
-                .read_stream(id.as_str(), from, want)
-                .map_err(engine_err)?;
-            if batch.is_empty() {
-                break;
-            }
-            for c in &batch {
-                for (i, e) in c.events.iter().enumerate() {
+        // Each commit is visited where it lies in the log, never copied out:
+        // a session's commits can be megabytes each, of which only the few
+        // settings events are decoded.
+        let mut failed: Option<StoreError> = None;
+        let limit =
+            usize::try_from(head.saturating_add(1).saturating_sub(from)).unwrap_or(usize::MAX);
+        self.engine()?
+            .visit_stream(id.as_str(), from, limit, |c| {
+                if c.version > head {
+                    return ControlFlow::Break(());
+                }
+                for (i, e) in c.events().enumerate() {
                     // Engine events of other kinds, and the transcript
                     // events (the transcript index answers for them).
                     match e.kind.strip_prefix(SESSION_EVENT_PREFIX) {
                         Some(kind) if !is_transcript_kind(kind) => {}
                         _ => continue,
                     }
-                    let ev = decode_event_without_transcript(&e.payload).map_err(|source| {
-                        StoreError::Encoding {
+                    let folded = decode_event_without_transcript(e.payload)
+                        .map_err(|source| StoreError::Encoding {
                             context: format!(
                                 "session {id}, stream version {}, event {i}",
-                                c.info.version
+                                c.version
                             ),
                             source,
+                        })
+                        .and_then(|ev| fold_onto(id, session.take(), &[ev], c.version));
+                    match folded {
+                        Ok(s) => session = Some(s),
+                        Err(e) => {
+                            failed = Some(e);
+                            return ControlFlow::Break(());
                         }
-                    })?;
-                    let folded = match session.take() {
-                        Some(s) => s.replay_onto(std::iter::once(&ev)),
-                        None => AgentSession::replay(std::iter::once(&ev)),
-                    };
-                    session = Some(folded.map_err(|e| StoreError::Corrupt {
-                        id: id.clone(),
-                        reason: format!("stream version {}: {e}", c.info.version),
-                    })?);
+                    }
                 }
-                version = c.info.version;
-                updated = c.info.timestamp_ms;
-                from = c.info.version + 1;
+                version = c.version;
+                updated = c.timestamp_ms;
                 replayed += 1;
-            }
+                ControlFlow::Continue(())
+            })
+            .map_err(engine_err)?;
+        if let Some(e) = failed {
+            return Err(e);
         }
         let Some(session) = session else {
             return Ok(None);
@@ -366,6 +361,44 @@ impl LogStore {
         }
         Ok(Some(session))
     }
+}
+
+/// The session events of commit `c` of session `id`, decoded.
+fn decode_session_events(
+    id: &SessionId,
+    c: &CommitRef<'_>,
+) -> Result<Vec<SessionEvent>, StoreError> {
+    let mut events = Vec::with_capacity(c.event_count());
+    for (i, e) in c.events().enumerate() {
+        if !e.kind.starts_with(SESSION_EVENT_PREFIX) {
+            continue;
+        }
+        events.push(
+            decode_event(e.payload).map_err(|source| StoreError::Encoding {
+                context: format!("session {id}, stream version {}, event {i}", c.version),
+                source,
+            })?,
+        );
+    }
+    Ok(events)
+}
+
+/// `session` (none before the first commit) with the events of the commit
+/// at stream `version` replayed onto it.
+fn fold_onto(
+    id: &SessionId,
+    session: Option<AgentSession>,
+    events: &[SessionEvent],
+    version: u64,
+) -> Result<AgentSession, StoreError> {
+    match session {
+        Some(s) => s.replay_onto(events.iter()),
+        None => AgentSession::replay(events.iter()),
+    }
+    .map_err(|e| StoreError::Corrupt {
+        id: id.clone(),
+        reason: format!("stream version {version}: {e}"),
+    })
 }
 
 #[cfg(test)]
