@@ -141,20 +141,28 @@ fn spool_context(dir: &Path, id: &str) -> ChildResult {
 
 /// `spool show ID`: header, definition and a state summary.
 fn spool_show(dir: &Path, id: &str) -> ChildResult {
-    let rt = read_only_runtime(dir)?;
-    let s = rt.get_session(&SessionId::parse(id)?)?;
-    // What `show` serializes: the header, the definition, the summary.
+    let store = Arc::new(LogStore::open_read_only(dir)?);
+    let id = SessionId::parse(id)?;
+    // As `show` reads it: the session folded without its transcript and
+    // the transcript's head, at one version (else a full load).
+    let backend = store.transcript_backend().ok_or("no transcript backend")?;
+    let head = backend.head(&id)?.ok_or("no such session")?;
+    let s = backend.settings(&id)?.ok_or("no such session")?;
+    if s.version() != head.header.version {
+        return Err("the session moved between two reads".into());
+    }
     let shown = serde_json::json!({
         "id": s.info().id.to_string(),
         "status": s.info().status.as_str(),
         "version": s.info().version,
         "updated_at": s.info().updated_at_ms,
         "definition": s.definition(),
-        "entries": s.state().transcript.len(),
-        "leaf": s.state().transcript.leaf().map(|l| l.to_string()),
+        "entries": head.entries,
+        "leaf": head.leaf.as_ref().map(|l| l.to_string()),
+        "generation": head.version.generation,
     });
     std::hint::black_box(serde_json::to_string(&shown)?);
-    Ok(entries_answer(s.state().transcript.len() as u64))
+    Ok(entries_answer(head.entries))
 }
 
 /// The store opened by its owner (as `delete` or an application does),

@@ -585,7 +585,8 @@ pub fn markdown(rows: &[&ResultRow]) -> String {
         "\nThe store as a whole, each question in a fresh process (median wall time of \
          the process, highest peak RSS of the process; {ENTRIES_PER_SESSION} entries \
          per session, one commit each after the session's `created` commit). spool: \
-         the library as the `spool` command uses it (a read-only `LogStore` for the reads, an \
+         the library as the `spool` command uses it (a read-only `LogStore` for the reads; \
+         `show` the session's settings fold and transcript head, not its entries; an \
          owner `LogStore::open` and close, and `import_from` over the file (two passes, one \
          commit at a time) into a fresh store, buffered with one sync, as `spool import` \
          does). `sqlite`: sessions(id, header columns, leaf, \

@@ -140,7 +140,7 @@ fn at(dir: &Path, id: &str, version: u64, json: bool) -> Result<ExitCode> {
         );
     }
     crate::outln!();
-    print_text(&s)?;
+    print_text(&Shown::of(&s))?;
     crate::outln!("context   {} messages at the leaf", context.messages.len());
     Ok(ExitCode::SUCCESS)
 }

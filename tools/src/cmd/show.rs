@@ -3,12 +3,13 @@
 use std::process::ExitCode;
 
 use serde::Serialize;
-use spool_runtime::session::{AgentDefinition, AgentSession};
+use spool_runtime::session::{AgentDefinition, AgentSession, Task};
+use spool_runtime::store::{StoreError, TranscriptHead};
 
 use crate::cmd::sessions::HeaderRow;
 use crate::out::{ellipsize, human_time_ms, print_doc, Result};
 use crate::session_open::runtime_err;
-use spool_runtime::{SessionId, SessionRuntime};
+use spool_runtime::{RuntimeError, SessionId, SessionRuntime};
 
 #[derive(Serialize)]
 struct StateSummary {
@@ -31,14 +32,23 @@ pub struct Shown<'a> {
     header: HeaderRow,
     definition: &'a AgentDefinition,
     state: StateSummary,
+    #[serde(skip)]
+    tasks: &'a [Task],
 }
 
-fn summary(s: &AgentSession) -> StateSummary {
+/// The transcript's figures `show` prints: entries, leaf, generation.
+struct TranscriptFigures {
+    entries: u64,
+    leaf: Option<String>,
+    generation: u64,
+}
+
+fn summary(s: &AgentSession, t: TranscriptFigures) -> StateSummary {
     let st = s.state();
     StateSummary {
-        entries: st.transcript.len() as u64,
-        leaf: st.transcript.leaf().map(|l| l.to_string()),
-        generation: st.generation,
+        entries: t.entries,
+        leaf: t.leaf,
+        generation: t.generation,
         system_prompt: st.system_prompt.clone(),
         model: st.model.qualified_name(),
         execution_count: st.execution_count,
@@ -59,28 +69,92 @@ fn summary(s: &AgentSession) -> StateSummary {
 }
 
 impl<'a> Shown<'a> {
+    /// From a whole session (its transcript loaded).
     pub fn of(s: &'a AgentSession) -> Self {
+        let st = s.state();
+        let figures = TranscriptFigures {
+            entries: st.transcript.len() as u64,
+            leaf: st.transcript.leaf().map(|l| l.to_string()),
+            generation: st.generation,
+        };
+        Self::with(s, figures)
+    }
+
+    /// From a session folded without its transcript and the transcript's
+    /// head at the same version.
+    fn of_settings(s: &'a AgentSession, head: &TranscriptHead) -> Self {
+        let figures = TranscriptFigures {
+            entries: head.entries,
+            leaf: head.leaf.as_ref().map(|l| l.to_string()),
+            generation: head.version.generation,
+        };
+        Self::with(s, figures)
+    }
+
+    fn with(s: &'a AgentSession, figures: TranscriptFigures) -> Self {
         Shown {
             header: HeaderRow::from(s.info()),
             definition: s.definition(),
-            state: summary(s),
+            state: summary(s, figures),
+            tasks: &s.state().tasks,
         }
     }
 }
 
+/// Tries to read a session's settings and its transcript's head at one
+/// version before falling back to a full load.
+const SETTINGS_READ_TRIES: u32 = 3;
+
+/// The session folded without its transcript and its transcript's head, at
+/// the same version, when the store answers both without a full load (the
+/// log and PostgreSQL stores): what `show` prints costs the session's
+/// settings, not its transcript. `None`: the store cannot, or commits kept
+/// landing between the two reads.
+fn settings_and_head(
+    rt: &SessionRuntime,
+    id: &SessionId,
+) -> Result<Option<(AgentSession, TranscriptHead)>> {
+    let Some(backend) = rt.store().transcript_backend() else {
+        return Ok(None);
+    };
+    if !backend.has_settings() {
+        return Ok(None);
+    }
+    for _ in 0..SETTINGS_READ_TRIES {
+        let store_err = |e: StoreError| runtime_err(id, RuntimeError::from(e));
+        let Some(head) = backend.head(id).map_err(store_err)? else {
+            return Ok(None);
+        };
+        let Some(s) = backend.settings(id).map_err(store_err)? else {
+            return Ok(None);
+        };
+        if s.version() == head.header.version {
+            return Ok(Some((s, head)));
+        }
+    }
+    Ok(None)
+}
+
 pub fn run(rt: &SessionRuntime, id: &SessionId, json: bool) -> Result<ExitCode> {
-    let s = rt.get_session(id).map_err(|e| runtime_err(id, e))?;
+    let whole;
+    let read = settings_and_head(rt, id)?;
+    let shown = match &read {
+        Some((s, head)) => Shown::of_settings(s, head),
+        None => {
+            whole = rt.get_session(id).map_err(|e| runtime_err(id, e))?;
+            Shown::of(&whole)
+        }
+    };
     if json {
-        print_doc(&Shown::of(&s))?;
+        print_doc(&shown)?;
         return Ok(ExitCode::SUCCESS);
     }
-    print_text(&s)?;
+    print_text(&shown)?;
     Ok(ExitCode::SUCCESS)
 }
 
 /// Prints a session as `show` does without `--json`.
-pub fn print_text(s: &AgentSession) -> Result<()> {
-    let shown = Shown::of(s);
+pub fn print_text(shown: &Shown<'_>) -> Result<()> {
     let h = &shown.header;
     let st = &shown.state;
     crate::outln!("session   {}", h.id);
@@ -114,7 +188,7 @@ pub fn print_text(s: &AgentSession) -> Result<()> {
     }
     if !st.tasks.is_empty() {
         crate::outln!("tasks");
-        for t in &s.state().tasks {
+        for t in shown.tasks {
             crate::outln!(
                 "  [{:?}] {} {}",
                 t.status,

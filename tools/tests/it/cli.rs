@@ -462,6 +462,21 @@ fn demo_then_inspect_every_session() {
     let children = stdout_json(&run(&store, &["sessions", "--parent", parent, "--json"]));
     assert_eq!(children.as_array().unwrap()[0]["id"], fork["id"]);
 
+    // `show` reads a session's settings and transcript head, never its
+    // entries; a full fold of every event (`replay --at-version`) says the
+    // same of every session.
+    for s in sessions {
+        let (id, version) = (s["id"].as_str().unwrap(), s["version"].to_string());
+        let mut shown = stdout_json(&run(&store, &["show", id, "--json"]));
+        // The document's format version, which `replay` has at its top.
+        shown.as_object_mut().unwrap().remove("version");
+        let replayed = stdout_json(&run(
+            &store,
+            &["replay", id, "--at-version", &version, "--json"],
+        ));
+        assert_eq!(shown, replayed["session"], "session {id}");
+    }
+
     let shown = stdout_json(&run(&store, &["show", parent, "--json"]));
     assert_eq!(shown["header"]["id"], parent);
     assert_eq!(shown["definition"]["name"], "researcher");

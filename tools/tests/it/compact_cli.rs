@@ -489,6 +489,21 @@ fn redaction_on_the_demo_store_changes_only_the_redacted_text() {
         assert_eq!(after[id], expected, "session {id}");
     }
     assert!(log_kinds(&dir, &ids[0]).contains(&REWRITTEN.to_string()));
+    // `show` reads the rewritten session's transcript head (generation,
+    // entries, leaf) without its entries; a full fold says the same.
+    let mut shown = ok_json(&run(&dir, &["show", &ids[0], "--json"]));
+    // The document's format version, which `replay` has at its top.
+    shown.as_object_mut().unwrap().remove("version");
+    let version = shown["header"]["version"].to_string();
+    let replayed = ok_json(&run(
+        &dir,
+        &["replay", &ids[0], "--at-version", &version, "--json"],
+    ));
+    assert_eq!(shown, replayed["session"]);
+    assert!(
+        shown["state"]["generation"].as_u64().unwrap() > 0,
+        "{shown}"
+    );
     for other in &ids[1..] {
         assert!(
             !log_kinds(&dir, other).contains(&REWRITTEN.to_string()),
