@@ -534,3 +534,40 @@ fn a_committed_but_unfinished_gc_is_seen_by_readers_and_finished_by_the_owner() 
         .iter()
         .all(|n| !n.ends_with(".manifest") && !n.ends_with(".gc")));
 }
+
+/// A GC that moves a stream's records while `visit_stream` walks it: the visit
+/// goes on from the first version it has not handed out, each version once, and
+/// every commit reads as it did before the GC.
+#[test]
+fn visit_stream_follows_a_gc_that_moves_the_stream_it_visits() {
+    use std::ops::ControlFlow;
+    let dir = tempfile::tempdir().unwrap();
+    let s = Store::open(dir.path(), gc_opts()).unwrap();
+    fill(&s, 40);
+    let before = s.read_stream("live-0", 1, usize::MAX).unwrap();
+    let mut plan = Some(s.plan_gc(&is_live).unwrap());
+    let mut seen = Vec::new();
+    s.visit_stream("live-0", 1, usize::MAX, |c| {
+        seen.push(c.to_owned());
+        if c.version == 5 {
+            if let Some(p) = plan.take() {
+                s.run_gc(p).unwrap();
+            }
+        }
+        ControlFlow::Continue(())
+    })
+    .unwrap();
+    assert!(plan.is_none(), "the GC ran during the visit");
+    let after = s.read_stream("live-0", 1, usize::MAX).unwrap();
+    let moved = before
+        .iter()
+        .zip(&after)
+        .filter(|(b, a)| b.info.position != a.info.position)
+        .count();
+    assert!(moved > 30, "the GC moved the stream's records: {moved}");
+    let content = |c: &RecordedCommit| (c.info.version, c.info.commit_id, c.events.clone());
+    assert_eq!(
+        seen.iter().map(content).collect::<Vec<_>>(),
+        before.iter().map(content).collect::<Vec<_>>()
+    );
+}
