@@ -101,8 +101,8 @@ impl<'a> Shown<'a> {
     }
 }
 
-/// Tries to read a session's settings and its transcript's head at one
-/// version before falling back to a full load.
+/// How often `show` reads a session's settings and its transcript's head
+/// (a commit may land between the two) before it loads the session whole.
 const SETTINGS_READ_TRIES: u32 = 3;
 
 /// The session folded without its transcript and its transcript's head, at
