@@ -44,6 +44,16 @@ fn session_commands_work_on_a_postgres_store() {
     assert_eq!(ctx["messages"].as_array().unwrap().len(), 6, "{ctx}");
     let tree = spool(&url, &["tree", id, "--json"]);
     assert!(tree["entries"].as_array().unwrap().len() >= 9);
+    // `show` reads the settings and the transcript head, `tree` the entries;
+    // the figures are the demo's, as a full fold of the log store gives them.
+    assert_eq!(
+        shown["state"]["entries"].as_u64(),
+        Some(tree["entries"].as_array().unwrap().len() as u64),
+        "{shown}"
+    );
+    assert_eq!(shown["state"]["execution_count"], 3, "{shown}");
+    assert_eq!(shown["state"]["usage_total_tokens"], 419, "{shown}");
+    assert_eq!(shown["state"]["tasks"].as_array().unwrap().len(), 3);
 }
 
 fn spool_output(store: &str, args: &[&str]) -> std::process::Output {
