@@ -23,6 +23,7 @@ use super::{
     be_u64, engine_err, LogStore, SESSION_EVENT_PREFIX, SESSION_INDEXER, SNAPSHOT_TAIL_COMMITS,
 };
 use crate::session::codec::{decode_event_without_transcript, is_transcript_kind};
+use crate::session::CodecError;
 use crate::session::{
     decode_event, decode_snapshot, encode_snapshot, AgentSession, SessionEvent, SessionId,
 };
@@ -185,39 +186,16 @@ impl LogStore {
         } else {
             None
         };
-        let (mut session, from, mut version, mut updated) = match snapshot {
-            Some((v, u, s)) => (Some(s), v + 1, v, u),
-            None => (None, base + 1, base, 0),
+        let start = match snapshot {
+            Some((v, u, s)) => Folded::at(Some(s), v, u),
+            None => Folded::at(None, base, 0),
         };
-        let mut replayed = 0u64;
-        // Visited in place (see `load_settings`): only the decoded events of
-        // one commit are held besides the session being folded.
-        let mut failed: Option<StoreError> = None;
-        let limit =
-            usize::try_from(target.saturating_add(1).saturating_sub(from)).unwrap_or(usize::MAX);
-        self.engine()?
-            .visit_stream(id.as_str(), from, limit, |c| {
-                if c.version > target {
-                    return ControlFlow::Break(());
-                }
-                let folded = decode_session_events(id, &c)
-                    .and_then(|events| fold_onto(id, session.take(), &events, c.version));
-                match folded {
-                    Ok(s) => session = Some(s),
-                    Err(e) => {
-                        failed = Some(e);
-                        return ControlFlow::Break(());
-                    }
-                }
-                version = c.version;
-                updated = c.timestamp_ms;
-                replayed += 1;
-                ControlFlow::Continue(())
-            })
-            .map_err(engine_err)?;
-        if let Some(e) = failed {
-            return Err(e);
-        }
+        let Folded {
+            session,
+            version,
+            updated,
+            replayed,
+        } = self.fold_commits(id, start, target, decode_event, |_| true)?;
         let Some(session) = session else {
             return Ok(None);
         };
@@ -302,56 +280,20 @@ impl LogStore {
         if head <= base {
             return Ok(None);
         }
-        let (mut session, from, mut version, mut updated) =
-            match self.read_cached(CACHE_SETTINGS, id, base, head) {
-                Some((v, u, s)) => (Some(s), v + 1, v, u),
-                None => (None, base + 1, base, 0),
-            };
-        let mut replayed = 0u64;
-        // Each commit is visited where it lies in the log, never copied out:
-        // a session's commits can be megabytes each, of which only the few
-        // settings events are decoded.
-        let mut failed: Option<StoreError> = None;
-        let limit =
-            usize::try_from(head.saturating_add(1).saturating_sub(from)).unwrap_or(usize::MAX);
-        self.engine()?
-            .visit_stream(id.as_str(), from, limit, |c| {
-                if c.version > head {
-                    return ControlFlow::Break(());
-                }
-                for (i, e) in c.events().enumerate() {
-                    // Engine events of other kinds, and the transcript
-                    // events (the transcript index answers for them).
-                    match e.kind.strip_prefix(SESSION_EVENT_PREFIX) {
-                        Some(kind) if !is_transcript_kind(kind) => {}
-                        _ => continue,
-                    }
-                    let folded = decode_event_without_transcript(e.payload)
-                        .map_err(|source| StoreError::Encoding {
-                            context: format!(
-                                "session {id}, stream version {}, event {i}",
-                                c.version
-                            ),
-                            source,
-                        })
-                        .and_then(|ev| fold_onto(id, session.take(), &[ev], c.version));
-                    match folded {
-                        Ok(s) => session = Some(s),
-                        Err(e) => {
-                            failed = Some(e);
-                            return ControlFlow::Break(());
-                        }
-                    }
-                }
-                version = c.version;
-                updated = c.timestamp_ms;
-                replayed += 1;
-                ControlFlow::Continue(())
-            })
-            .map_err(engine_err)?;
-        if let Some(e) = failed {
-            return Err(e);
-        }
+        let start = match self.read_cached(CACHE_SETTINGS, id, base, head) {
+            Some((v, u, s)) => Folded::at(Some(s), v, u),
+            None => Folded::at(None, base, 0),
+        };
+        // The transcript events are skipped by kind, never decoded (the
+        // transcript index answers for them).
+        let Folded {
+            session,
+            version,
+            updated,
+            replayed,
+        } = self.fold_commits(id, start, head, decode_event_without_transcript, |kind| {
+            !is_transcript_kind(kind)
+        })?;
         let Some(session) = session else {
             return Ok(None);
         };
@@ -363,42 +305,92 @@ impl LogStore {
     }
 }
 
-/// The session events of commit `c` of session `id`, decoded.
-fn decode_session_events(
-    id: &SessionId,
-    c: &CommitRef<'_>,
-) -> Result<Vec<SessionEvent>, StoreError> {
-    let mut events = Vec::with_capacity(c.event_count());
-    for (i, e) in c.events().enumerate() {
-        if !e.kind.starts_with(SESSION_EVENT_PREFIX) {
-            continue;
-        }
-        events.push(
-            decode_event(e.payload).map_err(|source| StoreError::Encoding {
-                context: format!("session {id}, stream version {}, event {i}", c.version),
-                source,
-            })?,
-        );
-    }
-    Ok(events)
+/// Where a fold of a session's commits stands: the session so far (none
+/// before its first commit), the stream version and time of the last commit
+/// folded, and how many commits this fold replayed.
+struct Folded {
+    session: Option<AgentSession>,
+    version: u64,
+    updated: i64,
+    replayed: u64,
 }
 
-/// `session` (none before the first commit) with the events of the commit
-/// at stream `version` replayed onto it.
-fn fold_onto(
-    id: &SessionId,
-    session: Option<AgentSession>,
-    events: &[SessionEvent],
-    version: u64,
-) -> Result<AgentSession, StoreError> {
-    match session {
-        Some(s) => s.replay_onto(events.iter()),
-        None => AgentSession::replay(events.iter()),
+impl Folded {
+    fn at(session: Option<AgentSession>, version: u64, updated: i64) -> Folded {
+        Folded {
+            session,
+            version,
+            updated,
+            replayed: 0,
+        }
     }
-    .map_err(|e| StoreError::Corrupt {
-        id: id.clone(),
-        reason: format!("stream version {version}: {e}"),
-    })
+}
+
+impl LogStore {
+    /// Folds the commits of session `id` after `start` up to stream version
+    /// `upto`: of each commit, the session events whose kind (without the
+    /// prefix) `keep` accepts, decoded with `decode`. Each commit is visited
+    /// where it lies in the log (`visit_stream`), never copied out: a
+    /// session's commits can be megabytes each.
+    fn fold_commits(
+        &self,
+        id: &SessionId,
+        start: Folded,
+        upto: u64,
+        decode: fn(&[u8]) -> Result<SessionEvent, CodecError>,
+        keep: impl Fn(&str) -> bool,
+    ) -> Result<Folded, StoreError> {
+        let mut at = start;
+        let mut failed: Option<StoreError> = None;
+        let from = at.version.saturating_add(1);
+        let limit =
+            usize::try_from(upto.saturating_add(1).saturating_sub(from)).unwrap_or(usize::MAX);
+        let mut fold = |c: CommitRef<'_>| -> Result<(), StoreError> {
+            let mut events = Vec::with_capacity(c.event_count());
+            for (i, e) in c.events().enumerate() {
+                match e.kind.strip_prefix(SESSION_EVENT_PREFIX) {
+                    Some(kind) if keep(kind) => {}
+                    _ => continue,
+                }
+                let event = decode(e.payload).map_err(|source| StoreError::Encoding {
+                    context: format!("session {id}, stream version {}, event {i}", c.version),
+                    source,
+                })?;
+                events.push(event);
+            }
+            // A session's first commit must begin it (its `created` event).
+            let session = match at.session.take() {
+                Some(s) => s.replay_onto(events.iter()),
+                None => AgentSession::replay(events.iter()),
+            };
+            at.session = Some(session.map_err(|e| StoreError::Corrupt {
+                id: id.clone(),
+                reason: format!("stream version {}: {e}", c.version),
+            })?);
+            at.version = c.version;
+            at.updated = c.timestamp_ms;
+            at.replayed += 1;
+            Ok(())
+        };
+        self.engine()?
+            .visit_stream(id.as_str(), from, limit, |c| {
+                if c.version > upto {
+                    return ControlFlow::Break(());
+                }
+                match fold(c) {
+                    Ok(()) => ControlFlow::Continue(()),
+                    Err(e) => {
+                        failed = Some(e);
+                        ControlFlow::Break(())
+                    }
+                }
+            })
+            .map_err(engine_err)?;
+        match failed {
+            Some(e) => Err(e),
+            None => Ok(at),
+        }
+    }
 }
 
 #[cfg(test)]
