@@ -98,7 +98,7 @@ pub fn salvage(
     // Every readable commit, by seq (first copy wins).
     let mut found: BTreeMap<u64, (String, RecordedCommit)> = BTreeMap::new();
     for seg in &segs {
-        let map = &seg.map;
+        let map = &seg.map()?;
         let start = match &seg.header {
             Ok(h) => h.data_start,
             Err(p) => {

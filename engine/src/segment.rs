@@ -77,6 +77,13 @@ impl Segment {
         }
     }
 
+    /// Mark the segment sealed (no byte of it is written again): its first read maps
+    /// the whole file.
+    pub fn sealed(self) -> Segment {
+        self.mappable.store(true, Ordering::Release);
+        self
+    }
+
     pub fn with_map(self, map: Arc<Mapped>) -> Segment {
         *self.map.lock().unwrap_or_else(|e| e.into_inner()) = Some((map, true));
         self.mappable.store(true, Ordering::Release);

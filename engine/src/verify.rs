@@ -234,8 +234,8 @@ fn verify_pass(dir: &Path, opts: Options) -> Result<VerifyReport, Error> {
     let count = segs.len();
     for (i, seg) in segs.into_iter().enumerate() {
         let id = seg.id;
+        let map = seg.map()?;
         let name = seg.name;
-        let map = seg.map;
         let file = seg.file;
         let is_last = i + 1 == count && !matches!(&seg.header, Ok(h) if h.compacted.is_some());
         let header = match seg.header {

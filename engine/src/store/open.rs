@@ -514,7 +514,7 @@ fn check_resume(
             .as_ref()
             .map_err(|_| format!("segment {} has no valid header", s.id))?;
         if i < p_index {
-            if t.end < header.data_start || t.end > s.map.len() as u64 {
+            if t.end < header.data_start || t.end > s.len {
                 return Err(format!("segment {} is shorter than it says", s.id));
             }
             compacted_before |= header.compacted.is_some();
@@ -535,12 +535,13 @@ fn check_resume(
             h.seq, h.segment, h.offset
         )
     };
-    let rest = usize::try_from(h.offset)
-        .ok()
-        .filter(|_| h.offset >= data_start)
-        .and_then(|o| seg.map.get(o..))
+    if h.offset < data_start {
+        return Err(mismatch());
+    }
+    let frame = segment::read_plausible_frame(&*seg.file, h.offset, max)
+        .map_err(|e| format!("segment {}: {e}", seg.id))?
         .ok_or_else(mismatch)?;
-    let format::FrameCheck::Valid { payload, total, .. } = format::check_frame(rest, seg.id, max)
+    let format::FrameCheck::Valid { payload, total, .. } = format::check_frame(&frame, seg.id, max)
     else {
         return Err(mismatch());
     };
@@ -759,23 +760,25 @@ pub(super) fn scan_opened(
             path,
             name,
             mut file,
-            map,
+            len,
             header,
             ..
         } = seg;
-        let before_cap = prev_cap.replace(map.len() as u64);
+        let before_cap = prev_cap.replace(len);
         if let (Some(r), Ok(h)) = (resume, &header) {
             if i < r.p_index {
                 // Before the checkpoint's record: as the checkpoint lists it (checked
-                // against the header and the file's size by `check_resume`).
+                // against the header and the file's size by `check_resume`), mapped
+                // only when a read reaches it.
                 let t = &r.segments[i];
-                let seg = Segment::new(id, file, t.end, map.len() as u64, t.first_seq)
+                let seg = Segment::new(id, file, t.end, len, t.first_seq)
                     .with_header(*h)
-                    .with_map(Arc::new(map));
+                    .sealed();
                 segments.insert(id, Arc::new(seg));
                 continue;
             }
         }
+        let map = file.map().map_err(|e| Error::io(&path, "map", e))?;
         // Only the last segment in log order, if the writer made it, may have a torn
         // tail or an unfinished header.
         let is_last = i + 1 == count && !matches!(&header, Ok(h) if h.compacted.is_some());

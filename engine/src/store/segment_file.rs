@@ -88,15 +88,17 @@ pub(crate) struct OpenedSegment {
     pub path: PathBuf,
     pub name: String,
     pub file: Arc<dyn VfsFile>,
-    pub map: Mapped,
+    /// The file's size when it was opened.
+    pub len: u64,
     pub header: Result<format::SegmentHeader, format::HeaderProblem>,
     /// Position in log order (see `Segment::order_key`); `u64::MAX` when unknown.
     pub key: u64,
 }
 
-/// Open and map every segment of the log (read only) and sort them into log order (see
-/// `segment::sort_in_log_order`). Returns the segments and the largest segment id in the
-/// directory.
+/// Open every segment of the log (read only), check its header, and sort them into log
+/// order (see `segment::sort_in_log_order`). Returns the segments and the largest segment
+/// id in the directory. Nothing is mapped: a segment a caller reads through is mapped by
+/// [`OpenedSegment::map`], one a checkpoint covers only when a read reaches it.
 pub(crate) fn open_segments_in_order(
     vfs: &dyn Vfs,
     dir: &Path,
@@ -111,18 +113,19 @@ pub(crate) fn open_segments_in_order(
         let file = vfs
             .open(&path, OpenMode::Read)
             .map_err(|e| Error::io(&path, "open", e))?;
-        let map: Mapped = file.map().map_err(|e| Error::io(&path, "map", e))?;
-        // The header and the first record are read, not touched through the map:
-        // a first touch of a file mapping faults in a whole folio around it, for
-        // every segment of the log, where a read copies the bytes asked for.
-        let (header, key) = read_header_and_key(&*file, map.len() as u64, id, max)
+        let len = file.len().map_err(|e| Error::io(&path, "len", e))?;
+        // The header and the first record are read, not mapped: mapping and unmapping
+        // every segment of a large log is most of what a reader's open spends on the
+        // segments a checkpoint covers, and a first touch of a file mapping faults in a
+        // whole folio around it, where a read copies the bytes asked for.
+        let (header, key) = read_header_and_key(&*file, len, id, max)
             .map_err(|e| Error::io(&path, "read_at", e))?;
         out.push(OpenedSegment {
             id,
             path,
             name: format::segment_file_name(id),
             file,
-            map,
+            len,
             header,
             key,
         });
@@ -135,6 +138,13 @@ pub(crate) fn open_segments_in_order(
         )
     });
     Ok((out, max_id))
+}
+
+impl OpenedSegment {
+    /// A map of the whole file, for scanning its records.
+    pub(crate) fn map(&self) -> Result<Mapped, Error> {
+        self.file.map().map_err(|e| Error::io(&self.path, "map", e))
+    }
 }
 
 /// A segment's header check and its position in log order (`OpenedSegment::key`), from

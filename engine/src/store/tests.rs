@@ -318,3 +318,72 @@ fn a_clean_close_saves_the_key_filter_and_the_next_open_takes_it() {
     s.close().unwrap();
     assert!(file.exists());
 }
+
+/// An open from a checkpoint maps none of the segments the checkpoint covers: each is
+/// mapped whole by the first read that reaches it, and reads back what was written.
+#[test]
+fn an_open_from_a_checkpoint_maps_a_covered_segment_only_when_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let opts = || Options::default().durability(Durability::Buffered);
+    let s = Store::open(dir.path(), opts()).unwrap();
+    let mut positions = Vec::new();
+    // 64 KiB commits: segments of 1, 2 and 4 MiB fill, the fourth holds the rest.
+    for i in 0..120u64 {
+        let o = s
+            .append(NewCommit::new(
+                "s",
+                ExpectedVersion::Exact(i),
+                vec![EventData::new("e", vec![i as u8; 64 << 10])],
+            ))
+            .unwrap();
+        let AppendOutcome::Committed(info) = o else {
+            panic!("append {i}: {o:?}")
+        };
+        positions.push(info.position);
+    }
+    s.close().unwrap();
+    for read_only in [true, false] {
+        let s = if read_only {
+            Store::open_read_only(dir.path(), opts()).unwrap()
+        } else {
+            Store::open(dir.path(), opts()).unwrap()
+        };
+        assert_eq!(
+            s.stats().open_checkpoint_seq,
+            Some(120),
+            "read-only {read_only}"
+        );
+        let first = positions[0];
+        assert_ne!(first.segment, positions[119].segment);
+        let segs: Vec<Arc<Segment>> = s.inner.segments.read().unwrap().values().cloned().collect();
+        assert!(segs.len() >= 3, "{} segments", segs.len());
+        let covered = |seg: &Segment| seg.id != positions[119].segment;
+        for seg in segs.iter().filter(|g| covered(g)) {
+            assert_eq!(
+                seg.map_state(),
+                None,
+                "segment {} (read-only {read_only})",
+                seg.id
+            );
+        }
+        let got = s
+            .visit_at(first, |c| c.event(0).map(|e| e.payload.to_vec()))
+            .unwrap()
+            .unwrap();
+        assert_eq!(got, vec![0u8; 64 << 10]);
+        let seg = s.segment_at(first).unwrap();
+        assert!(
+            matches!(seg.map_state(), Some((_, true))),
+            "read-only {read_only}"
+        );
+        for seg in segs.iter().filter(|g| covered(g) && g.id != first.segment) {
+            assert_eq!(
+                seg.map_state(),
+                None,
+                "segment {} (read-only {read_only})",
+                seg.id
+            );
+        }
+        drop(s);
+    }
+}
