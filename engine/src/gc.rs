@@ -47,7 +47,7 @@ use crate::types::{EventData, RecordedCommit};
 use crate::vfs::{OpenMode, Vfs, VfsFile};
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 /// Suffix of a segment written by GC before its commit point.
@@ -572,6 +572,24 @@ pub(crate) fn finish_erasure(
     Ok(true)
 }
 
+/// Holds the GC epoch odd from the swap of a GC's segments until its index is rebuilt,
+/// however that ends (a failed GC poisons the store; its readers must not wait forever).
+struct OddEpoch<'a>(&'a AtomicU64);
+
+impl<'a> OddEpoch<'a> {
+    fn enter(epoch: &'a AtomicU64) -> OddEpoch<'a> {
+        let before = epoch.fetch_add(1, Ordering::AcqRel);
+        debug_assert!(before.is_multiple_of(2), "one GC at a time");
+        OddEpoch(epoch)
+    }
+}
+
+impl Drop for OddEpoch<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_add(1, Ordering::AcqRel);
+    }
+}
+
 impl Store {
     /// Prepare a log compaction. `keep` is called for each commit of the sealed segments
     /// in log order and says whether it is live. Per stream only a prefix of dead commits
@@ -916,7 +934,9 @@ impl Store {
         vfs.sync_dir(&dir)
             .map_err(|e| poison(Error::io(&dir, "sync_dir", e)))?;
 
-        // 5: swap in memory, rebuild the index.
+        // 5: swap in memory, rebuild the index. Readers of positions wait while the
+        // epoch is odd and read again once it has moved (`Store::settled_gc_epoch`).
+        let epoch_guard = OddEpoch::enter(&inner.gc_epoch);
         let mut retired = Vec::new();
         {
             let mut segs = inner.segments.write().unwrap_or_else(|e| e.into_inner());
@@ -953,8 +973,9 @@ impl Store {
             .map(|s| s.id)
             .max()
             .unwrap_or(0);
-        inner.gc_epoch.fetch_add(1, Ordering::AcqRel);
-        self.rebuild_index(layout, max).map_err(poison)?;
+        let rebuilt = self.rebuild_index(layout, max);
+        drop(epoch_guard);
+        rebuilt.map_err(poison)?;
         drop(w);
 
         // 6: retire the old segments once no reader holds them.

@@ -188,7 +188,9 @@ pub(crate) struct Inner {
     /// get in after sled (inside `index`) has been closed.
     /// One GC at a time.
     pub(crate) gc_lock: Mutex<()>,
-    /// Number of GCs committed since open (plans name the one they were made after).
+    /// Twice the number of GCs committed since open, plus one while a GC swaps its
+    /// segments and rebuilds the index (plans name the epoch they were made at; readers
+    /// of positions wait while it is odd and read again when it moved).
     pub(crate) gc_epoch: AtomicU64,
     /// Old segments of committed GCs waiting for their readers.
     pub(crate) retired: Mutex<Vec<crate::gc::Retired>>,

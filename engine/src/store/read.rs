@@ -6,6 +6,9 @@ use std::ops::ControlFlow;
 
 /// Positions [`Store::visit_stream`] reads from the index at a time.
 const VISIT_POSITIONS_MAX: usize = 1024;
+/// How many times a reader yields while a GC rebuilds the index before it sleeps
+/// between looks.
+const GC_WAIT_YIELDS: u32 = 64;
 
 /// The index placed `stream`'s `version` at `pos`, where the log holds another commit.
 fn misplaced(
@@ -34,16 +37,33 @@ impl Store {
         limit: usize,
     ) -> Result<Vec<RecordedCommit>, Error> {
         loop {
-            // A GC that swaps segments between reading positions and records makes
-            // the positions stale: read again from the rebuilt index.
-            let epoch = self.inner.gc_epoch.load(Ordering::Acquire);
-            match self.read_stream_once(stream, from_version, limit) {
-                Err(e) if self.inner.gc_epoch.load(Ordering::Acquire) != epoch => {
-                    let _ = e;
-                    continue;
-                }
-                other => return other,
+            // A GC that swaps segments or rebuilds the index while this reads makes
+            // what it read stale (an error, or a part of the answer): read again.
+            let epoch = self.settled_gc_epoch();
+            let read = self.read_stream_once(stream, from_version, limit);
+            if self.inner.gc_epoch.load(Ordering::Acquire) == epoch {
+                return read;
             }
+        }
+    }
+
+    /// The GC epoch once no GC is swapping segments or rebuilding the index (while
+    /// one is, the index answers from a part of the log). A read that finds the epoch
+    /// moved since the value returned here read during a GC, and reads again.
+    fn settled_gc_epoch(&self) -> u64 {
+        let mut waits = 0u32;
+        loop {
+            let epoch = self.inner.gc_epoch.load(Ordering::Acquire);
+            if epoch.is_multiple_of(2) {
+                return epoch;
+            }
+            // A rebuild takes as long as applying the log: yield at first, then sleep.
+            if waits < GC_WAIT_YIELDS {
+                std::thread::yield_now();
+            } else {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+            waits = waits.saturating_add(1);
         }
     }
 
@@ -90,9 +110,14 @@ impl Store {
         let mut next = from_version.max(1);
         let mut left = limit;
         'batches: while left > 0 {
-            let epoch = self.inner.gc_epoch.load(Ordering::Acquire);
+            let epoch = self.settled_gc_epoch();
             let batch = left.min(VISIT_POSITIONS_MAX);
-            let positions = self.inner.index.stream_positions(stream, next, batch)?;
+            let positions = self.inner.index.stream_positions(stream, next, batch);
+            if self.inner.gc_epoch.load(Ordering::Acquire) != epoch {
+                // Read while a GC rebuilt the index: empty, partial or stale.
+                continue 'batches;
+            }
+            let positions = positions?;
             if positions.is_empty() {
                 return Ok(());
             }

@@ -388,6 +388,16 @@ impl LogStore {
             .map_err(engine_err)?;
         match failed {
             Some(e) => Err(e),
+            // The index named `upto` (at most the stream's head): a fold that
+            // ends before it would be a session missing commits, never returned.
+            None if at.version < upto => Err(StoreError::Corrupt {
+                id: id.clone(),
+                reason: format!(
+                    "the log holds the session's commits up to stream version {}, \
+                     the index names version {upto}",
+                    at.version
+                ),
+            }),
             None => Ok(at),
         }
     }
