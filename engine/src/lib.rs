@@ -69,8 +69,8 @@ pub use salvage::{salvage, DroppedCommit, LostRange, SalvageReport};
 pub use segment::{LogSpan, ACTIVE_MAP_SLACK_BYTES};
 pub use spare::SPARE_SEGMENT_FILE;
 pub use store::{
-    CheckpointsDeferred, LogScan, Store, INDEX_DIR, LOCK_FILE, LOCK_WAIT_MAX_MS,
-    LOG_SPAN_BYTES_MAX, ZERO_FILL_CHUNK_BYTES,
+    CheckpointsDeferred, LogScan, Store, APPEND_BATCH_COMMITS_MAX, INDEX_DIR, LOCK_FILE,
+    LOCK_WAIT_MAX_MS, LOG_SPAN_BYTES_MAX, ZERO_FILL_CHUNK_BYTES,
 };
 pub use types::{
     AppendOutcome, CommitInfo, Durability, EventData, ExpectedVersion, LogPosition, NewCommit,

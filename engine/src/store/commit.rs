@@ -39,6 +39,19 @@ pub(super) fn validate(c: &NewCommit, max: u32) -> Result<u32, Error> {
     Ok(len as u32)
 }
 
+/// The most commits one [`Store::append_batch`] takes.
+pub const APPEND_BATCH_COMMITS_MAX: usize = 1024;
+
+/// What sequencing one commit decided (see `Store::sequence`).
+enum Sequenced {
+    /// Sequenced: acknowledged with the group that writes its seq.
+    Committed(CommitInfo),
+    /// A retry of a commit still being written: acknowledged with it.
+    Pending(CommitInfo),
+    /// Decided without writing: a retry of a commit in the log, or a conflict.
+    Decided(AppendOutcome),
+}
+
 impl Store {
     /// Append one commit. Returns when it is acknowledged per the store's durability.
     /// A commit whose id an earlier commit has is a retry: it writes nothing and
@@ -84,6 +97,67 @@ impl Store {
         self.append_commit(commit, true, None)
     }
 
+    /// Append several commits, in order, acknowledged together: each gets the
+    /// outcome appending them one after the other would give it (a conflict or a
+    /// retry does not stop the ones after it), and every commit written is written
+    /// in one group (one write per segment, with [`Durability::Immediate`] one
+    /// fdatasync). Each pair is a commit and, as for [`Store::append_at`], its time
+    /// when the caller chooses it. Every commit is checked first: an invalid one, or
+    /// more than [`APPEND_BATCH_COMMITS_MAX`], fails the call with nothing written.
+    /// The batch is held in memory whole until it is acknowledged.
+    pub fn append_batch(
+        &self,
+        commits: Vec<(NewCommit, Option<i64>)>,
+    ) -> Result<Vec<AppendOutcome>, Error> {
+        let inner = &*self.inner;
+        if inner.read_only {
+            return Err(Error::ReadOnly);
+        }
+        if commits.len() > APPEND_BATCH_COMMITS_MAX {
+            return Err(Error::InvalidInput(format!(
+                "a batch holds at most {APPEND_BATCH_COMMITS_MAX} commits, got {}",
+                commits.len()
+            )));
+        }
+        let lens = commits
+            .iter()
+            .map(|(c, _)| validate(c, inner.opts.record_bytes_max))
+            .collect::<Result<Vec<u32>, Error>>()?;
+        let mut w = lock(&inner.w);
+        if inner.poisoned.load(Ordering::Acquire) {
+            return Err(inner.poisoned_error());
+        }
+        let mut outcomes = Vec::with_capacity(commits.len());
+        // The last seq the outcomes wait for; an error stops the batch, after waiting
+        // for what it sequenced.
+        let mut wait_for = 0u64;
+        let mut failed = None;
+        for ((commit, ts), len) in commits.into_iter().zip(lens) {
+            match self.sequence(&mut w, commit, len, false, ts) {
+                Ok(Sequenced::Committed(info)) => {
+                    wait_for = wait_for.max(info.seq);
+                    outcomes.push(AppendOutcome::Committed(info));
+                }
+                Ok(Sequenced::Pending(info)) => {
+                    wait_for = wait_for.max(info.seq);
+                    outcomes.push(AppendOutcome::AlreadyCommitted(info));
+                }
+                Ok(Sequenced::Decided(o)) => outcomes.push(o),
+                Err(e) => {
+                    failed = Some(e);
+                    break;
+                }
+            }
+        }
+        if wait_for > 0 {
+            self.wait_done(w, wait_for)?;
+        }
+        match failed {
+            Some(e) => Err(e),
+            None => Ok(outcomes),
+        }
+    }
+
     /// `drawn_here`: the commit id was drawn by [`Store::append_fresh`].
     /// `given_ts`: the commit time, when the caller chose it.
     pub(super) fn append_commit(
@@ -97,20 +171,42 @@ impl Store {
             return Err(Error::ReadOnly);
         }
         let payload_len = validate(&commit, inner.opts.record_bytes_max)?;
-        let frame_len = FRAME_HEADER_BYTES + u64::from(payload_len);
         let mut w = lock(&inner.w);
         if inner.poisoned.load(Ordering::Acquire) {
             return Err(inner.poisoned_error());
         }
+        match self.sequence(&mut w, commit, payload_len, drawn_here, given_ts)? {
+            Sequenced::Committed(info) => {
+                self.wait_done(w, info.seq)?;
+                Ok(AppendOutcome::Committed(info))
+            }
+            Sequenced::Pending(info) => {
+                self.wait_done(w, info.seq)?;
+                Ok(AppendOutcome::AlreadyCommitted(info))
+            }
+            Sequenced::Decided(o) => Ok(o),
+        }
+    }
+
+    /// Decide one validated commit under the writer lock: a retry (of a commit
+    /// still being written, or of one in the log), a conflict, or the next seq,
+    /// its frame encoded into the pending group.
+    fn sequence(
+        &self,
+        w: &mut Writer,
+        commit: NewCommit,
+        payload_len: u32,
+        drawn_here: bool,
+        given_ts: Option<i64>,
+    ) -> Result<Sequenced, Error> {
+        let inner = &*self.inner;
+        let frame_len = FRAME_HEADER_BYTES + u64::from(payload_len);
         if !drawn_here {
             if let Some(info) = w.pending_ids.get(&commit.commit_id).cloned() {
                 check_retry_stream(&info, &commit)?;
-                self.wait_done(w, info.seq)?;
-                return Ok(AppendOutcome::AlreadyCommitted(info));
+                return Ok(Sequenced::Pending(info));
             }
-        }
-        if !drawn_here {
-            self.complete_ids(&mut w)?;
+            self.complete_ids(w)?;
         }
         if !drawn_here && w.ids.may_contain(commit.commit_id) {
             // The filter knows the id (or it is a rare false positive): look for it
@@ -123,7 +219,9 @@ impl Store {
                     .find_in_stream(&commit.stream, head, commit.commit_id)?
             {
                 let rec = self.read_at(pos)?;
-                return Ok(AppendOutcome::AlreadyCommitted(rec.info));
+                return Ok(Sequenced::Decided(AppendOutcome::AlreadyCommitted(
+                    rec.info,
+                )));
             }
             if let Some((stream, _, _)) = inner.index.find_anywhere(commit.commit_id)? {
                 return Err(Error::InvalidInput(format!(
@@ -134,10 +232,10 @@ impl Store {
         }
         let actual = w.heads.get(&commit.stream).copied();
         if !commit.expected.matches(actual) {
-            return Ok(AppendOutcome::Conflict {
+            return Ok(Sequenced::Decided(AppendOutcome::Conflict {
                 expected: commit.expected,
                 actual,
-            });
+            }));
         }
         if w.tail_off + frame_len > w.tail_cap {
             // Roll: the leader that writes this frame creates the next segment, double
@@ -219,8 +317,7 @@ impl Store {
         if w.gathering && w.batch.len() >= w.last_group {
             inner.gather_cond.notify_one();
         }
-        self.wait_done(w, seq)?;
-        Ok(AppendOutcome::Committed(info))
+        Ok(Sequenced::Committed(info))
     }
 
     /// Wait until `seq` is acknowledged, leading a group write when no one else is.

@@ -9,6 +9,7 @@ mod open;
 mod read;
 mod segment_file;
 
+pub use self::commit::APPEND_BATCH_COMMITS_MAX;
 use self::flusher::*;
 pub use self::read::LogScan;
 use self::segment_file::*;

@@ -557,3 +557,83 @@ fn visit_stream_visits_what_read_stream_reads() {
     .unwrap();
     assert_eq!(absent, 0);
 }
+
+/// A batch gives each commit the outcome appending them one by one gives (commits,
+/// a conflict, a retry of a commit earlier in the batch and of one before it), writes
+/// the same log in one write group across segment rolls, and an invalid commit or an
+/// oversized batch writes nothing.
+#[test]
+fn append_batch_is_appending_one_by_one_in_one_group() {
+    let id = |n: u128| Uuid::from_u128(0x5eed_0000 + n);
+    let c = |stream: &str, expected: ExpectedVersion, n: u128| NewCommit {
+        stream: stream.into(),
+        expected,
+        commit_id: id(n),
+        events: ev(&vec![n as u8; 300 + (n as usize * 37) % 500]),
+    };
+    let first = c("a", ExpectedVersion::NoStream, 0);
+    let mut batch = Vec::new();
+    for v in 1..40u64 {
+        batch.push(c("a", ExpectedVersion::Exact(v), u128::from(v)));
+        if v % 3 == 0 {
+            batch.push(c("b", ExpectedVersion::Any, 1000 + u128::from(v)));
+        }
+    }
+    batch.insert(10, c("a", ExpectedVersion::Exact(2), 77)); // a conflict
+    batch.insert(20, c("a", ExpectedVersion::Exact(5), 4)); // retry, earlier in the batch
+    batch.insert(30, c("a", ExpectedVersion::Exact(0), 0)); // retry, before the batch
+    let ts = |i: usize| 1_700_000_000_000 + i as i64;
+
+    let one = tempfile::tempdir().unwrap();
+    let s1 = Store::open(one.path(), small_opts()).unwrap();
+    committed(s1.append_at(first.clone(), ts(0)).unwrap());
+    let want: Vec<AppendOutcome> = batch
+        .iter()
+        .enumerate()
+        .map(|(i, c)| s1.append_at(c.clone(), ts(i + 1)).unwrap())
+        .collect();
+
+    let two = tempfile::tempdir().unwrap();
+    let s2 = Store::open(two.path(), small_opts()).unwrap();
+    committed(s2.append_at(first, ts(0)).unwrap());
+    let before = s2.stats();
+    let pairs: Vec<(NewCommit, Option<i64>)> = batch
+        .iter()
+        .enumerate()
+        .map(|(i, c)| (c.clone(), Some(ts(i + 1))))
+        .collect();
+    let got = s2.append_batch(pairs).unwrap();
+    let after = s2.stats();
+    assert_eq!(got, want);
+    assert!(
+        matches!(got[10], AppendOutcome::Conflict { .. }),
+        "{:?}",
+        got[10]
+    );
+    assert!(matches!(got[20], AppendOutcome::AlreadyCommitted(_)));
+    assert!(matches!(got[30], AppendOutcome::AlreadyCommitted(_)));
+    assert_eq!(after.write_groups - before.write_groups, 1);
+    assert!(
+        after.segments_created > before.segments_created,
+        "{after:?}"
+    );
+    assert_eq!(log_contents(&s2), log_contents(&s1));
+
+    // An invalid commit anywhere, or too many, fails the call before any write.
+    let last = s2.last_seq();
+    let mut bad: Vec<(NewCommit, Option<i64>)> = vec![(c("a", ExpectedVersion::Any, 5000), None)];
+    bad.push((c("", ExpectedVersion::Any, 5001), None));
+    assert!(matches!(s2.append_batch(bad), Err(Error::InvalidInput(_))));
+    let many = (0..=APPEND_BATCH_COMMITS_MAX as u128)
+        .map(|n| (c("m", ExpectedVersion::Any, 9000 + n), None))
+        .collect();
+    assert!(matches!(s2.append_batch(many), Err(Error::InvalidInput(_))));
+    assert_eq!(s2.last_seq(), last);
+    assert_eq!(s2.append_batch(Vec::new()).unwrap(), Vec::new());
+
+    let contents = log_contents(&s2);
+    s2.close().unwrap();
+    let s2 = Store::open(two.path(), small_opts()).unwrap();
+    assert_eq!(log_contents(&s2), contents);
+    assert_eq!(s2.stream_version("a").unwrap(), Some(40));
+}

@@ -349,6 +349,60 @@ struct Writing<'p> {
     fold: Option<SettingsFold>,
     /// The version and time of the last commit written.
     last: Option<(u64, i64)>,
+    /// Commits encoded and not yet appended, each with its commit time, and their
+    /// versions in the file: appended together (see [`IMPORT_BATCH_COMMITS_MAX`]).
+    queue: Vec<(NewCommit, Option<i64>)>,
+    versions: Vec<u64>,
+    queued_bytes: usize,
+}
+
+/// The write pass appends a session's commits in batches of at most this many ...
+const IMPORT_BATCH_COMMITS_MAX: usize = 256;
+/// ... or this many bytes of event payloads (plus one commit's): one write and one
+/// index publication per batch instead of per commit, with a bounded batch in hand.
+const IMPORT_BATCH_BYTES_MAX: usize = 1 << 20;
+
+/// Appends the commits `w` has queued as one batch ([`Store::append_batch`]),
+/// reporting progress per commit written; on the first that does not commit,
+/// its version in the file and why.
+fn append_queued(
+    engine: &spool_engine::Store,
+    w: &mut Writing<'_>,
+    done: &mut u64,
+    total: u64,
+    progress: &mut dyn FnMut(ImportProgress),
+) -> Result<(), (u64, String)> {
+    let versions = std::mem::take(&mut w.versions);
+    let Some(&first) = versions.first() else {
+        return Ok(());
+    };
+    w.queued_bytes = 0;
+    let outcomes = engine
+        .append_batch(std::mem::take(&mut w.queue))
+        .map_err(|e| (first, e.to_string()))?;
+    for (outcome, version) in outcomes.into_iter().zip(versions) {
+        let reason = match outcome {
+            AppendOutcome::Committed(info) => {
+                w.last = Some((info.version, info.timestamp_ms));
+                *done += 1;
+                progress(ImportProgress::Written {
+                    commits: *done,
+                    total,
+                });
+                continue;
+            }
+            AppendOutcome::AlreadyCommitted(info) => format!(
+                "commit id {} had already landed (stream {} version {})",
+                info.commit_id, info.stream, info.version
+            ),
+            AppendOutcome::Conflict { actual, .. } => format!(
+                "version conflict: the stream moved to {} meanwhile",
+                actual.unwrap_or(0)
+            ),
+        };
+        return Err((version, reason));
+    }
+    Ok(())
 }
 
 /// Imports every session of `source` into `store`, all or nothing (see the
@@ -393,6 +447,9 @@ pub fn import_from(
                 plan: p,
                 fold: (p.commits >= SETTINGS_TAIL_COMMITS).then(SettingsFold::default),
                 last: None,
+                queue: Vec::new(),
+                versions: Vec::new(),
+                queued_bytes: 0,
             })
         },
         &mut |w, c| {
@@ -400,43 +457,41 @@ pub fn import_from(
             if c.version > p.commits {
                 return Err(changed(&p.id, c.version));
             }
-            let outcome = new_commit(&p.id, c, p.base, opts).and_then(|commit| {
-                engine
-                    .append_at(commit, c.timestamp_ms)
-                    .map_err(|e| e.to_string())
-            });
-            let reason = match outcome {
-                Ok(AppendOutcome::Committed(info)) => {
+            let failed = match new_commit(&p.id, c, p.base, opts) {
+                Ok(commit) => {
                     if let Some(fold) = w.fold.as_mut() {
                         fold.add(&c.events);
                     }
-                    w.last = Some((info.version, info.timestamp_ms));
-                    None
+                    w.queued_bytes += commit.events.iter().map(|e| e.payload.len()).sum::<usize>();
+                    w.queue.push((commit, Some(c.timestamp_ms)));
+                    w.versions.push(c.version);
+                    // A session's last commit ends its batch: the session's end
+                    // then finds every commit written.
+                    let full = w.queue.len() >= IMPORT_BATCH_COMMITS_MAX
+                        || w.queued_bytes >= IMPORT_BATCH_BYTES_MAX
+                        || c.version == p.commits;
+                    match full {
+                        true => append_queued(&engine, w, &mut done, total, progress).err(),
+                        false => None,
+                    }
                 }
-                Ok(AppendOutcome::AlreadyCommitted(info)) => Some(format!(
-                    "commit id {} had already landed (stream {} version {})",
-                    info.commit_id, info.stream, info.version
-                )),
-                Ok(AppendOutcome::Conflict { actual, .. }) => Some(format!(
-                    "version conflict: the stream moved to {} meanwhile",
-                    actual.unwrap_or(0)
-                )),
-                Err(e) => Some(e),
+                // What is queued before it is written first, as a commit at a time
+                // would have been.
+                Err(e) => Some(
+                    append_queued(&engine, w, &mut done, total, progress)
+                        .err()
+                        .unwrap_or((c.version, e)),
+                ),
             };
-            if let Some(reason) = reason {
-                failure = Some((p.id.clone(), c.version, reason.clone()));
+            if let Some((version, reason)) = failed {
+                failure = Some((p.id.clone(), version, reason.clone()));
                 return Err(ExchangeError::ImportFailed {
                     id: p.id.clone(),
-                    version: c.version,
+                    version,
                     reason,
                     rolled_back: false,
                 });
             }
-            done += 1;
-            progress(ImportProgress::Written {
-                commits: done,
-                total,
-            });
             Ok(())
         },
         &mut |w| {

@@ -592,6 +592,84 @@ mod tests {
         assert_eq!(rep[1].entries, 3);
     }
 
+    /// The sessions of a slice, read twice; on the second pass commit
+    /// `version` of the last session carries the id of the one five before it.
+    struct ChangesOnSecondPass<'a> {
+        sessions: &'a [ImportSession],
+        version: u64,
+        passes: u32,
+    }
+
+    impl ImportSource for ChangesOnSecondPass<'_> {
+        fn for_each_commit(
+            &mut self,
+            f: &mut dyn FnMut(&SessionId, &ImportCommit) -> Result<(), ExchangeError>,
+        ) -> Result<(), ExchangeError> {
+            self.passes += 1;
+            let last = self.sessions.len() - 1;
+            for (i, s) in self.sessions.iter().enumerate() {
+                for c in &s.commits {
+                    if self.passes == 2 && i == last && c.version == self.version {
+                        let mut c = c.clone();
+                        c.commit_id = s.commits[c.version as usize - 6].commit_id;
+                        f(&s.id, &c)?;
+                    } else {
+                        f(&s.id, c)?;
+                    }
+                }
+            }
+            Ok(())
+        }
+    }
+
+    /// A commit the write pass cannot land, inside a batch of a long
+    /// session's commits, fails the import naming that commit's version,
+    /// and every session the import wrote is purged again.
+    #[test]
+    fn a_commit_refused_inside_a_write_batch_fails_the_import_and_purges() {
+        let a = tempfile::tempdir().unwrap();
+        let sa = store(a.path());
+        let one = sample(&sa);
+        let def = AgentDefinition::new("a", "d", "p");
+        let mut s = sa.create(AgentSession::new(def, None)).expect("create");
+        let long = s.id().clone();
+        for i in 0..600 {
+            s.write_metadata("k", serde_json::json!({ "n": i }))
+                .unwrap();
+            s = sa.save(s).unwrap();
+        }
+        let mut w = ExportWriter::new(Vec::new()).unwrap();
+        w.session(&sa, &one).unwrap();
+        w.session(&sa, &long).unwrap();
+        let sessions = read_export(&w.finish().unwrap().0[..]).unwrap();
+        assert_eq!(sessions[1].commits.len(), 601);
+        for version in [300, 601] {
+            let b = tempfile::tempdir().unwrap();
+            let sb = store(b.path());
+            let mut source = ChangesOnSecondPass {
+                sessions: &sessions,
+                version,
+                passes: 0,
+            };
+            let err =
+                import_from(&sb, &mut source, &ImportOptions::default(), &mut |_| {}).unwrap_err();
+            match &err {
+                ExchangeError::ImportFailed {
+                    id,
+                    version: v,
+                    reason,
+                    rolled_back,
+                } => {
+                    assert_eq!((id, *v, *rolled_back), (&long, version, true), "{err}");
+                    assert!(reason.contains("already landed"), "{err}");
+                }
+                other => panic!("{other}"),
+            }
+            assert!(sb.header(&one).unwrap().is_none());
+            assert!(sb.header(&long).unwrap().is_none());
+        }
+    }
+
     #[test]
     fn a_commit_over_the_record_limit_writes_nothing() {
         let a = tempfile::tempdir().unwrap();
