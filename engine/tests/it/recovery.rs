@@ -759,3 +759,120 @@ fn buffered_commits_lost_at_power_loss_open_but_flushed_ones_are_guarded() {
         }
     }
 }
+
+/// A file system that runs a hook before the first map of one file: what a live
+/// writer does between a reader's listing of the segments and its map of one.
+#[derive(Debug)]
+struct BeforeMap {
+    inner: Arc<dyn Vfs>,
+    path: PathBuf,
+    hook: Arc<Hook>,
+}
+
+/// Runs once, at the first map of the file it belongs to.
+struct Hook(std::sync::Mutex<Option<Box<dyn FnOnce() + Send>>>);
+
+impl std::fmt::Debug for Hook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Hook")
+    }
+}
+
+#[derive(Debug)]
+struct BeforeMapFile {
+    inner: Arc<dyn spool_engine::vfs::VfsFile>,
+    hook: Option<Arc<Hook>>,
+}
+
+impl Vfs for BeforeMap {
+    fn open(
+        &self,
+        path: &Path,
+        mode: spool_engine::vfs::OpenMode,
+    ) -> std::io::Result<Arc<dyn spool_engine::vfs::VfsFile>> {
+        let inner = self.inner.open(path, mode)?;
+        let hook = (path == self.path).then(|| self.hook.clone());
+        Ok(Arc::new(BeforeMapFile { inner, hook }))
+    }
+    fn rename(&self, from: &Path, to: &Path) -> std::io::Result<()> {
+        self.inner.rename(from, to)
+    }
+    fn remove(&self, path: &Path) -> std::io::Result<()> {
+        self.inner.remove(path)
+    }
+    fn read_dir(&self, dir: &Path) -> std::io::Result<Vec<String>> {
+        self.inner.read_dir(dir)
+    }
+    fn create_dir_all(&self, dir: &Path) -> std::io::Result<()> {
+        self.inner.create_dir_all(dir)
+    }
+    fn sync_dir(&self, dir: &Path) -> std::io::Result<()> {
+        self.inner.sync_dir(dir)
+    }
+    fn exists(&self, path: &Path) -> std::io::Result<bool> {
+        self.inner.exists(path)
+    }
+    fn lock(
+        &self,
+        path: &Path,
+        create: bool,
+    ) -> std::io::Result<Option<Box<dyn spool_engine::vfs::VfsLock>>> {
+        self.inner.lock(path, create)
+    }
+}
+
+impl spool_engine::vfs::VfsFile for BeforeMapFile {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+        self.inner.read_at(buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()> {
+        self.inner.write_at(buf, offset)
+    }
+    fn sync_data(&self) -> std::io::Result<()> {
+        self.inner.sync_data()
+    }
+    fn sync_all(&self) -> std::io::Result<()> {
+        self.inner.sync_all()
+    }
+    fn set_len(&self, len: u64) -> std::io::Result<()> {
+        self.inner.set_len(len)
+    }
+    fn len(&self) -> std::io::Result<u64> {
+        self.inner.len()
+    }
+    fn map(&self) -> std::io::Result<spool_engine::vfs::Mapped> {
+        if let Some(hook) = self.hook.as_ref().and_then(|h| h.0.lock().unwrap().take()) {
+            hook();
+        }
+        self.inner.map()
+    }
+}
+
+/// A reader that lists a segment whose creation had not begun writing (an empty
+/// file) and maps it after the writer wrote its header and records reports no
+/// damage: its view is a prefix of the log (the open reads the log again once on
+/// damage in the last segment, and then sees the whole segment).
+#[test]
+fn a_segment_created_between_a_readers_listing_and_its_map_is_not_damage() {
+    let dir = tempfile::tempdir().unwrap();
+    let infos = write_commits(dir.path(), small_opts(), 200);
+    let last = infos.last().unwrap().position.segment;
+    assert!(last > 1, "the commits fill more than one segment");
+    let in_last = infos.iter().filter(|i| i.position.segment == last).count() as u64;
+    std::fs::remove_dir_all(dir.path().join(CHECKPOINT_DIR)).unwrap();
+    let path = seg_path(dir.path(), last);
+    let bytes = std::fs::read(&path).unwrap();
+    std::fs::write(&path, b"").unwrap();
+    let vfs = BeforeMap {
+        inner: Arc::new(spool_engine::vfs::OsVfs),
+        path: path.clone(),
+        hook: Arc::new(Hook(std::sync::Mutex::new(Some(Box::new(move || {
+            std::fs::write(&path, &bytes).unwrap()
+        }))))),
+    };
+    let ro = Store::open_read_only(dir.path(), small_opts().vfs(Arc::new(vfs))).unwrap();
+    let seen = ro.last_seq();
+    assert!(seen == 200 || seen == 200 - in_last, "{seen}");
+    let read: Vec<u64> = ro.scan(1).unwrap().map(|r| r.unwrap().info.seq).collect();
+    assert_eq!(read, (1..=seen).collect::<Vec<u64>>());
+}
