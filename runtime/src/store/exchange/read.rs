@@ -27,7 +27,7 @@ pub(crate) fn read_line_bounded<R: BufRead>(
             return Ok(if any { Some(false) } else { None });
         }
         any = true;
-        let (take, done) = match chunk.iter().position(|&b| b == b'\n') {
+        let (take, done) = match memchr::memchr(b'\n', chunk) {
             Some(i) => (i, true),
             None => (chunk.len(), false),
         };
