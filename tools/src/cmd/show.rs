@@ -128,7 +128,12 @@ fn settings_and_head(
         let Some(s) = backend.settings(id).map_err(store_err)? else {
             return Ok(None);
         };
-        if s.version() == head.header.version {
+        // The same version of the same incarnation: a session deleted and
+        // created again between the two reads has another creation time.
+        let info = s.info();
+        if info.version == head.header.version
+            && info.created_at_ms == head.header.created_at_ms
+        {
             return Ok(Some((s, head)));
         }
     }
