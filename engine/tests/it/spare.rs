@@ -303,43 +303,16 @@ fn waiting_for_a_built_spare_keeps_it() {
 }
 
 /// The OS file system, but opening the spare segment fails or panics.
-#[derive(Debug)]
-struct SpareFault {
-    os: vfs::OsVfs,
-    panic: bool,
-}
-
-impl Vfs for SpareFault {
-    fn open(&self, path: &Path, mode: vfs::OpenMode) -> std::io::Result<Arc<dyn vfs::VfsFile>> {
+fn spare_fault(panic: bool) -> Arc<dyn Vfs> {
+    Arc::new(OpenHook(move |path: &Path, mode| {
         if path.file_name() == Some(SPARE_SEGMENT_FILE.as_ref()) {
-            if self.panic {
+            if panic {
                 panic!("injected panic building the spare");
             }
             return Err(std::io::Error::other("injected failure"));
         }
-        self.os.open(path, mode)
-    }
-    fn rename(&self, from: &Path, to: &Path) -> std::io::Result<()> {
-        self.os.rename(from, to)
-    }
-    fn remove(&self, path: &Path) -> std::io::Result<()> {
-        self.os.remove(path)
-    }
-    fn read_dir(&self, dir: &Path) -> std::io::Result<Vec<String>> {
-        self.os.read_dir(dir)
-    }
-    fn create_dir_all(&self, dir: &Path) -> std::io::Result<()> {
-        self.os.create_dir_all(dir)
-    }
-    fn sync_dir(&self, dir: &Path) -> std::io::Result<()> {
-        self.os.sync_dir(dir)
-    }
-    fn exists(&self, path: &Path) -> std::io::Result<bool> {
-        self.os.exists(path)
-    }
-    fn lock(&self, path: &Path, create: bool) -> std::io::Result<Option<Box<dyn vfs::VfsLock>>> {
-        self.os.lock(path, create)
-    }
+        os_open(path, mode)
+    }))
 }
 
 /// A spare whose build fails, or whose thread panics, fails the append that
@@ -350,13 +323,9 @@ impl Vfs for SpareFault {
 fn a_failed_or_panicking_spare_build_fails_its_switch_naming_the_file() {
     for panic in [false, true] {
         let dir = tempfile::tempdir().unwrap();
-        let fault = Arc::new(SpareFault {
-            os: vfs::OsVfs::new(),
-            panic,
-        });
         let s = Store::open(
             dir.path(),
-            opts(NextSegment::Background).vfs(fault as Arc<dyn Vfs>),
+            opts(NextSegment::Background).vfs(spare_fault(panic)),
         )
         .unwrap();
         let mut acknowledged = 0u64;

@@ -131,9 +131,7 @@ fn settings_and_head(
         // The same version of the same incarnation: a session deleted and
         // created again between the two reads has another creation time.
         let info = s.info();
-        if info.version == head.header.version
-            && info.created_at_ms == head.header.created_at_ms
-        {
+        if info.version == head.header.version && info.created_at_ms == head.header.created_at_ms {
             return Ok(Some((s, head)));
         }
     }

@@ -1,7 +1,9 @@
 #![allow(dead_code)]
 
+use spool_engine::vfs::{self, Vfs};
 use spool_engine::*;
 use std::path::Path;
+use std::sync::Arc;
 
 pub fn ev(payload: &[u8]) -> Vec<EventData> {
     vec![EventData::new("test", payload.to_vec())]
@@ -63,4 +65,49 @@ pub fn test_opts() -> Options {
     Options::default()
         .segment_bytes_max(64 * 1024)
         .next_segment(spool_engine::NextSegment::Inline)
+}
+
+/// The OS file system with every `open` going through a hook, which may fail,
+/// panic, or wrap the file it opens (with [`os_open`]).
+pub struct OpenHook<F>(pub F);
+
+/// What [`OpenHook`]'s hook calls to open a file for real.
+pub fn os_open(path: &Path, mode: vfs::OpenMode) -> std::io::Result<Arc<dyn vfs::VfsFile>> {
+    vfs::OsVfs::new().open(path, mode)
+}
+
+impl<F> std::fmt::Debug for OpenHook<F> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("OpenHook")
+    }
+}
+
+impl<F> vfs::Vfs for OpenHook<F>
+where
+    F: Fn(&Path, vfs::OpenMode) -> std::io::Result<Arc<dyn vfs::VfsFile>> + Send + Sync,
+{
+    fn open(&self, path: &Path, mode: vfs::OpenMode) -> std::io::Result<Arc<dyn vfs::VfsFile>> {
+        (self.0)(path, mode)
+    }
+    fn rename(&self, from: &Path, to: &Path) -> std::io::Result<()> {
+        vfs::OsVfs::new().rename(from, to)
+    }
+    fn remove(&self, path: &Path) -> std::io::Result<()> {
+        vfs::OsVfs::new().remove(path)
+    }
+    fn read_dir(&self, dir: &Path) -> std::io::Result<Vec<String>> {
+        vfs::OsVfs::new().read_dir(dir)
+    }
+    fn create_dir_all(&self, dir: &Path) -> std::io::Result<()> {
+        vfs::OsVfs::new().create_dir_all(dir)
+    }
+    fn sync_dir(&self, dir: &Path) -> std::io::Result<()> {
+        vfs::OsVfs::new().sync_dir(dir)
+    }
+    fn exists(&self, path: &Path) -> std::io::Result<bool> {
+        vfs::OsVfs::new().exists(path)
+    }
+    fn lock(&self, path: &Path, create: bool) -> std::io::Result<Option<Box<dyn vfs::VfsLock>>> {
+        vfs::OsVfs::new().lock(path, create)
+    }
 }
