@@ -59,6 +59,14 @@ pub enum Error {
     /// The caller passed something the engine does not accept.
     #[error("invalid input: {0}")]
     InvalidInput(String),
+    /// Judging commit `index` of a [`Store::append_batch`](crate::Store::append_batch)
+    /// failed (nothing of the batch was written).
+    #[error("commit {index} of the batch")]
+    InBatch {
+        index: usize,
+        #[source]
+        source: Box<Error>,
+    },
     /// A commit's encoded record exceeds the configured maximum record size.
     #[error("record of {bytes} bytes exceeds the maximum of {max} bytes")]
     RecordTooLarge { bytes: u64, max: u64 },

@@ -73,9 +73,9 @@ pub use store::{
     LOCK_WAIT_MAX_MS, LOG_SPAN_BYTES_MAX, ZERO_FILL_CHUNK_BYTES,
 };
 pub use types::{
-    AppendOutcome, CommitInfo, Durability, EventData, ExpectedVersion, LogPosition, NewCommit,
-    NextSegment, Options, Preallocate, RecordedCommit, StoreStats, INDEX_THREAD_POLL_DEFAULT_US,
-    INDEX_THREAD_POLL_MAX_US,
+    AppendOutcome, BatchOutcome, CommitInfo, Durability, EventData, ExpectedVersion, LogPosition,
+    NewCommit, NextSegment, Options, Preallocate, RecordedCommit, StoreStats,
+    INDEX_THREAD_POLL_DEFAULT_US, INDEX_THREAD_POLL_MAX_US,
 };
 pub use uuid::Uuid;
 pub use verify::{verify, CheckpointCheck, IndexCheck, VerifyProblem, VerifyReport};

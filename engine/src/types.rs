@@ -371,6 +371,20 @@ pub enum AppendOutcome {
     },
 }
 
+/// The result of [`Store::append_batch`](crate::Store::append_batch) that did not fail.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BatchOutcome {
+    /// Every commit landed, in order, in one write group.
+    Committed(Vec<CommitInfo>),
+    /// Nothing was written: the commit at `index` would not have committed, and
+    /// `outcome` says why, as appending it after the ones before it would have
+    /// ([`AppendOutcome::AlreadyCommitted`] or [`AppendOutcome::Conflict`]).
+    Refused {
+        index: usize,
+        outcome: AppendOutcome,
+    },
+}
+
 impl AppendOutcome {
     /// The commit info for `Committed` and `AlreadyCommitted`.
     pub fn info(&self) -> Option<&CommitInfo> {

@@ -42,13 +42,11 @@ pub(super) fn validate(c: &NewCommit, max: u32) -> Result<u32, Error> {
 /// The most commits one [`Store::append_batch`] takes.
 pub const APPEND_BATCH_COMMITS_MAX: usize = 1024;
 
-/// What sequencing one commit decided (see `Store::sequence`).
-enum Sequenced {
-    /// Sequenced: acknowledged with the group that writes its seq.
-    Committed(CommitInfo),
+/// Why a commit is not written (see `Store::refusal`).
+enum Refused {
     /// A retry of a commit still being written: acknowledged with it.
     Pending(CommitInfo),
-    /// Decided without writing: a retry of a commit in the log, or a conflict.
+    /// A retry of a commit in the log, or a conflict.
     Decided(AppendOutcome),
 }
 
@@ -97,18 +95,21 @@ impl Store {
         self.append_commit(commit, true, None)
     }
 
-    /// Append several commits, in order, acknowledged together: each gets the
-    /// outcome appending them one after the other would give it (a conflict or a
-    /// retry does not stop the ones after it), and every commit written is written
-    /// in one group (one write per segment, with [`Durability::Immediate`] one
-    /// fdatasync). Each pair is a commit and, as for [`Store::append_at`], its time
-    /// when the caller chooses it. Every commit is checked first: an invalid one, or
-    /// more than [`APPEND_BATCH_COMMITS_MAX`], fails the call with nothing written.
-    /// The batch is held in memory whole until it is acknowledged.
+    /// Append several commits, in order, in one write group (one write per
+    /// segment, with [`Durability::Immediate`] one fdatasync), all or none: when
+    /// one of them would not commit after the ones before it (a retry, or a
+    /// conflict), nothing is written and [`BatchOutcome::Refused`] names it; when
+    /// judging one fails (a retry on another stream, a read of the index),
+    /// nothing is written and [`Error::InBatch`] names it. Each
+    /// pair is a commit and, as for [`Store::append_at`], its time when the caller
+    /// chooses it. Every commit is checked first: an invalid one, a commit id twice
+    /// in the batch, or more than [`APPEND_BATCH_COMMITS_MAX`] commits fail the call
+    /// with nothing written. The batch is held in memory whole until it is
+    /// acknowledged.
     pub fn append_batch(
         &self,
         commits: Vec<(NewCommit, Option<i64>)>,
-    ) -> Result<Vec<AppendOutcome>, Error> {
+    ) -> Result<BatchOutcome, Error> {
         let inner = &*self.inner;
         if inner.read_only {
             return Err(Error::ReadOnly);
@@ -123,39 +124,54 @@ impl Store {
             .iter()
             .map(|(c, _)| validate(c, inner.opts.record_bytes_max))
             .collect::<Result<Vec<u32>, Error>>()?;
+        let mut ids = foldhash::HashSet::default();
+        if let Some((c, _)) = commits.iter().find(|(c, _)| !ids.insert(c.commit_id)) {
+            return Err(Error::InvalidInput(format!(
+                "commit id {} appears twice in the batch",
+                c.commit_id
+            )));
+        }
         let mut w = lock(&inner.w);
         if inner.poisoned.load(Ordering::Acquire) {
             return Err(inner.poisoned_error());
         }
-        let mut outcomes = Vec::with_capacity(commits.len());
-        // The last seq the outcomes wait for; an error stops the batch, after waiting
-        // for what it sequenced.
-        let mut wait_for = 0u64;
-        let mut failed = None;
-        for ((commit, ts), len) in commits.into_iter().zip(lens) {
-            match self.sequence(&mut w, commit, len, false, ts) {
-                Ok(Sequenced::Committed(info)) => {
-                    wait_for = wait_for.max(info.seq);
-                    outcomes.push(AppendOutcome::Committed(info));
-                }
-                Ok(Sequenced::Pending(info)) => {
-                    wait_for = wait_for.max(info.seq);
-                    outcomes.push(AppendOutcome::AlreadyCommitted(info));
-                }
-                Ok(Sequenced::Decided(o)) => outcomes.push(o),
-                Err(e) => {
-                    failed = Some(e);
-                    break;
+        {
+            // Each stream's head after the batch's commits judged so far.
+            let mut heads: foldhash::HashMap<&str, u64> = Default::default();
+            for (index, (c, _)) in commits.iter().enumerate() {
+                let head = match heads.get(c.stream.as_str()) {
+                    Some(&h) => Some(h),
+                    None => w.heads.get(&c.stream).copied(),
+                };
+                let refused = self.refusal(&mut w, c, head, false);
+                let refused = refused.map_err(|e| Error::InBatch {
+                    index,
+                    source: Box::new(e),
+                })?;
+                match refused {
+                    None => {
+                        heads.insert(c.stream.as_str(), head.unwrap_or(0) + 1);
+                    }
+                    Some(Refused::Pending(info)) => {
+                        self.wait_done(w, info.seq)?;
+                        let outcome = AppendOutcome::AlreadyCommitted(info);
+                        return Ok(BatchOutcome::Refused { index, outcome });
+                    }
+                    Some(Refused::Decided(outcome)) => {
+                        return Ok(BatchOutcome::Refused { index, outcome })
+                    }
                 }
             }
         }
-        if wait_for > 0 {
-            self.wait_done(w, wait_for)?;
+        // Every commit passed under this hold of the lock: each now takes its seq.
+        let mut infos = Vec::with_capacity(commits.len());
+        for ((commit, ts), len) in commits.into_iter().zip(lens) {
+            infos.push(self.place(&mut w, commit, len, ts));
         }
-        match failed {
-            Some(e) => Err(e),
-            None => Ok(outcomes),
+        if let Some(seq) = infos.last().map(|i| i.seq) {
+            self.wait_done(w, seq)?;
         }
+        Ok(BatchOutcome::Committed(infos))
     }
 
     /// `drawn_here`: the commit id was drawn by [`Store::append_fresh`].
@@ -175,36 +191,36 @@ impl Store {
         if inner.poisoned.load(Ordering::Acquire) {
             return Err(inner.poisoned_error());
         }
-        match self.sequence(&mut w, commit, payload_len, drawn_here, given_ts)? {
-            Sequenced::Committed(info) => {
+        let head = w.heads.get(&commit.stream).copied();
+        match self.refusal(&mut w, &commit, head, drawn_here)? {
+            None => {}
+            Some(Refused::Pending(info)) => {
                 self.wait_done(w, info.seq)?;
-                Ok(AppendOutcome::Committed(info))
+                return Ok(AppendOutcome::AlreadyCommitted(info));
             }
-            Sequenced::Pending(info) => {
-                self.wait_done(w, info.seq)?;
-                Ok(AppendOutcome::AlreadyCommitted(info))
-            }
-            Sequenced::Decided(o) => Ok(o),
+            Some(Refused::Decided(o)) => return Ok(o),
         }
+        let info = self.place(&mut w, commit, payload_len, given_ts);
+        self.wait_done(w, info.seq)?;
+        Ok(AppendOutcome::Committed(info))
     }
 
-    /// Decide one validated commit under the writer lock: a retry (of a commit
-    /// still being written, or of one in the log), a conflict, or the next seq,
-    /// its frame encoded into the pending group.
-    fn sequence(
+    /// Why a validated commit is not to be written, under the writer lock: a
+    /// retry (of a commit still being written, or of one in the log), or a
+    /// conflict with `head`, the head its stream has when it is sequenced. Changes
+    /// nothing but the commit-id filter's completion.
+    fn refusal(
         &self,
         w: &mut Writer,
-        commit: NewCommit,
-        payload_len: u32,
+        commit: &NewCommit,
+        head: Option<u64>,
         drawn_here: bool,
-        given_ts: Option<i64>,
-    ) -> Result<Sequenced, Error> {
+    ) -> Result<Option<Refused>, Error> {
         let inner = &*self.inner;
-        let frame_len = FRAME_HEADER_BYTES + u64::from(payload_len);
         if !drawn_here {
             if let Some(info) = w.pending_ids.get(&commit.commit_id).cloned() {
-                check_retry_stream(&info, &commit)?;
-                return Ok(Sequenced::Pending(info));
+                check_retry_stream(&info, commit)?;
+                return Ok(Some(Refused::Pending(info)));
             }
             self.complete_ids(w)?;
         }
@@ -212,16 +228,16 @@ impl Store {
             // The filter knows the id (or it is a rare false positive): look for it
             // in the named stream's version blocks, newest first; failing that, in every
             // stream's (a retry on another stream is refused).
-            let head = w.heads.get(&commit.stream).copied().unwrap_or(0);
+            let logged = w.heads.get(&commit.stream).copied().unwrap_or(0);
             if let Some((_, pos)) =
                 inner
                     .index
-                    .find_in_stream(&commit.stream, head, commit.commit_id)?
+                    .find_in_stream(&commit.stream, logged, commit.commit_id)?
             {
                 let rec = self.read_at(pos)?;
-                return Ok(Sequenced::Decided(AppendOutcome::AlreadyCommitted(
+                return Ok(Some(Refused::Decided(AppendOutcome::AlreadyCommitted(
                     rec.info,
-                )));
+                ))));
             }
             if let Some((stream, _, _)) = inner.index.find_anywhere(commit.commit_id)? {
                 return Err(Error::InvalidInput(format!(
@@ -230,13 +246,27 @@ impl Store {
                 )));
             }
         }
-        let actual = w.heads.get(&commit.stream).copied();
-        if !commit.expected.matches(actual) {
-            return Ok(Sequenced::Decided(AppendOutcome::Conflict {
+        if !commit.expected.matches(head) {
+            return Ok(Some(Refused::Decided(AppendOutcome::Conflict {
                 expected: commit.expected,
-                actual,
-            }));
+                actual: head,
+            })));
         }
+        Ok(None)
+    }
+
+    /// Sequence a commit [`Store::refusal`] let through: the next seq, the next
+    /// version of its stream, its frame encoded into the pending group.
+    fn place(
+        &self,
+        w: &mut Writer,
+        commit: NewCommit,
+        payload_len: u32,
+        given_ts: Option<i64>,
+    ) -> CommitInfo {
+        let inner = &*self.inner;
+        let frame_len = FRAME_HEADER_BYTES + u64::from(payload_len);
+        let actual = w.heads.get(&commit.stream).copied();
         if w.tail_off + frame_len > w.tail_cap {
             // Roll: the leader that writes this frame creates the next segment, double
             // the current one's capacity up to the maximum. A record larger than that
@@ -317,7 +347,7 @@ impl Store {
         if w.gathering && w.batch.len() >= w.last_group {
             inner.gather_cond.notify_one();
         }
-        Ok(Sequenced::Committed(info))
+        info
     }
 
     /// Wait until `seq` is acknowledged, leading a group write when no one else is.

@@ -558,12 +558,12 @@ fn visit_stream_visits_what_read_stream_reads() {
     assert_eq!(absent, 0);
 }
 
-/// A batch gives each commit the outcome appending them one by one gives (commits,
-/// a conflict, a retry of a commit earlier in the batch and of one before it), writes
-/// the same log in one write group across segment rolls, and an invalid commit or an
-/// oversized batch writes nothing.
+/// A batch writes what appending its commits one by one writes, in one write
+/// group across segment rolls; a batch with a commit that would not commit (a
+/// conflict, a retry of a commit in the log), a commit id twice, an invalid
+/// commit, or too many commits writes nothing.
 #[test]
-fn append_batch_is_appending_one_by_one_in_one_group() {
+fn append_batch_writes_all_or_nothing_in_one_group() {
     let id = |n: u128| Uuid::from_u128(0x5eed_0000 + n);
     let c = |stream: &str, expected: ExpectedVersion, n: u128| NewCommit {
         stream: stream.into(),
@@ -579,39 +579,63 @@ fn append_batch_is_appending_one_by_one_in_one_group() {
             batch.push(c("b", ExpectedVersion::Any, 1000 + u128::from(v)));
         }
     }
-    batch.insert(10, c("a", ExpectedVersion::Exact(2), 77)); // a conflict
-    batch.insert(20, c("a", ExpectedVersion::Exact(5), 4)); // retry, earlier in the batch
-    batch.insert(30, c("a", ExpectedVersion::Exact(0), 0)); // retry, before the batch
     let ts = |i: usize| 1_700_000_000_000 + i as i64;
+    let pairs = |batch: &[NewCommit]| -> Vec<(NewCommit, Option<i64>)> {
+        batch
+            .iter()
+            .enumerate()
+            .map(|(i, c)| (c.clone(), Some(ts(i + 1))))
+            .collect()
+    };
 
     let one = tempfile::tempdir().unwrap();
     let s1 = Store::open(one.path(), small_opts()).unwrap();
     committed(s1.append_at(first.clone(), ts(0)).unwrap());
-    let want: Vec<AppendOutcome> = batch
+    let want: Vec<CommitInfo> = batch
         .iter()
         .enumerate()
-        .map(|(i, c)| s1.append_at(c.clone(), ts(i + 1)).unwrap())
+        .map(|(i, c)| committed(s1.append_at(c.clone(), ts(i + 1)).unwrap()))
         .collect();
 
     let two = tempfile::tempdir().unwrap();
     let s2 = Store::open(two.path(), small_opts()).unwrap();
     committed(s2.append_at(first, ts(0)).unwrap());
+    let nothing = |s: &Store, last: u64, got: BatchOutcome, index: usize| match got {
+        BatchOutcome::Refused { index: i, outcome } => {
+            assert_eq!(i, index, "{outcome:?}");
+            assert_eq!(s.last_seq(), last, "nothing written");
+            outcome
+        }
+        other => panic!("refused at {index} expected, got {other:?}"),
+    };
+
+    // A conflict, or a retry of a commit in the log, anywhere: nothing written.
+    let mut conflict = batch.clone();
+    conflict.insert(10, c("a", ExpectedVersion::Exact(2), 77));
+    let o = nothing(&s2, 1, s2.append_batch(pairs(&conflict)).unwrap(), 10);
+    assert!(
+        matches!(
+            o,
+            AppendOutcome::Conflict {
+                actual: Some(9),
+                ..
+            }
+        ),
+        "{o:?}"
+    );
+    let mut retry = batch.clone();
+    retry.insert(30, c("a", ExpectedVersion::Exact(0), 0));
+    let o = nothing(&s2, 1, s2.append_batch(pairs(&retry)).unwrap(), 30);
+    assert!(matches!(o, AppendOutcome::AlreadyCommitted(i) if i.seq == 1));
+    assert_eq!(s2.stats().write_groups, 1);
+
+    // The whole batch: the log and infos of one-by-one appends, one group.
     let before = s2.stats();
-    let pairs: Vec<(NewCommit, Option<i64>)> = batch
-        .iter()
-        .enumerate()
-        .map(|(i, c)| (c.clone(), Some(ts(i + 1))))
-        .collect();
-    let got = s2.append_batch(pairs).unwrap();
+    let BatchOutcome::Committed(got) = s2.append_batch(pairs(&batch)).unwrap() else {
+        panic!("the batch was refused")
+    };
     let after = s2.stats();
     assert_eq!(got, want);
-    assert!(
-        matches!(got[10], AppendOutcome::Conflict { .. }),
-        "{:?}",
-        got[10]
-    );
-    assert!(matches!(got[20], AppendOutcome::AlreadyCommitted(_)));
-    assert!(matches!(got[30], AppendOutcome::AlreadyCommitted(_)));
     assert_eq!(after.write_groups - before.write_groups, 1);
     assert!(
         after.segments_created > before.segments_created,
@@ -619,17 +643,30 @@ fn append_batch_is_appending_one_by_one_in_one_group() {
     );
     assert_eq!(log_contents(&s2), log_contents(&s1));
 
-    // An invalid commit anywhere, or too many, fails the call before any write.
+    // Invalid batches fail before any write.
     let last = s2.last_seq();
-    let mut bad: Vec<(NewCommit, Option<i64>)> = vec![(c("a", ExpectedVersion::Any, 5000), None)];
-    bad.push((c("", ExpectedVersion::Any, 5001), None));
+    let bad = vec![
+        (c("a", ExpectedVersion::Any, 5000), None),
+        (c("", ExpectedVersion::Any, 5001), None),
+    ];
     assert!(matches!(s2.append_batch(bad), Err(Error::InvalidInput(_))));
+    let twice = vec![
+        (c("t", ExpectedVersion::Any, 6000), None),
+        (c("u", ExpectedVersion::Any, 6000), None),
+    ];
+    assert!(matches!(
+        s2.append_batch(twice),
+        Err(Error::InvalidInput(_))
+    ));
     let many = (0..=APPEND_BATCH_COMMITS_MAX as u128)
         .map(|n| (c("m", ExpectedVersion::Any, 9000 + n), None))
         .collect();
     assert!(matches!(s2.append_batch(many), Err(Error::InvalidInput(_))));
     assert_eq!(s2.last_seq(), last);
-    assert_eq!(s2.append_batch(Vec::new()).unwrap(), Vec::new());
+    assert_eq!(
+        s2.append_batch(Vec::new()).unwrap(),
+        BatchOutcome::Committed(Vec::new())
+    );
 
     let contents = log_contents(&s2);
     s2.close().unwrap();

@@ -354,6 +354,9 @@ struct Writing<'p> {
     queue: Vec<(NewCommit, Option<i64>)>,
     versions: Vec<u64>,
     queued_bytes: usize,
+    /// The commit ids in `queue`: a commit whose id is queued already is
+    /// appended after the queue (the store then says which commit has it).
+    queued_ids: HashSet<Uuid>,
 }
 
 /// The write pass appends a session's commits in batches of at most this many ...
@@ -362,9 +365,9 @@ const IMPORT_BATCH_COMMITS_MAX: usize = 256;
 /// index publication per batch instead of per commit, with a bounded batch in hand.
 const IMPORT_BATCH_BYTES_MAX: usize = 1 << 20;
 
-/// Appends the commits `w` has queued as one batch ([`Store::append_batch`]),
-/// reporting progress per commit written; on the first that does not commit,
-/// its version in the file and why.
+/// Appends the commits `w` has queued as one batch ([`Store::append_batch`]: all
+/// of them or none), reporting progress per commit written; when the batch is
+/// refused or fails, the version in the file to report and why.
 fn append_queued(
     engine: &spool_engine::Store,
     w: &mut Writing<'_>,
@@ -373,36 +376,45 @@ fn append_queued(
     progress: &mut dyn FnMut(ImportProgress),
 ) -> Result<(), (u64, String)> {
     let versions = std::mem::take(&mut w.versions);
-    let Some(&first) = versions.first() else {
+    let (Some(&first), Some(&last)) = (versions.first(), versions.last()) else {
         return Ok(());
     };
     w.queued_bytes = 0;
-    let outcomes = engine
-        .append_batch(std::mem::take(&mut w.queue))
-        .map_err(|e| (first, e.to_string()))?;
-    for (outcome, version) in outcomes.into_iter().zip(versions) {
-        let reason = match outcome {
-            AppendOutcome::Committed(info) => {
+    w.queued_ids.clear();
+    let outcome = match engine.append_batch(std::mem::take(&mut w.queue)) {
+        Ok(o) => o,
+        Err(spool_engine::Error::InBatch { index, source }) => {
+            let version = versions.get(index).copied().unwrap_or(first);
+            return Err((version, source.to_string()));
+        }
+        Err(e) => return Err((first, format!("appending versions {first}-{last}: {e}"))),
+    };
+    let (index, refused) = match outcome {
+        spool_engine::BatchOutcome::Committed(infos) => {
+            for info in infos {
                 w.last = Some((info.version, info.timestamp_ms));
                 *done += 1;
                 progress(ImportProgress::Written {
                     commits: *done,
                     total,
                 });
-                continue;
             }
-            AppendOutcome::AlreadyCommitted(info) => format!(
-                "commit id {} had already landed (stream {} version {})",
-                info.commit_id, info.stream, info.version
-            ),
-            AppendOutcome::Conflict { actual, .. } => format!(
-                "version conflict: the stream moved to {} meanwhile",
-                actual.unwrap_or(0)
-            ),
-        };
-        return Err((version, reason));
-    }
-    Ok(())
+            return Ok(());
+        }
+        spool_engine::BatchOutcome::Refused { index, outcome } => (index, outcome),
+    };
+    let reason = match refused {
+        AppendOutcome::AlreadyCommitted(info) => format!(
+            "commit id {} had already landed (stream {} version {})",
+            info.commit_id, info.stream, info.version
+        ),
+        AppendOutcome::Conflict { actual, .. } => format!(
+            "version conflict: the stream moved to {} meanwhile",
+            actual.unwrap_or(0)
+        ),
+        AppendOutcome::Committed(_) => "refused".into(),
+    };
+    Err((versions.get(index).copied().unwrap_or(first), reason))
 }
 
 /// Imports every session of `source` into `store`, all or nothing (see the
@@ -450,6 +462,7 @@ pub fn import_from(
                 queue: Vec::new(),
                 versions: Vec::new(),
                 queued_bytes: 0,
+                queued_ids: HashSet::new(),
             })
         },
         &mut |w, c| {
@@ -458,11 +471,23 @@ pub fn import_from(
                 return Err(changed(&p.id, c.version));
             }
             let failed = match new_commit(&p.id, c, p.base, opts) {
+                Ok(commit) if w.queued_ids.contains(&commit.commit_id) => {
+                    match append_queued(&engine, w, &mut done, total, progress) {
+                        Err(f) => Some(f),
+                        Ok(()) => {
+                            w.queued_ids.insert(commit.commit_id);
+                            w.queue.push((commit, Some(c.timestamp_ms)));
+                            w.versions.push(c.version);
+                            append_queued(&engine, w, &mut done, total, progress).err()
+                        }
+                    }
+                }
                 Ok(commit) => {
                     if let Some(fold) = w.fold.as_mut() {
                         fold.add(&c.events);
                     }
                     w.queued_bytes += commit.events.iter().map(|e| e.payload.len()).sum::<usize>();
+                    w.queued_ids.insert(commit.commit_id);
                     w.queue.push((commit, Some(c.timestamp_ms)));
                     w.versions.push(c.version);
                     // A session's last commit ends its batch: the session's end
@@ -496,6 +521,11 @@ pub fn import_from(
         },
         &mut |w| {
             let p = w.plan;
+            if let Some(&v) = w.versions.last() {
+                // The session ended, or went on, other than the check saw: its
+                // last commits are still queued.
+                return Err(changed(&p.id, v));
+            }
             let (version, updated_ms) = w.last.unwrap_or((p.base, 0));
             if version != p.base + p.commits {
                 // Fewer commits than the check saw.

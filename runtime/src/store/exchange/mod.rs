@@ -592,15 +592,27 @@ mod tests {
         assert_eq!(rep[1].entries, 3);
     }
 
-    /// The sessions of a slice, read twice; on the second pass commit
-    /// `version` of the last session carries the id of the one five before it.
-    struct ChangesOnSecondPass<'a> {
+    /// How the second pass of [`SecondPass`] differs from the first, in the
+    /// last session.
+    enum Change {
+        /// Commit `.0` carries the commit id of commit `.1` of the same session.
+        IdOf(u64, u64),
+        /// Commit `.0` carries the commit id of the first session's first commit.
+        ForeignId(u64),
+        /// The session's fifth commit again after its last.
+        Extra,
+        /// Without its last commit.
+        Short,
+    }
+
+    /// The sessions of a slice, read twice, the second time with a change.
+    struct SecondPass<'a> {
         sessions: &'a [ImportSession],
-        version: u64,
+        change: Change,
         passes: u32,
     }
 
-    impl ImportSource for ChangesOnSecondPass<'_> {
+    impl ImportSource for SecondPass<'_> {
         fn for_each_commit(
             &mut self,
             f: &mut dyn FnMut(&SessionId, &ImportCommit) -> Result<(), ExchangeError>,
@@ -608,32 +620,40 @@ mod tests {
             self.passes += 1;
             let last = self.sessions.len() - 1;
             for (i, s) in self.sessions.iter().enumerate() {
+                let second = self.passes == 2 && i == last;
                 for c in &s.commits {
-                    if self.passes == 2 && i == last && c.version == self.version {
-                        let mut c = c.clone();
-                        c.commit_id = s.commits[c.version as usize - 6].commit_id;
-                        f(&s.id, &c)?;
-                    } else {
-                        f(&s.id, c)?;
+                    let mut c = c.clone();
+                    match self.change {
+                        Change::IdOf(v, of) if second && c.version == v => {
+                            c.commit_id = s.commits[of as usize - 1].commit_id;
+                        }
+                        Change::ForeignId(v) if second && c.version == v => {
+                            c.commit_id = self.sessions[0].commits[0].commit_id;
+                        }
+                        Change::Short if second && c.version == s.commits.len() as u64 => {
+                            continue;
+                        }
+                        _ => {}
                     }
+                    f(&s.id, &c)?;
+                }
+                if second && matches!(self.change, Change::Extra) {
+                    f(&s.id, &s.commits[4])?;
                 }
             }
             Ok(())
         }
     }
 
-    /// A commit the write pass cannot land, inside a batch of a long
-    /// session's commits, fails the import naming that commit's version,
-    /// and every session the import wrote is purged again.
-    #[test]
-    fn a_commit_refused_inside_a_write_batch_fails_the_import_and_purges() {
+    /// An export of `sample` and of a session of `saves` + 1 commits.
+    fn two_sessions(saves: usize) -> (Vec<ImportSession>, SessionId, SessionId) {
         let a = tempfile::tempdir().unwrap();
         let sa = store(a.path());
         let one = sample(&sa);
         let def = AgentDefinition::new("a", "d", "p");
         let mut s = sa.create(AgentSession::new(def, None)).expect("create");
         let long = s.id().clone();
-        for i in 0..600 {
+        for i in 0..saves {
             s.write_metadata("k", serde_json::json!({ "n": i }))
                 .unwrap();
             s = sa.save(s).unwrap();
@@ -642,13 +662,30 @@ mod tests {
         w.session(&sa, &one).unwrap();
         w.session(&sa, &long).unwrap();
         let sessions = read_export(&w.finish().unwrap().0[..]).unwrap();
-        assert_eq!(sessions[1].commits.len(), 601);
-        for version in [300, 601] {
+        assert_eq!(sessions[1].commits.len(), saves + 1);
+        (sessions, one, long)
+    }
+
+    /// A write pass that finds its source changed (a commit refused inside a
+    /// batch of a long session's commits, or the session ending otherwise than
+    /// checked) fails the import naming the version where it did, writes
+    /// nothing of that commit's batch, and purges every session it wrote.
+    #[test]
+    fn a_source_changed_under_the_write_pass_fails_the_import_and_purges() {
+        let (sessions, one, long) = two_sessions(600);
+        let cases = [
+            (Change::IdOf(300, 295), 300, "already landed"),
+            (Change::IdOf(601, 5), 601, "already landed"),
+            (Change::ForeignId(300), 300, "retried on"),
+            (Change::Extra, 5, "changed"),
+            (Change::Short, 600, "changed"),
+        ];
+        for (change, version, why) in cases {
             let b = tempfile::tempdir().unwrap();
             let sb = store(b.path());
-            let mut source = ChangesOnSecondPass {
+            let mut source = SecondPass {
                 sessions: &sessions,
-                version,
+                change,
                 passes: 0,
             };
             let err =
@@ -661,13 +698,76 @@ mod tests {
                     rolled_back,
                 } => {
                     assert_eq!((id, *v, *rolled_back), (&long, version, true), "{err}");
-                    assert!(reason.contains("already landed"), "{err}");
+                    assert!(reason.contains(why), "{err}");
                 }
                 other => panic!("{other}"),
             }
             assert!(sb.header(&one).unwrap().is_none());
             assert!(sb.header(&long).unwrap().is_none());
         }
+    }
+
+    /// The sessions of a slice, read twice; in the second pass another writer
+    /// saves the last session just before its commit 258 is read.
+    struct SavedMeanwhile<'a> {
+        sessions: &'a [ImportSession],
+        store: &'a LogStore,
+        passes: u32,
+    }
+
+    impl ImportSource for SavedMeanwhile<'_> {
+        fn for_each_commit(
+            &mut self,
+            f: &mut dyn FnMut(&SessionId, &ImportCommit) -> Result<(), ExchangeError>,
+        ) -> Result<(), ExchangeError> {
+            self.passes += 1;
+            let last = self.sessions.len() - 1;
+            for (i, s) in self.sessions.iter().enumerate() {
+                for c in &s.commits {
+                    if self.passes == 2 && i == last && c.version == 258 {
+                        let mut live = self.store.load(&s.id).unwrap().unwrap();
+                        live.write_metadata("other", serde_json::json!(1)).unwrap();
+                        self.store.save(live).unwrap();
+                    }
+                    f(&s.id, c)?;
+                }
+            }
+            Ok(())
+        }
+    }
+
+    /// A commit of another writer between two of the import's batches: the
+    /// import fails at the first commit after it, and none of the import's
+    /// commits lands on top of it.
+    #[test]
+    fn no_imported_commit_lands_after_another_writers() {
+        let (sessions, _, long) = two_sessions(400);
+        let b = tempfile::tempdir().unwrap();
+        let sb = store(b.path());
+        let mut source = SavedMeanwhile {
+            sessions: &sessions,
+            store: &sb,
+            passes: 0,
+        };
+        let err =
+            import_from(&sb, &mut source, &ImportOptions::default(), &mut |_| {}).unwrap_err();
+        assert!(
+            matches!(err, ExchangeError::ImportFailed { version: 257, .. }),
+            "{err}"
+        );
+        let engine = sb.engine().unwrap();
+        let after: Vec<u64> = engine
+            .read_stream(long.as_str(), 258, usize::MAX)
+            .unwrap()
+            .iter()
+            .filter(|c| c.events.iter().all(|e| e.kind != PURGE_EVENT_KIND))
+            .map(|c| c.info.version)
+            .collect();
+        assert_eq!(
+            after,
+            Vec::<u64>::new(),
+            "imported commits after the other writer's"
+        );
     }
 
     #[test]
