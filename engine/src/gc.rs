@@ -47,7 +47,7 @@ use crate::types::{EventData, RecordedCommit};
 use crate::vfs::{OpenMode, Vfs, VfsFile};
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 /// Suffix of a segment written by GC before its commit point.
@@ -574,19 +574,38 @@ pub(crate) fn finish_erasure(
 
 /// Holds the GC epoch odd from the swap of a GC's segments until its index is rebuilt,
 /// however that ends (a failed GC poisons the store; its readers must not wait forever).
-struct OddEpoch<'a>(&'a AtomicU64);
+/// Dropped without [`OddEpoch::finish`], it marks the index incomplete.
+struct OddEpoch<'a> {
+    inner: &'a crate::store::Inner,
+    finished: bool,
+}
 
 impl<'a> OddEpoch<'a> {
-    fn enter(epoch: &'a AtomicU64) -> OddEpoch<'a> {
-        let before = epoch.fetch_add(1, Ordering::AcqRel);
+    fn enter(inner: &'a crate::store::Inner) -> OddEpoch<'a> {
+        let before = inner.gc_epoch.fetch_add(1, Ordering::AcqRel);
         debug_assert!(before.is_multiple_of(2), "one GC at a time");
-        OddEpoch(epoch)
+        OddEpoch {
+            inner,
+            finished: false,
+        }
+    }
+
+    /// The index was rebuilt whole.
+    fn finish(mut self) {
+        self.finished = true;
     }
 }
 
 impl Drop for OddEpoch<'_> {
     fn drop(&mut self) {
-        self.0.fetch_add(1, Ordering::AcqRel);
+        if !self.finished {
+            let cause = "a GC did not finish rebuilding the index; reopen the store";
+            self.inner.poison(&std::io::Error::other(cause));
+            self.inner
+                .gc_index_incomplete
+                .store(true, Ordering::Release);
+        }
+        self.inner.gc_epoch.fetch_add(1, Ordering::AcqRel);
     }
 }
 
@@ -936,7 +955,7 @@ impl Store {
 
         // 5: swap in memory, rebuild the index. Readers of positions wait while the
         // epoch is odd and read again once it has moved (`Store::settled_gc_epoch`).
-        let epoch_guard = OddEpoch::enter(&inner.gc_epoch);
+        let epoch_guard = OddEpoch::enter(inner);
         let mut retired = Vec::new();
         {
             let mut segs = inner.segments.write().unwrap_or_else(|e| e.into_inner());
@@ -973,9 +992,13 @@ impl Store {
             .map(|s| s.id)
             .max()
             .unwrap_or(0);
-        let rebuilt = self.rebuild_index(layout, max);
-        drop(epoch_guard);
-        rebuilt.map_err(poison)?;
+        let rebuilt = self.rebuild_index(layout, max).map_err(poison);
+        if rebuilt.is_ok() {
+            epoch_guard.finish();
+        } else {
+            drop(epoch_guard);
+        }
+        rebuilt?;
         drop(w);
 
         // 6: retire the old segments once no reader holds them.

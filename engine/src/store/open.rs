@@ -632,6 +632,7 @@ fn build_store(
             flusher: Mutex::new(None),
             gc_lock: Mutex::new(()),
             gc_epoch: AtomicU64::new(0),
+            gc_index_incomplete: AtomicBool::new(false),
             retired: Mutex::new(Vec::new()),
             spare: Mutex::new(spare::Slot::Empty),
             opts,

@@ -26,7 +26,14 @@ fn misplaced(
 impl Store {
     /// The head version of `stream`; `None` when it does not exist.
     pub fn stream_version(&self, stream: &str) -> Result<Option<u64>, Error> {
-        Ok(self.inner.index.stream_head(stream)?.map(|h| h.version))
+        loop {
+            // Read again if a GC rebuilt the index meanwhile (see `read_stream`).
+            let epoch = self.settled_gc_epoch()?;
+            let head = self.inner.index.stream_head(stream);
+            if self.inner.gc_epoch.load(Ordering::Acquire) == epoch {
+                return Ok(head?.map(|h| h.version));
+            }
+        }
     }
 
     /// Commits of `stream` with versions `>= from_version`, ascending, at most `limit`.
@@ -39,7 +46,7 @@ impl Store {
         loop {
             // A GC that swaps segments or rebuilds the index while this reads makes
             // what it read stale (an error, or a part of the answer): read again.
-            let epoch = self.settled_gc_epoch();
+            let epoch = self.settled_gc_epoch()?;
             let read = self.read_stream_once(stream, from_version, limit);
             if self.inner.gc_epoch.load(Ordering::Acquire) == epoch {
                 return read;
@@ -50,12 +57,16 @@ impl Store {
     /// The GC epoch once no GC is swapping segments or rebuilding the index (while
     /// one is, the index answers from a part of the log). A read that finds the epoch
     /// moved since the value returned here read during a GC, and reads again.
-    fn settled_gc_epoch(&self) -> u64 {
+    fn settled_gc_epoch(&self) -> Result<u64, Error> {
         let mut waits = 0u32;
         loop {
             let epoch = self.inner.gc_epoch.load(Ordering::Acquire);
+            if self.inner.gc_index_incomplete.load(Ordering::Acquire) {
+                // A GC that did not finish its rebuild left part of the index.
+                return Err(self.inner.poisoned_error());
+            }
             if epoch.is_multiple_of(2) {
-                return epoch;
+                return Ok(epoch);
             }
             // A rebuild takes as long as applying the log: yield at first, then sleep.
             if waits < GC_WAIT_YIELDS {
@@ -110,7 +121,7 @@ impl Store {
         let mut next = from_version.max(1);
         let mut left = limit;
         'batches: while left > 0 {
-            let epoch = self.settled_gc_epoch();
+            let epoch = self.settled_gc_epoch()?;
             let batch = left.min(VISIT_POSITIONS_MAX);
             let positions = self.inner.index.stream_positions(stream, next, batch);
             if self.inner.gc_epoch.load(Ordering::Acquire) != epoch {
