@@ -598,8 +598,9 @@ impl SessionStore for LogStore {
             let Some((h, base)) = self.record(id)? else {
                 return Ok(false);
             };
+            let expected = base + h.version;
             let events = vec![EventData::new(PURGE_EVENT_KIND, Vec::new())];
-            match self.append(id, ExpectedVersion::Exact(base + h.version), events)? {
+            match self.append(id, ExpectedVersion::Exact(expected), events)? {
                 AppendOutcome::Committed(_) | AppendOutcome::AlreadyCommitted(_) => {
                     let _ = self
                         .engine()?
@@ -611,8 +612,25 @@ impl SessionStore for LogStore {
                         .remove_cache(SESSION_INDEXER, &key(CACHE_SETTINGS, id.as_str()));
                     return Ok(true);
                 }
-                // A concurrent save moved the head: purge the newer version.
-                AppendOutcome::Conflict { .. } => continue,
+                // A concurrent save moved the head: purge the newer version. The
+                // head is published with the session's header, so a published
+                // head past a header that has not moved is a commit that is not
+                // the session's (another writer of the stream): no retry ends.
+                AppendOutcome::Conflict { .. } => {
+                    let head = self.engine()?.stream_version(id.as_str());
+                    let head = head.map_err(engine_err)?.unwrap_or(0);
+                    let moved = self.record(id)?.map(|(h, b)| b + h.version);
+                    if head > expected && moved == Some(expected) {
+                        return Err(StoreError::InvalidSession {
+                            id: id.clone(),
+                            reason: format!(
+                                "its stream goes on to version {head} past the session's \
+                                 {expected} with commits that are not the session's; \
+                                 nothing was purged"
+                            ),
+                        });
+                    }
+                }
                 #[allow(unreachable_patterns)]
                 _ => return Ok(false),
             }

@@ -762,6 +762,40 @@ mod tests {
         }
     }
 
+    /// A delete of a session whose stream another writer went on with (a
+    /// commit that is not the session's after its last) fails saying so,
+    /// instead of retrying its purge for ever, and purges nothing.
+    #[test]
+    fn a_delete_refuses_a_stream_another_writer_went_on_with() {
+        use spool_engine::{AppendOutcome, EventData, ExpectedVersion, NewCommit};
+        let dir = tempfile::tempdir().unwrap();
+        let store = LogStore::open(dir.path(), LogStoreOptions::default()).unwrap();
+        let def = crate::session::AgentDefinition::new("a", "d", "p");
+        let id = store
+            .create(AgentSession::new(def, None))
+            .unwrap()
+            .id()
+            .clone();
+        let engine = store.engine().unwrap();
+        let head = engine.stream_version(id.as_str()).unwrap().unwrap();
+        let foreign = NewCommit::new(
+            id.as_str(),
+            ExpectedVersion::Exact(head),
+            vec![EventData::new("foreign", b"x".to_vec())],
+        );
+        assert!(matches!(
+            engine.append(foreign).unwrap(),
+            AppendOutcome::Committed(_)
+        ));
+        match store.delete(&id) {
+            Err(StoreError::InvalidSession { reason, .. }) => {
+                assert!(reason.contains("not the session's"), "{reason}")
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(store.header(&id).unwrap().is_some());
+    }
+
     #[test]
     fn header_records_round_trip() {
         for parent in [None, Some("p-1"), Some(&"x".repeat(128)[..])] {
