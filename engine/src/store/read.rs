@@ -26,14 +26,8 @@ fn misplaced(
 impl Store {
     /// The head version of `stream`; `None` when it does not exist.
     pub fn stream_version(&self, stream: &str) -> Result<Option<u64>, Error> {
-        loop {
-            // Read again if a GC rebuilt the index meanwhile (see `read_stream`).
-            let epoch = self.settled_gc_epoch()?;
-            let head = self.inner.index.stream_head(stream);
-            if self.inner.gc_epoch.load(Ordering::Acquire) == epoch {
-                return Ok(head?.map(|h| h.version));
-            }
-        }
+        let head = self.settled(|| self.inner.index.stream_head(stream))?;
+        Ok(head.map(|h| h.version))
     }
 
     /// Commits of `stream` with versions `>= from_version`, ascending, at most `limit`.
@@ -43,13 +37,18 @@ impl Store {
         from_version: u64,
         limit: usize,
     ) -> Result<Vec<RecordedCommit>, Error> {
+        self.settled(|| self.read_stream_once(stream, from_version, limit))
+    }
+
+    /// `read` (of the index and the segments) made when no GC was swapping segments
+    /// or rebuilding the index, and made again if one did while it ran: what it read
+    /// then is stale (an error, or a part of the answer).
+    fn settled<T>(&self, read: impl Fn() -> Result<T, Error>) -> Result<T, Error> {
         loop {
-            // A GC that swaps segments or rebuilds the index while this reads makes
-            // what it read stale (an error, or a part of the answer): read again.
             let epoch = self.settled_gc_epoch()?;
-            let read = self.read_stream_once(stream, from_version, limit);
+            let got = read();
             if self.inner.gc_epoch.load(Ordering::Acquire) == epoch {
-                return read;
+                return got;
             }
         }
     }
@@ -234,7 +233,7 @@ impl Store {
 
     /// Every stream with its head version, sorted by name.
     pub fn streams(&self) -> Result<Vec<(String, u64)>, Error> {
-        self.inner.index.streams()
+        self.settled(|| self.inner.index.streams())
     }
 
     /// The commit with client commit id `id`, if one landed (on any stream).
@@ -253,10 +252,10 @@ impl Store {
                 return Ok(None);
             }
         }
-        match inner.index.find_anywhere(id)? {
+        self.settled(|| match inner.index.find_anywhere(id)? {
             Some((_, _, pos)) => Ok(Some(self.read_at(pos)?.info)),
             None => Ok(None),
-        }
+        })
     }
 
     /// Make the commit-id filter hold every commit id of the log, once: after an open

@@ -587,28 +587,41 @@ fn visit_stream_follows_a_gc_that_moves_the_stream_it_visits() {
     );
 }
 
+/// Clears its flag when dropped (when the thread holding it ends, even by a panic).
+struct Stop(Arc<std::sync::atomic::AtomicBool>);
+
+impl Drop for Stop {
+    fn drop(&mut self) {
+        self.0.store(false, std::sync::atomic::Ordering::Release);
+    }
+}
+
 /// A GC on another thread (dropping other streams' commits, so the index is
 /// rebuilt under the readers) never makes `visit_stream` or `read_stream` hand
 /// out less than the whole stream, a stream with gaps, or an error, nor
-/// `stream_version` miss the head: a read made while the index was rebuilt is
-/// made again.
+/// `stream_version`, `streams` or `commit_by_id` miss what the stream holds: a
+/// read made while the index was rebuilt is made again.
 #[test]
 fn stream_reads_beside_a_gc_on_another_thread_see_the_whole_stream() {
     use std::ops::ControlFlow;
     let dir = tempfile::tempdir().unwrap();
     let s = Arc::new(Store::open(dir.path(), gc_opts()).unwrap());
     const VERSIONS: u64 = 300;
+    let mut infos = Vec::new();
     for v in 0..VERSIONS {
         let mut payload = format!("long:{}:", v + 1).into_bytes();
         payload.resize(120, 0);
-        committed(
+        infos.push(committed(
             s.append(commit("long", ExpectedVersion::Exact(v), &payload))
                 .unwrap(),
-        );
+        ));
     }
+    let gc_running = Arc::new(std::sync::atomic::AtomicBool::new(true));
     let gc = {
         let s = s.clone();
+        let gc_running = gc_running.clone();
         std::thread::spawn(move || {
+            let _done = Stop(gc_running);
             for _ in 0..40 {
                 for _ in 0..60 {
                     let v = s.stream_version("dead-0").unwrap().unwrap_or(0);
@@ -622,6 +635,27 @@ fn stream_reads_beside_a_gc_on_another_thread_see_the_whole_stream() {
                 let plan = s.plan_gc(&is_live).unwrap();
                 s.run_gc(plan).unwrap();
             }
+        })
+    };
+    // The cheap reads on a thread of their own, in a tight loop: the visits
+    // below wait for each GC to end, and a commit-id lookup takes the writer
+    // lock a GC holds, so reads made after them rarely overlap a rebuild.
+    let quick = {
+        let s = s.clone();
+        let gc_running = gc_running.clone();
+        std::thread::spawn(move || {
+            let mut probes = 0usize;
+            while gc_running.load(std::sync::atomic::Ordering::Acquire) {
+                let head = s.stream_version("long").unwrap();
+                assert_eq!(head, Some(VERSIONS), "head, probe {probes}");
+                let streams = s.streams().unwrap();
+                assert!(
+                    streams.contains(&("long".to_string(), VERSIONS)),
+                    "streams, probe {probes}: {streams:?}"
+                );
+                probes += 1;
+            }
+            probes
         })
     };
     let want: Vec<u64> = (1..=VERSIONS).collect();
@@ -641,13 +675,13 @@ fn stream_reads_beside_a_gc_on_another_thread_see_the_whole_stream() {
             .map(|c| c.info.version)
             .collect();
         assert_eq!(read, want, "read {reads}");
-        assert_eq!(
-            s.stream_version("long").unwrap(),
-            Some(VERSIONS),
-            "head {reads}"
-        );
+        let probe = &infos[(reads as usize * 97) % infos.len()];
+        let found = s.commit_by_id(probe.commit_id).unwrap();
+        assert_eq!(found.map(|c| c.version), Some(probe.version), "id {reads}");
         reads += 1;
     }
     gc.join().unwrap();
+    let probes = quick.join().unwrap();
+    assert!(probes > 0);
     assert!(reads > 0);
 }
