@@ -645,7 +645,8 @@ fn stream_reads_beside_a_gc_on_another_thread_see_the_whole_stream() {
         let gc_running = gc_running.clone();
         std::thread::spawn(move || {
             let mut probes = 0usize;
-            while gc_running.load(std::sync::atomic::Ordering::Acquire) {
+            loop {
+                let running = gc_running.load(std::sync::atomic::Ordering::Acquire);
                 let head = s.stream_version("long").unwrap();
                 assert_eq!(head, Some(VERSIONS), "head, probe {probes}");
                 let streams = s.streams().unwrap();
@@ -654,8 +655,10 @@ fn stream_reads_beside_a_gc_on_another_thread_see_the_whole_stream() {
                     "streams, probe {probes}: {streams:?}"
                 );
                 probes += 1;
+                if !running {
+                    return probes;
+                }
             }
-            probes
         })
     };
     let want: Vec<u64> = (1..=VERSIONS).collect();
@@ -681,7 +684,6 @@ fn stream_reads_beside_a_gc_on_another_thread_see_the_whole_stream() {
         reads += 1;
     }
     gc.join().unwrap();
-    let probes = quick.join().unwrap();
-    assert!(probes > 0);
+    quick.join().unwrap();
     assert!(reads > 0);
 }
