@@ -603,12 +603,16 @@ mod tests {
         Extra,
         /// Without its last commit.
         Short,
+        /// Another writer saves the session in `store` just before commit `.0`
+        /// is read.
+        SavedBefore(u64),
     }
 
     /// The sessions of a slice, read twice, the second time with a change.
     struct SecondPass<'a> {
         sessions: &'a [ImportSession],
         change: Change,
+        store: Option<&'a LogStore>,
         passes: u32,
     }
 
@@ -632,6 +636,12 @@ mod tests {
                         }
                         Change::Short if second && c.version == s.commits.len() as u64 => {
                             continue;
+                        }
+                        Change::SavedBefore(v) if second && c.version == v => {
+                            let store = self.store.expect("a store to save in");
+                            let mut live = store.load(&s.id).unwrap().unwrap();
+                            live.write_metadata("other", serde_json::json!(1)).unwrap();
+                            store.save(live).unwrap();
                         }
                         _ => {}
                     }
@@ -686,6 +696,7 @@ mod tests {
             let mut source = SecondPass {
                 sessions: &sessions,
                 change,
+                store: None,
                 passes: 0,
             };
             let err =
@@ -707,35 +718,6 @@ mod tests {
         }
     }
 
-    /// The sessions of a slice, read twice; in the second pass another writer
-    /// saves the last session just before its commit 258 is read.
-    struct SavedMeanwhile<'a> {
-        sessions: &'a [ImportSession],
-        store: &'a LogStore,
-        passes: u32,
-    }
-
-    impl ImportSource for SavedMeanwhile<'_> {
-        fn for_each_commit(
-            &mut self,
-            f: &mut dyn FnMut(&SessionId, &ImportCommit) -> Result<(), ExchangeError>,
-        ) -> Result<(), ExchangeError> {
-            self.passes += 1;
-            let last = self.sessions.len() - 1;
-            for (i, s) in self.sessions.iter().enumerate() {
-                for c in &s.commits {
-                    if self.passes == 2 && i == last && c.version == 258 {
-                        let mut live = self.store.load(&s.id).unwrap().unwrap();
-                        live.write_metadata("other", serde_json::json!(1)).unwrap();
-                        self.store.save(live).unwrap();
-                    }
-                    f(&s.id, c)?;
-                }
-            }
-            Ok(())
-        }
-    }
-
     /// A commit of another writer between two of the import's batches: the
     /// import fails at the first commit after it, and none of the import's
     /// commits lands on top of it.
@@ -744,9 +726,10 @@ mod tests {
         let (sessions, _, long) = two_sessions(400);
         let b = tempfile::tempdir().unwrap();
         let sb = store(b.path());
-        let mut source = SavedMeanwhile {
+        let mut source = SecondPass {
             sessions: &sessions,
-            store: &sb,
+            change: Change::SavedBefore(258),
+            store: Some(&sb),
             passes: 0,
         };
         let err =

@@ -186,10 +186,7 @@ impl LogStore {
         } else {
             None
         };
-        let start = match snapshot {
-            Some((v, u, s)) => Folded::at(Some(s), v, u),
-            None => Folded::at(None, base, 0),
-        };
+        let start = Folded::from(snapshot, base);
         let Folded {
             session,
             version,
@@ -280,10 +277,7 @@ impl LogStore {
         if head <= base {
             return Ok(None);
         }
-        let start = match self.read_cached(CACHE_SETTINGS, id, base, head) {
-            Some((v, u, s)) => Folded::at(Some(s), v, u),
-            None => Folded::at(None, base, 0),
-        };
+        let start = Folded::from(self.read_cached(CACHE_SETTINGS, id, base, head), base);
         // The transcript events are skipped by kind, never decoded (the
         // transcript index answers for them).
         let Folded {
@@ -316,7 +310,13 @@ struct Folded {
 }
 
 impl Folded {
-    fn at(session: Option<AgentSession>, version: u64, updated: i64) -> Folded {
+    /// Where a fold starts: a cached session (its version, time and state),
+    /// or nothing at the incarnation's base version.
+    fn from(cached: Option<(u64, i64, AgentSession)>, base: u64) -> Folded {
+        let (session, version, updated) = match cached {
+            Some((v, u, s)) => (Some(s), v, u),
+            None => (None, base, 0),
+        };
         Folded {
             session,
             version,
