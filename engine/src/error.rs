@@ -124,6 +124,11 @@ pub enum IndexError {
     /// The index disagrees with the log.
     #[error("index disagrees with the log: {0}")]
     Mismatch(String),
+    /// A rebuild of the index in place (a GC's) began but did not finish, so the
+    /// index holds part of the log; the store is poisoned and reads of the index fail
+    /// until it is reopened (the open rebuilds it).
+    #[error("the index was left part-rebuilt by a GC that did not finish; reopen the store")]
+    Incomplete,
     /// An operation that needs sled on an index over a checkpoint file, which has
     /// none (a read-only open from a checkpoint).
     #[error("the index over a checkpoint file has no sled to {0}")]

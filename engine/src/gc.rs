@@ -572,9 +572,10 @@ pub(crate) fn finish_erasure(
     Ok(true)
 }
 
-/// Holds the GC epoch odd from the swap of a GC's segments until its index is rebuilt,
-/// however that ends (a failed GC poisons the store; its readers must not wait forever).
-/// Dropped without [`OddEpoch::finish`], it marks the index incomplete.
+/// Holds the index's rebuild gate (the GC epoch) odd from the swap of a GC's segments
+/// until its index is rebuilt, however that ends (a failed GC poisons the store; its
+/// readers must not wait forever). Dropped without [`OddEpoch::finish`], it marks the
+/// index incomplete.
 struct OddEpoch<'a> {
     inner: &'a crate::store::Inner,
     finished: bool,
@@ -582,8 +583,7 @@ struct OddEpoch<'a> {
 
 impl<'a> OddEpoch<'a> {
     fn enter(inner: &'a crate::store::Inner) -> OddEpoch<'a> {
-        let before = inner.gc_epoch.fetch_add(1, Ordering::AcqRel);
-        debug_assert!(before.is_multiple_of(2), "one GC at a time");
+        inner.index.gate().begin();
         OddEpoch {
             inner,
             finished: false,
@@ -601,11 +601,8 @@ impl Drop for OddEpoch<'_> {
         if !self.finished {
             let cause = "a GC did not finish rebuilding the index; reopen the store";
             self.inner.poison(&std::io::Error::other(cause));
-            self.inner
-                .gc_index_incomplete
-                .store(true, Ordering::Release);
         }
-        self.inner.gc_epoch.fetch_add(1, Ordering::AcqRel);
+        self.inner.index.gate().end(self.finished);
     }
 }
 
@@ -660,7 +657,7 @@ impl Store {
             }
         }
         let active = lock(&inner.w).active.id;
-        let epoch = inner.gc_epoch.load(Ordering::Acquire);
+        let epoch = inner.index.gate().epoch();
         let order = segment::in_log_order(
             inner
                 .segments
@@ -859,7 +856,7 @@ impl Store {
             return Err(inner.poisoned_error());
         }
         let _gc = lock(&inner.gc_lock);
-        if plan.epoch != inner.gc_epoch.load(Ordering::Acquire) {
+        if plan.epoch != inner.index.gate().epoch() {
             return Err(Error::GcPlanStale(
                 "another GC ran since it was planned".into(),
             ));

@@ -19,6 +19,7 @@
 
 pub(crate) mod bloom;
 pub(super) mod close;
+pub(crate) mod gate;
 mod key_file;
 mod keys;
 mod mem_cache;
@@ -248,6 +249,9 @@ pub struct Index {
     /// publish adds 2 under the memtable's write lock; a clear adds 1 before
     /// it starts and 1 once it is done (odd = a clear in progress).
     changes: AtomicU64,
+    /// Held odd by a GC from its segment swap until its rebuild of this index ends:
+    /// the public reads wait it out (see `gate.rs`).
+    gate: gate::RebuildGate,
     /// A checkpoint file under everything else, in place of sled (a read-only open
     /// from a checkpoint): the memtable then holds every commit after it and is never
     /// moved into sled (see [`Index::set_base`]).

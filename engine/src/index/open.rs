@@ -241,6 +241,7 @@ impl Index {
             key_scan_stop: Arc::new(AtomicBool::new(false)),
             instance: NEXT_INDEX_INSTANCE.fetch_add(1, Ordering::Relaxed),
             changes: AtomicU64::new(0),
+            gate: Default::default(),
             base: std::sync::OnceLock::new(),
             applied_at: Mutex::new(None),
             moved_bytes: AtomicU64::new(0),

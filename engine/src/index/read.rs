@@ -7,10 +7,16 @@ use super::*;
 impl Index {
     /// The head of `stream`, `None` if it does not exist.
     pub fn stream_head(&self, stream: &str) -> Result<Option<StreamHead>, Error> {
-        match self.read_key(&head_key(stream))? {
+        let k = head_key(stream);
+        self.gate.read(|| match self.read_key(&k)? {
             Some(v) => Ok(Some(decode_head(&v)?)),
             None => Ok(None),
-        }
+        })
+    }
+
+    /// The rebuild gate the public reads pass (see `gate.rs`).
+    pub(crate) fn gate(&self) -> &gate::RebuildGate {
+        &self.gate
     }
 
     /// The head of `stream` in the checkpoint `ck`: the index as of the checkpoint's
@@ -51,7 +57,8 @@ impl Index {
         stream: &str,
         version: u64,
     ) -> Result<Option<LogPosition>, Error> {
-        Ok(self.stream_entry(stream, version)?.map(|e| e.position))
+        self.gate
+            .read(|| Ok(self.stream_entry(stream, version)?.map(|e| e.position)))
     }
 
     /// The index entry of version `version` of `stream`.
@@ -207,14 +214,16 @@ impl Index {
 
     /// Every stream with its head version, sorted by name.
     pub fn streams(&self) -> Result<Vec<(String, u64)>, Error> {
-        let mut out = Vec::new();
-        for kv in self.merged(HEAD) {
-            let (k, v) = kv?;
-            let name = String::from_utf8(k[HEAD.len()..].to_vec())
-                .map_err(|_| IndexError::Malformed("stream name".into()))?;
-            out.push((name, decode_head(&v)?.version));
-        }
-        Ok(out)
+        self.gate.read(|| {
+            let mut out = Vec::new();
+            for kv in self.merged(HEAD) {
+                let (k, v) = kv?;
+                let name = String::from_utf8(k[HEAD.len()..].to_vec())
+                    .map_err(|_| IndexError::Malformed("stream name".into()))?;
+                out.push((name, decode_head(&v)?.version));
+            }
+            Ok(out)
+        })
     }
 
     /// Where the visible entries stand (see [`ChangeMark`]). Take one before
@@ -232,9 +241,11 @@ impl Index {
     /// An indexer's entry.
     pub fn get(&self, ns: &str, key: &[u8]) -> Result<Option<Vec<u8>>, Error> {
         let head = [USER, ns.len().min(255) as u8];
-        Ok(with_joined(&[&head, ns.as_bytes(), key], |k| {
-            self.read_key(k)
-        })?)
+        self.gate.read(|| {
+            Ok(with_joined(&[&head, ns.as_bytes(), key], |k| {
+                self.read_key(k)
+            })?)
+        })
     }
 
     /// [`Index::get`] handing the value to `f` in place instead of copying
@@ -247,17 +258,32 @@ impl Index {
         f: impl FnOnce(Option<&[u8]>) -> T,
     ) -> Result<T, Error> {
         let head = [USER, ns.len().min(255) as u8];
-        Ok(with_joined(&[&head, ns.as_bytes(), key], |k| {
-            self.read_key_with(k, f)
-        })?)
+        let mut f = Some(f);
+        loop {
+            let epoch = self.gate.settled()?;
+            // `f` sees the value only if no rebuild began before it was read.
+            let got = with_joined(&[&head, ns.as_bytes(), key], |k| {
+                self.read_key_with(k, |v| match self.gate.moved_since(epoch) {
+                    true => None,
+                    false => f.take().map(|f| f(v)),
+                })
+            })?;
+            if let Some(t) = got {
+                return Ok(t);
+            }
+        }
     }
 
     /// An indexer's entries whose keys start with `prefix` (keys without the namespace).
-    pub fn scan_prefix(&self, ns: &str, prefix: &[u8]) -> IndexScan {
+    pub fn scan_prefix(&self, ns: &str, prefix: &[u8]) -> IndexScan<'_> {
         let p = user_key(ns, prefix);
+        // Taken before the iterator is made: a rebuild that began meanwhile (or runs
+        // now, odd) makes the first step start again.
+        let epoch = self.gate.epoch();
         IndexScan {
             iter: ScanSource::Merged(self.merged(&p)),
             strip: user_prefix_len(ns),
+            resume: Some(Resume::new(self, p, epoch)),
         }
     }
 
@@ -297,24 +323,56 @@ impl Index {
             return Ok(());
         };
         let strip = user_prefix_len(ns);
-        let mut it = self.merged_from(&p, &from);
-        if it.mem.peek().is_none() {
-            // Nothing pending in the memtables in range: sled's entries alone.
-            for kv in &mut it.sled {
-                let (k, v) = kv?;
-                if !f(k.get(strip..).unwrap_or(&[]), &v) {
-                    break;
+        let mut from = from;
+        loop {
+            let epoch = self.gate.settled()?;
+            // The last key `f` saw, to go on after it if a rebuild began meanwhile.
+            let mut last: Option<Vec<u8>> = None;
+            let mut note = |k: &[u8]| {
+                let l = last.get_or_insert_with(Vec::new);
+                l.clear();
+                l.extend_from_slice(k);
+            };
+            let mut it = self.merged_from(&p, &from);
+            let done = if it.mem.peek().is_none() {
+                // Nothing pending in the memtables in range: sled's entries alone.
+                let mut done = true;
+                for kv in &mut it.sled {
+                    if self.gate.moved_since(epoch) {
+                        done = false;
+                        break;
+                    }
+                    let (k, v) = kv?;
+                    note(&k);
+                    if !f(k.get(strip..).unwrap_or(&[]), &v) {
+                        return Ok(());
+                    }
                 }
+                done
+            } else {
+                let mut done = true;
+                while let Some(kv) = it.next_kv() {
+                    if self.gate.moved_since(epoch) {
+                        done = false;
+                        break;
+                    }
+                    let kv = kv?;
+                    note(kv.key());
+                    if !f(kv.key().get(strip..).unwrap_or(&[]), kv.value()) {
+                        return Ok(());
+                    }
+                }
+                done
+            };
+            // An end reached while a rebuild cleared the index is no end.
+            if done && !self.gate.moved_since(epoch) {
+                return Ok(());
             }
-            return Ok(());
-        }
-        while let Some(kv) = it.next_kv() {
-            let kv = kv?;
-            if !f(kv.key().get(strip..).unwrap_or(&[]), kv.value()) {
-                break;
+            if let Some(mut k) = last {
+                k.push(0);
+                from = k;
             }
         }
-        Ok(())
     }
 
     /// Write a cache entry (outside commits; dropped when the index is rebuilt). An
@@ -371,7 +429,7 @@ impl Index {
     }
 
     /// Cache entries whose keys start with `prefix` (keys without the namespace).
-    pub fn scan_cache_prefix(&self, ns: &str, prefix: &[u8]) -> IndexScan {
+    pub fn scan_cache_prefix(&self, ns: &str, prefix: &[u8]) -> IndexScan<'_> {
         let mut p = cache_prefix(ns);
         let strip = p.len();
         p.extend_from_slice(prefix);
@@ -384,6 +442,8 @@ impl Index {
                 }
             },
             strip,
+            // The cache is dropped by a rebuild, not rebuilt: nothing to wait for.
+            resume: None,
         }
     }
 

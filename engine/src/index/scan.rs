@@ -147,9 +147,11 @@ impl Index {
 }
 
 /// Iterator over index entries: `(key without namespace, value)`.
-pub struct IndexScan {
+pub struct IndexScan<'a> {
     pub(super) iter: ScanSource,
     pub(super) strip: usize,
+    /// How a scan of the merged layers starts again after a rebuild (see `gate.rs`).
+    pub(super) resume: Option<Resume<'a>>,
 }
 
 pub(super) enum ScanSource {
@@ -159,9 +161,77 @@ pub(super) enum ScanSource {
     Copied(std::vec::IntoIter<KeyValue>),
 }
 
-impl Iterator for IndexScan {
+/// A merged scan's place: the iterator was made at `epoch`; an entry is returned only
+/// if no rebuild began before it was read. Otherwise the scan waits for the rebuild
+/// and goes on from the entry after `last` in the rebuilt index.
+pub(super) struct Resume<'a> {
+    index: &'a Index,
+    prefix: Vec<u8>,
+    epoch: u64,
+    /// The full key of the last entry returned.
+    last: Option<Vec<u8>>,
+}
+
+impl<'a> Resume<'a> {
+    pub(super) fn new(index: &'a Index, prefix: Vec<u8>, epoch: u64) -> Resume<'a> {
+        Resume {
+            index,
+            prefix,
+            epoch,
+            last: None,
+        }
+    }
+
+    /// Whether what the iterator yields now may be from a rebuild.
+    fn stale(&self) -> bool {
+        !self.epoch.is_multiple_of(2) || self.index.gate().moved_since(self.epoch)
+    }
+
+    /// A new iterator from the entry after the last one returned, once no rebuild runs.
+    fn reseek(&mut self) -> Result<MergeIter, Error> {
+        self.epoch = self.index.gate().settled()?;
+        let from = match &self.last {
+            Some(k) => {
+                let mut k = k.clone();
+                k.push(0);
+                k
+            }
+            None => self.prefix.clone(),
+        };
+        Ok(self.index.merged_from(&self.prefix, &from))
+    }
+}
+
+impl Iterator for IndexScan<'_> {
     type Item = Result<KeyValue, Error>;
     fn next(&mut self) -> Option<Self::Item> {
+        loop {
+            if let Some(r) = self.resume.as_mut().filter(|r| r.stale()) {
+                match r.reseek() {
+                    Ok(m) => self.iter = ScanSource::Merged(m),
+                    Err(e) => return Some(Err(e)),
+                }
+            }
+            let got = self.step();
+            match &mut self.resume {
+                // Read while a rebuild ran (or after one began): read again.
+                Some(r) if r.stale() => continue,
+                Some(r) => {
+                    if let Some(Ok((k, _))) = &got {
+                        let mut full = r.prefix[..self.strip.min(r.prefix.len())].to_vec();
+                        full.extend_from_slice(k);
+                        r.last = Some(full);
+                    }
+                    return got;
+                }
+                None => return got,
+            }
+        }
+    }
+}
+
+impl IndexScan<'_> {
+    fn step(&mut self) -> Option<Result<KeyValue, Error>> {
         let strip = self.strip;
         let own_key = |k: &[u8]| k.get(strip..).unwrap_or(&[]).to_vec();
         Some(match &mut self.iter {

@@ -189,13 +189,6 @@ pub(crate) struct Inner {
     /// get in after sled (inside `index`) has been closed.
     /// One GC at a time.
     pub(crate) gc_lock: Mutex<()>,
-    /// Twice the number of GCs committed since open, plus one while a GC swaps its
-    /// segments and rebuilds the index (plans name the epoch they were made at; readers
-    /// of positions wait while it is odd and read again when it moved).
-    pub(crate) gc_epoch: AtomicU64,
-    /// A GC swapped segments but did not finish rebuilding the index (it failed or
-    /// panicked; the store is poisoned): stream reads fail until a reopen.
-    pub(crate) gc_index_incomplete: AtomicBool,
     /// Old segments of committed GCs waiting for their readers.
     pub(crate) retired: Mutex<Vec<crate::gc::Retired>>,
     /// The next segment, built ahead ([`NextSegment`]): the leader builds and takes it;

@@ -631,8 +631,6 @@ fn build_store(
             stop_cond: Condvar::new(),
             flusher: Mutex::new(None),
             gc_lock: Mutex::new(()),
-            gc_epoch: AtomicU64::new(0),
-            gc_index_incomplete: AtomicBool::new(false),
             retired: Mutex::new(Vec::new()),
             spare: Mutex::new(spare::Slot::Empty),
             opts,

@@ -6,9 +6,6 @@ use std::ops::ControlFlow;
 
 /// Positions [`Store::visit_stream`] reads from the index at a time.
 const VISIT_POSITIONS_MAX: usize = 1024;
-/// How many times a reader yields while a GC rebuilds the index before it sleeps
-/// between looks.
-const GC_WAIT_YIELDS: u32 = 64;
 
 /// The index placed `stream`'s `version` at `pos`, where the log holds another commit.
 fn misplaced(
@@ -47,7 +44,7 @@ impl Store {
         loop {
             let epoch = self.settled_gc_epoch()?;
             let got = read();
-            if self.inner.gc_epoch.load(Ordering::Acquire) == epoch {
+            if !self.inner.index.gate().moved_since(epoch) {
                 return got;
             }
         }
@@ -57,24 +54,12 @@ impl Store {
     /// one is, the index answers from a part of the log). A read that finds the epoch
     /// moved since the value returned here read during a GC, and reads again.
     fn settled_gc_epoch(&self) -> Result<u64, Error> {
-        let mut waits = 0u32;
-        loop {
-            let epoch = self.inner.gc_epoch.load(Ordering::Acquire);
-            if self.inner.gc_index_incomplete.load(Ordering::Acquire) {
-                // A GC that did not finish its rebuild left part of the index.
-                return Err(self.inner.poisoned_error());
-            }
-            if epoch.is_multiple_of(2) {
-                return Ok(epoch);
-            }
-            // A rebuild takes as long as applying the log: yield at first, then sleep.
-            if waits < GC_WAIT_YIELDS {
-                std::thread::yield_now();
-            } else {
-                std::thread::sleep(std::time::Duration::from_millis(1));
-            }
-            waits = waits.saturating_add(1);
-        }
+        // A GC that did not finish its rebuild left part of the index.
+        self.inner
+            .index
+            .gate()
+            .settled()
+            .map_err(|_| self.inner.poisoned_error())
     }
 
     pub(super) fn read_stream_once(
@@ -123,7 +108,7 @@ impl Store {
             let epoch = self.settled_gc_epoch()?;
             let batch = left.min(VISIT_POSITIONS_MAX);
             let positions = self.inner.index.stream_positions(stream, next, batch);
-            if self.inner.gc_epoch.load(Ordering::Acquire) != epoch {
+            if self.inner.index.gate().moved_since(epoch) {
                 // Read while a GC rebuilt the index: empty, partial or stale.
                 continue 'batches;
             }
@@ -146,9 +131,7 @@ impl Store {
                     Ok(ControlFlow::Break(())) => return Ok(()),
                     // Positions read before a GC swapped segments are stale: read
                     // them again from the rebuilt index.
-                    Err(_) if self.inner.gc_epoch.load(Ordering::Acquire) != epoch => {
-                        continue 'batches
-                    }
+                    Err(_) if self.inner.index.gate().moved_since(epoch) => continue 'batches,
                     Err(e) => return Err(e),
                 }
             }

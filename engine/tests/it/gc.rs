@@ -687,3 +687,88 @@ fn stream_reads_beside_a_gc_on_another_thread_see_the_whole_stream() {
     quick.join().unwrap();
     assert!(reads > 0);
 }
+
+/// The index's public reads (`Store::index()`, as the runtime's header, listing and
+/// transcript reads use it) beside GCs on another thread: never an answer from a part-
+/// rebuilt index. Each probe reads a stream's count entry, scans and visits its
+/// per-version entries, and reads its head and the stream list.
+#[test]
+fn index_reads_beside_a_gc_on_another_thread_see_every_entry() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Arc::new(Store::open(dir.path(), gc_opts()).unwrap());
+    const VERSIONS: u64 = 300;
+    for v in 0..VERSIONS {
+        let mut payload = format!("long:{}:", v + 1).into_bytes();
+        payload.resize(120, 0);
+        committed(
+            s.append(commit("long", ExpectedVersion::Exact(v), &payload))
+                .unwrap(),
+        );
+    }
+    let gc = {
+        let s = s.clone();
+        std::thread::spawn(move || {
+            for _ in 0..40 {
+                for _ in 0..60 {
+                    let v = s.stream_version("dead-0").unwrap().unwrap_or(0);
+                    let mut payload = format!("dead-0:{}:", v + 1).into_bytes();
+                    payload.resize(120, 0);
+                    committed(
+                        s.append(commit("dead-0", ExpectedVersion::Exact(v), &payload))
+                            .unwrap(),
+                    );
+                }
+                let plan = s.plan_gc(&is_live).unwrap();
+                s.run_gc(plan).unwrap();
+            }
+        })
+    };
+    let mut probes = 0u64;
+    loop {
+        let running = !gc.is_finished();
+        let ix = s.index();
+        let count = ix.get("pos", b"n/long").unwrap();
+        assert_eq!(
+            count,
+            Some(VERSIONS.to_be_bytes().to_vec()),
+            "get, probe {probes}"
+        );
+        let with = ix
+            .get_with("pos", b"n/long", |v| v.map(<[u8]>::len))
+            .unwrap();
+        assert_eq!(with, Some(8), "get_with, probe {probes}");
+        // The scan and the visit pause half way, so that GCs begin in the middle of
+        // them: each must go on from where it was, in the rebuilt index.
+        let mut scan = ix.scan_prefix("pos", b"p/long");
+        let mut keys: Vec<Vec<u8>> = scan.by_ref().take(150).map(|kv| kv.unwrap().0).collect();
+        std::thread::sleep(std::time::Duration::from_micros(300));
+        keys.extend(scan.map(|kv| kv.unwrap().0));
+        let want: Vec<Vec<u8>> = (1..=VERSIONS)
+            .map(|v| [&b"p/long"[..], &v.to_be_bytes()].concat())
+            .collect();
+        assert_eq!(keys, want, "scan, probe {probes}");
+        let mut visited = Vec::new();
+        ix.visit_prefix("pos", b"p/long", |k, _| {
+            if visited.len() == 150 {
+                std::thread::sleep(std::time::Duration::from_micros(300));
+            }
+            visited.push(k.to_vec());
+            true
+        })
+        .unwrap();
+        assert_eq!(visited, want, "visit, probe {probes}");
+        let head = ix.stream_head("long").unwrap().map(|h| h.version);
+        assert_eq!(head, Some(VERSIONS), "head, probe {probes}");
+        let streams = ix.streams().unwrap();
+        assert!(
+            streams.contains(&("long".to_string(), VERSIONS)),
+            "streams, probe {probes}: {streams:?}"
+        );
+        probes += 1;
+        if !running {
+            break;
+        }
+    }
+    gc.join().unwrap();
+    assert!(probes > 1);
+}

@@ -199,3 +199,69 @@ fn gc_erases_the_transcript_of_a_purged_incarnation() {
     assert_eq!(full_transcript(&*store, &id), before);
     assert_eq!(store.load(&id).unwrap().unwrap().version(), version);
 }
+
+/// An embedding that runs GCs beside its readers: listings, headers and whole
+/// loads on another thread never answer from the index while a GC rebuilds it
+/// (a session missing, or at another version).
+#[test]
+fn reads_beside_gcs_on_another_thread_see_every_session() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open_log(dir.path());
+    let (rt, _) = runtime(store.clone());
+    let mut kept = Vec::new();
+    for i in 0..4 {
+        let id = new_session(&rt);
+        let h = writer(&rt, &id, 1 << 20);
+        h.append_entries(vec![
+            user(format!("question {i}")),
+            user(format!("more {i}")),
+        ])
+        .unwrap();
+        drop(h);
+        let version = store.header(&id).unwrap().unwrap().version;
+        kept.push((id.clone(), version, full_transcript(&*store, &id)));
+    }
+    let rt = std::sync::Arc::new(rt);
+    let gc = {
+        let (rt, store) = (rt.clone(), store.clone());
+        std::thread::spawn(move || {
+            for round in 0..25 {
+                let gone = new_session(&rt);
+                let h = writer(&rt, &gone, 1 << 20);
+                h.append(user(format!("{GONE} {round}"))).unwrap();
+                drop(h);
+                rt.delete(&gone).unwrap();
+                let plan = store.plan_gc().unwrap();
+                store.run_gc(plan).unwrap();
+            }
+        })
+    };
+    let mut probes = 0u64;
+    loop {
+        let running = !gc.is_finished();
+        let listed = store
+            .list_headers(&spool_runtime::store::ListQuery::default())
+            .unwrap();
+        for (id, version, transcript) in &kept {
+            let found = listed.headers.iter().find(|h| &h.id == id);
+            assert_eq!(
+                found.map(|h| h.version),
+                Some(*version),
+                "list, probe {probes}"
+            );
+            let header = store.header(id).unwrap().map(|h| h.version);
+            assert_eq!(header, Some(*version), "header, probe {probes}");
+            assert_eq!(
+                &full_transcript(&*store, id),
+                transcript,
+                "load, probe {probes}"
+            );
+        }
+        probes += 1;
+        if !running {
+            break;
+        }
+    }
+    gc.join().unwrap();
+    assert!(probes > 1);
+}
