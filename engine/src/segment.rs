@@ -5,7 +5,7 @@ use crate::format::CommitRef;
 use crate::format::{self, FrameCheck, FRAME_HEADER_BYTES, SEGMENT_HEADER_BYTES};
 use crate::types::{LogPosition, RecordedCommit};
 use crate::vfs::{Mapped, VfsFile};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -14,6 +14,9 @@ use std::sync::{Arc, Mutex};
 pub(crate) struct Segment {
     pub id: u64,
     pub name: String,
+    /// Where the file is, for the I/O errors of reads: the store directory joined with
+    /// the file's name (see [`Segment::at`]). The name alone until then.
+    path: Arc<Path>,
     pub file: Arc<dyn VfsFile>,
     /// End of the acknowledged records: reads never go past it.
     pub end: AtomicU64,
@@ -43,9 +46,11 @@ impl Segment {
         capacity: u64,
         first_seq: u64,
     ) -> Segment {
+        let name = format::segment_file_name(id);
         Segment {
             id,
-            name: format::segment_file_name(id),
+            path: Arc::from(Path::new(&name)),
+            name,
             file,
             end: AtomicU64::new(end),
             capacity,
@@ -55,6 +60,15 @@ impl Segment {
             map: Mutex::new(None),
             mappable: std::sync::atomic::AtomicBool::new(false),
         }
+    }
+
+    /// Set where the file is, so its I/O errors name the full path as every other I/O
+    /// error of the engine does. The segment carries it because its maps and reads
+    /// happen long after the open, where no caller knows the directory (a segment a
+    /// checkpoint covers is mapped by the first read that reaches it).
+    pub fn at(mut self, path: impl Into<PathBuf>) -> Segment {
+        self.path = Arc::from(path.into());
+        self
     }
 
     /// Set what the header says (data start, compacted range).
@@ -121,7 +135,7 @@ impl Segment {
             let m = Arc::new(
                 self.file
                     .map()
-                    .map_err(|e| Error::io(&self.name, "map", e))?,
+                    .map_err(|e| Error::io(&*self.path, "map", e))?,
             );
             *g = Some((m.clone(), true));
             return Ok(Some(m));
@@ -133,7 +147,7 @@ impl Segment {
         let m = Arc::new(
             self.file
                 .map_prefix(end)
-                .map_err(|e| Error::io(&self.name, "map", e))?,
+                .map_err(|e| Error::io(&*self.path, "map", e))?,
         );
         debug_assert_eq!(m.len() as u64, end, "a prefix map is exactly the prefix");
         *g = Some((m.clone(), false));
@@ -214,7 +228,7 @@ impl Segment {
         buf.resize(first as usize, 0);
         self.file
             .read_at(buf, offset)
-            .map_err(|e| Error::io(&self.name, "read_at", e))?;
+            .map_err(|e| Error::io(&*self.path, "read_at", e))?;
         let mut hb = [0u8; FRAME_HEADER_BYTES as usize];
         let head = buf
             .get(..FRAME_HEADER_BYTES as usize)
@@ -235,7 +249,7 @@ impl Segment {
             let rest = buf.get_mut(first as usize..).unwrap_or(&mut []);
             self.file
                 .read_at(rest, offset + first)
-                .map_err(|e| Error::io(&self.name, "read_at", e))?;
+                .map_err(|e| Error::io(&*self.path, "read_at", e))?;
         }
         let payload = buf
             .get(FRAME_HEADER_BYTES as usize..total as usize)
@@ -349,7 +363,7 @@ impl Segment {
                 let mut v = vec![0u8; n];
                 self.file
                     .read_at(&mut v, offset)
-                    .map_err(|e| Error::io(&self.name, "read_at", e))?;
+                    .map_err(|e| Error::io(&*self.path, "read_at", e))?;
                 SpanBytes::Read(v)
             }
         };

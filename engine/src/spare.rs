@@ -192,13 +192,9 @@ pub(crate) fn install(
         .map_err(|e| Error::io(&from, "rename", e))?;
     vfs.sync_dir(dir)
         .map_err(|e| Error::io(dir, "sync_dir", e))?;
-    Ok(Arc::new(Segment::new(
-        id,
-        spare.file,
-        SEGMENT_HEADER_BYTES,
-        spare.capacity,
-        0,
-    )))
+    Ok(Arc::new(
+        Segment::new(id, spare.file, SEGMENT_HEADER_BYTES, spare.capacity, 0).at(path),
+    ))
 }
 
 /// Remove a spare left in `dir` (owner open and close). Its absence is not an error.

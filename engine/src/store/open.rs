@@ -771,6 +771,7 @@ pub(super) fn scan_opened(
                 // only when a read reaches it.
                 let t = &r.segments[i];
                 let seg = Segment::new(id, file, t.end, len, t.first_seq)
+                    .at(path)
                     .with_header(*h)
                     .sealed();
                 segments.insert(id, Arc::new(seg));
@@ -830,7 +831,7 @@ pub(super) fn scan_opened(
                     .map_err(|e| Error::io(dir, "sync_dir", e))?;
                 segments.insert(
                     id,
-                    Arc::new(Segment::new(id, file, SEGMENT_HEADER_BYTES, capacity, 0)),
+                    Arc::new(Segment::new(id, file, SEGMENT_HEADER_BYTES, capacity, 0).at(path)),
                 );
                 continue;
             }
@@ -979,7 +980,9 @@ pub(super) fn scan_opened(
             }
         }
         let capacity = map.len() as u64;
-        let seg = Segment::new(id, file, end, capacity, first_seq).with_header(header);
+        let seg = Segment::new(id, file, end, capacity, first_seq)
+            .at(path)
+            .with_header(header);
         let seg = if read_only || !is_last {
             seg.with_map(Arc::new(map))
         } else {

@@ -26,13 +26,9 @@ pub(super) fn create_segment(
     )?;
     vfs.sync_dir(dir)
         .map_err(|e| Error::io(dir, "sync_dir", e))?;
-    Ok(Arc::new(Segment::new(
-        id,
-        file,
-        SEGMENT_HEADER_BYTES,
-        capacity,
-        0,
-    )))
+    Ok(Arc::new(
+        Segment::new(id, file, SEGMENT_HEADER_BYTES, capacity, 0).at(path),
+    ))
 }
 
 /// Preallocate (`preallocate` resolved: not `Auto`), write the header and fsync.

@@ -139,7 +139,7 @@ fn the_active_segment_is_read_through_a_map_of_its_acknowledged_prefix() {
 }
 
 /// A failed map of the active segment's prefix fails that read with an I/O error
-/// naming the segment, poisons nothing (reads never do), and the next read maps it.
+/// naming the segment's full path, poisons nothing (reads never do), and the next read maps it.
 #[test]
 fn a_failed_prefix_map_fails_the_read_and_the_next_read_maps() {
     use crate::vfs::{FaultKind, FaultVfs, OsVfs};
@@ -177,7 +177,7 @@ fn a_failed_prefix_map_fails_the_read_and_the_next_read_maps() {
     match &err {
         Error::Io { path, op, .. } => {
             assert_eq!(*op, "map");
-            assert!(path.ends_with(&seg.name), "{err}");
+            assert_eq!(path, &dir.path().join(&seg.name), "{err}");
         }
         other => panic!("expected an I/O error naming the segment, got {other}"),
     }
@@ -194,6 +194,39 @@ fn a_failed_prefix_map_fails_the_read_and_the_next_read_maps() {
         ))
         .unwrap();
     assert!(matches!(o, AppendOutcome::Committed(_)));
+}
+
+/// A read of the active segment below the map slack goes to the file: a failure of it
+/// names the file's full path.
+#[test]
+fn a_failed_read_of_an_unmapped_segment_names_its_full_path() {
+    use crate::vfs::{FaultKind, FaultVfs, OsVfs};
+    let dir = tempfile::tempdir().unwrap();
+    let vfs = FaultVfs::new(Arc::new(OsVfs));
+    let s = Store::open(
+        dir.path(),
+        Options::default()
+            .durability(Durability::Buffered)
+            .vfs(Arc::new(vfs.clone())),
+    )
+    .unwrap();
+    let o = s
+        .append(NewCommit::new("s", ExpectedVersion::Exact(0), ev(0)))
+        .unwrap();
+    let pos = o.info().unwrap().position;
+    let seg = s.segment_at(pos).unwrap();
+    vfs.fail_nth(FaultKind::Read, 1, false);
+    let err = s.visit_at(pos, |c| c.seq).unwrap_err();
+    match &err {
+        Error::Io { path, op, .. } => {
+            assert_eq!(*op, "read_at");
+            assert_eq!(path, &dir.path().join(&seg.name), "{err}");
+        }
+        other => panic!("expected an I/O error naming the segment, got {other}"),
+    }
+    assert_eq!(vfs.injected(), 1);
+    assert_eq!(seg.map_state(), None);
+    assert_eq!(s.visit_at(pos, |c| c.seq).unwrap(), 1);
 }
 
 #[test]
@@ -384,6 +417,65 @@ fn an_open_from_a_checkpoint_maps_a_covered_segment_only_when_read() {
                 seg.id
             );
         }
+        drop(s);
+    }
+}
+
+/// A segment an open from a checkpoint leaves unmapped is mapped by the first read that
+/// reaches it: a failure of that map names the file by its full path, as every other
+/// I/O error does, so the message says which store's file failed.
+#[test]
+fn a_failed_lazy_map_of_a_covered_segment_names_its_full_path() {
+    use crate::vfs::{FaultKind, FaultVfs, OsVfs};
+    let dir = tempfile::tempdir().unwrap();
+    let opts = || Options::default().durability(Durability::Buffered);
+    let s = Store::open(dir.path(), opts()).unwrap();
+    let mut positions = Vec::new();
+    // 64 KiB commits: the first segments fill and are covered by the close's checkpoint.
+    for i in 0..40u64 {
+        let o = s
+            .append(NewCommit::new(
+                "s",
+                ExpectedVersion::Exact(i),
+                vec![EventData::new("e", vec![i as u8; 64 << 10])],
+            ))
+            .unwrap();
+        let AppendOutcome::Committed(info) = o else {
+            panic!("append {i}: {o:?}")
+        };
+        positions.push(info.position);
+    }
+    s.close().unwrap();
+    let first = positions[0];
+    assert_ne!(first.segment, positions[39].segment);
+    for read_only in [true, false] {
+        let vfs = FaultVfs::new(Arc::new(OsVfs));
+        let o = opts().vfs(Arc::new(vfs.clone()));
+        let s = if read_only {
+            Store::open_read_only(dir.path(), o).unwrap()
+        } else {
+            Store::open(dir.path(), o).unwrap()
+        };
+        assert_eq!(s.stats().open_checkpoint_seq, Some(40));
+        let seg = s.segment_at(first).unwrap();
+        assert_eq!(seg.map_state(), None, "read-only {read_only}");
+        // The read's first call of the kind is the map of the whole segment.
+        vfs.fail_nth(FaultKind::Read, 1, false);
+        let err = s.visit_at(first, |c| c.seq).unwrap_err();
+        match &err {
+            Error::Io { path, op, .. } => {
+                assert_eq!(*op, "map", "read-only {read_only}");
+                assert_eq!(
+                    path,
+                    &dir.path().join(&seg.name),
+                    "read-only {read_only}: {err}"
+                );
+            }
+            other => panic!("expected an I/O error naming the segment, got {other}"),
+        }
+        assert_eq!(vfs.injected(), 1);
+        vfs.clear();
+        assert_eq!(s.visit_at(first, |c| c.seq).unwrap(), 1);
         drop(s);
     }
 }
