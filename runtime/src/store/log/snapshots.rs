@@ -467,6 +467,40 @@ mod tests {
         s
     }
 
+    /// The index names the version a fold must reach; commits that stop
+    /// before it (the log lacks some of the session's commits) are a
+    /// corrupt session, not a shorter one returned as if whole.
+    #[test]
+    fn a_fold_whose_commits_end_before_the_named_version_is_corrupt() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = open(dir.path());
+        let id = session_of(&store, 3).id().clone();
+        let head = store
+            .engine()
+            .unwrap()
+            .stream_version(id.as_str())
+            .unwrap()
+            .unwrap();
+        let (_, base) = store.record(&id).unwrap().unwrap();
+        let fold =
+            |upto| store.fold_commits(&id, Folded::from(None, base), upto, decode_event, |_| true);
+        // Up to the head, the same fold is whole.
+        let whole = fold(head).unwrap();
+        assert_eq!((whole.version, whole.replayed), (head, head - base));
+        match fold(head + 2) {
+            Err(StoreError::Corrupt { id: got, reason }) => {
+                assert_eq!(got, id);
+                assert!(
+                    reason.contains(&format!("up to stream version {head}"))
+                        && reason.contains(&format!("names version {}", head + 2)),
+                    "{reason}"
+                );
+            }
+            Err(e) => panic!("expected a corrupt session, got {e}"),
+            Ok(f) => panic!("a fold ending at version {} was returned", f.version),
+        }
+    }
+
     #[test]
     fn direct_appends_keep_the_settings_snapshot_fresh() {
         let dir = tempfile::tempdir().unwrap();
