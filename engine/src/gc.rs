@@ -971,6 +971,7 @@ impl Store {
                     ))
                 })?;
                 let seg = Segment::new(wr.id, wr.file.clone(), wr.bytes, wr.bytes, wr.first_seq)
+                    .at(dir.join(format::segment_file_name(wr.id)))
                     .with_header(wr.header)
                     .with_map(Arc::new(map));
                 segs.insert(wr.id, Arc::new(seg));
