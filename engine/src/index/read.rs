@@ -326,13 +326,9 @@ impl Index {
         let mut from = from;
         loop {
             let epoch = self.gate.settled()?;
-            // The last key `f` saw, to go on after it if a rebuild began meanwhile.
-            let mut last: Option<Vec<u8>> = None;
-            let mut note = |k: &[u8]| {
-                let l = last.get_or_insert_with(Vec::new);
-                l.clear();
-                l.extend_from_slice(k);
-            };
+            // The last entry `f` saw (kept by moving it, not copying), to go on after
+            // it if a rebuild began meanwhile.
+            let mut last: Option<Kv> = None;
             let mut it = self.merged_from(&p, &from);
             let done = if it.mem.peek().is_none() {
                 // Nothing pending in the memtables in range: sled's entries alone.
@@ -343,10 +339,10 @@ impl Index {
                         break;
                     }
                     let (k, v) = kv?;
-                    note(&k);
                     if !f(k.get(strip..).unwrap_or(&[]), &v) {
                         return Ok(());
                     }
+                    last = Some(Kv::Sled(k, v));
                 }
                 done
             } else {
@@ -357,10 +353,10 @@ impl Index {
                         break;
                     }
                     let kv = kv?;
-                    note(kv.key());
                     if !f(kv.key().get(strip..).unwrap_or(&[]), kv.value()) {
                         return Ok(());
                     }
+                    last = Some(kv);
                 }
                 done
             };
@@ -368,9 +364,8 @@ impl Index {
             if done && !self.gate.moved_since(epoch) {
                 return Ok(());
             }
-            if let Some(mut k) = last {
-                k.push(0);
-                from = k;
+            if let Some(kv) = last {
+                from = [kv.key(), &[0]].concat();
             }
         }
     }

@@ -168,8 +168,9 @@ pub(super) struct Resume<'a> {
     index: &'a Index,
     prefix: Vec<u8>,
     epoch: u64,
-    /// The full key of the last entry returned.
-    last: Option<Vec<u8>>,
+    /// The full key of the last entry returned (empty before the first: no full key
+    /// is empty, it starts with the namespace).
+    last: Vec<u8>,
 }
 
 impl<'a> Resume<'a> {
@@ -178,7 +179,7 @@ impl<'a> Resume<'a> {
             index,
             prefix,
             epoch,
-            last: None,
+            last: Vec::new(),
         }
     }
 
@@ -190,13 +191,9 @@ impl<'a> Resume<'a> {
     /// A new iterator from the entry after the last one returned, once no rebuild runs.
     fn reseek(&mut self) -> Result<MergeIter, Error> {
         self.epoch = self.index.gate().settled()?;
-        let from = match &self.last {
-            Some(k) => {
-                let mut k = k.clone();
-                k.push(0);
-                k
-            }
-            None => self.prefix.clone(),
+        let from = match self.last.is_empty() {
+            true => self.prefix.clone(),
+            false => [&self.last[..], &[0]].concat(),
         };
         Ok(self.index.merged_from(&self.prefix, &from))
     }
@@ -218,9 +215,11 @@ impl Iterator for IndexScan<'_> {
                 Some(r) if r.stale() => continue,
                 Some(r) => {
                     if let Some(Ok((k, _))) = &got {
-                        let mut full = r.prefix[..self.strip.min(r.prefix.len())].to_vec();
-                        full.extend_from_slice(k);
-                        r.last = Some(full);
+                        // One buffer for the whole scan: no allocation per entry.
+                        r.last.clear();
+                        r.last
+                            .extend_from_slice(&r.prefix[..self.strip.min(r.prefix.len())]);
+                        r.last.extend_from_slice(k);
                     }
                     return got;
                 }
