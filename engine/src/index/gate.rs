@@ -50,6 +50,11 @@ impl RebuildGate {
         }
     }
 
+    /// Whether a rebuild began and did not finish (reads must fail, not answer).
+    pub(crate) fn is_incomplete(&self) -> bool {
+        self.incomplete.load(Ordering::Acquire)
+    }
+
     /// Whether a rebuild began since `settled` returned `epoch`: what was read
     /// meanwhile may be empty, partial or stale.
     pub(crate) fn moved_since(&self, epoch: u64) -> bool {

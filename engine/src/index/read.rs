@@ -267,9 +267,13 @@ impl Index {
                     true => None,
                     false => f.take().map(|f| f(v)),
                 })
-            })?;
-            if let Some(t) = got {
-                return Ok(t);
+            });
+            match got {
+                Ok(Some(t)) => return Ok(t),
+                Ok(None) => {}
+                // Read while a rebuild ran: read again.
+                Err(_) if self.gate.moved_since(epoch) => {}
+                Err(e) => return Err(e.into()),
             }
         }
     }

@@ -183,9 +183,11 @@ impl<'a> Resume<'a> {
         }
     }
 
-    /// Whether what the iterator yields now may be from a rebuild.
+    /// Whether what the iterator yields now may be from a rebuild (or from what one
+    /// that did not finish left: the reseek then fails).
     fn stale(&self) -> bool {
-        !self.epoch.is_multiple_of(2) || self.index.gate().moved_since(self.epoch)
+        let gate = self.index.gate();
+        !self.epoch.is_multiple_of(2) || gate.moved_since(self.epoch) || gate.is_incomplete()
     }
 
     /// A new iterator from the entry after the last one returned, once no rebuild runs.
@@ -206,7 +208,13 @@ impl Iterator for IndexScan<'_> {
             if let Some(r) = self.resume.as_mut().filter(|r| r.stale()) {
                 match r.reseek() {
                     Ok(m) => self.iter = ScanSource::Merged(m),
-                    Err(e) => return Some(Err(e)),
+                    Err(e) => {
+                        // A scan that cannot go on ends with the error, as one whose
+                        // step fails does.
+                        self.resume = None;
+                        self.iter = ScanSource::Copied(Vec::new().into_iter());
+                        return Some(Err(e));
+                    }
                 }
             }
             let got = self.step();

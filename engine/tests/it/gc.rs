@@ -475,6 +475,17 @@ fn a_fault_at_every_io_call_of_a_gc_leaves_a_consistent_store() {
                     "fault {fault:?}: {name} read as {read:?}"
                 );
             }
+            // The index's own scans (what the runtime's listings use) likewise.
+            let prefix = format!("p/{name}");
+            let scanned: Result<Vec<_>, _> =
+                s.index().scan_prefix("pos", prefix.as_bytes()).collect();
+            if let Ok(scanned) = scanned {
+                let n = scanned.len();
+                assert!(
+                    n == versions(&all, name).len() || n == versions(&live, name).len(),
+                    "fault {fault:?}: {name} scanned as {n} entries"
+                );
+            }
         }
         drop(s);
         let s = Store::open(tmp.path(), gc_opts()).unwrap();
