@@ -175,13 +175,10 @@ fn spool_open(dir: &Path) -> ChildResult {
 
 /// `spool import FILE` into the (fresh) store at `dir`, as the command
 /// does it: the file read twice, one commit at a time (a check pass, then
-/// the writes), buffered appends and one sync before success.
+/// the writes), buffered appends and one sync before success, the
+/// bulk-load index cache.
 fn spool_import(dir: &Path, file: &Path) -> ChildResult {
-    let opts = LogStoreOptions {
-        durability: spool_engine::Durability::Buffered,
-        ..LogStoreOptions::default()
-    };
-    let store = LogStore::open(dir, opts)?;
+    let store = LogStore::open(dir, LogStoreOptions::bulk_load())?;
     let imported = import_from(
         &store,
         &mut ExportFile::new(file),

@@ -6,7 +6,7 @@ use std::path::Path;
 
 /// A sled database at `path`, configured as the index opens its own.
 pub fn open_index_sled(path: &Path) -> Result<sled::Db, sled::Error> {
-    crate::index::Index::open_db_inner(Some(path))
+    crate::index::Index::open_db_inner(Some(path), crate::index::INDEX_CACHE_BYTES_MAX)
 }
 
 /// The epoch reclamation a move into sled runs after its `writes`.

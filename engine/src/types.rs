@@ -127,6 +127,13 @@ pub struct Options {
     /// since the last one (default [`crate::CHECKPOINT_COMMITS_MIN_DEFAULT`]); 0 writes
     /// none in the background (only on close). See [`crate::CHECKPOINT_DIR`].
     pub checkpoint_commits_min: u64,
+    /// Most bytes of sled's page cache, as sled counts them (default
+    /// [`crate::INDEX_CACHE_BYTES_MAX`]; a setting below [`crate::INDEX_CACHE_BYTES_MIN`]
+    /// is raised to it). A long-lived owner reading many sessions wants the default; a
+    /// bulk load (an import) writes far more than it reads back and does better with
+    /// a small one (see [`crate::INDEX_CACHE_BYTES_BULK`]). Read-only opens from a
+    /// checkpoint open no sled and ignore it.
+    pub index_cache_bytes_max: u64,
 }
 
 /// Default of [`Options::index_thread_poll`], in microseconds: zero, no polling (its
@@ -151,6 +158,7 @@ impl Default for Options {
             next_segment: NextSegment::default(),
             index_thread_poll: Duration::from_micros(INDEX_THREAD_POLL_DEFAULT_US),
             checkpoint_commits_min: crate::CHECKPOINT_COMMITS_MIN_DEFAULT,
+            index_cache_bytes_max: crate::INDEX_CACHE_BYTES_MAX,
         }
     }
 }
@@ -172,6 +180,8 @@ impl fmt::Debug for Options {
             .field("lock_wait", &self.lock_wait)
             .field("next_segment", &self.next_segment)
             .field("index_thread_poll", &self.index_thread_poll)
+            .field("checkpoint_commits_min", &self.checkpoint_commits_min)
+            .field("index_cache_bytes_max", &self.index_cache_bytes_max)
             .finish()
     }
 }
@@ -204,6 +214,11 @@ impl Options {
     /// See [`Options::checkpoint_commits_min`].
     pub fn checkpoint_commits_min(mut self, n: u64) -> Self {
         self.checkpoint_commits_min = n;
+        self
+    }
+    /// See [`Options::index_cache_bytes_max`].
+    pub fn index_cache_bytes_max(mut self, n: u64) -> Self {
+        self.index_cache_bytes_max = n;
         self
     }
     pub fn indexer(mut self, ix: Arc<dyn Indexer>) -> Self {

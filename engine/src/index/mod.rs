@@ -56,11 +56,23 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::thread::JoinHandle;
 use uuid::Uuid;
 
-/// sled's page cache, in bytes (sled's own default is 1 GiB). sled keeps the nodes it
-/// has read or written in memory up to about this much, so it bounds the index's share
-/// of the process's memory however large the index grows; a smaller cache only means
-/// more of sled's reads go to its files (and the OS page cache).
+/// sled's page cache, in bytes, by default ([`crate::Options::index_cache_bytes_max`];
+/// sled's own default is 1 GiB). sled keeps the nodes it has read or written in
+/// memory up to about this much, as it counts them (in memory they take up to about
+/// twice that), so it bounds the index's share of the process's memory however large
+/// the index grows; a smaller cache only means more of sled's reads go to its files
+/// (and the OS page cache).
 pub const INDEX_CACHE_BYTES_MAX: u64 = 64 << 20;
+
+/// The smallest sled page cache an open asks for: a smaller setting is raised to it.
+pub const INDEX_CACHE_BYTES_MIN: u64 = 1 << 20;
+
+/// sled's page cache for a bulk load, such as `spool import` (what
+/// [`crate::Options::index_cache_bytes_max`] is set to there): an import's index reads
+/// hit the memtables and the key filter, and a larger cache only holds what the
+/// background move and the closing checkpoint's scan went through — peak memory and
+/// time both fell with a smaller one (BENCHMARKS.md, Decisions).
+pub const INDEX_CACHE_BYTES_BULK: u64 = 16 << 20;
 
 /// Version of the index layout; a different one in an existing index means rebuild.
 pub const INDEX_FORMAT_VERSION: u32 = 2;

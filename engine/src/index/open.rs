@@ -5,7 +5,7 @@
 use super::*;
 
 impl Index {
-    pub(super) fn open_db(path: Option<&Path>) -> Result<sled::Db, sled::Error> {
+    pub(super) fn open_db(path: Option<&Path>, cache_bytes: u64) -> Result<sled::Db, sled::Error> {
         if let Some(p) = path {
             // The index directory is the owner's alone (sled picks its own file
             // modes; `tighten_permissions` fixes them up on open and close).
@@ -14,7 +14,7 @@ impl Index {
                 .mode(0o700)
                 .create(p);
         }
-        let db = Self::open_db_inner(path);
+        let db = Self::open_db_inner(path, cache_bytes);
         if let (Some(p), Ok(_)) = (path, &db) {
             tighten_permissions(p);
         }
@@ -28,12 +28,15 @@ impl Index {
     /// refuses as corrupt. Without it, sled recovers from the previous snapshot and its
     /// log, as it does after any crash. Only a directory the caller owns (the store's
     /// lock, or verify's private copy) is repaired.
-    pub(super) fn open_db_repairing(path: Option<&Path>) -> Result<sled::Db, sled::Error> {
-        let first = Index::open_db(path);
+    pub(super) fn open_db_repairing(
+        path: Option<&Path>,
+        cache_bytes: u64,
+    ) -> Result<sled::Db, sled::Error> {
+        let first = Index::open_db(path, cache_bytes);
         match (&first, path) {
             (Err(e), Some(p)) if !is_sled_lock_error(e) => {
                 if remove_unfinished_snapshots(p) > 0 {
-                    Index::open_db(path)
+                    Index::open_db(path, cache_bytes)
                 } else {
                     first
                 }
@@ -42,7 +45,12 @@ impl Index {
         }
     }
 
-    pub(crate) fn open_db_inner(path: Option<&Path>) -> Result<sled::Db, sled::Error> {
+    /// sled opened at `path` with a page cache of `cache_bytes` (clamped to
+    /// [`INDEX_CACHE_BYTES_MIN`]: sled refuses a cache of less than 256 bytes).
+    pub(crate) fn open_db_inner(
+        path: Option<&Path>,
+        cache_bytes: u64,
+    ) -> Result<sled::Db, sled::Error> {
         let cfg = sled::Config::new()
             // No flusher thread of sled's own: the index flushes sled itself, after a move
             // of the memtable at most once per `SLED_FLUSH_INTERVAL` and on close, always
@@ -56,7 +64,7 @@ impl Index {
             // sled's IO thread freed. sled's own writes pin, so flushes that pin, and no
             // flusher thread of sled's, leave no unpinned reader of that pointer.
             .flush_every_ms(None)
-            .cache_capacity(INDEX_CACHE_BYTES_MAX)
+            .cache_capacity(cache_bytes.max(INDEX_CACHE_BYTES_MIN))
             .mode(sled::Mode::HighThroughput);
         match path {
             Some(p) => cfg.path(p).open(),
@@ -70,12 +78,22 @@ impl Index {
     ///
     /// A damaged index (any error or panic from sled while opening it or reading what an
     /// open reads) is wiped and built again; the lock of a live sled is never wiped.
+    #[cfg(test)]
     pub(crate) fn open(
         path: Option<&Path>,
         indexers: Vec<Arc<dyn Indexer>>,
     ) -> Result<(Index, bool), Error> {
+        Index::open_sized(path, indexers, INDEX_CACHE_BYTES_MAX)
+    }
+
+    /// [`Index::open`] with a sled page cache of `cache_bytes`.
+    pub(crate) fn open_sized(
+        path: Option<&Path>,
+        indexers: Vec<Arc<dyn Indexer>>,
+        cache_bytes: u64,
+    ) -> Result<(Index, bool), Error> {
         let first = sled_guard("opening the index", || {
-            Index::open_checked(path, indexers.clone()).map_err(IndexError::from_error)
+            Index::open_checked(path, indexers.clone(), cache_bytes).map_err(IndexError::from_error)
         });
         match first {
             Ok(r) => Ok(r),
@@ -84,7 +102,7 @@ impl Index {
             Err(_) => {
                 Index::wipe_dir(path)?;
                 sled_guard("opening the index", || {
-                    Index::open_checked(path, indexers).map_err(IndexError::from_error)
+                    Index::open_checked(path, indexers, cache_bytes).map_err(IndexError::from_error)
                 })
                 .map_err(Error::Index)
             }
@@ -97,8 +115,9 @@ impl Index {
     fn open_checked(
         path: Option<&Path>,
         indexers: Vec<Arc<dyn Indexer>>,
+        cache_bytes: u64,
     ) -> Result<(Index, bool), Error> {
-        let (ix, fresh) = Index::open_unchecked(path, indexers)?;
+        let (ix, fresh) = Index::open_unchecked(path, indexers, cache_bytes)?;
         ix.layout()?;
         ix.applied_marker()?;
         Ok((ix, fresh))
@@ -107,8 +126,9 @@ impl Index {
     fn open_unchecked(
         path: Option<&Path>,
         indexers: Vec<Arc<dyn Indexer>>,
+        cache_bytes: u64,
     ) -> Result<(Index, bool), Error> {
-        let mut opened = Index::open_db_repairing(path);
+        let mut opened = Index::open_db_repairing(path, cache_bytes);
         // sled's own file lock: a handle closed a moment ago (sled releases it from its
         // background threads) or, misconfigured, another store on the same directory.
         // Wait a little for the former; never wipe an index someone holds.
@@ -116,14 +136,14 @@ impl Index {
         while matches!(&opened, Err(e) if is_sled_lock_error(e)) && waited < SLED_LOCK_WAIT_TRIES {
             std::thread::sleep(std::time::Duration::from_millis(50));
             waited += 1;
-            opened = Index::open_db_repairing(path);
+            opened = Index::open_db_repairing(path, cache_bytes);
         }
         let db = match opened {
             Ok(db) => db,
             Err(e) if is_sled_lock_error(&e) => return Err(sled_err(e)),
             Err(_) if path.is_some() => {
                 Index::wipe_dir(path)?;
-                Index::open_db(path).map_err(sled_err)?
+                Index::open_db(path, cache_bytes).map_err(sled_err)?
             }
             Err(e) => return Err(sled_err(e)),
         };
@@ -151,7 +171,8 @@ impl Index {
         if path.is_some() && (!whole || !ix.sled("check emptiness")?.tree.is_empty()) {
             drop(ix);
             Index::wipe_dir(path)?;
-            ix = Index::from_db(Index::open_db(path).map_err(sled_err)?, indexers, path)?;
+            let db = Index::open_db(path, cache_bytes).map_err(sled_err)?;
+            ix = Index::from_db(db, indexers, path)?;
         }
         ix.init_meta(0)?;
         // Empty: every indexer key will come through `apply`.
@@ -168,7 +189,7 @@ impl Index {
     }
 
     fn open_existing_unguarded(path: &Path) -> Result<Option<Index>, Error> {
-        let db = Index::open_db_repairing(Some(path)).map_err(sled_err)?;
+        let db = Index::open_db_repairing(Some(path), INDEX_CACHE_BYTES_MAX).map_err(sled_err)?;
         let ix = Index::from_db(db, Vec::new(), Some(path))?;
         ix.finish_cut_move()?;
         let format = ix

@@ -260,7 +260,11 @@ fn open_from_log(
     index_path: Option<&Path>,
     read_only: bool,
 ) -> Result<(Index, LogState), Error> {
-    let (index, _fresh) = Index::open(index_path, opts.indexers.clone())?;
+    let (index, _fresh) = Index::open_sized(
+        index_path,
+        opts.indexers.clone(),
+        opts.index_cache_bytes_max,
+    )?;
     let state = scan_whole(vfs, dir, opts, &index, read_only)?;
     Ok((index, state))
 }
@@ -276,7 +280,11 @@ fn open_owner(
     index_path: Option<&Path>,
     report: &mut OpenReport,
 ) -> Result<(Index, LogState), Error> {
-    let (index, _fresh) = Index::open(index_path, opts.indexers.clone())?;
+    let (index, _fresh) = Index::open_sized(
+        index_path,
+        opts.indexers.clone(),
+        opts.index_cache_bytes_max,
+    )?;
     if let Some(path) = crate::checkpoint::read::newest(vfs, dir) {
         match resume_owner(vfs, dir, opts, &index, &path) {
             Ok((state, seq)) if !state.index_stale => {

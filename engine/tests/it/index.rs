@@ -941,3 +941,29 @@ fn a_gap_in_the_index_is_found_by_the_next_open_and_rebuilt() {
         assert!(v.ok, "{stream}: {v:?}");
     }
 }
+
+/// sled refuses a page cache under 256 bytes (it panics): a smaller setting is raised
+/// to `INDEX_CACHE_BYTES_MIN`, and an index with the smallest cache answers as any.
+#[test]
+fn an_index_cache_setting_below_the_minimum_is_raised_to_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let ix = Arc::new(EventCounter {
+        version: AtomicU32::new(1),
+    });
+    // `fill`'s events of stream `s0` among its first `n` commits.
+    let want = |n: u64| {
+        (0..n)
+            .filter(|i| i % 4 == 0)
+            .map(|i| i % 3 + 1)
+            .sum::<u64>()
+    };
+    for round in 0..2u64 {
+        let s = Store::open(dir.path(), opts(&ix).index_cache_bytes_max(0)).unwrap();
+        fill(&s, round * 500, (round + 1) * 500);
+        assert_eq!(count(&s, "s0"), Some(want((round + 1) * 500)));
+        s.close().unwrap();
+    }
+    let small = opts(&ix).index_cache_bytes_max(INDEX_CACHE_BYTES_MIN);
+    let s = Store::open(dir.path(), small).unwrap();
+    assert_eq!(count(&s, "s0"), Some(want(1000)));
+}

@@ -14,7 +14,6 @@ use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde::Serialize;
-use spool_engine::Durability;
 use spool_runtime::import::pi::PiFile;
 use spool_runtime::store::exchange::{
     import_from, ExchangeError, ExportFile, ImportOptions, ImportProgress, ImportSource,
@@ -173,15 +172,8 @@ pub fn run(
         postgres_store(dir)?.import_from(source, &opts, &mut |p| progress.update(p))
     } else {
         // Buffered appends and one sync at the end (the import syncs
-        // before it reports success).
-        let store = LogStore::open(
-            dir,
-            LogStoreOptions {
-                durability: Durability::Buffered,
-                ..Default::default()
-            },
-        )
-        .map_err(|e| {
+        // before it reports success), and a small index cache.
+        let store = LogStore::open(dir, LogStoreOptions::bulk_load()).map_err(|e| {
             ToolError::with_source(format!("opening {} failed", dir.display()), e)
                 .hint_from_cause(None)
         })?;

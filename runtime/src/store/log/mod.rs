@@ -103,6 +103,10 @@ pub struct LogStoreOptions {
     /// during its fdatasync, for a second core kept busy while it commits
     /// back to back. See [`spool_engine::Options::index_thread_poll`].
     pub index_thread_poll: Option<std::time::Duration>,
+    /// Most bytes of the index's sled page cache (engine default,
+    /// [`spool_engine::INDEX_CACHE_BYTES_MAX`], when `None`). See
+    /// [`spool_engine::Options::index_cache_bytes_max`].
+    pub index_cache_bytes_max: Option<u64>,
 }
 
 impl Default for LogStoreOptions {
@@ -114,11 +118,25 @@ impl Default for LogStoreOptions {
             vfs: None,
             lock_wait: None,
             index_thread_poll: None,
+            index_cache_bytes_max: None,
         }
     }
 }
 
 impl LogStoreOptions {
+    /// Options for a bulk load such as an import (what `spool import` opens
+    /// the store with): buffered appends, which
+    /// [`import_from`](crate::store::exchange::import_from) syncs once
+    /// before it reports success, and the index's bulk-load page cache
+    /// ([`spool_engine::INDEX_CACHE_BYTES_BULK`]).
+    pub fn bulk_load() -> Self {
+        LogStoreOptions {
+            durability: Durability::Buffered,
+            index_cache_bytes_max: Some(spool_engine::INDEX_CACHE_BYTES_BULK),
+            ..LogStoreOptions::default()
+        }
+    }
+
     /// Engine options with the session and transcript indexers registered.
     pub fn engine_options(&self) -> Options {
         self.engine_options_with(Arc::new(DecodeMemo::default()))
@@ -147,6 +165,9 @@ impl LogStoreOptions {
         }
         if let Some(p) = self.index_thread_poll {
             o = o.index_thread_poll(p);
+        }
+        if let Some(c) = self.index_cache_bytes_max {
+            o = o.index_cache_bytes_max(c);
         }
         o
     }
