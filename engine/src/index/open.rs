@@ -72,12 +72,7 @@ impl Index {
         }
     }
 
-    /// Open (or create) the index at `path` (`None` = a temporary index). Returns the index
-    /// and whether it was (re)created empty. A missing, unreadable or outdated index is
-    /// wiped.
-    ///
-    /// A damaged index (any error or panic from sled while opening it or reading what an
-    /// open reads) is wiped and built again; the lock of a live sled is never wiped.
+    /// [`Index::open_sized`] with the default sled page cache.
     #[cfg(test)]
     pub(crate) fn open(
         path: Option<&Path>,
@@ -86,7 +81,12 @@ impl Index {
         Index::open_sized(path, indexers, INDEX_CACHE_BYTES_MAX)
     }
 
-    /// [`Index::open`] with a sled page cache of `cache_bytes`.
+    /// Open (or create) the index at `path` (`None` = a temporary index) with a sled
+    /// page cache of `cache_bytes`. Returns the index and whether it was (re)created
+    /// empty. A missing, unreadable or outdated index is wiped.
+    ///
+    /// A damaged index (any error or panic from sled while opening it or reading what an
+    /// open reads) is wiped and built again; the lock of a live sled is never wiped.
     pub(crate) fn open_sized(
         path: Option<&Path>,
         indexers: Vec<Arc<dyn Indexer>>,
