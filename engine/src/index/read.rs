@@ -515,13 +515,16 @@ impl Index {
     /// records what was fsynced, not what the log holds, so a rebuild (which syncs
     /// nothing) has none.
     pub fn dump(&self) -> Result<Vec<KeyValue>, Error> {
-        let mut out = Vec::new();
-        for kv in self.merged(&[]) {
-            let kv = kv?;
-            if kv.0 != META_MOVING && kv.0 != META_SYNCED {
-                out.push(kv);
-            }
-        }
-        Ok(out)
+        self.entries().collect()
+    }
+
+    /// The entries of [`Index::dump`] one at a time, in key order, without holding
+    /// them (what `verify` compares two indexes with).
+    pub(crate) fn entries(&self) -> impl Iterator<Item = Result<KeyValue, Error>> + '_ {
+        self.merged(&[])
+            .filter(|kv| {
+                !matches!(kv, Ok((k, _)) if k.as_slice() == META_MOVING || k.as_slice() == META_SYNCED)
+            })
+            .map(|kv| kv.map_err(Error::Index))
     }
 }
