@@ -192,7 +192,8 @@ fn verify_pass(dir: &Path, opts: Options) -> Result<VerifyReport, Error> {
                     ))
                 })
                 .and_then(|()| {
-                    Index::open_existing(&tmp.0).map_err(|e| Failed::Open(chain_text(&e)))
+                    Index::open_existing(&tmp.0, opts.index_cache_bytes_max)
+                        .map_err(|e| Failed::Open(chain_text(&e)))
                 });
             match opened {
                 // Built from another arrangement of the log (before a GC): the next

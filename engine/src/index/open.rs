@@ -181,15 +181,15 @@ impl Index {
     }
 
     /// Open an existing index as it is (no wipe); `None` if it has another format.
-    pub(crate) fn open_existing(path: &Path) -> Result<Option<Index>, Error> {
+    pub(crate) fn open_existing(path: &Path, cache_bytes: u64) -> Result<Option<Index>, Error> {
         sled_guard("opening the index", || {
-            Index::open_existing_unguarded(path).map_err(IndexError::from_error)
+            Index::open_existing_unguarded(path, cache_bytes).map_err(IndexError::from_error)
         })
         .map_err(Error::Index)
     }
 
-    fn open_existing_unguarded(path: &Path) -> Result<Option<Index>, Error> {
-        let db = Index::open_db_repairing(Some(path), INDEX_CACHE_BYTES_MAX).map_err(sled_err)?;
+    fn open_existing_unguarded(path: &Path, cache_bytes: u64) -> Result<Option<Index>, Error> {
+        let db = Index::open_db_repairing(Some(path), cache_bytes).map_err(sled_err)?;
         let ix = Index::from_db(db, Vec::new(), Some(path))?;
         ix.finish_cut_move()?;
         let format = ix

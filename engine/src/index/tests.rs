@@ -35,7 +35,7 @@ fn a_panic_inside_sled_while_opening_wipes_and_rebuilds_the_index() {
     assert_eq!(index.stream_head("s").unwrap(), None);
     drop(index);
     PANIC_IN_SLED.with(|p| p.set(true));
-    let existing = Index::open_existing(&path);
+    let existing = Index::open_existing(&path, crate::INDEX_CACHE_BYTES_MAX);
     assert!(
         existing.is_err(),
         "verify's open reports the panic as an error"

@@ -64,8 +64,13 @@ struct Problem {
 pub fn run(dir: &Path, json: bool) -> Result<ExitCode> {
     require_existing_store(dir)?;
     // The log store's indexers: a checkpoint holds their keys, and is compared with
-    // a rebuild by the same ones.
-    let opts = spool_runtime::store::LogStoreOptions::default().engine_options();
+    // a rebuild by the same ones. verify reads each index once, in order: a small
+    // sled cache serves it as well as a large one.
+    let opts = spool_runtime::store::LogStoreOptions {
+        index_cache_bytes_max: Some(spool_engine::INDEX_CACHE_BYTES_BULK),
+        ..Default::default()
+    }
+    .engine_options();
     let r = spool_engine::verify(dir, opts)
         .map_err(|e| ToolError::with_source(format!("verifying {} failed", dir.display()), e))?;
     let report = Report {
