@@ -498,23 +498,50 @@ enum Compared {
     RightFailed(Error),
 }
 
-/// Compares `a` with `b` entry by entry, holding one entry of each.
+/// Compares `a` with `b` entry by entry, holding one entry of each. A failure to read
+/// `a` anywhere is reported before one of `b`, and either before a difference (the
+/// sides are read to their ends once they differ, for the totals).
 fn compare_entries(
     mut a: impl Iterator<Item = Result<KeyValue, Error>>,
     mut b: impl Iterator<Item = Result<KeyValue, Error>>,
 ) -> Compared {
+    // Entries left on one side: how many, or the failure that ended its reading.
+    let rest = |it: &mut dyn Iterator<Item = Result<KeyValue, Error>>| -> Result<u64, Error> {
+        let mut n = 0u64;
+        for kv in it {
+            kv?;
+            n += 1;
+        }
+        Ok(n)
+    };
     let mut at = 0u64;
     loop {
         match (a.next(), b.next()) {
             (None, None) => return Compared::Equal,
             (Some(Err(e)), _) => return Compared::LeftFailed(e),
-            (_, Some(Err(e))) => return Compared::RightFailed(e),
+            (x, Some(Err(e))) => {
+                return match x
+                    .map_or(Ok(()), |x| x.map(drop))
+                    .and_then(|()| rest(&mut a))
+                {
+                    Err(left) => Compared::LeftFailed(left),
+                    Ok(_) => Compared::RightFailed(e),
+                };
+            }
             (Some(Ok(x)), Some(Ok(y))) if x == y => at += 1,
             (x, y) => {
-                // The totals, for the report: count what is left of each.
-                let left = at + u64::from(x.is_some()) + a.count() as u64;
-                let right = at + u64::from(y.is_some()) + b.count() as u64;
-                return Compared::Differ { left, right, at };
+                let (x, y) = (x.is_some(), y.is_some());
+                let left = rest(&mut a);
+                let right = rest(&mut b);
+                return match (left, right) {
+                    (Err(e), _) => Compared::LeftFailed(e),
+                    (_, Err(e)) => Compared::RightFailed(e),
+                    (Ok(l), Ok(r)) => Compared::Differ {
+                        left: at + u64::from(x) + l,
+                        right: at + u64::from(y) + r,
+                        at,
+                    },
+                };
             }
         }
     }
@@ -579,5 +606,41 @@ mod tests {
         let failed = Err(Error::Index(IndexError::Malformed("bad".into())));
         let right = compare_entries(entries(&["a"]).into_iter(), vec![failed].into_iter());
         assert!(matches!(right, Compared::RightFailed(_)), "{right:?}");
+    }
+
+    fn bad() -> Result<KeyValue, Error> {
+        Err(Error::Index(IndexError::Malformed("bad".into())))
+    }
+
+    fn with_failure(
+        keys: &[&str],
+        fail_at: usize,
+    ) -> impl Iterator<Item = Result<KeyValue, Error>> {
+        let mut v = entries(keys);
+        v.insert(fail_at, bad());
+        v.into_iter()
+    }
+
+    /// As when both sides were read whole before comparing: a failure of the first
+    /// anywhere is its problem; else a failure of the second; only then a difference.
+    #[test]
+    fn a_read_failure_anywhere_outranks_a_difference() {
+        // The second fails after a difference, or after the first ran out.
+        let c = compare_entries(
+            entries(&["a", "b"]).into_iter(),
+            with_failure(&["a", "x"], 2),
+        );
+        assert!(matches!(c, Compared::RightFailed(_)), "{c:?}");
+        let c = compare_entries(entries(&["a"]).into_iter(), with_failure(&["a", "b"], 2));
+        assert!(matches!(c, Compared::RightFailed(_)), "{c:?}");
+        // The second fails first, the first later.
+        let c = compare_entries(with_failure(&["a"], 1), with_failure(&[], 0));
+        assert!(matches!(c, Compared::LeftFailed(_)), "{c:?}");
+        // The first fails after a difference.
+        let c = compare_entries(
+            with_failure(&["a", "x"], 2),
+            entries(&["a", "b"]).into_iter(),
+        );
+        assert!(matches!(c, Compared::LeftFailed(_)), "{c:?}");
     }
 }
