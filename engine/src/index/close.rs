@@ -49,7 +49,7 @@ impl Index {
         drop(self.sled.take());
         for _ in 0..SLED_LOCK_WAIT_TRIES {
             let opened = sled_guard("writing the index's snapshot", || {
-                Index::open_db(Some(&path), INDEX_CACHE_BYTES_MAX).map_err(IndexError::Sled)
+                Index::open_db(Some(&path), self.cache_bytes).map_err(IndexError::Sled)
             });
             match opened {
                 Err(IndexError::Sled(e)) if is_sled_lock_error(&e) => {

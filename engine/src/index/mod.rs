@@ -264,6 +264,8 @@ pub struct Index {
     /// Held odd by a GC from its segment swap until its rebuild of this index ends:
     /// the public reads wait it out (see `gate.rs`).
     gate: gate::RebuildGate,
+    /// sled's page cache this index was opened with (a reopen at close uses it too).
+    cache_bytes: u64,
     /// A checkpoint file under everything else, in place of sled (a read-only open
     /// from a checkpoint): the memtable then holds every commit after it and is never
     /// moved into sled (see [`Index::set_base`]).

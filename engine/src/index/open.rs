@@ -147,7 +147,7 @@ impl Index {
             }
             Err(e) => return Err(sled_err(e)),
         };
-        let mut ix = Index::from_db(db, indexers.clone(), path)?;
+        let mut ix = Index::from_db(db, indexers.clone(), path, cache_bytes)?;
         // A move cut short that cannot be finished leaves keys of two states: only a
         // rebuild from the log gives a consistent index again.
         let whole = match ix.finish_cut_move() {
@@ -172,7 +172,7 @@ impl Index {
             drop(ix);
             Index::wipe_dir(path)?;
             let db = Index::open_db(path, cache_bytes).map_err(sled_err)?;
-            ix = Index::from_db(db, indexers, path)?;
+            ix = Index::from_db(db, indexers, path, cache_bytes)?;
         }
         ix.init_meta(0)?;
         // Empty: every indexer key will come through `apply`.
@@ -190,7 +190,7 @@ impl Index {
 
     fn open_existing_unguarded(path: &Path, cache_bytes: u64) -> Result<Option<Index>, Error> {
         let db = Index::open_db_repairing(Some(path), cache_bytes).map_err(sled_err)?;
-        let ix = Index::from_db(db, Vec::new(), Some(path))?;
+        let ix = Index::from_db(db, Vec::new(), Some(path), cache_bytes)?;
         ix.finish_cut_move()?;
         let format = ix
             .sled("read its format")?
@@ -207,6 +207,7 @@ impl Index {
         db: sled::Db,
         indexers: Vec<Arc<dyn Indexer>>,
         path: Option<&Path>,
+        cache_bytes: u64,
     ) -> Result<Index, Error> {
         #[cfg(test)]
         if tests::PANIC_IN_SLED.with(|p| p.replace(false)) {
@@ -218,12 +219,9 @@ impl Index {
             Some(p) => Some(Arc::new(Mutex::new(RedoLog::open(p)?))),
             None => None,
         };
-        Ok(Index::from_parts(
-            Some(Sled { db, tree, cache }),
-            indexers,
-            path,
-            redo,
-        ))
+        let mut ix = Index::from_parts(Some(Sled { db, tree, cache }), indexers, path, redo);
+        ix.cache_bytes = cache_bytes;
+        Ok(ix)
     }
 
     /// An index whose bottom layer is the checkpoint file `base`, with no sled at all:
@@ -263,6 +261,8 @@ impl Index {
             instance: NEXT_INDEX_INSTANCE.fetch_add(1, Ordering::Relaxed),
             changes: AtomicU64::new(0),
             gate: Default::default(),
+            // An index without sled has no page cache; `from_db` sets sled's.
+            cache_bytes: INDEX_CACHE_BYTES_MAX,
             base: std::sync::OnceLock::new(),
             applied_at: Mutex::new(None),
             moved_bytes: AtomicU64::new(0),
