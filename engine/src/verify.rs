@@ -492,9 +492,9 @@ enum Compared {
         right: u64,
         at: u64,
     },
-    /// Reading the first failed (before any difference).
+    /// Reading the first failed (anywhere: a failure outranks a difference).
     LeftFailed(Error),
-    /// Reading the second failed (before any difference).
+    /// Reading the second failed, and the first did not.
     RightFailed(Error),
 }
 

@@ -2,8 +2,8 @@
 //! segment swap until its rebuild ends, the index answers from part of the log (or
 //! from positions in retired segments). The public reads wait while a rebuild runs
 //! and read again when one ran while they read — a sequence lock over the whole
-//! index. Rebuilds are rare and writers are already held off by the GC; a read pays
-//! two atomic loads.
+//! index. Rebuilds are rare and writers are already held off by the GC; a read (and
+//! each entry of a scan) pays a few atomic loads.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 

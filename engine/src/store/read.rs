@@ -41,13 +41,11 @@ impl Store {
     /// or rebuilding the index, and made again if one did while it ran: what it read
     /// then is stale (an error, or a part of the answer).
     fn settled<T>(&self, read: impl Fn() -> Result<T, Error>) -> Result<T, Error> {
-        loop {
-            let epoch = self.settled_gc_epoch()?;
-            let got = read();
-            if !self.inner.index.gate().moved_since(epoch) {
-                return got;
-            }
-        }
+        self.inner.index.gate().read(read).map_err(|e| match e {
+            // A GC that did not finish its rebuild poisoned the store: say why.
+            Error::Index(IndexError::Incomplete) => self.inner.poisoned_error(),
+            e => e,
+        })
     }
 
     /// The GC epoch once no GC is swapping segments or rebuilding the index (while

@@ -352,35 +352,44 @@ fn a_clean_close_saves_the_key_filter_and_the_next_open_takes_it() {
     assert!(file.exists());
 }
 
+/// A store at `dir` holding `n` commits of one 64 KiB event each on stream `s`,
+/// closed (so a checkpoint covers them); the commits' positions.
+fn closed_with_64k_commits(dir: &Path, opts: Options, n: u64) -> Vec<LogPosition> {
+    let s = Store::open(dir, opts).unwrap();
+    let positions = (0..n)
+        .map(|i| {
+            let event = EventData::new("e", vec![i as u8; 64 << 10]);
+            let o = s
+                .append(NewCommit::new("s", ExpectedVersion::Exact(i), vec![event]))
+                .unwrap();
+            let AppendOutcome::Committed(info) = o else {
+                panic!("append {i}: {o:?}")
+            };
+            info.position
+        })
+        .collect();
+    s.close().unwrap();
+    positions
+}
+
+/// The store at `dir` opened read-only or as its owner.
+fn open_as(dir: &Path, opts: Options, read_only: bool) -> Store {
+    match read_only {
+        true => Store::open_read_only(dir, opts).unwrap(),
+        false => Store::open(dir, opts).unwrap(),
+    }
+}
+
 /// An open from a checkpoint maps none of the segments the checkpoint covers: each is
 /// mapped whole by the first read that reaches it, and reads back what was written.
 #[test]
 fn an_open_from_a_checkpoint_maps_a_covered_segment_only_when_read() {
     let dir = tempfile::tempdir().unwrap();
     let opts = || Options::default().durability(Durability::Buffered);
-    let s = Store::open(dir.path(), opts()).unwrap();
-    let mut positions = Vec::new();
-    // 64 KiB commits: segments of 1, 2 and 4 MiB fill, the fourth holds the rest.
-    for i in 0..120u64 {
-        let o = s
-            .append(NewCommit::new(
-                "s",
-                ExpectedVersion::Exact(i),
-                vec![EventData::new("e", vec![i as u8; 64 << 10])],
-            ))
-            .unwrap();
-        let AppendOutcome::Committed(info) = o else {
-            panic!("append {i}: {o:?}")
-        };
-        positions.push(info.position);
-    }
-    s.close().unwrap();
+    // Segments of 1, 2 and 4 MiB fill, the fourth holds the rest.
+    let positions = closed_with_64k_commits(dir.path(), opts(), 120);
     for read_only in [true, false] {
-        let s = if read_only {
-            Store::open_read_only(dir.path(), opts()).unwrap()
-        } else {
-            Store::open(dir.path(), opts()).unwrap()
-        };
+        let s = open_as(dir.path(), opts(), read_only);
         assert_eq!(
             s.stats().open_checkpoint_seq,
             Some(120),
@@ -429,33 +438,14 @@ fn a_failed_lazy_map_of_a_covered_segment_names_its_full_path() {
     use crate::vfs::{FaultKind, FaultVfs, OsVfs};
     let dir = tempfile::tempdir().unwrap();
     let opts = || Options::default().durability(Durability::Buffered);
-    let s = Store::open(dir.path(), opts()).unwrap();
-    let mut positions = Vec::new();
-    // 64 KiB commits: the first segments fill and are covered by the close's checkpoint.
-    for i in 0..40u64 {
-        let o = s
-            .append(NewCommit::new(
-                "s",
-                ExpectedVersion::Exact(i),
-                vec![EventData::new("e", vec![i as u8; 64 << 10])],
-            ))
-            .unwrap();
-        let AppendOutcome::Committed(info) = o else {
-            panic!("append {i}: {o:?}")
-        };
-        positions.push(info.position);
-    }
-    s.close().unwrap();
+    // The first segments fill and are covered by the close's checkpoint.
+    let positions = closed_with_64k_commits(dir.path(), opts(), 40);
     let first = positions[0];
     assert_ne!(first.segment, positions[39].segment);
     for read_only in [true, false] {
         let vfs = FaultVfs::new(Arc::new(OsVfs));
         let o = opts().vfs(Arc::new(vfs.clone()));
-        let s = if read_only {
-            Store::open_read_only(dir.path(), o).unwrap()
-        } else {
-            Store::open(dir.path(), o).unwrap()
-        };
+        let s = open_as(dir.path(), o, read_only);
         assert_eq!(s.stats().open_checkpoint_seq, Some(40));
         let seg = s.segment_at(first).unwrap();
         assert_eq!(seg.map_state(), None, "read-only {read_only}");

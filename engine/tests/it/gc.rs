@@ -598,6 +598,29 @@ fn visit_stream_follows_a_gc_that_moves_the_stream_it_visits() {
     );
 }
 
+/// Appends `stream`'s next version: a 120-byte payload naming the stream and version.
+fn append_named(s: &Store, stream: &str) -> CommitInfo {
+    let v = s.stream_version(stream).unwrap().unwrap_or(0);
+    let mut payload = format!("{stream}:{}:", v + 1).into_bytes();
+    payload.resize(120, 0);
+    committed(
+        s.append(commit(stream, ExpectedVersion::Exact(v), &payload))
+            .unwrap(),
+    )
+}
+
+/// `rounds` times: 60 commits of the dead stream `dead-0`, then a GC that drops
+/// them, rebuilding the index under whoever reads it.
+fn gc_rounds(s: &Store, rounds: u32) {
+    for _ in 0..rounds {
+        for _ in 0..60 {
+            append_named(s, "dead-0");
+        }
+        let plan = s.plan_gc(&is_live).unwrap();
+        s.run_gc(plan).unwrap();
+    }
+}
+
 /// Clears its flag when dropped (when the thread holding it ends, even by a panic).
 struct Stop(Arc<std::sync::atomic::AtomicBool>);
 
@@ -618,34 +641,14 @@ fn stream_reads_beside_a_gc_on_another_thread_see_the_whole_stream() {
     let dir = tempfile::tempdir().unwrap();
     let s = Arc::new(Store::open(dir.path(), gc_opts()).unwrap());
     const VERSIONS: u64 = 300;
-    let mut infos = Vec::new();
-    for v in 0..VERSIONS {
-        let mut payload = format!("long:{}:", v + 1).into_bytes();
-        payload.resize(120, 0);
-        infos.push(committed(
-            s.append(commit("long", ExpectedVersion::Exact(v), &payload))
-                .unwrap(),
-        ));
-    }
+    let infos: Vec<_> = (0..VERSIONS).map(|_| append_named(&s, "long")).collect();
     let gc_running = Arc::new(std::sync::atomic::AtomicBool::new(true));
     let gc = {
         let s = s.clone();
         let gc_running = gc_running.clone();
         std::thread::spawn(move || {
             let _done = Stop(gc_running);
-            for _ in 0..40 {
-                for _ in 0..60 {
-                    let v = s.stream_version("dead-0").unwrap().unwrap_or(0);
-                    let mut payload = format!("dead-0:{}:", v + 1).into_bytes();
-                    payload.resize(120, 0);
-                    committed(
-                        s.append(commit("dead-0", ExpectedVersion::Exact(v), &payload))
-                            .unwrap(),
-                    );
-                }
-                let plan = s.plan_gc(&is_live).unwrap();
-                s.run_gc(plan).unwrap();
-            }
+            gc_rounds(&s, 40);
         })
     };
     // The cheap reads on a thread of their own, in a tight loop: the visits
@@ -708,30 +711,13 @@ fn index_reads_beside_a_gc_on_another_thread_see_every_entry() {
     let dir = tempfile::tempdir().unwrap();
     let s = Arc::new(Store::open(dir.path(), gc_opts()).unwrap());
     const VERSIONS: u64 = 300;
-    for v in 0..VERSIONS {
-        let mut payload = format!("long:{}:", v + 1).into_bytes();
-        payload.resize(120, 0);
-        committed(
-            s.append(commit("long", ExpectedVersion::Exact(v), &payload))
-                .unwrap(),
-        );
+    for _ in 0..VERSIONS {
+        append_named(&s, "long");
     }
     let gc = {
         let s = s.clone();
         std::thread::spawn(move || {
-            for _ in 0..40 {
-                for _ in 0..60 {
-                    let v = s.stream_version("dead-0").unwrap().unwrap_or(0);
-                    let mut payload = format!("dead-0:{}:", v + 1).into_bytes();
-                    payload.resize(120, 0);
-                    committed(
-                        s.append(commit("dead-0", ExpectedVersion::Exact(v), &payload))
-                            .unwrap(),
-                    );
-                }
-                let plan = s.plan_gc(&is_live).unwrap();
-                s.run_gc(plan).unwrap();
-            }
+            gc_rounds(&s, 40);
         })
     };
     let mut probes = 0u64;
