@@ -591,6 +591,26 @@ pub(crate) fn read_plausible_frame(
     Ok(read(&mut frame)?.then_some(frame))
 }
 
+/// [`read_plausible_frame`] answered from `prefix`, the file's bytes from offset 0,
+/// when they settle it: `Some(None)` for a zero or too long header, `Some(Some(frame))`
+/// for a frame they hold whole, `None` when the frame reaches past them (read the file
+/// then; it also tells a frame the file cuts short).
+pub(crate) fn plausible_frame_in(prefix: &[u8], off: u64, max_len: u32) -> Option<Option<&[u8]>> {
+    let start = usize::try_from(off).ok()?;
+    let head: &[u8; FRAME_HEADER_BYTES as usize] = prefix
+        .get(start..start.checked_add(FRAME_HEADER_BYTES as usize)?)?
+        .try_into()
+        .ok()?;
+    let h = format::FrameHeader::parse(head);
+    if format::FrameHeader::is_zero(head) || h.len > max_len {
+        return Some(None);
+    }
+    let end = start
+        .checked_add(FRAME_HEADER_BYTES as usize)?
+        .checked_add(usize::try_from(h.len).ok()?)?;
+    prefix.get(start..end).map(Some)
+}
+
 /// How a scan judges a zero frame header: the never-written preallocation, or a
 /// zeroed header with written bytes after it (a torn write, or damage).
 #[derive(Clone, Copy, Debug)]
@@ -788,6 +808,57 @@ impl HistoryCheck {
             None => {
                 self.heads.insert(i.stream.clone(), i.version);
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::vfs::{OpenMode, OsVfs, Vfs};
+
+    /// A frame found in a file's first bytes is the one a read of the file finds, and
+    /// whatever those bytes do not settle is left to the read.
+    #[test]
+    fn a_frame_in_a_files_first_bytes_is_the_one_read_from_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let max = 1000;
+        // (the frame header, or `None` for a zero one; bytes of the frame in the file)
+        let cases: [(Option<u32>, usize); 7] = [
+            (None, 0),
+            (Some(0), 0),
+            (Some(5), 5),
+            (Some(100), 100),
+            (Some(100), 40),
+            (Some(900), 900),
+            (Some(5000), 5000),
+        ];
+        for (i, (declared, present)) in cases.into_iter().enumerate() {
+            let mut bytes = vec![0xa5u8; 32];
+            match declared {
+                Some(len) => {
+                    bytes.extend_from_slice(&len.to_le_bytes());
+                    bytes.extend_from_slice(&[1, 2, 3, 4, 5]);
+                }
+                None => bytes.extend_from_slice(&[0; FRAME_HEADER_BYTES as usize]),
+            }
+            bytes.extend((0..present).map(|b| b as u8));
+            let path = dir.path().join(format!("f{i}"));
+            std::fs::write(&path, &bytes).unwrap();
+            let file = OsVfs.open(&path, OpenMode::Read).unwrap();
+            let read = read_plausible_frame(&*file, 32, max).unwrap();
+            for cut in 0..=bytes.len() {
+                if let Some(found) = plausible_frame_in(&bytes[..cut], 32, max) {
+                    assert_eq!(found, read.as_deref(), "case {i}, first {cut} bytes");
+                }
+            }
+            // The whole file settles every case but a frame it cuts short.
+            let cut_short = declared.is_some_and(|len| len <= max && (present as u32) < len);
+            assert_eq!(
+                plausible_frame_in(&bytes, 32, max).is_none(),
+                cut_short,
+                "case {i}"
+            );
         }
     }
 }

@@ -1,8 +1,8 @@
 //! A checkpoint's block index: where each data block is and its first key, in two
 //! levels so that an open reads a small top index and a lookup one chunk of it,
-//! whatever the checkpoint's size (a million-commit store's checkpoint has about ten
-//! thousand blocks; reading their whole index was most of what a read-only open of
-//! it read). The byte layout is in [`super::format`]'s documentation.
+//! whatever the checkpoint's size (a million-commit store's checkpoint has about
+//! eighty thousand blocks; reading their whole index was most of what a read-only
+//! open of it read). The byte layout is in [`super::format`]'s documentation.
 //!
 //! A chunk is checked (crc, bounds, order, and that it agrees with the top index)
 //! when it is first read; a chunk that fails is an error naming the file and offset,
@@ -10,9 +10,9 @@
 
 use super::format::{crc, Cursor, BLOCK_INDEX_BYTES_MAX};
 
-/// Blocks per chunk of the block index: a chunk is a few KiB, and the top index of a
-/// million-commit store's checkpoint (about ten thousand blocks) under 8 KiB.
-pub(crate) const CHUNK_BLOCKS: usize = 128;
+/// Blocks per chunk of the block index: a chunk is about 8 KiB, and the top index of a
+/// million-commit store's checkpoint (about eighty thousand blocks) under 20 KiB.
+pub(crate) const CHUNK_BLOCKS: usize = 256;
 
 /// A block's place in the file and its first key.
 #[derive(Debug, Clone)]

@@ -37,8 +37,10 @@ pub(crate) const FORMAT_VERSION: u32 = 2;
 pub(crate) const FORMAT_VERSION_FLAT: u32 = 1;
 pub(crate) const FOOTER_BYTES: u64 = 32;
 /// Bytes of entries after which a block is closed (a larger entry makes a block of
-/// its own).
-pub(crate) const BLOCK_BYTES_TARGET: usize = 32 << 10;
+/// its own). A point lookup reads and checks one whole block: a page-sized block keeps
+/// a short-lived reader's few lookups from copying and faulting in 32 KiB each, which
+/// was what kept `show` behind SQLite (BENCHMARKS.md, Decisions).
+pub(crate) const BLOCK_BYTES_TARGET: usize = 4 << 10;
 /// Largest header accepted (names and the segment table: far below this).
 pub(crate) const HEADER_BYTES_MAX: u64 = 16 << 20;
 /// Largest block accepted (one entry may be a large indexer value).

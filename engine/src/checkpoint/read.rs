@@ -442,9 +442,13 @@ mod tests {
     use crate::vfs::OsVfs;
     use std::collections::BTreeMap;
 
-    /// Entries per data block of [`entries`]: 30 entries of 1117 to 1123 bytes are the
-    /// first to reach the writer's 32 KiB block target.
-    const PER_BLOCK: usize = 30;
+    /// Entries per data block of [`entries`]: entries of 1117 to 1123 bytes, of which
+    /// this many are the first to reach the writer's block target.
+    const PER_BLOCK: usize = format::BLOCK_BYTES_TARGET / 1117 + 1;
+    const _: () = assert!(
+        (PER_BLOCK - 1) * 1123 < format::BLOCK_BYTES_TARGET
+            && PER_BLOCK * 1117 >= format::BLOCK_BYTES_TARGET
+    );
 
     /// Keys and values making `blocks` data blocks.
     fn entries(blocks: usize) -> BTreeMap<Vec<u8>, Vec<u8>> {

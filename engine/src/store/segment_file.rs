@@ -143,6 +143,11 @@ impl OpenedSegment {
     }
 }
 
+/// Bytes a segment's open reads from its start in one `pread`: its header and, unless
+/// it is larger, its first record (one read per segment where three were made: a large
+/// log's reader opens every segment).
+const SEGMENT_HEAD_READ_BYTES: u64 = 4096;
+
 /// A segment's header check and its position in log order (`OpenedSegment::key`), from
 /// the file's first bytes and first record, read with `pread` (`len`: the file's size).
 fn read_header_and_key(
@@ -151,7 +156,9 @@ fn read_header_and_key(
     id: u64,
     max: u32,
 ) -> std::io::Result<(Result<format::SegmentHeader, format::HeaderProblem>, u64)> {
-    let mut head = vec![0u8; len.min(SEGMENT_HEADER_BYTES + format::COMPACTED_EXT_BYTES) as usize];
+    const _: () =
+        assert!(SEGMENT_HEAD_READ_BYTES >= SEGMENT_HEADER_BYTES + format::COMPACTED_EXT_BYTES);
+    let mut head = vec![0u8; len.min(SEGMENT_HEAD_READ_BYTES) as usize];
     file.read_at(&mut head, 0)?;
     let header = format::check_header(&head, id);
     let h = match &header {
@@ -164,8 +171,16 @@ fn read_header_and_key(
     // A frame longer than the rest of the file is not read (nor allocated).
     let in_file = len.saturating_sub(h.data_start + FRAME_HEADER_BYTES);
     let cap = u32::try_from(in_file).unwrap_or(u32::MAX).min(max);
-    let key = match segment::read_plausible_frame(file, h.data_start, cap)? {
-        Some(frame) => match format::check_frame(&frame, id, max) {
+    let read;
+    let frame = match segment::plausible_frame_in(&head, h.data_start, cap) {
+        Some(found) => found,
+        None => {
+            read = segment::read_plausible_frame(file, h.data_start, cap)?;
+            read.as_deref()
+        }
+    };
+    let key = match frame {
+        Some(frame) => match format::check_frame(frame, id, max) {
             format::FrameCheck::Valid { payload, .. } => {
                 format::peek_seq(payload).unwrap_or(u64::MAX)
             }
