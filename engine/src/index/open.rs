@@ -180,8 +180,12 @@ impl Index {
         Ok((ix, true))
     }
 
-    /// Open an existing index as it is (no wipe); `None` if it has another format.
-    pub(crate) fn open_existing(path: &Path, cache_bytes: u64) -> Result<Option<Index>, Error> {
+    /// Open the index directory `path` on its own, outside any store, as it is (no
+    /// wipe, no catch-up with a log), with a sled page cache of `cache_bytes`: to read
+    /// its entries ([`Index::entries`]), e.g. an old index beside a rebuild of it.
+    /// `None` if it holds an index of another format. A move into it that a crash cut
+    /// short is finished first. Nothing else may have it open.
+    pub fn open_existing(path: &Path, cache_bytes: u64) -> Result<Option<Index>, Error> {
         sled_guard("opening the index", || {
             Index::open_existing_unguarded(path, cache_bytes).map_err(IndexError::from_error)
         })

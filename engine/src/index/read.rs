@@ -519,8 +519,8 @@ impl Index {
     }
 
     /// The entries of [`Index::dump`] one at a time, in key order, without holding
-    /// them (what `verify` compares two indexes with).
-    pub(crate) fn entries(&self) -> impl Iterator<Item = Result<KeyValue, Error>> + '_ {
+    /// them (what `verify` and `spool replay` compare two indexes with).
+    pub fn entries(&self) -> impl Iterator<Item = Result<KeyValue, Error>> + '_ {
         self.merged(&[])
             .filter(|kv| {
                 !matches!(kv, Ok((k, _)) if k.as_slice() == META_MOVING || k.as_slice() == META_SYNCED)

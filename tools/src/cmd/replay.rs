@@ -3,16 +3,17 @@
 //!
 //! # Rebuild (`spool replay`)
 //!
-//! 1. Open the store as its owner with its current index and record the
-//!    index's answers ([`spool_engine::Index::dump`]: stream heads,
-//!    positions, commit ids, session headers). An unreadable index is
-//!    noted, not fatal: that is what a rebuild is for.
+//! 1. Open the store as its owner with its current index, which catches it
+//!    up with the log, and close it. An unreadable index is noted, not
+//!    fatal: that is what a rebuild is for.
 //! 2. Open it again with an empty index in `DIR/index.rebuild`: the engine
 //!    builds every index from the log. Then load every session once,
 //!    which checks that it folds and writes the snapshots the load policy
 //!    asks for (the snapshot cache starts empty).
-//! 3. Compare the rebuilt index entry by entry with the old one, then
-//!    swap the directories (`index` → `index.old`, `index.rebuild` →
+//! 3. Compare the rebuilt index entry by entry with the old one
+//!    ([`spool_engine::Index::entries`]: stream heads, positions, commit
+//!    ids, session headers; one entry of each at a time, so memory does not
+//!    grow with the index), then swap the directories (`index` → `index.old`, `index.rebuild` →
 //!    `index`) and remove the old one. The index is a cache: a crash at any
 //!    point leaves either index usable, or none, which the next open
 //!    rebuilds.
@@ -32,7 +33,7 @@ use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
-use spool_engine::{Store, INDEX_DIR};
+use spool_engine::{Index, Store, INDEX_CACHE_BYTES_BULK, INDEX_DIR};
 use spool_runtime::session::SessionStatus;
 use spool_runtime::store::log::is_erased_entry;
 use spool_runtime::store::log::SESSION_INDEXER;
@@ -170,8 +171,6 @@ struct Rebuild {
     total_ms: u64,
 }
 
-type Dump = Vec<(Vec<u8>, Vec<u8>)>;
-
 fn open_err(dir: &Path, e: impl std::error::Error + Send + Sync + 'static) -> ToolError {
     let locked = crate::out::is_locked(&e);
     let err = ToolError::with_source(format!("opening {} as its owner failed", dir.display()), e);
@@ -180,10 +179,6 @@ fn open_err(dir: &Path, e: impl std::error::Error + Send + Sync + 'static) -> To
     } else {
         err.hint_from_cause(None)
     }
-}
-
-fn dump(engine: &Store) -> std::result::Result<Dump, spool_engine::Error> {
-    engine.index().dump()
 }
 
 fn key_text(k: &[u8]) -> String {
@@ -196,6 +191,82 @@ fn key_text(k: &[u8]) -> String {
             }
         })
         .collect()
+}
+
+/// Compares the rebuilt index of `engine` with the old index at `old_dir` (none: only
+/// count the rebuilt one's entries), entry by entry, into `r` (the rebuilt index's entry
+/// count, the differing entries); false when there was no old index to compare with or
+/// it could not be read (`r.old_index_error` says why).
+fn compare_with_old(engine: &Store, old_dir: Option<&Path>, r: &mut Rebuild) -> Result<bool> {
+    let old = match old_dir.map(|d| Index::open_existing(d, INDEX_CACHE_BYTES_BULK)) {
+        None => None,
+        Some(Ok(Some(old))) => Some(old),
+        Some(Ok(None)) => {
+            r.old_index_error = Some("it has another format".into());
+            None
+        }
+        Some(Err(e)) => {
+            r.old_index_error = Some(crate::out::chain_text(&e));
+            None
+        }
+    };
+    let note = |k: &[u8], r: &mut Rebuild| {
+        r.differing_entries += 1;
+        if r.differing_keys.len() < DIFFS_LISTED_MAX {
+            r.differing_keys.push(key_text(k));
+        }
+    };
+    // The old index's entries, until one fails to read (the error is then noted).
+    let mut olds = old.as_ref().map(|o| o.entries().peekable());
+    for b in engine.index().entries() {
+        let (key, value) =
+            b.map_err(|e| ToolError::with_source("reading the rebuilt index failed", e))?;
+        r.index_entries += 1;
+        let Some(old_entries) = olds.as_mut() else {
+            continue;
+        };
+        // The old entries before this key are not in the rebuild; this key, unless the
+        // old index has it too, is not in the old one.
+        loop {
+            match old_entries.peek() {
+                Some(Ok((k, _))) if *k < key => {
+                    note(k, r);
+                    old_entries.next();
+                }
+                Some(Ok((k, v))) if *k == key => {
+                    if *v != value {
+                        note(&key, r);
+                    }
+                    old_entries.next();
+                    break;
+                }
+                Some(Ok(_)) | None => {
+                    note(&key, r);
+                    break;
+                }
+                Some(Err(_)) => {
+                    if let Some(Err(e)) = old_entries.next() {
+                        r.old_index_error = Some(crate::out::chain_text(&e));
+                    }
+                    olds = None;
+                    break;
+                }
+            }
+        }
+    }
+    let Some(rest) = olds else {
+        return Ok(false);
+    };
+    for a in rest {
+        match a {
+            Ok((k, _)) => note(&k, r),
+            Err(e) => {
+                r.old_index_error = Some(crate::out::chain_text(&e));
+                return Ok(false);
+            }
+        }
+    }
+    Ok(true)
 }
 
 fn spinner(msg: &str) -> ProgressBar {
@@ -214,30 +285,18 @@ fn rebuild(dir: &Path, json: bool) -> Result<ExitCode> {
     let started = Instant::now();
     let mut r = Rebuild::default();
 
-    // 1. The old index's answers.
-    let old: Option<Dump> = match LogStore::open(dir, LogStoreOptions::default()) {
+    // 1. The old index, caught up with the log.
+    let old_readable = match LogStore::open(dir, LogStoreOptions::default()) {
         Ok(store) => {
-            let d = store
-                .engine()
-                .map_err(|e| ToolError::with_source("opening the engine failed", e))
-                .and_then(|e| {
-                    dump(&e).map_err(|e| ToolError::with_source("reading the index failed", e))
-                });
             store
                 .close()
                 .map_err(|e| ToolError::with_source("closing the store failed", e))?;
-            match d {
-                Ok(d) => Some(d),
-                Err(e) => {
-                    r.old_index_error = Some(crate::out::chain_text(&e));
-                    None
-                }
-            }
+            true
         }
         Err(e) if crate::out::is_locked(&e) => return Err(open_err(dir, e)),
         Err(e) => {
             r.old_index_error = Some(crate::out::chain_text(&e));
-            None
+            false
         }
     };
 
@@ -299,55 +358,15 @@ fn rebuild(dir: &Path, json: bool) -> Result<ExitCode> {
         .scan_cache_prefix(SESSION_INDEXER, b"snap")
         .filter(|kv| kv.is_ok())
         .count() as u64;
-    let new =
-        dump(&engine).map_err(|e| ToolError::with_source("reading the rebuilt index failed", e))?;
-    r.index_entries = new.len() as u64;
+    // 3. Compare (while the rebuild's owner holds the store), then swap the directories.
+    let old_dir = old_readable.then(|| dir.join(INDEX_DIR));
+    let compared = compare_with_old(&engine, old_dir.as_deref(), &mut r)?;
     // Let go of the engine before closing: close waits for every holder.
     drop(engine);
     store
         .close()
         .map_err(|e| ToolError::with_source("closing the store failed", e))?;
-
-    // 3. Compare, then swap the directories.
-    if let Some(old) = &old {
-        let mut i = 0;
-        let mut j = 0;
-        let note = |k: &[u8], r: &mut Rebuild| {
-            r.differing_entries += 1;
-            if r.differing_keys.len() < DIFFS_LISTED_MAX {
-                r.differing_keys.push(key_text(k));
-            }
-        };
-        while i < old.len() || j < new.len() {
-            match (old.get(i), new.get(j)) {
-                (Some(a), Some(b)) if a.0 == b.0 => {
-                    if a.1 != b.1 {
-                        note(&a.0, &mut r);
-                    }
-                    i += 1;
-                    j += 1;
-                }
-                (Some(a), Some(b)) if a.0 < b.0 => {
-                    note(&a.0, &mut r);
-                    i += 1;
-                }
-                (Some(_), Some(b)) => {
-                    note(&b.0, &mut r);
-                    j += 1;
-                }
-                (Some(a), None) => {
-                    note(&a.0, &mut r);
-                    i += 1;
-                }
-                (None, Some(b)) => {
-                    note(&b.0, &mut r);
-                    j += 1;
-                }
-                (None, None) => break,
-            }
-        }
-    }
-    r.old_index_matched = old.is_some() && r.differing_entries == 0;
+    r.old_index_matched = compared && r.differing_entries == 0;
     let live = dir.join(INDEX_DIR);
     let old_dir = dir.join(OLD_DIR);
     let swap = || -> std::io::Result<()> {

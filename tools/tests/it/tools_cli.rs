@@ -869,6 +869,50 @@ fn replay_from_the_log_alone_gives_the_same_answers() {
     assert!(err.contains("not a spool store"), "{err}");
 }
 
+/// An old index holding an entry the log does not give, and another with a value the
+/// log does not give, is reported as differing in exactly those entries, and replaced.
+#[test]
+fn replay_reports_the_entries_in_which_the_old_index_differs_from_the_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    demo(&store);
+    let changed_key = {
+        let db = sled::open(store.join("index")).unwrap();
+        let (key, _) = db
+            .scan_prefix([0x02])
+            .next()
+            .expect("an indexer entry")
+            .unwrap();
+        db.insert(&key, &b"not what the log says"[..]).unwrap();
+        db.insert(&b"\x02zz-planted"[..], &b"x"[..]).unwrap();
+        db.flush().unwrap();
+        key.to_vec()
+    };
+    let out = run(&store, &["replay", "--json"]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let r: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(r["old_index_matched"], false, "{r}");
+    assert_eq!(r["differing_entries"], 2, "{r}");
+    let keys: Vec<&str> = r["differing_keys"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|k| k.as_str().unwrap())
+        .collect();
+    assert!(keys.contains(&"\\x02zz-planted"), "{keys:?}");
+    let changed: String = changed_key
+        .iter()
+        .map(|&b| match b.is_ascii_graphic() {
+            true => (b as char).to_string(),
+            false => format!("\\x{b:02x}"),
+        })
+        .collect();
+    assert!(keys.contains(&changed.as_str()), "{changed} in {keys:?}");
+    // The rebuilt index is installed: a second replay finds nothing.
+    let r = json(&store, &["replay", "--json"]);
+    assert_eq!(r["old_index_matched"], true, "{r}");
+}
+
 /// Records `show --json` after every step of a scripted session, then asks
 /// `replay ID --at-version N` for each N.
 #[test]
