@@ -63,8 +63,8 @@ pub use gc::{
     GcAction, GcOptions, GcPlan, GcReport, GcSegment, ERASE_MARKER_FILE, GC_MANIFEST_IDS_MAX,
 };
 pub use index::{
-    ChangeMark, Index, IndexBatch, IndexScan, Indexer, StreamHead, INDEX_CACHE_BYTES_BULK,
-    INDEX_CACHE_BYTES_MAX, INDEX_CACHE_BYTES_MIN, INDEX_FORMAT_VERSION,
+    ChangeMark, Index, IndexBatch, IndexScan, Indexer, StreamHead, CACHE_VALUE_BYTES_MAX,
+    INDEX_CACHE_BYTES_BULK, INDEX_CACHE_BYTES_MAX, INDEX_CACHE_BYTES_MIN, INDEX_FORMAT_VERSION,
 };
 pub use salvage::{salvage, DroppedCommit, LostRange, SalvageReport};
 pub use segment::{LogSpan, ACTIVE_MAP_SLACK_BYTES};

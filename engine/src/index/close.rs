@@ -45,7 +45,8 @@ impl Index {
             return;
         };
         // Nothing else holds sled now: the move and the key scan are joined, and every
-        // other user borrows the index.
+        // other user borrows the index. The cache's tree holds sled open too.
+        drop(self.cache_dir.take());
         drop(self.sled.take());
         for _ in 0..SLED_LOCK_WAIT_TRIES {
             let opened = sled_guard("writing the index's snapshot", || {

@@ -1,6 +1,6 @@
 //! The key layout of the engine's own entries in sled: stream heads, version blocks
 //! (stream + version -> position, seq and commit id, 64 versions a key) and the
-//! namespaced keys of registered indexers and of the cache tree.
+//! namespaced keys of registered indexers and of the cache.
 
 use super::*;
 

@@ -1,4 +1,4 @@
-//! The cache entries of an index without sled (an index over a checkpoint, in a
+//! The cache entries of an index without a directory (an index over a checkpoint, in a
 //! read-only process): kept in memory only, so bounded in bytes. Its entries live only
 //! as long as the process, and a process that reads many sessions would otherwise keep
 //! a snapshot of each.

@@ -6,8 +6,10 @@
 //! Everything lives in sled's default tree under namespaced keys. Commits reach sled
 //! through a memtable, moved into sled whole together with the applied sequence number:
 //! a move cut short by a crash is finished from its redo record on the next open (see
-//! [`crate::index::redo`]), so sled never holds half of one. A separate
-//! `cache` tree holds entries written outside commits; it is dropped on rebuild.
+//! [`crate::index::redo`]), so sled never holds half of one. Entries written outside
+//! commits (the cache) are in sled's `cache` tree if small and in files beside sled if
+//! large (see [`cache_files`]), or in memory for an index without a directory; they
+//! are dropped on rebuild.
 //!
 //! sled is a cache: its flush is never relied on. On open the store checks the format,
 //! the indexers' versions and the applied seq against the log and rebuilds or catches up.
@@ -18,6 +20,7 @@
 //! [`key_file`] the key filter saved at a clean close.
 
 pub(crate) mod bloom;
+mod cache_files;
 pub(super) mod close;
 pub(crate) mod gate;
 mod key_file;
@@ -32,6 +35,8 @@ pub(crate) mod redo;
 mod scan;
 
 use self::bloom::{KeyFilter, KeyHash};
+pub(crate) use self::cache_files::CACHE_DIR;
+pub use self::cache_files::CACHE_VALUE_BYTES_MAX;
 pub use self::keys::StreamHead;
 pub(crate) use self::keys::VERSIONS_PER_BLOCK;
 use self::keys::*;
@@ -87,6 +92,8 @@ pub(crate) const META_SYNCED: &[u8] = b"\x00meta:synced";
 pub(crate) const META_MOVING: &[u8] = b"\x00meta:moving";
 pub(crate) const META_LAYOUT: &[u8] = b"\x00meta:layout";
 const META_INDEXER: &[u8] = b"\x00meta:indexer:";
+/// The sled tree of the cache's small values (see `cache_files.rs`).
+const CACHE_TREE: &[u8] = b"cache";
 const HEAD: &[u8] = b"\x01h";
 const VERSION: &[u8] = b"\x01v";
 const USER: u8 = 0x02;
@@ -230,7 +237,11 @@ pub struct Index {
     /// sled, under the memtables; `None` for an index over a checkpoint file (see
     /// [`Index::over_checkpoint`]), which never moves anything into sled.
     sled: Option<Sled>,
-    /// The cache entries of an index without sled (see [`Index::put_cache`]).
+    /// The cache of an index with a directory: in sled, and in files beside it (see
+    /// [`Index::put_cache`]).
+    cache_dir: Option<cache_files::DirCache>,
+    /// The cache entries of an index without a directory (over a checkpoint file, or
+    /// a temporary one).
     cache_mem: Mutex<mem_cache::MemCache>,
     indexers: Vec<Arc<dyn Indexer>>,
     path: Option<PathBuf>,
@@ -286,11 +297,10 @@ pub struct Index {
     move_gate: Arc<MoveGate>,
 }
 
-/// sled's database, its main tree (engine and indexer keys) and the cache tree.
+/// sled's database and its main tree (engine and indexer keys).
 pub(super) struct Sled {
     pub(super) db: sled::Db,
     pub(super) tree: sled::Tree,
-    pub(super) cache: sled::Tree,
 }
 
 /// See [`Index::set_after_move`].

@@ -218,12 +218,18 @@ impl Index {
             panic!("tried to serialize Uninitialized (a damaged index, forced by a test)");
         }
         let tree: sled::Tree = (*db).clone();
-        let cache = db.open_tree("cache").map_err(sled_err)?;
-        let redo = match path {
-            Some(p) => Some(Arc::new(Mutex::new(RedoLog::open(p)?))),
-            None => None,
+        let (redo, cache_dir) = match path {
+            Some(p) => (
+                Some(Arc::new(Mutex::new(RedoLog::open(p)?))),
+                Some(cache_files::DirCache {
+                    tree: db.open_tree(CACHE_TREE).map_err(sled_err)?,
+                    files: cache_files::CacheFiles::open(p)?,
+                }),
+            ),
+            None => (None, None),
         };
-        let mut ix = Index::from_parts(Some(Sled { db, tree, cache }), indexers, path, redo);
+        let mut ix = Index::from_parts(Some(Sled { db, tree }), indexers, path, redo);
+        ix.cache_dir = cache_dir;
         ix.cache_bytes = cache_bytes;
         Ok(ix)
     }
@@ -251,6 +257,7 @@ impl Index {
     ) -> Index {
         Index {
             sled,
+            cache_dir: None,
             cache_mem: Mutex::new(Default::default()),
             indexers,
             path: path.map(Path::to_path_buf),
@@ -440,7 +447,7 @@ impl Index {
         *self.frozen.write().unwrap_or_else(|e| e.into_inner()) = None;
         let sled = self.sled("clear")?;
         sled.tree.clear().map_err(sled_err)?;
-        sled.cache.clear().map_err(sled_err)?;
+        self.clear_cache()?;
         if let Some(redo) = &self.redo {
             // The records describe moves sled may not hold durably yet: they go only
             // once sled holds the clear (a crash before finds the old keys and them).
@@ -521,7 +528,8 @@ pub(super) fn tighten_permissions(dir: &Path) {
         if mode & 0o077 != 0 {
             let _ = std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode & !0o077));
         }
-        if meta.is_dir() {
+        // The cache files are made owner-only, and may be many.
+        if meta.is_dir() && p.file_name() != Some(std::ffi::OsStr::new(cache_files::CACHE_DIR)) {
             if let Ok(rd) = std::fs::read_dir(&p) {
                 stack.extend(rd.filter_map(|e| e.ok()).map(|e| e.path()));
             }

@@ -1,5 +1,5 @@
 //! The index's queries: stream heads and versions, commit-id lookups through the
-//! version blocks, the indexers' entries and the cache tree, the change mark, and
+//! version blocks, the indexers' entries and the cache, the change mark, and
 //! the test views of the memtable.
 
 use super::*;
@@ -285,7 +285,7 @@ impl Index {
         // now, odd) makes the first step start again.
         let epoch = self.gate.epoch();
         IndexScan {
-            iter: ScanSource::Merged(self.merged(&p)),
+            iter: ScanSource::Merged(Box::new(self.merged(&p))),
             strip: user_prefix_len(ns),
             resume: Some(Resume::new(self, p, epoch)),
         }
@@ -375,21 +375,21 @@ impl Index {
     }
 
     /// Write a cache entry (outside commits; dropped when the index is rebuilt). An
-    /// index without sled keeps its cache in memory, at most 16 MiB of it
+    /// index with a directory keeps a large value in a file of its own and a small one
+    /// in sled (see `cache_files.rs`; a value over [`crate::CACHE_VALUE_BYTES_MAX`] is
+    /// not kept); one without keeps its cache in memory, at most 16 MiB of it
     /// (`MEM_CACHE_BYTES_MAX`).
     pub fn put_cache(&self, ns: &str, key: &[u8], value: &[u8]) -> Result<(), Error> {
         let mut k = cache_prefix(ns);
         k.extend_from_slice(key);
-        match &self.sled {
-            Some(sled) => {
-                sled.cache.insert(k, value).map_err(sled_err)?;
-            }
+        match &self.cache_dir {
+            Some(cache) => cache.put(&k, value)?,
             None => self.cache_map().insert(k, value),
         }
         Ok(())
     }
 
-    /// The cache of an index without sled.
+    /// The cache of an index without a directory.
     fn cache_map(&self) -> std::sync::MutexGuard<'_, super::mem_cache::MemCache> {
         self.cache_mem.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -399,7 +399,7 @@ impl Index {
         self.with_cache(ns, key, <[u8]>::to_vec)
     }
 
-    /// `read` of a cache entry's value in place, without copying it: a
+    /// `read` of a cache entry's value in place, without copying it again: a
     /// cached snapshot can be megabytes that the caller only decodes.
     pub fn with_cache<R>(
         &self,
@@ -409,8 +409,8 @@ impl Index {
     ) -> Result<Option<R>, Error> {
         let mut k = cache_prefix(ns);
         k.extend_from_slice(key);
-        match &self.sled {
-            Some(sled) => Ok(sled.cache.get(k).map_err(sled_err)?.map(|v| read(&v))),
+        match &self.cache_dir {
+            Some(cache) => cache.get_with(&k, read),
             None => Ok(self.cache_map().get(&k).map(read)),
         }
     }
@@ -418,13 +418,22 @@ impl Index {
     pub fn remove_cache(&self, ns: &str, key: &[u8]) -> Result<(), Error> {
         let mut k = cache_prefix(ns);
         k.extend_from_slice(key);
-        match &self.sled {
-            Some(sled) => {
-                sled.cache.remove(k).map_err(sled_err)?;
-            }
+        match &self.cache_dir {
+            Some(cache) => cache.remove(&k)?,
             None => self.cache_map().remove(&k),
         }
         Ok(())
+    }
+
+    /// Drops every cache entry.
+    pub(super) fn clear_cache(&self) -> Result<(), Error> {
+        match &self.cache_dir {
+            Some(cache) => cache.clear(),
+            None => {
+                *self.cache_map() = Default::default();
+                Ok(())
+            }
+        }
     }
 
     /// Cache entries whose keys start with `prefix` (keys without the namespace).
@@ -433,8 +442,11 @@ impl Index {
         let strip = p.len();
         p.extend_from_slice(prefix);
         IndexScan {
-            iter: match &self.sled {
-                Some(sled) => ScanSource::Sled(sled.cache.scan_prefix(p)),
+            iter: match &self.cache_dir {
+                Some(cache) => match cache.scan(&p) {
+                    Ok(scan) => ScanSource::Cache(Box::new(scan)),
+                    Err(e) => ScanSource::Failed(Some(e)),
+                },
                 None => {
                     let found: Vec<KeyValue> = self.cache_map().with_prefix(&p);
                     ScanSource::Copied(found.into_iter())

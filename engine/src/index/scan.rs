@@ -155,10 +155,13 @@ pub struct IndexScan<'a> {
 }
 
 pub(super) enum ScanSource {
-    Merged(MergeIter),
-    Sled(sled::Iter),
+    Merged(Box<MergeIter>),
+    /// Cache entries from sled and from their files, one at a time.
+    Cache(Box<super::cache_files::CacheScan>),
     /// Entries copied out of an in-memory map (the cache of an index without sled).
     Copied(std::vec::IntoIter<KeyValue>),
+    /// A scan that could not start: its error, then the end.
+    Failed(Option<Error>),
 }
 
 /// A merged scan's place: the iterator was made at `epoch`; an entry is returned only
@@ -207,7 +210,7 @@ impl Iterator for IndexScan<'_> {
         loop {
             if let Some(r) = self.resume.as_mut().filter(|r| r.stale()) {
                 match r.reseek() {
-                    Ok(m) => self.iter = ScanSource::Merged(m),
+                    Ok(m) => self.iter = ScanSource::Merged(Box::new(m)),
                     Err(e) => {
                         // A scan that cannot go on ends with the error, as one whose
                         // step fails does.
@@ -250,13 +253,11 @@ impl IndexScan<'_> {
                 Ok(Kv::Sled(k, v)) => Ok((own_key(&k), v.to_vec())),
                 Err(e) => Err(Error::Index(e)),
             },
-            ScanSource::Sled(i) => match sled_guard("scanning", || Ok(i.next())) {
-                Ok(next) => match next? {
-                    Ok((k, v)) => Ok((own_key(&k), v.to_vec())),
-                    Err(e) => Err(sled_err(e)),
-                },
-                Err(e) => Err(Error::Index(e)),
+            ScanSource::Cache(i) => match i.next()? {
+                Ok((k, v)) => Ok((own_key(&k), v)),
+                Err(e) => Err(e),
             },
+            ScanSource::Failed(e) => Err(e.take()?),
             ScanSource::Copied(i) => {
                 let (k, v) = i.next()?;
                 Ok((own_key(&k), v))
