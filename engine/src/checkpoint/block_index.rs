@@ -144,27 +144,77 @@ pub(crate) fn decode_block_index(
 
 /// The chunks (each with its crc) and the top index that follow the blocks, the chunks
 /// starting at file offset `at`: `(chunks, top)`.
+#[cfg(test)]
 pub(crate) fn encode_two_level(blocks: &[BlockRef], at: u64) -> (Vec<u8>, Vec<u8>) {
-    let mut chunks = Vec::new();
-    let mut top = Vec::new();
-    let runs = blocks.chunks(CHUNK_BLOCKS);
-    top.extend_from_slice(&(runs.len() as u32).to_le_bytes());
-    for run in runs {
-        let offset = at + chunks.len() as u64;
-        let body = encode_block_index(run);
-        let c = crc(&body);
-        chunks.extend_from_slice(&body);
-        chunks.extend_from_slice(&c.to_le_bytes());
-        let len = (at + chunks.len() as u64 - offset) as u32;
-        let first = &run[0];
-        top.extend_from_slice(&(first.first_key.len() as u32).to_le_bytes());
-        top.extend_from_slice(&first.first_key);
-        top.extend_from_slice(&offset.to_le_bytes());
-        top.extend_from_slice(&len.to_le_bytes());
-        top.extend_from_slice(&(run.len() as u32).to_le_bytes());
-        top.extend_from_slice(&first.offset.to_le_bytes());
+    let mut w = TwoLevelWriter::default();
+    for b in blocks {
+        w.push(b.clone());
     }
-    (chunks, top)
+    w.finish(at)
+}
+
+/// A block index built as the blocks are written: each run of [`CHUNK_BLOCKS`] blocks
+/// is encoded once it is complete, so a writer holds the encoded chunks (about 50
+/// bytes per block) and one entry per chunk, not a [`BlockRef`] and its key's own
+/// allocation for every block of the checkpoint.
+#[derive(Default)]
+pub(crate) struct TwoLevelWriter {
+    run: Vec<BlockRef>,
+    chunks: Vec<u8>,
+    tops: Vec<TopEntry>,
+}
+
+/// A chunk's entry in the top index, its offset relative to the first chunk.
+struct TopEntry {
+    first_key: Vec<u8>,
+    chunk_offset: u64,
+    len: u32,
+    blocks: u32,
+    first_block_offset: u64,
+}
+
+impl TwoLevelWriter {
+    pub(crate) fn push(&mut self, block: BlockRef) {
+        self.run.push(block);
+        if self.run.len() == CHUNK_BLOCKS {
+            self.seal();
+        }
+    }
+
+    fn seal(&mut self) {
+        let Some(first) = self.run.first() else {
+            return;
+        };
+        let start = self.chunks.len();
+        let body = encode_block_index(&self.run);
+        let c = crc(&body);
+        self.chunks.extend_from_slice(&body);
+        self.chunks.extend_from_slice(&c.to_le_bytes());
+        self.tops.push(TopEntry {
+            first_key: first.first_key.clone(),
+            chunk_offset: start as u64,
+            len: (self.chunks.len() - start) as u32,
+            blocks: self.run.len() as u32,
+            first_block_offset: first.offset,
+        });
+        self.run.clear();
+    }
+
+    /// The chunks and the top index, the chunks to be written at file offset `at`.
+    pub(crate) fn finish(mut self, at: u64) -> (Vec<u8>, Vec<u8>) {
+        self.seal();
+        let mut top = Vec::new();
+        top.extend_from_slice(&(self.tops.len() as u32).to_le_bytes());
+        for t in &self.tops {
+            top.extend_from_slice(&(t.first_key.len() as u32).to_le_bytes());
+            top.extend_from_slice(&t.first_key);
+            top.extend_from_slice(&(at + t.chunk_offset).to_le_bytes());
+            top.extend_from_slice(&t.len.to_le_bytes());
+            top.extend_from_slice(&t.blocks.to_le_bytes());
+            top.extend_from_slice(&t.first_block_offset.to_le_bytes());
+        }
+        (self.chunks, top)
+    }
 }
 
 /// Where one chunk of the block index is, as the top index gives it.

@@ -4,7 +4,7 @@
 //! A reader that has an older one open keeps reading it (an unlinked open file stays
 //! readable).
 
-use super::block_index::{encode_two_level, BlockRef};
+use super::block_index::{BlockRef, TwoLevelWriter};
 use super::format::{self, Footer, Header};
 use super::CHECKPOINT_DIR;
 use crate::error::Error;
@@ -92,7 +92,7 @@ fn write_body<E: std::fmt::Display>(
     header.entries = 0;
     let header_len = header.encode().len() as u64;
     let mut at = header_len;
-    let mut blocks: Vec<BlockRef> = Vec::new();
+    let mut blocks = TwoLevelWriter::default();
     let mut block: Vec<u8> = Vec::with_capacity(format::BLOCK_BYTES_TARGET + 4096);
     let mut first_key: Option<Vec<u8>> = None;
     let mut prev: Option<Vec<u8>> = None;
@@ -142,7 +142,7 @@ fn write_body<E: std::fmt::Display>(
         }
     }
     finish(&mut block, &mut first_key, &mut at)?;
-    let (chunks, top) = encode_two_level(&blocks, at);
+    let (chunks, top) = blocks.finish(at);
     write(&chunks, at)?;
     let index_offset = at + chunks.len() as u64;
     write(&top, index_offset)?;
