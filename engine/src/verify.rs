@@ -93,7 +93,7 @@ fn copy_dir(from: &Path, to: &Path) -> std::io::Result<()> {
     for e in std::fs::read_dir(from)? {
         let e = e?;
         let target = to.join(e.file_name());
-        if e.file_name() == crate::index::CACHE_DIR {
+        if crate::index::is_cache_dir_name(&e.file_name()) {
             continue;
         }
         if e.file_type()?.is_dir() {

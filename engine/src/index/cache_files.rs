@@ -25,6 +25,16 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 /// The directory of cache files inside the index directory.
 pub(crate) const CACHE_DIR: &str = "cache";
+/// What a clear renames the cache directory to (then `<pid>.<n>`) before removing it.
+const TRASH_PREFIX: &str = "cache.trash.";
+
+/// Whether `name`, in the index directory, is the cache directory or one a clear is
+/// removing: many files of the cache's, which `verify`'s copy and the permission walk
+/// skip.
+pub(crate) fn is_cache_dir_name(name: &std::ffi::OsStr) -> bool {
+    name.to_str()
+        .is_some_and(|n| n == CACHE_DIR || n.starts_with(TRASH_PREFIX))
+}
 const MAGIC: [u8; 8] = *b"spoolce1";
 const HEADER_BYTES: u64 = 8 + 4 + 8 + 4;
 const SUFFIX: &str = ".entry";
@@ -60,9 +70,19 @@ impl DirCache {
         key: &[u8],
         read: impl FnOnce(&[u8]) -> R,
     ) -> Result<Option<R>, Error> {
-        match self.tree.get(key).map_err(sled_err)? {
-            Some(v) => Ok(Some(read(&v))),
-            None => self.files.get_with(key, read),
+        if let Some(v) = self.tree.get(key).map_err(sled_err)? {
+            return Ok(Some(read(&v)));
+        }
+        let mut read = Some(read);
+        let found = self.files.get_with(key, |v| read.take().map(|r| r(v)))?;
+        if let Some(r) = found.flatten() {
+            return Ok(Some(r));
+        }
+        // A small value written over a large one meanwhile goes to sled before the file
+        // goes: look in sled again rather than miss both.
+        match (self.tree.get(key).map_err(sled_err)?, read) {
+            (Some(v), Some(read)) => Ok(Some(read(&v))),
+            _ => Ok(None),
         }
     }
 
@@ -76,12 +96,29 @@ impl DirCache {
         self.files.clear()
     }
 
+    /// How many keys start with `prefix`, in either place (a key in both counted once).
+    pub(super) fn count(&self, prefix: &[u8]) -> Result<u64, Error> {
+        let in_files = self.files.keys_with_prefix(prefix)?;
+        let mut n = in_files.len() as u64;
+        for kv in self.tree.scan_prefix(prefix) {
+            let (k, _) = kv.map_err(sled_err)?;
+            if in_files
+                .binary_search_by(|(f, _)| f.as_slice().cmp(&k))
+                .is_err()
+            {
+                n += 1;
+            }
+        }
+        Ok(n)
+    }
+
     /// The entries whose keys start with `prefix`, in key order, from both places.
     pub(super) fn scan(&self, prefix: &[u8]) -> Result<CacheScan, Error> {
         let keys = self.files.keys_with_prefix(prefix)?;
         Ok(CacheScan {
             sled: self.tree.scan_prefix(prefix).peekable(),
             files: self.files.scan(keys).peekable(),
+            failed: false,
         })
     }
 }
@@ -90,12 +127,21 @@ impl DirCache {
 pub(crate) struct CacheScan {
     sled: std::iter::Peekable<sled::Iter>,
     files: std::iter::Peekable<CacheFileScan>,
+    failed: bool,
 }
 
 impl Iterator for CacheScan {
     type Item = Result<KeyValue, Error>;
 
     fn next(&mut self) -> Option<Self::Item> {
+        if self.failed {
+            return None;
+        }
+        let peeked = super::sled_guard("scanning the cache", || Ok(self.sled.peek().is_some()));
+        if let Err(e) = peeked {
+            self.failed = true;
+            return Some(Err(Error::Index(e)));
+        }
         let order = match (self.sled.peek(), self.files.peek()) {
             (None, None) => return None,
             (Some(Err(_)), _) | (Some(Ok(_)), None) => std::cmp::Ordering::Less,
@@ -108,10 +154,17 @@ impl Iterator for CacheScan {
         }
         match order {
             std::cmp::Ordering::Greater => self.files.next(),
-            _ => self.sled.next().map(|kv| match kv {
-                Ok((k, v)) => Ok((k.to_vec(), v.to_vec())),
-                Err(e) => Err(sled_err(e)),
-            }),
+            _ => match super::sled_guard("scanning the cache", || Ok(self.sled.next())) {
+                Ok(next) => next.map(|kv| match kv {
+                    Ok((k, v)) => Ok((k.to_vec(), v.to_vec())),
+                    Err(e) => Err(sled_err(e)),
+                }),
+                // A panic inside sled ends the scan with it.
+                Err(e) => {
+                    self.failed = true;
+                    Some(Err(Error::Index(e)))
+                }
+            },
         }
     }
 }
@@ -152,6 +205,17 @@ impl CacheFiles {
         for name in files.names()? {
             if name.ends_with(TMP_SUFFIX) {
                 let _ = std::fs::remove_file(files.dir.join(&name));
+            }
+        }
+        // What a clear that could not remove it left.
+        if let Ok(rd) = std::fs::read_dir(index_dir) {
+            for e in rd.flatten() {
+                if e.file_name()
+                    .to_str()
+                    .is_some_and(|n| n.starts_with(TRASH_PREFIX))
+                {
+                    let _ = std::fs::remove_dir_all(e.path());
+                }
             }
         }
         Ok(files)
@@ -267,17 +331,29 @@ impl CacheFiles {
         }
     }
 
-    /// Removes every entry (the index was cleared).
+    /// Removes every entry (the index was cleared): the directory is renamed away,
+    /// the rename made durable (a crash must not bring back entries of an index that
+    /// was cleared), and the directory made again. An entry that cannot be removed
+    /// must not fail the clear, which the index's rebuild waits on: the renamed
+    /// directory is removed as far as it can be, and the rest by the next open.
     pub(super) fn clear(&self) -> Result<(), Error> {
-        for name in self.names()? {
-            let path = self.dir.join(&name);
-            match std::fs::remove_file(&path) {
-                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-                    return Err(Error::io(&path, "remove", e))
-                }
-                _ => {}
+        let parent = self.dir.parent().unwrap_or(Path::new("."));
+        let n = NEXT_TMP.fetch_add(1, Ordering::Relaxed);
+        let trash = parent.join(format!("{TRASH_PREFIX}{}.{n}", std::process::id()));
+        match std::fs::rename(&self.dir, &trash) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                return Err(Error::io(&self.dir, "rename", e));
             }
+            _ => {}
         }
+        std::fs::File::open(parent)
+            .and_then(|d| d.sync_all())
+            .map_err(|e| Error::io(parent, "sync_dir", e))?;
+        std::fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&self.dir)
+            .map_err(|e| Error::io(&self.dir, "create_dir", e))?;
+        let _ = std::fs::remove_dir_all(&trash);
         Ok(())
     }
 }
@@ -501,11 +577,13 @@ mod tests {
                 (b"k3".to_vec(), small.clone()),
             ]
         );
+        assert_eq!(cache.count(b"k").unwrap(), 3);
         // A stale file under a key sled holds (a crash between the two writes) is
-        // shadowed, in reads and in scans.
+        // shadowed, in reads, scans and counts.
         cache.files.put(b"k3", &large).unwrap();
         assert_eq!(get(b"k3"), Some(small.clone()));
         assert_eq!(cache.scan(b"k3").unwrap().count(), 1);
+        assert_eq!(cache.count(b"k").unwrap(), 3);
         cache.remove(b"k3").unwrap();
         assert_eq!(get(b"k3"), None);
         cache.clear().unwrap();

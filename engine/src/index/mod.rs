@@ -35,7 +35,7 @@ pub(crate) mod redo;
 mod scan;
 
 use self::bloom::{KeyFilter, KeyHash};
-pub(crate) use self::cache_files::CACHE_DIR;
+pub(crate) use self::cache_files::is_cache_dir_name;
 pub use self::cache_files::CACHE_VALUE_BYTES_MAX;
 pub use self::keys::StreamHead;
 pub(crate) use self::keys::VERSIONS_PER_BLOCK;

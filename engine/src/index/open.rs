@@ -529,7 +529,7 @@ pub(super) fn tighten_permissions(dir: &Path) {
             let _ = std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode & !0o077));
         }
         // The cache files are made owner-only, and may be many.
-        if meta.is_dir() && p.file_name() != Some(std::ffi::OsStr::new(cache_files::CACHE_DIR)) {
+        if meta.is_dir() && !p.file_name().is_some_and(cache_files::is_cache_dir_name) {
             if let Ok(rd) = std::fs::read_dir(&p) {
                 stack.extend(rd.filter_map(|e| e.ok()).map(|e| e.path()));
             }

@@ -436,6 +436,17 @@ impl Index {
         }
     }
 
+    /// How many cache entries have keys starting with `prefix`, without reading their
+    /// values.
+    pub fn count_cache_prefix(&self, ns: &str, prefix: &[u8]) -> Result<u64, Error> {
+        let mut p = cache_prefix(ns);
+        p.extend_from_slice(prefix);
+        match &self.cache_dir {
+            Some(cache) => cache.count(&p),
+            None => Ok(self.cache_map().with_prefix(&p).len() as u64),
+        }
+    }
+
     /// Cache entries whose keys start with `prefix` (keys without the namespace).
     pub fn scan_cache_prefix(&self, ns: &str, prefix: &[u8]) -> IndexScan<'_> {
         let mut p = cache_prefix(ns);

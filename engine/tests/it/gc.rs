@@ -769,3 +769,40 @@ fn index_reads_beside_a_gc_on_another_thread_see_every_entry() {
     gc.join().unwrap();
     assert!(probes > 1);
 }
+
+/// A GC's rebuild drops the index's cache, large values (files) and small (sled)
+/// alike, and an entry in the cache directory that cannot be removed (here a
+/// directory) fails neither the GC nor a later open: the cache is disposable.
+#[test]
+fn a_gc_drops_the_cache_even_an_entry_that_cannot_be_removed() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let s = Store::open(dir, gc_opts()).unwrap();
+    fill(&s, 30);
+    s.index()
+        .put_cache("snap", b"large", &vec![7u8; 20 << 10])
+        .unwrap();
+    s.index().put_cache("snap", b"small", b"v").unwrap();
+    let cache_dir = dir.join(INDEX_DIR).join("cache");
+    std::fs::create_dir(cache_dir.join("stray")).unwrap();
+    std::fs::write(cache_dir.join("stray").join("f"), b"x").unwrap();
+    let plan = s.plan_gc(&is_live).unwrap();
+    assert!(!plan.segments.is_empty());
+    s.run_gc(plan).unwrap();
+    assert!(!s.is_poisoned());
+    for key in [&b"large"[..], b"small"] {
+        assert_eq!(s.index().get_cache("snap", key).unwrap(), None);
+    }
+    assert_eq!(s.index().scan_cache_prefix("snap", b"").count(), 0);
+    assert!(cache_dir.is_dir() && !cache_dir.join("stray").exists());
+    s.index()
+        .put_cache("snap", b"large", &vec![8u8; 20 << 10])
+        .unwrap();
+    s.close().unwrap();
+    let s = Store::open(dir, gc_opts()).unwrap();
+    assert_eq!(
+        s.index().get_cache("snap", b"large").unwrap(),
+        Some(vec![8u8; 20 << 10])
+    );
+    s.close().unwrap();
+}

@@ -36,7 +36,6 @@ use serde::Serialize;
 use spool_engine::{Index, Store, INDEX_CACHE_BYTES_BULK, INDEX_DIR};
 use spool_runtime::session::SessionStatus;
 use spool_runtime::store::log::is_erased_entry;
-use spool_runtime::store::log::SESSION_INDEXER;
 use spool_runtime::store::{LogStore, LogStoreOptions};
 use spool_runtime::transcript::{Entry, ModelContext};
 use spool_runtime::{ListQuery, SessionStore};
@@ -353,11 +352,9 @@ fn rebuild(dir: &Path, json: bool) -> Result<ExitCode> {
         .streams()
         .map_err(|e| ToolError::with_source("listing streams failed", e))?
         .len() as u64;
-    r.snapshots = engine
-        .index()
-        .scan_cache_prefix(SESSION_INDEXER, b"snap")
-        .filter(|kv| kv.is_ok())
-        .count() as u64;
+    r.snapshots = store
+        .cached_snapshots()
+        .map_err(|e| ToolError::with_source("counting snapshots failed", e))?;
     // 3. Compare (while the rebuild's owner holds the store), then swap the directories.
     let old_dir = old_readable.then(|| dir.join(INDEX_DIR));
     let compared = compare_with_old(&engine, old_dir.as_deref(), &mut r)?;

@@ -153,6 +153,14 @@ impl LogStore {
         }
     }
 
+    /// How many sessions have a snapshot in the cache (not settings snapshots).
+    pub fn cached_snapshots(&self) -> Result<u64, StoreError> {
+        self.engine()?
+            .index()
+            .count_cache_prefix(SESSION_INDEXER, &[CACHE_SNAPSHOT])
+            .map_err(engine_err)
+    }
+
     /// Loads the session as of stream version `upto` (inclusive), or its
     /// head when `None`. Used by `load` and by time travel.
     pub fn load_at(
@@ -538,8 +546,10 @@ mod tests {
             ro.read_snapshot(&id, 0, u64::MAX).is_none(),
             "after one load"
         );
+        assert_eq!(ro.cached_snapshots().unwrap(), 0);
         let second = ro.load(&id).unwrap().unwrap();
         let (version, _, cached) = ro.read_snapshot(&id, 0, u64::MAX).expect("after two");
+        assert_eq!(ro.cached_snapshots().unwrap(), 1);
         assert_eq!(version, first.version());
         assert_eq!(cached.state(), first.state());
         let third = ro.load(&id).unwrap().unwrap();
@@ -549,8 +559,10 @@ mod tests {
         // An owner writes one at the first load that replays a long tail.
         drop(ro);
         let owner = open(dir.path());
+        assert_eq!(owner.cached_snapshots().unwrap(), 0);
         owner.load(&id).unwrap().unwrap();
         assert!(owner.read_snapshot(&id, 0, u64::MAX).is_some());
+        assert_eq!(owner.cached_snapshots().unwrap(), 1);
     }
 
     #[test]
