@@ -27,6 +27,17 @@ use std::sync::atomic::{AtomicU64, Ordering};
 pub(crate) const CACHE_DIR: &str = "cache";
 /// What a clear renames the cache directory to (then `<pid>.<n>`) before removing it.
 const TRASH_PREFIX: &str = "cache.trash.";
+const MAGIC: [u8; 8] = *b"spoolce1";
+const HEADER_BYTES: u64 = 8 + 4 + 8 + 4;
+const SUFFIX: &str = ".entry";
+const TMP_SUFFIX: &str = ".tmp";
+
+/// Largest cache value written or read: a file whose header claims more is absent.
+pub const CACHE_VALUE_BYTES_MAX: u64 = 1 << 30;
+/// Largest cache key (namespace included).
+const CACHE_KEY_BYTES_MAX: u32 = 64 << 10;
+/// Smallest cache value kept in a file rather than in sled.
+pub(crate) const CACHE_FILE_BYTES_MIN: usize = 16 << 10;
 
 /// Whether `name`, in the index directory, is the cache directory or one a clear is
 /// removing: many files of the cache's, which `verify`'s copy and the permission walk
@@ -35,15 +46,6 @@ pub(crate) fn is_cache_dir_name(name: &std::ffi::OsStr) -> bool {
     name.to_str()
         .is_some_and(|n| n == CACHE_DIR || n.starts_with(TRASH_PREFIX))
 }
-const MAGIC: [u8; 8] = *b"spoolce1";
-const HEADER_BYTES: u64 = 8 + 4 + 8 + 4;
-const SUFFIX: &str = ".entry";
-const TMP_SUFFIX: &str = ".tmp";
-
-/// Largest cache value written or read: a file whose header claims more is absent.
-pub const CACHE_VALUE_BYTES_MAX: u64 = 1 << 30;
-/// Smallest cache value kept in a file rather than in sled.
-pub(crate) const CACHE_FILE_BYTES_MIN: usize = 16 << 10;
 
 /// The cache of an index with a directory: sled's `cache` tree for small values,
 /// [`CacheFiles`] for large ones. A key is in at most one of them after a write of it;
@@ -168,8 +170,6 @@ impl Iterator for CacheScan {
         }
     }
 }
-/// Largest cache key (namespace included).
-const CACHE_KEY_BYTES_MAX: u32 = 64 << 10;
 
 /// The cache files of one index directory.
 #[derive(Debug)]
