@@ -25,7 +25,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 /// The directory of cache files inside the index directory.
 pub(crate) const CACHE_DIR: &str = "cache";
-/// What a clear renames the cache directory to (then `<pid>.<n>`) before removing it.
+/// What a clear renames the cache directory to (then `<pid>.<ns>.<n>`) before removing
+/// it.
 const TRASH_PREFIX: &str = "cache.trash.";
 const MAGIC: [u8; 8] = *b"spoolce1";
 const HEADER_BYTES: u64 = 8 + 4 + 8 + 4;
@@ -221,8 +222,13 @@ impl CacheFiles {
         Ok(files)
     }
 
+    /// The names in the cache directory; none while a clear has it renamed away.
     fn names(&self) -> Result<Vec<String>, Error> {
-        let rd = std::fs::read_dir(&self.dir).map_err(|e| Error::io(&self.dir, "read_dir", e))?;
+        let rd = match std::fs::read_dir(&self.dir) {
+            Ok(rd) => rd,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(Error::io(&self.dir, "read_dir", e)),
+        };
         let mut out = Vec::new();
         for entry in rd {
             let entry = entry.map_err(|e| Error::io(&self.dir, "read_dir", e))?;
@@ -337,9 +343,19 @@ impl CacheFiles {
     /// must not fail the clear, which the index's rebuild waits on: the renamed
     /// directory is removed as far as it can be, and the rest by the next open.
     pub(super) fn clear(&self) -> Result<(), Error> {
+        // Nothing to clear (a fresh index's).
+        if std::fs::read_dir(&self.dir).is_ok_and(|mut rd| rd.next().is_none()) {
+            return Ok(());
+        }
         let parent = self.dir.parent().unwrap_or(Path::new("."));
+        // Unique among processes too: a trash an earlier process could not remove may
+        // still be there, and a rename onto it would fail (the pid alone repeats, in a
+        // container every run is pid 1).
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
         let n = NEXT_TMP.fetch_add(1, Ordering::Relaxed);
-        let trash = parent.join(format!("{TRASH_PREFIX}{}.{n}", std::process::id()));
+        let trash = parent.join(format!("{TRASH_PREFIX}{}.{nanos}.{n}", std::process::id()));
         match std::fs::rename(&self.dir, &trash) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
                 return Err(Error::io(&self.dir, "rename", e));
@@ -588,6 +604,57 @@ mod tests {
         assert_eq!(get(b"k3"), None);
         cache.clear().unwrap();
         assert_eq!(cache.scan(b"").unwrap().count(), 0);
+    }
+
+    /// A trash directory that an earlier process could not remove fails no later clear,
+    /// whatever its name, and the next open removes it.
+    #[test]
+    fn a_trash_left_by_an_earlier_process_fails_no_clear() {
+        let dir = tempfile::tempdir().unwrap();
+        let pid = std::process::id();
+        let stale: Vec<PathBuf> = (0..4)
+            .map(|n| dir.path().join(format!("{TRASH_PREFIX}{pid}.{n}")))
+            .chain([dir.path().join(format!("{TRASH_PREFIX}1.0"))])
+            .collect();
+        for t in &stale {
+            std::fs::create_dir_all(t.join("d")).unwrap();
+        }
+        // Opened before the stale trash appeared: nothing removed it yet.
+        let files = CacheFiles {
+            dir: dir.path().join(CACHE_DIR),
+        };
+        std::fs::create_dir_all(&files.dir).unwrap();
+        for round in 0..3 {
+            files.put(b"k", &[round; 10]).unwrap();
+            files.clear().unwrap();
+            assert_eq!(files.get_with(b"k", <[u8]>::len).unwrap(), None);
+        }
+        assert!(stale.iter().all(|t| t.exists()));
+        CacheFiles::open(dir.path()).unwrap();
+        assert!(stale.iter().all(|t| !t.exists()));
+    }
+
+    /// Between a clear's rename and the new directory, a count or scan on another
+    /// thread sees an empty cache, never an error.
+    #[test]
+    fn a_count_beside_clears_never_fails() {
+        let dir = tempfile::tempdir().unwrap();
+        let files = std::sync::Arc::new(CacheFiles::open(dir.path()).unwrap());
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let clearer = {
+            let (files, stop) = (files.clone(), stop.clone());
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    let _ = files.put(b"k", &[1; 10]);
+                    files.clear().unwrap();
+                }
+            })
+        };
+        for _ in 0..5_000 {
+            files.keys_with_prefix(b"").unwrap();
+        }
+        stop.store(true, Ordering::Relaxed);
+        clearer.join().unwrap();
     }
 
     /// A header that claims more than the limits allows nothing to be allocated for it.

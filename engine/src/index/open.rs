@@ -174,6 +174,8 @@ impl Index {
             let db = Index::open_db(path, cache_bytes).map_err(sled_err)?;
             ix = Index::from_db(db, indexers, path, cache_bytes)?;
         }
+        // An empty index has no cache: one left by a clear cut short is of another.
+        ix.clear_cache()?;
         ix.init_meta(0)?;
         // Empty: every indexer key will come through `apply`.
         ix.keys.write().unwrap_or_else(|e| e.into_inner()).complete = true;
@@ -446,8 +448,11 @@ impl Index {
         *self.mem.write().unwrap_or_else(|e| e.into_inner()) = Mem::default();
         *self.frozen.write().unwrap_or_else(|e| e.into_inner()) = None;
         let sled = self.sled("clear")?;
-        sled.tree.clear().map_err(sled_err)?;
+        // The cache first, durably: sled's clear reaches its files whenever sled writes
+        // (at the latest when it is dropped), and an index found empty must not find
+        // the cache of the one it replaced.
         self.clear_cache()?;
+        sled.tree.clear().map_err(sled_err)?;
         if let Some(redo) = &self.redo {
             // The records describe moves sled may not hold durably yet: they go only
             // once sled holds the clear (a crash before finds the old keys and them).

@@ -545,3 +545,31 @@ fn a_close_that_moved_enough_leaves_sled_a_newer_snapshot() {
         assert_eq!(v.map(|v| v.len()), Some(64 << 10), "seq {s}");
     }
 }
+
+/// The state a crash can leave in the middle of a clear: sled's main tree cleared (its
+/// writes reach its files without a flush of ours) and the cache not. The next open
+/// finds an empty index and must not serve the cache of the one it replaced, small
+/// values (sled) or large (files).
+#[test]
+fn an_index_found_empty_has_no_cache_of_the_one_before() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("index");
+    let (index, _) = Index::open(Some(&path), Vec::new()).unwrap();
+    apply_commits(&index, 10, 0);
+    index
+        .put_cache("ns", b"large", &vec![7u8; 20 << 10])
+        .unwrap();
+    index.put_cache("ns", b"small", b"v").unwrap();
+    index.flush().unwrap();
+    let tree = index.sled("test").unwrap().tree.clone();
+    tree.clear().unwrap();
+    tree.flush().unwrap();
+    drop(tree);
+    drop(index);
+    let (index, fresh) = Index::open(Some(&path), Vec::new()).unwrap();
+    assert!(fresh, "an empty index is a fresh one");
+    assert_eq!(index.applied_seq().unwrap(), 0);
+    for key in [&b"large"[..], b"small"] {
+        assert_eq!(index.get_cache("ns", key).unwrap(), None, "{key:?}");
+    }
+}
