@@ -193,8 +193,10 @@ fn fnv1a(bytes: &[u8]) -> u64 {
 }
 
 impl CacheFiles {
-    /// The cache directory of the index at `index_dir`, created if missing; temporary
-    /// files a crash left are removed.
+    /// The cache directory of the index at `index_dir`, created if missing. The cache
+    /// directory is not listed (it holds a file per cached snapshot): temporary files
+    /// a crash left are never read as entries, a later put of the same name overwrites
+    /// one, and the next clear removes them with the directory.
     pub(super) fn open(index_dir: &Path) -> Result<CacheFiles, Error> {
         let dir = index_dir.join(CACHE_DIR);
         std::fs::DirBuilder::new()
@@ -203,11 +205,6 @@ impl CacheFiles {
             .create(&dir)
             .map_err(|e| Error::io(&dir, "create_dir", e))?;
         let files = CacheFiles { dir };
-        for name in files.names()? {
-            if name.ends_with(TMP_SUFFIX) {
-                let _ = std::fs::remove_file(files.dir.join(&name));
-            }
-        }
         // What a clear that could not remove it left.
         if let Ok(rd) = std::fs::read_dir(index_dir) {
             for e in rd.flatten() {
@@ -265,9 +262,11 @@ impl CacheFiles {
             .dir
             .join(format!("{:016x}.{n}{TMP_SUFFIX}", fnv1a(key)));
         let write = || -> std::io::Result<()> {
+            // Unique in this process; a file of that name can only be a crash's leftover.
             let mut f = std::fs::OpenOptions::new()
                 .write(true)
-                .create_new(true)
+                .create(true)
+                .truncate(true)
                 .mode(0o600)
                 .open(&tmp)?;
             f.write_all(&header)?;
@@ -510,16 +509,26 @@ mod tests {
         assert_eq!(entries(&files, b"").len(), 2);
         files.clear().unwrap();
         assert!(entries(&files, b"").is_empty());
-        // Reopened: what a crash left under a temporary name is gone.
+        // What a crash left under a temporary name is no entry, is overwritten by a put
+        // of that name, and goes with the next clear.
         files.put(b"kept", b"v").unwrap();
-        std::fs::write(dir.path().join(CACHE_DIR).join("0000.7.tmp"), b"half").unwrap();
+        let n = NEXT_TMP.load(Ordering::Relaxed);
+        let leftover = |n: u64| {
+            let name = format!("{:016x}.{n}{TMP_SUFFIX}", fnv1a(b"next"));
+            files.dir.join(name)
+        };
+        for k in n..n + 64 {
+            std::fs::write(leftover(k), b"half").unwrap();
+        }
         let files = CacheFiles::open(dir.path()).unwrap();
-        let names = files.names().unwrap();
-        assert_eq!(names.len(), 1, "{names:?}");
         assert_eq!(
-            files.get_with(b"kept", <[u8]>::to_vec).unwrap(),
-            Some(b"v".to_vec())
+            entries(&files, b""),
+            vec![(b"kept".to_vec(), b"v".to_vec())]
         );
+        files.put(b"next", &[9; 100]).unwrap();
+        assert_eq!(files.get_with(b"next", <[u8]>::len).unwrap(), Some(100));
+        files.clear().unwrap();
+        assert!(files.names().unwrap().is_empty());
     }
 
     /// Every cut of an entry's file, and every flipped bit, reads as absent (and the
@@ -612,7 +621,9 @@ mod tests {
     fn a_trash_left_by_an_earlier_process_fails_no_clear() {
         let dir = tempfile::tempdir().unwrap();
         let pid = std::process::id();
-        let stale: Vec<PathBuf> = (0..4)
+        // Names an earlier process of this pid would have used for the next clears.
+        let next = NEXT_TMP.load(Ordering::Relaxed);
+        let stale: Vec<PathBuf> = (next..next + 64)
             .map(|n| dir.path().join(format!("{TRASH_PREFIX}{pid}.{n}")))
             .chain([dir.path().join(format!("{TRASH_PREFIX}1.0"))])
             .collect();

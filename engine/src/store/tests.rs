@@ -174,13 +174,7 @@ fn a_failed_prefix_map_fails_the_read_and_the_next_read_maps() {
     vfs.reset_counts();
     vfs.fail_nth(FaultKind::Read, 1, false);
     let err = s.visit_at(pos, |c| c.seq).unwrap_err();
-    match &err {
-        Error::Io { path, op, .. } => {
-            assert_eq!(*op, "map");
-            assert_eq!(path, &dir.path().join(&seg.name), "{err}");
-        }
-        other => panic!("expected an I/O error naming the segment, got {other}"),
-    }
+    assert_io_error_at(&err, "map", &dir.path().join(&seg.name));
     assert_eq!(vfs.injected(), 1);
     assert_eq!(seg.map_state(), None);
     // Not poisoned; the next read maps the prefix and reads the record.
@@ -194,6 +188,21 @@ fn a_failed_prefix_map_fails_the_read_and_the_next_read_maps() {
         ))
         .unwrap();
     assert!(matches!(o, AppendOutcome::Committed(_)));
+}
+
+/// `err` is an I/O error of `op` on the file at `path` (a segment's full path).
+#[track_caller]
+fn assert_io_error_at(err: &Error, op: &str, path: &Path) {
+    match err {
+        Error::Io { path: p, op: o, .. } => {
+            assert_eq!(*o, op, "{err}");
+            assert_eq!(p, path, "{err}");
+        }
+        other => panic!(
+            "expected an I/O error naming {}, got {other}",
+            path.display()
+        ),
+    }
 }
 
 /// A read of the active segment below the map slack goes to the file: a failure of it
@@ -217,13 +226,7 @@ fn a_failed_read_of_an_unmapped_segment_names_its_full_path() {
     let seg = s.segment_at(pos).unwrap();
     vfs.fail_nth(FaultKind::Read, 1, false);
     let err = s.visit_at(pos, |c| c.seq).unwrap_err();
-    match &err {
-        Error::Io { path, op, .. } => {
-            assert_eq!(*op, "read_at");
-            assert_eq!(path, &dir.path().join(&seg.name), "{err}");
-        }
-        other => panic!("expected an I/O error naming the segment, got {other}"),
-    }
+    assert_io_error_at(&err, "read_at", &dir.path().join(&seg.name));
     assert_eq!(vfs.injected(), 1);
     assert_eq!(seg.map_state(), None);
     assert_eq!(s.visit_at(pos, |c| c.seq).unwrap(), 1);
@@ -452,17 +455,7 @@ fn a_failed_lazy_map_of_a_covered_segment_names_its_full_path() {
         // The read's first call of the kind is the map of the whole segment.
         vfs.fail_nth(FaultKind::Read, 1, false);
         let err = s.visit_at(first, |c| c.seq).unwrap_err();
-        match &err {
-            Error::Io { path, op, .. } => {
-                assert_eq!(*op, "map", "read-only {read_only}");
-                assert_eq!(
-                    path,
-                    &dir.path().join(&seg.name),
-                    "read-only {read_only}: {err}"
-                );
-            }
-            other => panic!("expected an I/O error naming the segment, got {other}"),
-        }
+        assert_io_error_at(&err, "map", &dir.path().join(&seg.name));
         assert_eq!(vfs.injected(), 1);
         vfs.clear();
         assert_eq!(s.visit_at(first, |c| c.seq).unwrap(), 1);
