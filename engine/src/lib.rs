@@ -65,6 +65,7 @@ pub use gc::{
 pub use index::{
     ChangeMark, Index, IndexBatch, IndexScan, Indexer, StreamHead, CACHE_VALUE_BYTES_MAX,
     INDEX_CACHE_BYTES_BULK, INDEX_CACHE_BYTES_MAX, INDEX_CACHE_BYTES_MIN, INDEX_FORMAT_VERSION,
+    INDEX_SLED_DIR,
 };
 pub use salvage::{salvage, DroppedCommit, LostRange, SalvageReport};
 pub use segment::{LogSpan, ACTIVE_MAP_SLACK_BYTES};

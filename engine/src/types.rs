@@ -134,6 +134,11 @@ pub struct Options {
     /// a small one (see [`crate::INDEX_CACHE_BYTES_BULK`]). Read-only opens from a
     /// checkpoint open no sled and ignore it.
     pub index_cache_bytes_max: u64,
+    /// An owner open that finds no usable index (a new, lost, damaged or outdated
+    /// one) builds it from the whole log instead of from the newest checkpoint the
+    /// log backs and the log after it (default false; `spool replay` sets it to
+    /// compare the index with one made from the log alone).
+    pub index_from_log: bool,
 }
 
 /// Default of [`Options::index_thread_poll`], in microseconds: zero, no polling (its
@@ -158,6 +163,7 @@ impl Default for Options {
             next_segment: NextSegment::default(),
             index_thread_poll: Duration::from_micros(INDEX_THREAD_POLL_DEFAULT_US),
             checkpoint_commits_min: crate::CHECKPOINT_COMMITS_MIN_DEFAULT,
+            index_from_log: false,
             index_cache_bytes_max: crate::INDEX_CACHE_BYTES_MAX,
         }
     }
@@ -182,6 +188,7 @@ impl fmt::Debug for Options {
             .field("index_thread_poll", &self.index_thread_poll)
             .field("checkpoint_commits_min", &self.checkpoint_commits_min)
             .field("index_cache_bytes_max", &self.index_cache_bytes_max)
+            .field("index_from_log", &self.index_from_log)
             .finish()
     }
 }
@@ -217,6 +224,10 @@ impl Options {
         self
     }
     /// See [`Options::index_cache_bytes_max`].
+    pub fn index_from_log(mut self, yes: bool) -> Self {
+        self.index_from_log = yes;
+        self
+    }
     pub fn index_cache_bytes_max(mut self, n: u64) -> Self {
         self.index_cache_bytes_max = n;
         self

@@ -197,7 +197,7 @@ fn verify_pass(dir: &Path, opts: Options) -> Result<VerifyReport, Error> {
                     ))
                 })
                 .and_then(|()| {
-                    Index::open_existing(&tmp.0, opts.index_cache_bytes_max)
+                    Index::open_existing_in(&*vfs, &tmp.0, dir, opts.index_cache_bytes_max)
                         .map_err(|e| Failed::Open(chain_text(&e)))
                 });
             match opened {

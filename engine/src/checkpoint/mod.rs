@@ -25,6 +25,25 @@ pub(crate) use self::format::SegmentEnd;
 pub(crate) use self::owner::Shared;
 pub(crate) use self::read::{CheckpointFile, CheckpointIter};
 
+/// Opens the checkpoint `id` names in the store directory `dir` (an owner's sled is a
+/// delta over it, see `index/delta.rs`), or says why it cannot be used: missing,
+/// damaged, of another index format, or another checkpoint under its name.
+pub(crate) fn open_base(
+    vfs: &dyn crate::vfs::Vfs,
+    dir: &std::path::Path,
+    id: &crate::index::BaseId,
+) -> Result<CheckpointFile, String> {
+    let path = dir.join(CHECKPOINT_DIR).join(write::file_name(id.seq));
+    let ck = CheckpointFile::open(vfs, &path)?;
+    if ck.header.index_format != crate::index::INDEX_FORMAT_VERSION || !id.names(&ck) {
+        return Err(format!(
+            "{} is not the checkpoint the index is a delta over",
+            path.display()
+        ));
+    }
+    Ok(ck)
+}
+
 /// Directory of the checkpoint files, in the store directory.
 pub const CHECKPOINT_DIR: &str = "checkpoints";
 

@@ -13,8 +13,8 @@ use super::read::{newest, CheckpointFile};
 use super::write::write_checkpoint;
 use crate::error::Error;
 use crate::index::{
-    AppliedAt, Index, INDEX_FORMAT_VERSION, META_APPLIED, META_FORMAT, META_LAYOUT, META_MOVING,
-    META_SYNCED,
+    AppliedAt, Index, SledView, INDEX_FORMAT_VERSION, META_APPLIED, META_FORMAT, META_LAYOUT,
+    META_MOVING, META_SYNCED,
 };
 use crate::segment::{in_log_order, Segment};
 use crate::types::Options;
@@ -41,6 +41,9 @@ pub(crate) struct Shared {
     /// Live [`crate::CheckpointsDeferred`] guards: while any is, no checkpoint is
     /// written in the background (a close still writes one).
     deferred: AtomicU32,
+    /// The seq of the checkpoint the owner's sled is a delta over (0: none): never
+    /// removed for a newer one.
+    base_seq: Mutex<Option<Arc<AtomicU64>>>,
 }
 
 fn be_u64(v: &[u8]) -> Option<u64> {
@@ -63,7 +66,21 @@ impl Shared {
             failure: Mutex::new(None),
             writing: Mutex::new(()),
             deferred: AtomicU32::new(0),
+            base_seq: Mutex::new(None),
         }
+    }
+
+    /// Keep the index's base checkpoint (its seq read from `cell` at each write).
+    pub(crate) fn keep_base(&self, cell: Arc<AtomicU64>) {
+        *self.base_seq.lock().unwrap_or_else(|e| e.into_inner()) = Some(cell);
+    }
+
+    fn kept_seq(&self) -> u64 {
+        self.base_seq
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .map_or(0, |c| c.load(Ordering::Acquire))
     }
 
     pub(crate) fn defer(&self) {
@@ -134,9 +151,23 @@ impl Shared {
         }
     }
 
+    /// Removes the checkpoints before seq `seq` (after a close made the one at `seq`
+    /// the index's next base, the one before is of no use). Best effort.
+    pub(crate) fn remove_before(&self, seq: u64) {
+        let cdir = self.dir.join(super::CHECKPOINT_DIR);
+        if let Ok(names) = self.vfs.read_dir(&cdir) {
+            for n in names {
+                if super::write::parse_file_name(&n).is_some_and(|s| s < seq) {
+                    let _ = self.vfs.remove(&cdir.join(&n));
+                }
+            }
+            let _ = self.vfs.sync_dir(&cdir);
+        }
+    }
+
     /// After a background move into sled: a checkpoint when enough was applied since
     /// the last one.
-    pub(crate) fn after_move(&self, segments: &Segments, tree: &sled::Tree, at: &AppliedAt) {
+    pub(crate) fn after_move(&self, segments: &Segments, view: &SledView, at: &AppliedAt) {
         if self.commits_min == 0 || self.deferred.load(Ordering::Acquire) > 0 {
             return;
         }
@@ -144,42 +175,44 @@ impl Shared {
         if at.seq <= last || at.seq - last < self.commits_min.max(at.seq / 8) {
             return;
         }
-        if let Err(e) = self.write_from_sled(segments, tree, at, false) {
+        if let Err(e) = self.write_from_sled(segments, view, at, false) {
             self.record_failure(&e);
         }
     }
 
     /// On a clean close (the memtable moved into sled, nothing running): a checkpoint
-    /// of everything, unless the newest one already is.
-    pub(crate) fn on_close(&self, segments: &Segments, index: &Index) {
-        let Some(at) = index.applied_at() else {
-            return;
-        };
+    /// of everything, unless the newest one already is. The checkpoint written, if
+    /// one was: it holds exactly the index's entries.
+    pub(crate) fn on_close(&self, segments: &Segments, index: &Index) -> Option<CheckpointFile> {
+        let at = index.applied_at()?;
         if at.seq == self.last_seq.load(Ordering::Relaxed) {
-            return;
+            return None;
         }
         // An owner's index always has sled; one over a checkpoint file writes none.
-        let Some(tree) = index.sled_tree() else {
-            return;
-        };
-        if let Err(e) = self.write_from_sled(segments, tree, &at, true) {
-            self.record_failure(&e);
+        let view = index.sled_view().ok()?;
+        match self.write_from_sled(segments, &view, &at, true) {
+            Ok(Some(path)) => CheckpointFile::open(&*self.vfs, &path).ok(),
+            Ok(None) => None,
+            Err(e) => {
+                self.record_failure(&e);
+                None
+            }
         }
     }
 
-    /// Write the checkpoint of sled's main tree, which holds exactly the commits up to
-    /// `at`. `Ok(false)`: nothing written because the cut is not one a checkpoint may
-    /// describe (sled's applied seq not `at`'s, the
+    /// Write the checkpoint of sled over its base, which holds exactly the commits up
+    /// to `at`; its path. `Ok(None)`: nothing written because the cut is not one a
+    /// checkpoint may describe (sled's applied seq not `at`'s, the
     /// segments busy, the record in a segment GC wrote).
     fn write_from_sled(
         &self,
         segments: &Segments,
-        tree: &sled::Tree,
+        view: &SledView,
         at: &AppliedAt,
         wait: bool,
-    ) -> Result<bool, Error> {
+    ) -> Result<Option<PathBuf>, Error> {
         let _one = self.writing.lock().unwrap_or_else(|e| e.into_inner());
-        let get = |k: &[u8]| tree.get(k).map_err(|e| Error::Index(e.into()));
+        let get = |k: &[u8]| view.get(k).map_err(Error::Index);
         // The commits may not be durable yet (`Buffered`): after a power loss that
         // loses them, readers find the log does not hold the checkpoint's record and
         // fall back, and the next owner's open removes the checkpoint
@@ -191,7 +224,7 @@ impl Shared {
         if !applied_ok
             || get(META_FORMAT)?.as_deref() != Some(&INDEX_FORMAT_VERSION.to_be_bytes()[..])
         {
-            return Ok(false);
+            return Ok(None);
         }
         let layout = get(META_LAYOUT)?.and_then(|v| be_u64(&v)).unwrap_or(0);
         let table = {
@@ -200,7 +233,7 @@ impl Shared {
             } else {
                 match segments.try_read() {
                     Ok(g) => g,
-                    Err(_) => return Ok(false),
+                    Err(_) => return Ok(None),
                 }
             };
             let mut table = Vec::new();
@@ -217,7 +250,7 @@ impl Shared {
                 }
             }
             if !found {
-                return Ok(false);
+                return Ok(None);
             }
             table
         };
@@ -236,20 +269,20 @@ impl Shared {
         // sled 0.34 panics on some damaged files instead of returning an error (see
         // `sled_guard`): a panic while reading it is this checkpoint's failure only.
         let written = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            let entries = tree.iter().filter(|kv| {
-                kv.as_ref()
-                    .map_or(true, |(k, _)| k != META_MOVING && k != META_SYNCED)
+            let entries = view.iter().filter(|kv| {
+                kv.as_ref().map_or(true, |(k, _)| {
+                    k != META_MOVING && k != META_SYNCED && k != crate::index::META_BASE
+                })
             });
-            write_checkpoint(&*self.vfs, &self.dir, header, entries)
+            write_checkpoint(&*self.vfs, &self.dir, header, entries, self.kept_seq())
         }))
         .unwrap_or_else(|_| {
             Err(Error::Index(crate::error::IndexError::Malformed(
                 "sled panicked while a checkpoint was written".into(),
             )))
         })?;
-        let _ = written;
         self.last_seq.store(at.seq, Ordering::Relaxed);
         self.written.fetch_add(1, Ordering::Relaxed);
-        Ok(true)
+        Ok(Some(written))
     }
 }

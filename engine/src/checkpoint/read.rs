@@ -483,7 +483,7 @@ mod tests {
 
     fn write(dir: &Path, want: &BTreeMap<Vec<u8>, Vec<u8>>) -> PathBuf {
         let it = want.iter().map(Ok::<_, String>);
-        write_checkpoint(&OsVfs, dir, header(0), it).unwrap()
+        write_checkpoint(&OsVfs, dir, header(0), it, 0).unwrap()
     }
 
     /// The same entries in format version 1: the same blocks, one flat block

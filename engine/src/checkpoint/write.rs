@@ -28,12 +28,14 @@ pub(crate) fn parse_file_name(name: &str) -> Option<u64> {
 const TEMP_SUFFIX: &str = ".tmp";
 
 /// Write the checkpoint of `entries` (in strictly increasing key order) described by
-/// `header` into `dir/checkpoints/`, then remove the older ones. Returns its path.
+/// `header` into `dir/checkpoints/`, then remove the older ones but the one at seq
+/// `keep` (the owner's base; 0: none). Returns its path.
 pub(crate) fn write_checkpoint<E: std::fmt::Display>(
     vfs: &dyn Vfs,
     dir: &Path,
     mut header: Header,
     entries: impl Iterator<Item = Result<(impl AsRef<[u8]>, impl AsRef<[u8]>), E>>,
+    keep: u64,
 ) -> Result<PathBuf, Error> {
     let cdir = dir.join(CHECKPOINT_DIR);
     let existed = vfs
@@ -68,7 +70,7 @@ pub(crate) fn write_checkpoint<E: std::fmt::Display>(
     // The new one is durable: the older ones (and leftovers of interrupted writes) go.
     if let Ok(names) = vfs.read_dir(&cdir) {
         for n in names {
-            let old = parse_file_name(&n).is_some_and(|s| s < header.seq);
+            let old = parse_file_name(&n).is_some_and(|s| s < header.seq && s != keep);
             let stray = n.ends_with(TEMP_SUFFIX) && n != format!("{name}{TEMP_SUFFIX}");
             if old || stray {
                 let _ = vfs.remove(&cdir.join(&n));

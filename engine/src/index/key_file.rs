@@ -29,18 +29,19 @@ const FINGERPRINT_BYTES_MAX: u32 = 1024;
 const KEY_FILE_BYTES_MAX: u64 = KEY_FILTER_BYTES_MAX + 64 * 1024;
 
 impl Index {
-    /// The meta values a saved filter must match: applied marker, layout and format,
-    /// each as a length (u32 BE) and its bytes (absent = length 0).
+    /// The meta values a saved filter must match: applied marker, layout, format and
+    /// base, each as a length (u32 BE) and its bytes (absent = length 0); those of the
+    /// next sled when a close built one (see `delta.rs`).
     fn key_fingerprint(&self) -> Result<Vec<u8>, Error> {
-        let tree = &self.sled("read its meta keys")?.tree;
-        let mut out = Vec::new();
-        for k in [META_APPLIED, META_LAYOUT, META_FORMAT] {
-            let v = tree.get(k).map_err(sled_err)?;
-            let v = v.as_deref().unwrap_or(&[]);
-            out.extend_from_slice(&(v.len() as u32).to_be_bytes());
-            out.extend_from_slice(v);
+        if let Some(next) = &*self
+            .next_fingerprint
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+        {
+            return Ok(next.clone());
         }
-        Ok(out)
+        let tree = &self.sled("read its meta keys")?.tree;
+        super::delta::key_fingerprint_of(tree).map_err(Error::Index)
     }
 
     /// Saves the key filter beside sled, if it is complete and not saturated. Call only
@@ -51,7 +52,7 @@ impl Index {
         let Some(dir) = &self.path else {
             return Ok(false);
         };
-        if self.base.get().is_some() {
+        if self.sled.is_none() {
             return Ok(false);
         }
         let fingerprint = self.key_fingerprint()?;

@@ -22,6 +22,7 @@
 pub(crate) mod bloom;
 mod cache_files;
 pub(super) mod close;
+mod delta;
 pub(crate) mod gate;
 mod key_file;
 mod keys;
@@ -37,6 +38,8 @@ mod scan;
 use self::bloom::{KeyFilter, KeyHash};
 pub(crate) use self::cache_files::is_cache_dir_name;
 pub use self::cache_files::CACHE_VALUE_BYTES_MAX;
+pub use self::delta::INDEX_SLED_DIR;
+pub(crate) use self::delta::{BaseId, DeltaIter, META_BASE};
 pub use self::keys::StreamHead;
 pub(crate) use self::keys::VERSIONS_PER_BLOCK;
 use self::keys::*;
@@ -277,10 +280,17 @@ pub struct Index {
     gate: gate::RebuildGate,
     /// sled's page cache this index was opened with (a reopen at close uses it too).
     cache_bytes: u64,
-    /// A checkpoint file under everything else, in place of sled (a read-only open
-    /// from a checkpoint): the memtable then holds every commit after it and is never
-    /// moved into sled (see [`Index::set_base`]).
-    base: std::sync::OnceLock<Arc<CheckpointFile>>,
+    /// A checkpoint file under everything else: under sled, which holds what changed
+    /// since (an owner's index, see `delta.rs`), or in place of sled (a read-only open
+    /// from a checkpoint: the memtable then holds every commit after it and is never
+    /// moved, see [`Index::set_base`]).
+    base: RwLock<Option<Arc<CheckpointFile>>>,
+    /// The base's seq (0: none), shared with the checkpoint writer, which keeps it.
+    base_seq: Arc<AtomicU64>,
+    /// A clean close built the next sled over its checkpoint; the drop swaps it in
+    /// (see `delta.rs`), with this fingerprint for the key filter saved beside it.
+    rebase_pending: AtomicBool,
+    next_fingerprint: Mutex<Option<Vec<u8>>>,
     /// The last commit published (and the largest timestamp so far): where a
     /// checkpoint of what sled holds after a move ends.
     applied_at: Mutex<Option<AppliedAt>>,
@@ -303,8 +313,33 @@ pub(super) struct Sled {
     pub(super) tree: sled::Tree,
 }
 
-/// See [`Index::set_after_move`].
-pub(crate) type AfterMove = Arc<dyn Fn(&sled::Tree, &AppliedAt) + Send + Sync>;
+/// See [`Index::set_after_move`]: called with the index's entries below the
+/// memtables, sled over its base.
+pub(crate) type AfterMove = Arc<dyn Fn(&SledView, &AppliedAt) + Send + Sync>;
+
+/// sled over its base checkpoint, as a checkpoint of the whole index reads it.
+#[derive(Clone)]
+pub(crate) struct SledView {
+    pub(crate) tree: sled::Tree,
+    pub(crate) base: Option<Arc<CheckpointFile>>,
+}
+
+impl SledView {
+    /// A key's value (meta keys: sled's).
+    pub(crate) fn get(&self, k: &[u8]) -> Result<Option<sled::IVec>, IndexError> {
+        delta::get(&self.tree, self.base.as_deref(), k)
+    }
+
+    /// Every entry in key order.
+    pub(crate) fn iter(&self) -> DeltaIter {
+        DeltaIter::new(
+            &self.tree,
+            self.base.as_ref(),
+            Bound::Unbounded,
+            Bound::Unbounded,
+        )
+    }
+}
 
 /// The last commit applied to an index: its seq, commit id and position, and the
 /// largest commit timestamp up to it.
@@ -352,9 +387,9 @@ struct Keys {
 /// Keys added to the filter per write lock by the open scan.
 const KEY_SCAN_CHUNK: usize = 4096;
 
-/// Adds every indexer key in sled to `keys`, then marks it complete (unless stopped or
-/// sled fails: the filter then stays unused).
-fn scan_keys(tree: &sled::Tree, keys: &RwLock<Keys>, stop: &AtomicBool) {
+/// Adds every indexer key in sled and its base to `keys`, then marks it complete
+/// (unless stopped or a read fails: the filter then stays unused).
+fn scan_keys(view: &SledView, keys: &RwLock<Keys>, stop: &AtomicBool) {
     let mut pending: Vec<KeyHash> = Vec::with_capacity(KEY_SCAN_CHUNK);
     let add = |pending: &mut Vec<KeyHash>| {
         let mut k = keys.write().unwrap_or_else(|e| e.into_inner());
@@ -362,7 +397,14 @@ fn scan_keys(tree: &sled::Tree, keys: &RwLock<Keys>, stop: &AtomicBool) {
             k.filter.insert(h);
         }
     };
-    for kv in tree.scan_prefix([USER]) {
+    let hi = scan::prefix_end(&[USER]).map_or(Bound::Unbounded, Bound::Excluded);
+    let iter = DeltaIter::new(
+        &view.tree,
+        view.base.as_ref(),
+        Bound::Included(vec![USER]),
+        hi,
+    );
+    for kv in iter {
         if stop.load(Ordering::Relaxed) {
             return;
         }
@@ -491,7 +533,9 @@ impl Drop for Index {
         // sled must not outlive the Index through the mover thread: a reopen of the same
         // directory would find it still locked.
         let _ = self.join_moving();
-        self.write_sled_snapshot();
+        if !self.finish_rebase() {
+            self.write_sled_snapshot();
+        }
         if let Some(p) = &self.path {
             tighten_permissions(p);
         }

@@ -13,13 +13,14 @@ use super::*;
 /// `apply_batch` of the same writes cost sled more per key (see BENCHMARKS.md,
 /// Decisions).
 pub(super) fn move_into_sled(
-    tree: &sled::Tree,
+    view: &SledView,
     frozen: &RwLock<Option<Arc<MemTable>>>,
     flushed_at: &Mutex<std::time::Instant>,
     redo: Option<&Mutex<RedoLog>>,
     writes: &MemTable,
 ) -> Result<(), IndexError> {
-    let redo_full = write_move(tree, redo, writes, None)?;
+    let tree = &view.tree;
+    let redo_full = write_move(view, redo, writes, None)?;
     *frozen.write().unwrap_or_else(|e| e.into_inner()) = None;
     // Make the batches durable in sled's own log at most once per interval, as sled's
     // flusher thread (now off) did. The engine's log is the source of truth; this only
@@ -41,12 +42,13 @@ pub(super) fn move_into_sled(
     Ok(())
 }
 
-/// The writes of a move into sled (see [`move_into_sled`]): the redo record and the
+/// The writes of a move into sled over its base (see [`move_into_sled`] and
+/// `delta.rs`): the redo record and the
 /// `MOVING` marker first when there is a redo log, then the writes in key order, then
 /// the marker's removal. Tests cut it short after `cut_after` writes, as a crash would
 /// (the marker stays). Whether the redo log has passed its bound.
 pub(super) fn write_move(
-    tree: &sled::Tree,
+    view: &SledView,
     redo: Option<&Mutex<RedoLog>>,
     writes: &MemTable,
     cut_after: Option<usize>,
@@ -56,6 +58,7 @@ pub(super) fn write_move(
     // its pending keys once, for this move and for its readers meanwhile.
     let sorted: Vec<(&[u8], &Value)> = writes.range(Bound::Unbounded, Bound::Unbounded).collect();
     debug_assert_eq!(sorted.len(), writes.len());
+    let tree = &view.tree;
     let mut redo_full = false;
     if let Some(redo) = redo {
         let body = redo::encode_body(&sorted)?;
@@ -68,10 +71,7 @@ pub(super) fn write_move(
     for (k, v) in sorted.iter().take(cut_after.unwrap_or(usize::MAX)) {
         #[cfg(test)]
         injected_sled_fault(k)?;
-        match v {
-            Some(v) => tree.insert(k, v.as_slice())?,
-            None => tree.remove(k)?,
-        };
+        super::delta::write_entry(tree, k, v.as_deref(), view.base.is_some())?;
     }
     if redo.is_some() && cut_after.is_none() {
         tree.remove(META_MOVING)?;

@@ -5,6 +5,7 @@
 use super::*;
 
 impl Index {
+    /// sled of the index directory `path` (in its [`INDEX_SLED_DIR`]), or a temporary one.
     pub(super) fn open_db(path: Option<&Path>, cache_bytes: u64) -> Result<sled::Db, sled::Error> {
         if let Some(p) = path {
             // The index directory is the owner's alone (sled picks its own file
@@ -14,7 +15,8 @@ impl Index {
                 .mode(0o700)
                 .create(p);
         }
-        let db = Self::open_db_inner(path, cache_bytes);
+        let sled_dir = path.map(|p| p.join(INDEX_SLED_DIR));
+        let db = Self::open_db_inner(sled_dir.as_deref(), cache_bytes);
         if let (Some(p), Ok(_)) = (path, &db) {
             tighten_permissions(p);
         }
@@ -35,7 +37,7 @@ impl Index {
         let first = Index::open_db(path, cache_bytes);
         match (&first, path) {
             (Err(e), Some(p)) if !is_sled_lock_error(e) => {
-                if remove_unfinished_snapshots(p) > 0 {
+                if remove_unfinished_snapshots(&p.join(INDEX_SLED_DIR)) > 0 {
                     Index::open_db(path, cache_bytes)
                 } else {
                     first
@@ -128,6 +130,15 @@ impl Index {
         indexers: Vec<Arc<dyn Indexer>>,
         cache_bytes: u64,
     ) -> Result<(Index, bool), Error> {
+        if let Some(p) = path {
+            // sled's files directly in the index directory: the layout before sled
+            // became a delta over a checkpoint. The open takes a checkpoint as the
+            // base of a new one instead.
+            if p.join("conf").exists() || p.join("db").exists() {
+                Index::wipe_dir(path)?;
+            }
+            delta::remove_rebase_leftovers(p)?;
+        }
         let mut opened = Index::open_db_repairing(path, cache_bytes);
         // sled's own file lock: a handle closed a moment ago (sled releases it from its
         // background threads) or, misconfigured, another store on the same directory.
@@ -164,7 +175,9 @@ impl Index {
                     keys.filter = filter;
                     keys.complete = true;
                 }
-                Ok(None) | Err(_) => ix.start_key_scan(),
+                // Over a base the scan starts once the store attaches it.
+                Ok(None) | Err(_) if ix.base_id()?.is_none() => ix.start_key_scan(),
+                Ok(None) | Err(_) => {}
             }
             return Ok((ix, false));
         }
@@ -187,14 +200,40 @@ impl Index {
     /// its entries ([`Index::entries`]), e.g. an old index beside a rebuild of it.
     /// `None` if it holds an index of another format. A move into it that a crash cut
     /// short is finished first. Nothing else may have it open.
-    pub fn open_existing(path: &Path, cache_bytes: u64) -> Result<Option<Index>, Error> {
+    ///
+    /// `store_dir` is the directory of the store the index is of: the checkpoint sled
+    /// is a delta over is read from there (a missing one is an error).
+    pub fn open_existing(
+        path: &Path,
+        store_dir: &Path,
+        cache_bytes: u64,
+    ) -> Result<Option<Index>, Error> {
+        Index::open_existing_in(&crate::vfs::OsVfs, path, store_dir, cache_bytes)
+    }
+
+    /// [`Index::open_existing`] reading the base checkpoint through `vfs`.
+    pub(crate) fn open_existing_in(
+        vfs: &dyn crate::vfs::Vfs,
+        path: &Path,
+        store_dir: &Path,
+        cache_bytes: u64,
+    ) -> Result<Option<Index>, Error> {
         sled_guard("opening the index", || {
-            Index::open_existing_unguarded(path, cache_bytes).map_err(IndexError::from_error)
+            Index::open_existing_unguarded(vfs, path, store_dir, cache_bytes)
+                .map_err(IndexError::from_error)
         })
         .map_err(Error::Index)
     }
 
-    fn open_existing_unguarded(path: &Path, cache_bytes: u64) -> Result<Option<Index>, Error> {
+    fn open_existing_unguarded(
+        vfs: &dyn crate::vfs::Vfs,
+        path: &Path,
+        store_dir: &Path,
+        cache_bytes: u64,
+    ) -> Result<Option<Index>, Error> {
+        if !path.join(INDEX_SLED_DIR).exists() {
+            return Ok(None);
+        }
         let db = Index::open_db_repairing(Some(path), cache_bytes).map_err(sled_err)?;
         let ix = Index::from_db(db, Vec::new(), Some(path), cache_bytes)?;
         ix.finish_cut_move()?;
@@ -205,6 +244,14 @@ impl Index {
             .map_err(sled_err)?;
         if format.as_deref() != Some(&INDEX_FORMAT_VERSION.to_be_bytes()[..]) {
             return Ok(None);
+        }
+        if let Some(id) = ix.base_id()? {
+            let ck = crate::checkpoint::open_base(vfs, store_dir, &id).map_err(|why| {
+                Error::Index(IndexError::Malformed(format!(
+                    "the checkpoint the index is a delta over: {why}"
+                )))
+            })?;
+            ix.attach_base(Arc::new(ck), false);
         }
         Ok(Some(ix))
     }
@@ -276,7 +323,10 @@ impl Index {
             gate: Default::default(),
             // An index without sled has no page cache; `from_db` sets sled's.
             cache_bytes: INDEX_CACHE_BYTES_MAX,
-            base: std::sync::OnceLock::new(),
+            base: RwLock::new(None),
+            base_seq: Arc::new(AtomicU64::new(0)),
+            rebase_pending: AtomicBool::new(false),
+            next_fingerprint: Mutex::new(None),
             applied_at: Mutex::new(None),
             moved_bytes: AtomicU64::new(0),
             snapshot_at_close: AtomicBool::new(false),
@@ -294,15 +344,14 @@ impl Index {
     /// Starts filling the key filter from sled in the background (reads use sled until
     /// it is done). Without a thread the filter stays unused.
     pub(super) fn start_key_scan(&self) {
-        let Some(sled) = &self.sled else {
+        let Ok(view) = self.sled_view() else {
             return;
         };
-        let tree = sled.tree.clone();
         let keys = self.keys.clone();
         let stop = self.key_scan_stop.clone();
         if let Ok(h) = std::thread::Builder::new()
             .name("spool-index-keys".into())
-            .spawn(move || scan_keys(&tree, &keys, &stop))
+            .spawn(move || scan_keys(&view, &keys, &stop))
         {
             *self.key_scan.lock().unwrap_or_else(|e| e.into_inner()) = Some(h);
         }
@@ -357,13 +406,11 @@ impl Index {
         // Checked whole before anything is applied, then applied from the body in
         // place (no copy of the writes: the body is all the memory this takes).
         redo::for_each_write(&body, |_, _| {}).map_err(malformed)?;
+        let has_base = tree.get(delta::META_BASE).map_err(sled_err)?.is_some();
         let mut applied = Ok(());
         redo::for_each_write(&body, |k, v| {
             if applied.is_ok() {
-                applied = match v {
-                    Some(v) => tree.insert(k, v).map(|_| ()),
-                    None => tree.remove(k).map(|_| ()),
-                };
+                applied = delta::write_entry(tree, k, v, has_base);
             }
         })
         .map_err(malformed)?;
@@ -448,6 +495,8 @@ impl Index {
         *self.mem.write().unwrap_or_else(|e| e.into_inner()) = Mem::default();
         *self.frozen.write().unwrap_or_else(|e| e.into_inner()) = None;
         let sled = self.sled("clear")?;
+        // Everything goes, the base too (sled's key naming it with the rest).
+        self.drop_base();
         // The cache first, durably: sled's clear reaches its files whenever sled writes
         // (at the latest when it is dropped), and an index found empty must not find
         // the cache of the one it replaced.

@@ -207,15 +207,15 @@ impl Index {
                 mem.commits >= MEM_COMMITS_MAX || mem.bytes >= MEM_BYTES_MAX,
             )
         };
-        // Over a checkpoint file the memtable holds every commit after it: there is no
-        // sled to move into (see `Index::set_base`).
-        let movable = self.base.get().is_none();
+        // Over a checkpoint file alone the memtable holds every commit after it: there
+        // is no sled to move into (see `Index::set_base`).
+        let movable = self.sled.is_some();
         if movable && (past_max_bound || (past_move_bound && !self.move_running())) {
             // Wait for the previous move (back-pressure: it runs on only past the
             // `_MAX` bounds) and report its failure.
             self.join_moving()?;
             let writes = self.freeze();
-            let tree = self.sled("move the memtable")?.tree.clone();
+            let view = self.sled_view()?;
             let frozen = self.frozen.clone();
             let flushed_at = self.sled_flushed_at.clone();
             let redo = self.redo.clone();
@@ -228,9 +228,9 @@ impl Index {
                 .spawn(move || {
                     #[cfg(test)]
                     gate.pass();
-                    move_into_sled(&tree, &frozen, &flushed_at, redo.as_deref(), &writes)?;
+                    move_into_sled(&view, &frozen, &flushed_at, redo.as_deref(), &writes)?;
                     if let (Some(after), Some(at)) = (after, at) {
-                        after(&tree, &at);
+                        after(&view, &at);
                     }
                     Ok(())
                 });
@@ -244,7 +244,7 @@ impl Index {
                         .clone();
                     if let Some(w) = writes {
                         move_into_sled(
-                            &self.sled("move the memtable")?.tree,
+                            &self.sled_view()?,
                             &self.frozen,
                             &self.sled_flushed_at,
                             self.redo.as_deref(),
@@ -269,9 +269,9 @@ impl Index {
     pub(crate) fn cut_move_for_tests(&self, writes: usize) {
         self.join_moving().unwrap();
         let frozen = self.freeze();
-        let tree = &self.sled("test").unwrap().tree;
-        write_move(tree, self.redo.as_deref(), &frozen, Some(writes)).unwrap();
-        flush_sled(tree).unwrap();
+        let view = self.sled_view().unwrap();
+        write_move(&view, self.redo.as_deref(), &frozen, Some(writes)).unwrap();
+        flush_sled(&view.tree).unwrap();
     }
 
     /// Drop the memtable's writes as a crash would (tests).
@@ -323,7 +323,7 @@ impl Index {
     /// applier (the group leader, or open/close) calls this and `apply`, so they never
     /// run concurrently.
     pub(crate) fn flush_mem(&self) -> Result<(), IndexError> {
-        if self.base.get().is_some() {
+        if self.sled.is_none() {
             return Ok(());
         }
         self.join_moving()?;
@@ -338,7 +338,7 @@ impl Index {
         }
         let writes = self.freeze();
         move_into_sled(
-            &self.sled("move the memtable")?.tree,
+            &self.sled_view()?,
             &self.frozen,
             &self.sled_flushed_at,
             self.redo.as_deref(),
@@ -382,8 +382,13 @@ impl Index {
     /// applied to the memtable, which is never moved (sled would lose its removals'
     /// effect on the checkpoint's keys). `false` if the index already has one.
     pub(crate) fn set_base(&self, base: Arc<CheckpointFile>) -> bool {
-        if self.base.set(base).is_err() {
-            return false;
+        debug_assert!(self.sled.is_none(), "with sled, see `attach_base`");
+        {
+            let mut b = self.base.write().unwrap_or_else(|e| e.into_inner());
+            if b.is_some() {
+                return false;
+            }
+            *b = Some(base);
         }
         // The key filter knows nothing of the checkpoint's keys: unused from now on.
         self.keys
@@ -408,8 +413,11 @@ impl Index {
         *self.applied_at.lock().unwrap_or_else(|e| e.into_inner()) = Some(at);
     }
 
-    /// sled's main tree (for a checkpoint of it once the memtable is empty).
-    pub(crate) fn sled_tree(&self) -> Option<&sled::Tree> {
-        self.sled.as_ref().map(|s| &s.tree)
+    /// sled over its base (for a checkpoint of it once the memtable is empty).
+    pub(crate) fn sled_view(&self) -> Result<SledView, IndexError> {
+        Ok(SledView {
+            tree: self.sled("read sled")?.tree.clone(),
+            base: self.base(),
+        })
     }
 }

@@ -536,7 +536,8 @@ impl Index {
     /// bookkeeping, not an entry, and a dump taken during a background move would
     /// otherwise differ from the same index's dump after it. Nor the synced mark: it
     /// records what was fsynced, not what the log holds, so a rebuild (which syncs
-    /// nothing) has none.
+    /// nothing) has none. Nor the base checkpoint's name: it says where entries are
+    /// kept, not what they are.
     pub fn dump(&self) -> Result<Vec<KeyValue>, Error> {
         self.entries().collect()
     }
@@ -546,7 +547,9 @@ impl Index {
     pub fn entries(&self) -> impl Iterator<Item = Result<KeyValue, Error>> + '_ {
         self.merged(&[])
             .filter(|kv| {
-                !matches!(kv, Ok((k, _)) if k.as_slice() == META_MOVING || k.as_slice() == META_SYNCED)
+                !matches!(kv, Ok((k, _)) if k.as_slice() == META_MOVING
+                    || k.as_slice() == META_SYNCED
+                    || k.as_slice() == META_BASE)
             })
             .map(|kv| kv.map_err(Error::Index))
     }

@@ -20,15 +20,15 @@ impl Index {
         Ok(self.bottom_get(k)?.map(|v| v.to_vec()))
     }
 
-    /// A key's value in the bottom layer: the checkpoint file when the index has one
-    /// (see [`Index::set_base`]), else sled.
+    /// A key's value in the bottom layer: sled over its base checkpoint (see
+    /// `delta.rs`), or the checkpoint file alone for an index without sled (see
+    /// [`Index::set_base`]).
     pub(super) fn bottom_get(&self, k: &[u8]) -> Result<Option<sled::IVec>, IndexError> {
-        match self.base.get() {
-            Some(base) => base.get(k),
-            None => match &self.sled {
-                Some(sled) => sled_guard("reading a key", || Ok(sled.tree.get(k)?)),
-                None => Ok(None),
-            },
+        let base = self.base.read().unwrap_or_else(|e| e.into_inner());
+        match (&self.sled, base.as_deref()) {
+            (Some(sled), base) => super::delta::get(&sled.tree, base, k),
+            (None, Some(base)) => base.get(k),
+            (None, None) => Ok(None),
         }
     }
 
@@ -128,12 +128,12 @@ impl Index {
                 }
             }
         };
-        let bottom = match self.base.get() {
-            Some(base) => Bottom::Checkpoint(base.range(lo, hi)),
-            None => match &self.sled {
-                Some(sled) => Bottom::Sled(sled.tree.range((lo, hi))),
-                None => Bottom::Empty,
-            },
+        let bottom = match (&self.sled, self.base()) {
+            (Some(sled), base) => {
+                Bottom::Sled(Box::new(DeltaIter::new(&sled.tree, base.as_ref(), lo, hi)))
+            }
+            (None, Some(base)) => Bottom::Checkpoint(base.range(lo, hi)),
+            (None, None) => Bottom::Empty,
         };
         MergeIter {
             mem: mem.into_iter().peekable(),
@@ -295,9 +295,9 @@ impl Kv {
     }
 }
 
-/// The layer under the memtables: sled, or a checkpoint file in its place.
+/// The layer under the memtables: sled over its base, or a checkpoint file alone.
 pub(super) enum Bottom {
-    Sled(sled::Iter),
+    Sled(Box<DeltaIter>),
     Checkpoint(crate::checkpoint::CheckpointIter),
     /// No sled and no checkpoint (not built by any open; kept total).
     Empty,
@@ -307,10 +307,7 @@ impl Iterator for Bottom {
     type Item = Result<(sled::IVec, sled::IVec), IndexError>;
     fn next(&mut self) -> Option<Self::Item> {
         match self {
-            Bottom::Sled(i) => match sled_guard("scanning", || Ok(i.next())) {
-                Ok(next) => next.map(|r| r.map_err(IndexError::Sled)),
-                Err(e) => Some(Err(e)),
-            },
+            Bottom::Sled(i) => i.next(),
             Bottom::Checkpoint(i) => i.next(),
             Bottom::Empty => None,
         }

@@ -2,7 +2,9 @@ use super::{
     prefix_end, with_joined, Index, IndexBatch, IndexError, Indexer, JOINED_KEY_STACK_BYTES,
     MEM_BYTES_MOVE, MEM_COMMITS_MAX, MEM_COMMITS_MOVE,
 };
+use crate::checkpoint::CheckpointFile;
 use crate::types::{CommitInfo, ExpectedVersion, LogPosition, RecordedCommit};
+use crate::vfs::OsVfs;
 use std::sync::Arc;
 
 thread_local! {
@@ -35,7 +37,7 @@ fn a_panic_inside_sled_while_opening_wipes_and_rebuilds_the_index() {
     assert_eq!(index.stream_head("s").unwrap(), None);
     drop(index);
     PANIC_IN_SLED.with(|p| p.set(true));
-    let existing = Index::open_existing(&path, crate::INDEX_CACHE_BYTES_MAX);
+    let existing = Index::open_existing(&path, &path, crate::INDEX_CACHE_BYTES_MAX);
     assert!(
         existing.is_err(),
         "verify's open reports the panic as an error"
@@ -487,7 +489,7 @@ impl Indexer for BigValuePerCommit {
 
 /// sled's snapshot files in `dir`, finished ones only, in name (log position) order.
 fn sled_snapshots(dir: &std::path::Path) -> Vec<String> {
-    let mut names: Vec<String> = std::fs::read_dir(dir)
+    let mut names: Vec<String> = std::fs::read_dir(dir.join(super::INDEX_SLED_DIR))
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
         .filter(|n| n.starts_with("snap.") && !n.ends_with(".generating"))
@@ -571,5 +573,134 @@ fn an_index_found_empty_has_no_cache_of_the_one_before() {
     assert_eq!(index.applied_seq().unwrap(), 0);
     for key in [&b"large"[..], b"small"] {
         assert_eq!(index.get_cache("ns", key).unwrap(), None, "{key:?}");
+    }
+}
+
+/// The checkpoint of `index` (its entries below the memtables, which the caller has
+/// moved into sled) in the store directory `store`, as the owner writes one, opened.
+fn checkpoint_of(index: &Index, store: &std::path::Path, seq: u64) -> Arc<CheckpointFile> {
+    use crate::checkpoint::format::{Header, SegmentEnd};
+    let header = Header {
+        index_format: super::INDEX_FORMAT_VERSION,
+        layout: 0,
+        seq,
+        commit_id: uuid::Uuid::from_u128(u128::from(seq)),
+        segment: 1,
+        offset: seq * 100,
+        last_ts: 0,
+        entries: 0,
+        indexers: vec![("churn".into(), 1)],
+        segments: vec![SegmentEnd {
+            id: 1,
+            first_seq: 1,
+            end: seq * 100 + 100,
+        }],
+    };
+    let entries = index.sled_view().unwrap().iter().filter(|kv| {
+        !matches!(kv, Ok((k, _)) if k == super::META_MOVING || k == super::META_SYNCED || k == super::META_BASE)
+    });
+    let path =
+        crate::checkpoint::write::write_checkpoint(&OsVfs, store, header, entries, 0).unwrap();
+    Arc::new(CheckpointFile::open(&OsVfs, &path).unwrap())
+}
+
+/// An index whose sled is a delta over a checkpoint of commits 1..=50 and holds
+/// commits 51..=100 (moved in two parts): every entry as the whole index has it,
+/// the base's keys that later commits removed hidden by the delta's removals, in
+/// point reads, scans and dumps; after a reopen (the base found by its name); after
+/// a move into the delta cut short at every point and finished from the redo log;
+/// and a delta over the checkpoint of itself answers the same again.
+#[test]
+fn a_delta_over_a_base_answers_as_the_whole_index() {
+    let want = whole_index(tempfile::tempdir().unwrap().path(), 40, 100);
+    let store = tempfile::tempdir().unwrap();
+    let base = {
+        let (index, _) = Index::open(Some(&store.path().join("a")), vec![Arc::new(Churn)]).unwrap();
+        apply_commits(&index, 50, 0);
+        index.flush().unwrap();
+        checkpoint_of(&index, store.path(), 50)
+    };
+    let reopen = |path: &std::path::Path| {
+        let (index, created) = Index::open(Some(path), vec![Arc::new(Churn)]).unwrap();
+        assert!(!created);
+        let id = index.base_id().unwrap().expect("a base");
+        let ck = crate::checkpoint::open_base(&OsVfs, store.path(), &id).unwrap();
+        index.attach_base(Arc::new(ck), true);
+        index
+    };
+    let removed = super::keys::user_key("churn", format!("c/{:06}", 49).as_bytes());
+    for cut in [None, Some(0), Some(1), Some(9), Some(40), Some(10_000)] {
+        let path = store.path().join(format!("b{cut:?}"));
+        {
+            let (index, created) = Index::open(Some(&path), vec![Arc::new(Churn)]).unwrap();
+            assert!(created);
+            index.adopt_base(base.clone()).unwrap();
+            for seq in 51..=100 {
+                index.apply(&[commit(seq)]).unwrap();
+                if seq == 75 {
+                    index.flush_mem().unwrap();
+                }
+            }
+            match cut {
+                Some(n) => index.cut_move_for_tests(n),
+                None => {
+                    index.flush().unwrap();
+                    assert_eq!(index.dump().unwrap(), want, "in place");
+                    assert_eq!(index.read_key(&removed).unwrap(), None);
+                    assert!(base.get(&removed).unwrap().is_some(), "the base has it");
+                }
+            }
+        }
+        let index = reopen(&path);
+        assert_eq!(index.applied_seq().unwrap(), 100, "cut {cut:?}");
+        assert_eq!(index.dump().unwrap(), want, "cut {cut:?}");
+        assert_eq!(index.read_key(&removed).unwrap(), None, "cut {cut:?}");
+        let scanned: Vec<_> = index
+            .scan_prefix("churn", b"c/")
+            .map(|kv| kv.unwrap().0)
+            .collect();
+        let wanted: Vec<_> = want
+            .iter()
+            .filter_map(|(k, _)| k.strip_prefix(super::keys::user_key("churn", b"").as_slice()))
+            .filter(|k| k.starts_with(b"c/"))
+            .map(<[u8]>::to_vec)
+            .collect();
+        assert_eq!(scanned, wanted, "cut {cut:?}");
+        assert!(index.delta_extends_base().unwrap(), "cut {cut:?}");
+        // The delta's own checkpoint as the base of a new, empty delta.
+        let other = tempfile::tempdir().unwrap();
+        let again = checkpoint_of(&index, other.path(), 100);
+        let path = store.path().join(format!("c{cut:?}"));
+        let (next, _) = Index::open(Some(&path), vec![Arc::new(Churn)]).unwrap();
+        next.adopt_base(again).unwrap();
+        assert_eq!(next.dump().unwrap(), want, "cut {cut:?}: rebased");
+    }
+}
+
+/// A version block of the delta shorter than the base's (entries lost after the
+/// base) or removed is found by the check an owner's open makes.
+#[test]
+fn a_delta_that_lost_version_entries_of_its_base_is_found() {
+    let store = tempfile::tempdir().unwrap();
+    let base = {
+        let (index, _) = Index::open(Some(&store.path().join("a")), vec![Arc::new(Churn)]).unwrap();
+        apply_commits(&index, 50, 0);
+        index.flush().unwrap();
+        checkpoint_of(&index, store.path(), 50)
+    };
+    let key = super::keys::version_block_key("s1", 1);
+    let block = base.get(&key).unwrap().unwrap();
+    for stored in [[&[0u8][..], &block[..block.len() - 40]].concat(), vec![1u8]] {
+        let dir = tempfile::tempdir().unwrap();
+        let (index, _) = Index::open(Some(dir.path()), vec![Arc::new(Churn)]).unwrap();
+        index.adopt_base(base.clone()).unwrap();
+        assert!(index.delta_extends_base().unwrap());
+        index
+            .sled("test")
+            .unwrap()
+            .tree
+            .insert(&key, stored)
+            .unwrap();
+        assert!(!index.delta_extends_base().unwrap());
     }
 }

@@ -70,7 +70,12 @@ pub(super) fn shutdown(inner: &Inner) -> Result<(), Error> {
         // Sled now holds every commit applied: the checkpoint readers open from, and
         // the key filter the next owner open starts from (a cache: a failure costs
         // that open a scan).
-        inner.checkpoints.on_close(&inner.segments, &inner.index);
+        // The checkpoint becomes the base of a new, empty sled (see `index/delta.rs`).
+        if let Some(ck) = inner.checkpoints.on_close(&inner.segments, &inner.index) {
+            if inner.index.prepare_rebase(&ck).is_ok() {
+                inner.checkpoints.remove_before(ck.header.seq);
+            }
+        }
         let _ = inner.index.save_key_filter();
         // sled's snapshot, written when the index is dropped (before the lock).
         inner.index.snapshot_at_close();

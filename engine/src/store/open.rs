@@ -229,11 +229,12 @@ impl Store {
         if !read_only {
             let shared = checkpoints.clone();
             let segs = Arc::downgrade(&segments);
-            index.set_after_move(Arc::new(move |tree, at| {
+            index.set_after_move(Arc::new(move |view, at| {
                 if let Some(segs) = segs.upgrade() {
-                    shared.after_move(&segs, tree, at);
+                    shared.after_move(&segs, view, at);
                 }
             }));
+            checkpoints.keep_base(index.base_seq_cell());
         }
         build_store(
             dir,
@@ -280,13 +281,37 @@ fn open_owner(
     index_path: Option<&Path>,
     report: &mut OpenReport,
 ) -> Result<(Index, LogState), Error> {
-    let (index, _fresh) = Index::open_sized(
+    let (index, mut fresh) = Index::open_sized(
         index_path,
         opts.indexers.clone(),
         opts.index_cache_bytes_max,
     )?;
+    if !fresh {
+        if let Some(id) = index.base_id()? {
+            match crate::checkpoint::open_base(vfs, dir, &id) {
+                Ok(ck) => index.attach_base(Arc::new(ck), true),
+                Err(why) => {
+                    // sled holds only what changed since a checkpoint that is gone:
+                    // start again from the newest one instead.
+                    report.checkpoint_fallback = Some(format!(
+                        "the index's base checkpoint: {why}; the index was rebuilt"
+                    ));
+                    index.clear(0)?;
+                    fresh = true;
+                }
+            }
+        }
+    }
     if let Some(path) = crate::checkpoint::read::newest(vfs, dir) {
-        match resume_owner(vfs, dir, opts, &index, &path) {
+        let adopt = !opts.index_from_log;
+        let mut resumed = resume_owner(vfs, dir, opts, &index, &path, fresh && adopt);
+        if matches!(&resumed, Err(u) if u.behind && adopt) {
+            // The checkpoint holds more than the index (sled lost its last moves in a
+            // crash): it replaces the index.
+            index.clear(0)?;
+            resumed = resume_owner(vfs, dir, opts, &index, &path, true);
+        }
+        match resumed {
             Ok((state, seq)) if !state.index_stale => {
                 report.checkpoint_seq = Some(seq);
                 return Ok((index, state));
@@ -299,8 +324,12 @@ fn open_owner(
                 // Entries the scan could not check may be wrong too: rebuild it all.
                 index.clear(state.layout)?;
             }
-            Err(Unresumable { reason, rebuild }) => {
-                report.checkpoint_fallback = Some(reason);
+            Err(Unresumable {
+                reason, rebuild, ..
+            }) => {
+                if report.checkpoint_fallback.is_none() {
+                    report.checkpoint_fallback = Some(reason);
+                }
                 if rebuild {
                     index.clear(index.layout()?)?;
                 }
@@ -318,23 +347,32 @@ fn open_owner(
 /// commit when equal; after it, the tail scan finds the marker's record), and every
 /// version entry of the checkpoint (what the whole-log open checks against the log
 /// before the checkpoint's record). The tail's records up to the marker are checked
-/// against sled, later ones applied to it.
+/// against sled, later ones applied to it. An index found empty (`adopt`) takes the
+/// checkpoint as the base of its sled first, and then holds exactly its commits.
 fn resume_owner(
     vfs: &dyn Vfs,
     dir: &Path,
     opts: &Options,
     index: &Index,
     path: &Path,
+    adopt: bool,
 ) -> Result<(LogState, u64), Unresumable> {
     let what = |w: String| Unresumable {
         reason: format!("checkpoint {}: {w}", path.display()),
         rebuild: false,
+        behind: false,
     };
     let (opened, max_id, resume) =
         checked_checkpoint(vfs, dir, opts, path, false).map_err(|reason| Unresumable {
             reason,
             rebuild: false,
+            behind: false,
         })?;
+    if adopt {
+        index
+            .adopt_base(resume.ck.clone())
+            .map_err(|e| what(e.to_string()))?;
+    }
     let layout = index.layout().map_err(|e| what(e.to_string()))?;
     if layout != resume.ck.header.layout {
         return Err(what(format!(
@@ -344,10 +382,13 @@ fn resume_owner(
     }
     let (applied, applied_id) = index.applied_marker().map_err(|e| what(e.to_string()))?;
     if applied < resume.seq {
-        return Err(what(format!(
-            "the index holds commits up to seq {applied}, before the checkpoint's {}",
-            resume.seq
-        )));
+        return Err(Unresumable {
+            behind: true,
+            ..what(format!(
+                "the index holds commits up to seq {applied}, before the checkpoint's {}",
+                resume.seq
+            ))
+        });
     }
     if applied == resume.seq && applied_id != Some(resume.commit_id) {
         return Err(what(format!(
@@ -355,10 +396,15 @@ fn resume_owner(
         )));
     }
     let seq = resume.seq;
-    if !index
-        .holds_checkpoint_versions(&resume.ck)
-        .map_err(|e| what(e.to_string()))?
-    {
+    // Resumed from sled's own base, only sled's version blocks can disagree with it.
+    let is_base = index
+        .base()
+        .is_some_and(|b| crate::index::BaseId::of(&b).names(&resume.ck));
+    let held = match is_base {
+        true => index.delta_extends_base(),
+        false => index.holds_checkpoint_versions(&resume.ck),
+    };
+    if !held.map_err(|e| what(e.to_string()))? {
         // Sled and the checkpoint disagree on commits both hold: the whole-log open
         // checks only some entries, so the index is rebuilt rather than trusted.
         return Err(Unresumable {
@@ -382,11 +428,13 @@ fn resume_owner(
     Ok((state, seq))
 }
 
-/// Why an owner's open does not resume after a checkpoint, and whether the index
-/// must be rebuilt from the log rather than checked against it.
+/// Why an owner's open does not resume after a checkpoint, whether the index must be
+/// rebuilt from the log rather than checked against it, and whether it only holds
+/// fewer commits than the checkpoint (which may then replace it).
 struct Unresumable {
     reason: String,
     rebuild: bool,
+    behind: bool,
 }
 
 /// [`scan_log`] of the whole log into `index`, rebuilding the index from the log when

@@ -1,7 +1,9 @@
 //! The owner's open from a checkpoint: with a checkpoint the log backs and a sled
 //! index holding at least its commits, only the log after the checkpoint's record is
-//! read, and everything answers as after an open that reads the whole log; anything
-//! that does not fit (the checkpoint or the index) means the whole log.
+//! read, and everything answers as after an open that reads the whole log. An index
+//! that holds fewer commits than the checkpoint, or none, or whose base checkpoint is
+//! gone, is replaced by the checkpoint; a checkpoint or an index that does not fit
+//! otherwise means the whole log.
 
 use crate::checkpoint::{answers, checkpoints, copy_dir, opts, rebuilt, workload, Answers, Rng};
 use crate::common::*;
@@ -54,11 +56,12 @@ fn steps() -> Steps {
 }
 
 /// A copy of the store with the checkpoint of step `ck` (none: `None`) and a copy
-/// of the index of step `index` (a new one: `None`); the copy's index directory.
+/// of the index of step `index` (a new one: `None`) with the checkpoint it is a delta
+/// over (its own step's); the copy's index directory.
 fn arrange(st: &Steps, to: &Path, ck: Option<usize>, index: Option<usize>) -> PathBuf {
     copy_dir(&st.dir, to, &[CHECKPOINT_DIR, "LOCK"]);
-    if let Some(i) = ck {
-        let cdir = to.join(CHECKPOINT_DIR);
+    let cdir = to.join(CHECKPOINT_DIR);
+    for i in ck.into_iter().chain(index) {
         std::fs::create_dir_all(&cdir).unwrap();
         std::fs::write(cdir.join(&st.cks[i].0), &st.cks[i].1).unwrap();
     }
@@ -106,20 +109,21 @@ fn next_appends(s: &Store) -> Vec<String> {
 fn an_owner_open_from_a_checkpoint_reads_only_the_tail_and_answers_as_the_whole_log() {
     let st = steps();
     let last = st.seqs[2];
-    // The index at the end of the log, the checkpoint at the close before: the tail
-    // between them is checked against the index, nothing applied.
-    // The index in between: the rest of the tail is applied to it.
-    // Index and checkpoint at the same record: nothing decoded.
-    for (ck, index) in [(1, 2), (0, 1), (0, 2), (2, 2), (1, 1)] {
+    // An index over an older checkpoint than the newest (each index is a delta over
+    // its own step's checkpoint): the newest is its base, the tail after it is read.
+    // An index behind the newest checkpoint: the checkpoint replaces it.
+    // Index and checkpoint at the end of the log: nothing decoded.
+    for (ck, index) in [(1, 2), (0, 1), (0, 2), (2, 2), (1, 1), (2, 0), (2, 1)] {
         let ctx = format!("checkpoint of step {ck}, index of step {index}");
+        let from = ck.max(index);
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path().join("store");
         let ix = arrange(&st, &dir, Some(ck), Some(index));
         let s = Store::open(&dir, owner_opts(&ix)).unwrap();
         let stats = s.stats();
-        assert_eq!(stats.open_checkpoint_seq, Some(st.seqs[ck]), "{ctx}");
+        assert_eq!(stats.open_checkpoint_seq, Some(st.seqs[from]), "{ctx}");
         assert_eq!(stats.open_checkpoint_fallback, None, "{ctx}");
-        assert_eq!(stats.open_records_decoded, last - st.seqs[ck], "{ctx}");
+        assert_eq!(stats.open_records_decoded, last - st.seqs[from], "{ctx}");
         let want = rebuilt(&dir);
         assert_eq!(answers(&s).unwrap(), want, "{ctx}");
         assert_eq!(s.last_seq(), last, "{ctx}");
@@ -127,7 +131,7 @@ fn an_owner_open_from_a_checkpoint_reads_only_the_tail_and_answers_as_the_whole_
         // An owner of a copy without checkpoints reads the whole log: the same
         // answers, and the same outcomes for the next appends.
         let full_dir = tmp.path().join("full");
-        let full_ix = arrange(&st, &full_dir, None, Some(index));
+        let full_ix = arrange(&st, &full_dir, None, None);
         let full = Store::open(&full_dir, owner_opts(&full_ix)).unwrap();
         assert_eq!(full.stats().open_records_decoded, last, "{ctx}");
         assert_eq!(full.stats().open_checkpoint_seq, None, "{ctx}");
@@ -179,15 +183,16 @@ fn an_owner_open_falls_back_to_the_whole_log_when_checkpoint_or_index_do_not_fit
         ))
     };
 
-    // The index behind the checkpoint (an older copy, or none at all).
-    let dir = fresh();
-    let ix = arrange(&st, &dir, Some(2), Some(0));
-    check_fallback(&dir, &ix, "before the checkpoint", "index behind");
+    // No index at all: the newest checkpoint is its base (no fallback).
     let dir = fresh();
     let ix = arrange(&st, &dir, Some(1), None);
-    check_fallback(&dir, &ix, "before the checkpoint", "no index");
+    let s = Store::open(&dir, owner_opts(&ix)).unwrap();
+    assert_eq!(s.stats().open_checkpoint_seq, Some(st.seqs[1]));
+    assert_eq!(s.stats().open_checkpoint_fallback, None);
+    assert_eq!(answers(&s).unwrap(), rebuilt(&dir), "no index");
+    drop(s);
 
-    // A damaged checkpoint.
+    // A damaged checkpoint (the index's base).
     let dir = fresh();
     let ix = arrange(&st, &dir, Some(1), Some(2));
     let ck = checkpoints(&dir).pop().unwrap();
@@ -198,7 +203,7 @@ fn an_owner_open_falls_back_to_the_whole_log_when_checkpoint_or_index_do_not_fit
 
     // A checkpoint of another store (its record is not in this log).
     let dir = fresh();
-    let ix = arrange(&st, &dir, None, Some(2));
+    let ix = arrange(&st, &dir, None, None);
     let other = tmp.path().join("other");
     let s = Store::open(&other, opts()).unwrap();
     workload(&s, &mut Rng(12), 500);
@@ -224,9 +229,10 @@ fn an_owner_open_falls_back_to_the_whole_log_when_checkpoint_or_index_do_not_fit
     let got = check_fallback(&dir, &ix, "", "checkpoint ahead of the log");
     assert!(got.last_seq < st.seqs[2]);
 
-    // The index of another history: its version entries are not the checkpoint's,
-    // or its applied marker names another commit at the checkpoint's seq.
-    for (other_n, what) in [(420, "lacks version entries"), (300, "another commit")] {
+    // The index of another history, with its base checkpoint, of a higher seq than
+    // this store's (the open resumes from neither) or of the same (it replaces this
+    // store's): the whole log, and the index rebuilt.
+    for other_n in [420, 300] {
         let dir = fresh();
         let ix = arrange(&st, &dir, Some(0), None);
         let other = fresh();
@@ -235,30 +241,67 @@ fn an_owner_open_falls_back_to_the_whole_log_when_checkpoint_or_index_do_not_fit
         workload(&s, &mut Rng(99), other_n);
         s.close().unwrap();
         copy_dir(&other_ix, &ix, &[]);
+        let other_ck = checkpoints(&other).pop().unwrap();
+        std::fs::copy(
+            &other_ck,
+            dir.join(CHECKPOINT_DIR).join(other_ck.file_name().unwrap()),
+        )
+        .unwrap();
         check_fallback(
             &dir,
             &ix,
-            what,
+            "",
             &format!("index of another history ({other_n})"),
         );
     }
+    // The same index without its base: it is dropped, this store's checkpoint
+    // becomes the base of a new one, and the drop is reported.
+    let dir = fresh();
+    let ix = arrange(&st, &dir, Some(0), None);
+    let other = fresh();
+    let other_ix = other.with_extension("index");
+    let s = Store::open(&other, owner_opts(&other_ix)).unwrap();
+    workload(&s, &mut Rng(99), 420);
+    s.close().unwrap();
+    copy_dir(&other_ix, &ix, &[]);
+    let s = Store::open(&dir, owner_opts(&ix)).unwrap();
+    let why = s.stats().open_checkpoint_fallback.clone().unwrap();
+    assert!(why.contains("base checkpoint"), "{why}");
+    assert_eq!(s.stats().open_checkpoint_seq, Some(st.seqs[0]));
+    assert_eq!(
+        answers(&s).unwrap(),
+        rebuilt(&dir),
+        "index without its base"
+    );
+    drop(s);
 
-    // Entries lost from the index after the checkpoint (as a move into sled cut short
-    // could leave them): the last version of stream s0, found in the tail.
+    // Entries lost from the index after its base (as a move into sled cut short
+    // could leave them): the last version of stream s0 shorter than the base's.
     let dir = fresh();
     let ix = arrange(&st, &dir, Some(0), Some(2));
     {
-        let db = sled::open(&ix).unwrap();
+        let base = checkpoints(&dir).pop().unwrap();
+        let ro = Store::open_read_only(&dir, opts()).unwrap();
+        assert_eq!(ro.stats().open_checkpoint_seq, Some(st.seqs[2]), "{base:?}");
         let key = b"\x01v\x02s0\0\0\0\0\0\0\0\0";
-        let block = db.get(key).unwrap().unwrap();
-        db.insert(key, &block[..block.len() - 40]).unwrap();
+        let (_, block) = ro
+            .index()
+            .entries()
+            .map(Result::unwrap)
+            .find(|(k, _)| k == key)
+            .unwrap();
+        drop(ro);
+        let db = sled::open(ix.join(INDEX_SLED_DIR)).unwrap();
+        let mut tagged = vec![0u8];
+        tagged.extend_from_slice(&block[..block.len() - 40]);
+        db.insert(key, tagged).unwrap();
         db.flush().unwrap();
     }
     check_fallback(
         &dir,
         &ix,
-        "the index disagrees",
-        "entries lost after the checkpoint",
+        "lacks version entries",
+        "entries lost after the base",
     );
 }
 
@@ -365,8 +408,8 @@ fn a_torn_tail_after_the_checkpoint_is_repaired_by_an_owner_open_from_it() {
     b[end..end + torn.len()].copy_from_slice(&torn);
     std::fs::write(&last, &b).unwrap();
     let s = Store::open(&dir, owner_opts(&ix)).unwrap();
-    assert_eq!(s.stats().open_checkpoint_seq, Some(st.seqs[1]));
-    assert_eq!(s.stats().open_records_decoded, st.seqs[2] - st.seqs[1]);
+    assert_eq!(s.stats().open_checkpoint_seq, Some(st.seqs[2]));
+    assert_eq!(s.stats().open_records_decoded, 0);
     assert_eq!(s.last_seq(), st.seqs[2]);
     // Zeroed on disk.
     let after = std::fs::read(&last).unwrap();
@@ -398,4 +441,131 @@ fn an_owner_open_from_a_checkpoint_does_not_read_the_segments_before_it() {
     drop(s);
     let r = verify(&dir, owner_opts(&ix)).unwrap();
     assert!(!r.ok, "{r:?}");
+}
+
+/// The entries of the sled in the index directory `ix` that are not its meta keys
+/// (first byte 0), and the names of its trees.
+fn delta_entries(ix: &Path) -> usize {
+    let db = sled::open(ix.join(INDEX_SLED_DIR)).unwrap();
+    db.iter()
+        .map(Result::unwrap)
+        .filter(|(k, _)| k.first() != Some(&0))
+        .count()
+}
+
+/// A clean close makes the checkpoint it writes the base of a new, empty sled: the
+/// next owner open reads nothing of the log, its sled holds no entry, one checkpoint
+/// is left, and everything answers as a rebuild; again after more commits, and the
+/// cache's small values stay.
+#[test]
+fn a_clean_close_makes_its_checkpoint_the_base_of_an_empty_index() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("store");
+    let mut rng = Rng(0xba5e);
+    for round in 0..3u64 {
+        let s = Store::open(&dir, opts()).unwrap();
+        if round > 0 {
+            assert_eq!(s.stats().open_records_decoded, 0, "round {round}");
+            assert_eq!(s.stats().open_checkpoint_fallback, None, "round {round}");
+            assert_eq!(
+                s.index().get_cache("snap", b"k").unwrap(),
+                Some(round.to_be_bytes().to_vec()),
+                "round {round}: the cache kept"
+            );
+        }
+        workload(&s, &mut rng, 150 + 100 * round);
+        s.index()
+            .put_cache("snap", b"k", &(round + 1).to_be_bytes())
+            .unwrap();
+        let last = s.last_seq();
+        s.close().unwrap();
+        assert_eq!(delta_entries(&dir.join(INDEX_DIR)), 0, "round {round}");
+        let cks = checkpoints(&dir);
+        assert_eq!(cks.len(), 1, "round {round}: {cks:?}");
+        let s = Store::open(&dir, opts()).unwrap();
+        assert_eq!(s.stats().open_checkpoint_seq, Some(last), "round {round}");
+        assert_eq!(answers(&s).unwrap(), rebuilt(&dir), "round {round}");
+        s.close().unwrap();
+    }
+}
+
+/// A close cut between its steps: the next sled half built, or the directories half
+/// swapped (no sled at all). The open removes what is left over, takes the newest
+/// checkpoint as its base, reads nothing of the log, and answers as a rebuild.
+#[test]
+fn a_close_cut_while_it_replaces_sled_loses_nothing() {
+    for cut in ["next built", "current moved away"] {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("store");
+        let s = Store::open(&dir, opts()).unwrap();
+        workload(&s, &mut Rng(0xc07), 300);
+        let last = s.last_seq();
+        s.close().unwrap();
+        let ix = dir.join(INDEX_DIR);
+        match cut {
+            "next built" => copy_dir(&ix.join(INDEX_SLED_DIR), &ix.join("delta.next"), &[]),
+            _ => std::fs::rename(ix.join(INDEX_SLED_DIR), ix.join("delta.old")).unwrap(),
+        }
+        let s = Store::open(&dir, opts()).unwrap();
+        assert_eq!(s.stats().open_checkpoint_seq, Some(last), "{cut}");
+        assert_eq!(s.stats().open_records_decoded, 0, "{cut}");
+        assert_eq!(answers(&s).unwrap(), rebuilt(&dir), "{cut}");
+        assert!(!ix.join("delta.next").exists(), "{cut}");
+        assert!(!ix.join("delta.old").exists(), "{cut}");
+        workload(&s, &mut Rng(0xc08), 50);
+        let got = answers(&s).unwrap();
+        s.close().unwrap();
+        assert_eq!(got, rebuilt(&dir), "{cut}");
+    }
+}
+
+/// The checkpoints an owner writes in the background never remove the one its sled
+/// is a delta over (the next open needs it); the close's removes it once it is the
+/// next base.
+#[test]
+fn background_checkpoints_keep_the_base_of_the_index() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("store");
+    let s = Store::open(&dir, opts()).unwrap();
+    workload(&s, &mut Rng(0xb0), 200);
+    s.close().unwrap();
+    let base = checkpoints(&dir).pop().unwrap();
+    let s = Store::open(&dir, opts().checkpoint_commits_min(1)).unwrap();
+    for i in 0..12_000u64 {
+        let stream = format!("s{}", i % 7);
+        committed(append_next(&s, &stream, ev(b"x")));
+    }
+    s.flush().unwrap();
+    assert!(s.stats().checkpoints_written > 0, "{:?}", s.stats());
+    let cks = checkpoints(&dir);
+    assert!(cks.contains(&base), "{cks:?}");
+    assert!(cks.len() >= 2, "{cks:?}");
+    let got = answers(&s).unwrap();
+    s.close().unwrap();
+    assert_eq!(checkpoints(&dir).len(), 1);
+    assert_eq!(got, rebuilt(&dir));
+}
+
+/// An index in the layout before sled became a delta (sled's files directly in the
+/// index directory) is replaced: the newest checkpoint becomes the base of a new one.
+#[test]
+fn an_index_of_the_layout_before_deltas_is_replaced_by_the_checkpoint() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("store");
+    let s = Store::open(&dir, opts()).unwrap();
+    workload(&s, &mut Rng(0x01d), 300);
+    let last = s.last_seq();
+    s.close().unwrap();
+    let ix = dir.join(INDEX_DIR);
+    for e in std::fs::read_dir(ix.join(INDEX_SLED_DIR)).unwrap() {
+        let e = e.unwrap();
+        std::fs::rename(e.path(), ix.join(e.file_name())).unwrap();
+    }
+    std::fs::remove_dir(ix.join(INDEX_SLED_DIR)).unwrap();
+    let s = Store::open(&dir, opts()).unwrap();
+    assert_eq!(s.stats().open_checkpoint_seq, Some(last));
+    assert_eq!(s.stats().open_records_decoded, 0);
+    assert_eq!(answers(&s).unwrap(), rebuilt(&dir));
+    drop(s);
+    assert!(!ix.join("db").exists() && !ix.join("conf").exists());
 }

@@ -196,8 +196,13 @@ fn key_text(k: &[u8]) -> String {
 /// count the rebuilt one's entries), entry by entry, into `r` (the rebuilt index's entry
 /// count, the differing entries); false when there was no old index to compare with or
 /// it could not be read (`r.old_index_error` says why).
-fn compare_with_old(engine: &Store, old_dir: Option<&Path>, r: &mut Rebuild) -> Result<bool> {
-    let old = match old_dir.map(|d| Index::open_existing(d, INDEX_CACHE_BYTES_BULK)) {
+fn compare_with_old(
+    engine: &Store,
+    dir: &Path,
+    old_dir: Option<&Path>,
+    r: &mut Rebuild,
+) -> Result<bool> {
+    let old = match old_dir.map(|d| Index::open_existing(d, dir, INDEX_CACHE_BYTES_BULK)) {
         None => None,
         Some(Ok(Some(old))) => Some(old),
         Some(Ok(None)) => {
@@ -312,7 +317,11 @@ fn rebuild(dir: &Path, json: bool) -> Result<ExitCode> {
         dir,
         LogStoreOptions::default()
             .engine_options()
-            .index_dir(&rebuild_dir),
+            .index_dir(&rebuild_dir)
+            // From the log alone, and no checkpoint written while the old index, a
+            // delta over the newest one, is still to be read.
+            .index_from_log(true)
+            .checkpoint_commits_min(0),
     )
     .map_err(|e| open_err(dir, e))?;
     sp.finish_and_clear();
@@ -357,7 +366,7 @@ fn rebuild(dir: &Path, json: bool) -> Result<ExitCode> {
         .map_err(|e| ToolError::with_source("counting snapshots failed", e))?;
     // 3. Compare (while the rebuild's owner holds the store), then swap the directories.
     let old_dir = old_readable.then(|| dir.join(INDEX_DIR));
-    let compared = compare_with_old(&engine, old_dir.as_deref(), &mut r)?;
+    let compared = compare_with_old(&engine, dir, old_dir.as_deref(), &mut r)?;
     // Let go of the engine before closing: close waits for every holder.
     drop(engine);
     store
