@@ -4,6 +4,8 @@
 //! log) and over index keys ([`KeyFilter`]: a read of a key never written skips the
 //! memtables and sled). A positive answer is only a hint: the index decides.
 
+use crate::vfs::Mapped;
+use std::sync::Arc;
 use uuid::Uuid;
 
 // Commit ids: 24 bits (3 bytes) and 16 hashes per id, about 0.002% false positives per
@@ -19,9 +21,57 @@ const BLOCK_BITS: u64 = 512;
 /// 512-bit block (one cache line), so a lookup costs one cache miss. Shared by the
 /// commit-id and the key filters, which differ in bits per item, hashes and hashing.
 struct Blocks {
-    blocks: Vec<[u64; 8]>,
+    blocks: Bits,
     items: u64,
     capacity: u64,
+}
+
+/// A filter's blocks: in memory, or in a saved key filter file mapped read-only (its
+/// words big-endian, see [`KeyFilter::decode_mapped`]), copied into memory by the
+/// first insert. A mapped filter costs memory only for the pages lookups touch.
+enum Bits {
+    Owned(Vec<[u64; 8]>),
+    Mapped {
+        map: Arc<Mapped>,
+        offset: usize,
+        nblocks: usize,
+    },
+}
+
+impl Bits {
+    fn len(&self) -> usize {
+        match self {
+            Bits::Owned(b) => b.len(),
+            Bits::Mapped { nblocks, .. } => *nblocks,
+        }
+    }
+
+    /// Word `w` of block `b` (both in range).
+    fn word(&self, b: usize, w: usize) -> u64 {
+        match self {
+            Bits::Owned(blocks) => blocks[b][w],
+            Bits::Mapped { map, offset, .. } => {
+                let at = offset + (b * 8 + w) * 8;
+                let mut word = [0u8; 8];
+                word.copy_from_slice(&map[at..at + 8]);
+                u64::from_be_bytes(word)
+            }
+        }
+    }
+
+    /// The blocks in memory (copied out of the map the first time).
+    fn owned(&mut self) -> &mut Vec<[u64; 8]> {
+        if let Bits::Mapped { nblocks, .. } = self {
+            let copy = (0..*nblocks)
+                .map(|b| std::array::from_fn(|w| self.word(b, w)))
+                .collect();
+            *self = Bits::Owned(copy);
+        }
+        match self {
+            Bits::Owned(b) => b,
+            Bits::Mapped { .. } => unreachable!("just copied"),
+        }
+    }
 }
 
 impl Blocks {
@@ -30,7 +80,7 @@ impl Blocks {
             .div_ceil(BLOCK_BITS)
             .next_power_of_two();
         Blocks {
-            blocks: vec![[0u64; 8]; nblocks as usize],
+            blocks: Bits::Owned(vec![[0u64; 8]; nblocks as usize]),
             items: 0,
             capacity,
         }
@@ -55,7 +105,7 @@ impl Blocks {
     }
 
     fn insert(&mut self, (b, bits): (usize, impl Iterator<Item = u64>)) {
-        let block = &mut self.blocks[b];
+        let block = &mut self.blocks.owned()[b];
         for p in bits {
             block[(p / 64) as usize] |= 1 << (p % 64);
         }
@@ -63,8 +113,13 @@ impl Blocks {
     }
 
     fn may_contain(&self, (b, mut bits): (usize, impl Iterator<Item = u64>)) -> bool {
-        let block = &self.blocks[b];
-        bits.all(|p| block[(p / 64) as usize] & (1 << (p % 64)) != 0)
+        match &self.blocks {
+            Bits::Owned(blocks) => {
+                let block = &blocks[b];
+                bits.all(|p| block[(p / 64) as usize] & (1 << (p % 64)) != 0)
+            }
+            mapped => bits.all(|p| mapped.word(b, (p / 64) as usize) & (1 << (p % 64)) != 0),
+        }
     }
 
     fn bytes(&self) -> u64 {
@@ -271,8 +326,10 @@ impl KeyFilter {
         for f in &self.filters {
             out.extend_from_slice(&f.capacity.to_be_bytes());
             out.extend_from_slice(&f.items.to_be_bytes());
-            for w in f.blocks.iter().flatten() {
-                out.extend_from_slice(&w.to_be_bytes());
+            for b in 0..f.blocks.len() {
+                for w in 0..8 {
+                    out.extend_from_slice(&f.blocks.word(b, w).to_be_bytes());
+                }
             }
         }
         true
@@ -283,6 +340,19 @@ impl KeyFilter {
     /// last is full, the blocks fit [`KEY_FILTER_BYTES_MAX`] and the bytes end exactly
     /// with the last block.
     pub fn decode(bytes: &[u8]) -> Result<KeyFilter, String> {
+        KeyFilter::decode_in(bytes, None)
+    }
+
+    /// [`KeyFilter::decode`] of `map[offset..end]` that leaves the blocks in the map
+    /// (read only where a lookup needs them, copied by the first insert into them).
+    pub fn decode_mapped(map: Arc<Mapped>, offset: usize, end: usize) -> Result<KeyFilter, String> {
+        let bytes = map
+            .get(offset..end)
+            .ok_or("the filter lies past the file's end")?;
+        KeyFilter::decode_in(bytes, Some((&map, offset)))
+    }
+
+    fn decode_in(bytes: &[u8], map: Option<(&Arc<Mapped>, usize)>) -> Result<KeyFilter, String> {
         let mut r = bytes;
         let count = take_u32(&mut r).ok_or("no filter count")?;
         if count == 0 || count > KEY_FILTERS_MAX {
@@ -311,12 +381,26 @@ impl KeyFilter {
                     "filter {i}'s {size} bytes of blocks are missing or too many"
                 ));
             }
-            let mut blocks = vec![[0u64; 8]; nblocks as usize];
-            for block in &mut blocks {
-                for w in block.iter_mut() {
-                    *w = take_u64(&mut r).ok_or("truncated block")?;
+            let blocks = match map {
+                Some((map, offset)) => {
+                    let start = offset + (bytes.len() - r.len());
+                    r = &r[size as usize..];
+                    Bits::Mapped {
+                        map: map.clone(),
+                        offset: start,
+                        nblocks: nblocks as usize,
+                    }
                 }
-            }
+                None => {
+                    let mut blocks = vec![[0u64; 8]; nblocks as usize];
+                    for block in &mut blocks {
+                        for w in block.iter_mut() {
+                            *w = take_u64(&mut r).ok_or("truncated block")?;
+                        }
+                    }
+                    Bits::Owned(blocks)
+                }
+            };
             filters.push(Blocks {
                 blocks,
                 items,
@@ -432,6 +516,53 @@ mod tests {
         s.insert_bounded(KeyHash::of(b"x"), 0);
         assert!(s.saturated);
         assert!(!s.encode(&mut Vec::new()));
+    }
+
+    /// A filter decoded in place from a map answers as the one decoded into memory,
+    /// reads its blocks from the map until an insert, which copies only the filter
+    /// it goes into (the map's bytes never change), and encodes to the same bytes.
+    #[test]
+    fn a_mapped_key_filter_answers_as_a_decoded_one_and_copies_on_insert() {
+        let mut f = KeyFilter::default();
+        let key = |i: u64| format!("k{i}").into_bytes();
+        for i in 0..150_000u64 {
+            f.insert(KeyHash::of(&key(i)));
+        }
+        let mut bytes = b"head".to_vec();
+        assert!(f.encode(&mut bytes));
+        let end = bytes.len();
+        bytes.extend_from_slice(b"tail");
+        let map = Arc::new(Mapped::from_vec(bytes.clone()));
+        let mut m = KeyFilter::decode_mapped(map.clone(), 4, end).unwrap();
+        assert!(m
+            .filters
+            .iter()
+            .all(|f| matches!(f.blocks, Bits::Mapped { .. })));
+        for i in (0..150_000u64).chain(1_000_000..1_010_000) {
+            let h = KeyHash::of(&key(i));
+            assert_eq!(m.may_contain(h), f.may_contain(h), "key {i}");
+        }
+        let mut again = Vec::new();
+        assert!(m.encode(&mut again));
+        assert_eq!(again, bytes[4..end]);
+        // Shape errors are found in the map as in memory.
+        assert!(KeyFilter::decode_mapped(map.clone(), 4, end - 1).is_err());
+        assert!(KeyFilter::decode_mapped(map.clone(), 4, end + 1).is_err());
+        assert!(KeyFilter::decode_mapped(map.clone(), end + 5, end + 5).is_err());
+        let fresh = KeyHash::of(b"not inserted before");
+        m.insert(fresh);
+        f.insert(fresh);
+        assert!(m.may_contain(fresh));
+        let owned = m
+            .filters
+            .iter()
+            .filter(|f| matches!(f.blocks, Bits::Owned(_)));
+        assert_eq!(owned.count(), 1, "only the last filter is copied");
+        for i in (0..150_000u64).chain(1_000_000..1_010_000) {
+            let h = KeyHash::of(&key(i));
+            assert_eq!(m.may_contain(h), f.may_contain(h), "key {i}");
+        }
+        assert_eq!(&map[..], &bytes[..], "the map is never written");
     }
 
     #[test]

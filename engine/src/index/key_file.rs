@@ -90,15 +90,20 @@ impl Index {
     /// Takes the saved key filter (the file is removed in any case): the filter, if the
     /// file is whole and was written beside sled's present state. Reported as the reason
     /// it was not used otherwise; `Ok(None)` when there is no file.
+    ///
+    /// The file is checked whole through reads (the page cache, not this process's
+    /// memory) and then mapped: the filter's blocks stay in the file, and a lookup
+    /// brings in only its page (an owner open that reads or writes little no longer
+    /// holds a filter that grows with the index; an insert copies the filter it goes
+    /// into).
     pub(super) fn take_key_filter(&self) -> Result<Option<KeyFilter>, String> {
         let Some(dir) = &self.path else {
             return Ok(None);
         };
         let file = dir.join(KEY_FILTER_FILE);
-        let read = read_bounded(&file);
         let _ = std::fs::remove_file(dir.join(KEY_FILTER_TMP));
-        let bytes = match read {
-            Ok(Some(b)) => b,
+        let mapped = match map_checked(&file) {
+            Ok(Some(m)) => m,
             Ok(None) => return Ok(None),
             Err(e) => {
                 let _ = std::fs::remove_file(&file);
@@ -106,18 +111,13 @@ impl Index {
             }
         };
         // Removed before it is used: should the removal fail, the file is not used
-        // (an open that writes to sled must leave no file of the state before).
+        // (an open that writes to sled must leave no file of the state before). The
+        // map keeps the removed file's bytes.
         std::fs::remove_file(&file).map_err(|e| format!("removing {}: {e}", file.display()))?;
         let at =
             |offset: usize, what: &str| format!("{} at offset {offset}: {what}", file.display());
-        let body_len = bytes
-            .len()
-            .checked_sub(4)
-            .ok_or_else(|| at(0, "too short"))?;
-        let (body, crc) = bytes.split_at(body_len);
-        if crc32fast::hash(body).to_be_bytes() != crc {
-            return Err(at(body_len, "checksum mismatch"));
-        }
+        let body_len = mapped.len() - 4;
+        let body = &mapped[..body_len];
         if body.get(..8) != Some(&MAGIC[..]) {
             return Err(at(0, "not a key filter file"));
         }
@@ -130,43 +130,62 @@ impl Index {
         if len > FINGERPRINT_BYTES_MAX || r.len() < len as usize {
             return Err(at(12, &format!("fingerprint of {len} bytes")));
         }
-        let (fingerprint, filter) = r.split_at(len as usize);
+        let fingerprint = &r[..len as usize];
         let now = self.key_fingerprint().map_err(|e| e.to_string())?;
         if fingerprint != now {
             return Err(at(16, "written beside another state of the index"));
         }
-        KeyFilter::decode(filter)
+        let start = 16 + len as usize;
+        KeyFilter::decode_mapped(Arc::new(mapped), start, body_len)
             .map(Some)
-            .map_err(|e| at(16 + len as usize, &e))
+            .map_err(|e| at(start, &e))
     }
 }
 
-/// The file's bytes, `None` if there is none; refused unread over [`KEY_FILE_BYTES_MAX`].
-fn read_bounded(file: &Path) -> Result<Option<Vec<u8>>, String> {
-    let len = match std::fs::metadata(file) {
-        Ok(m) => m.len(),
+/// The file mapped, once its size is within [`KEY_FILE_BYTES_MAX`] and the CRC at its
+/// end holds for the bytes before it (read in chunks, not through the map); `None` if
+/// there is no file.
+fn map_checked(file: &Path) -> Result<Option<crate::vfs::Mapped>, String> {
+    use crate::vfs::{OpenMode, Vfs};
+    let err = |e: std::io::Error| format!("{}: {e}", file.display());
+    // One open file for the check and the map: a rename over the name meanwhile
+    // changes neither (spool never writes the file in place).
+    let f = match crate::vfs::OsVfs.open(file, OpenMode::Read) {
+        Ok(f) => f,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(format!("{}: {e}", file.display())),
+        Err(e) => return Err(err(e)),
     };
+    let len = f.len().map_err(err)?;
     if len > KEY_FILE_BYTES_MAX {
         return Err(format!(
             "{}: {len} bytes, over the {KEY_FILE_BYTES_MAX}-byte limit",
             file.display()
         ));
     }
-    // Bounded again while reading: the file may have grown since.
-    let mut bytes = Vec::with_capacity(len as usize);
-    std::fs::File::open(file)
-        .and_then(|f| {
-            use std::io::Read;
-            f.take(KEY_FILE_BYTES_MAX + 1).read_to_end(&mut bytes)
-        })
-        .map_err(|e| format!("{}: {e}", file.display()))?;
-    if bytes.len() as u64 > KEY_FILE_BYTES_MAX {
+    if len < 4 {
+        return Err(format!("{} at offset 0: too short", file.display()));
+    }
+    let mut crc = crc32fast::Hasher::new();
+    let mut buf = vec![0u8; 64 << 10];
+    let mut at = 0u64;
+    while at < len - 4 {
+        let n = ((len - 4 - at) as usize).min(buf.len());
+        f.read_at(&mut buf[..n], at).map_err(err)?;
+        crc.update(&buf[..n]);
+        at += n as u64;
+    }
+    let mut stored = [0u8; 4];
+    f.read_at(&mut stored, len - 4).map_err(err)?;
+    if crc.finalize().to_be_bytes() != stored {
         return Err(format!(
-            "{}: grew past the limit while read",
-            file.display()
+            "{} at offset {}: checksum mismatch",
+            file.display(),
+            len - 4
         ));
     }
-    Ok(Some(bytes))
+    let mapped = f.map().map_err(err)?;
+    if mapped.len() as u64 != len {
+        return Err(format!("{}: changed while read", file.display()));
+    }
+    Ok(Some(mapped))
 }

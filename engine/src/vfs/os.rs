@@ -130,7 +130,8 @@ impl VfsFile for OsFile {
         }
         // SAFETY: the engine maps only sealed segments, which it never writes again while
         // the store is open (segments are append-only and replaced only by rename), and
-        // the owner lock keeps other spool writers out. Every length read from the map is
+        // the saved key filter, which is written whole under another name and renamed,
+        // never written in place; the owner lock keeps other spool writers out. Every length read from the map is
         // validated against the map's length before use, so a file changed behind our back
         // yields errors, not undefined reads beyond the mapping.
         let map = unsafe { memmap2::Mmap::map(&self.file)? };
