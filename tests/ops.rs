@@ -130,6 +130,12 @@ impl Harness {
         if self.kind == StoreKind::Log && drop_index {
             let ix = self.dir()?.join(spool_engine::INDEX_DIR);
             std::fs::remove_dir_all(&ix).map_err(|e| format!("remove {}: {e}", ix.display()))?;
+            // The checkpoints too: an index found empty would start from the newest.
+            let ck = self.dir()?.join(spool_engine::CHECKPOINT_DIR);
+            if ck.exists() {
+                std::fs::remove_dir_all(&ck)
+                    .map_err(|e| format!("remove {}: {e}", ck.display()))?;
+            }
         }
         self.reopens += 1;
         self.open()

@@ -156,12 +156,15 @@ impl Shared {
     pub(crate) fn remove_before(&self, seq: u64) {
         let cdir = self.dir.join(super::CHECKPOINT_DIR);
         if let Ok(names) = self.vfs.read_dir(&cdir) {
+            let mut removed = false;
             for n in names {
                 if super::write::parse_file_name(&n).is_some_and(|s| s < seq) {
-                    let _ = self.vfs.remove(&cdir.join(&n));
+                    removed |= self.vfs.remove(&cdir.join(&n)).is_ok();
                 }
             }
-            let _ = self.vfs.sync_dir(&cdir);
+            if removed {
+                let _ = self.vfs.sync_dir(&cdir);
+            }
         }
     }
 
@@ -186,7 +189,21 @@ impl Shared {
     pub(crate) fn on_close(&self, segments: &Segments, index: &Index) -> Option<CheckpointFile> {
         let at = index.applied_at()?;
         if at.seq == self.last_seq.load(Ordering::Relaxed) {
-            return None;
+            // The newest checkpoint holds everything already (written after the last
+            // move, or the one this open resumed from): the next base, unless it is.
+            if index.base().is_some_and(|b| b.header.seq == at.seq) {
+                return None;
+            }
+            let path = self
+                .dir
+                .join(super::CHECKPOINT_DIR)
+                .join(super::write::file_name(at.seq));
+            let ck = CheckpointFile::open(&*self.vfs, &path).ok()?;
+            // Of this log's layout too: a GC since changed every position after it.
+            let same = ck.header.commit_id == at.commit_id
+                && ck.header.index_format == INDEX_FORMAT_VERSION
+                && index.layout().is_ok_and(|l| l == ck.header.layout);
+            return same.then_some(ck);
         }
         // An owner's index always has sled; one over a checkpoint file writes none.
         let view = index.sled_view().ok()?;

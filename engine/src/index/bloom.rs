@@ -16,6 +16,8 @@ const BITS_PER_ITEM: u64 = 24;
 const HASHES: u32 = 16;
 const FIRST_CAPACITY: u64 = 1 << 16;
 const BLOCK_BITS: u64 = 512;
+/// The pieces [`KeyFilter::encode_to`] hands out.
+const CHUNK_BYTES: usize = 64 << 10;
 
 /// One blocked Bloom filter of a fixed capacity: each item sets its bits inside one
 /// 512-bit block (one cache line), so a lookup costs one cache miss. Shared by the
@@ -32,10 +34,17 @@ struct Blocks {
 enum Bits {
     Owned(Vec<[u64; 8]>),
     Mapped {
-        map: Arc<Mapped>,
+        src: Arc<FilterFile>,
         offset: usize,
         nblocks: usize,
     },
+}
+
+/// A saved key filter file, mapped, and open to copy its bytes with reads (which,
+/// unlike reads of the map, do not make its pages part of the process).
+pub(crate) struct FilterFile {
+    pub map: Mapped,
+    pub file: Option<Arc<dyn crate::vfs::VfsFile>>,
 }
 
 impl Bits {
@@ -50,10 +59,10 @@ impl Bits {
     fn word(&self, b: usize, w: usize) -> u64 {
         match self {
             Bits::Owned(blocks) => blocks[b][w],
-            Bits::Mapped { map, offset, .. } => {
+            Bits::Mapped { src, offset, .. } => {
                 let at = offset + (b * 8 + w) * 8;
                 let mut word = [0u8; 8];
-                word.copy_from_slice(&map[at..at + 8]);
+                word.copy_from_slice(&src.map[at..at + 8]);
                 u64::from_be_bytes(word)
             }
         }
@@ -318,21 +327,59 @@ impl KeyFilter {
     /// blocks' words (u64 BE, 8 per block). `false` (nothing appended) when saturated:
     /// such a filter holds nothing worth keeping.
     pub fn encode(&self, out: &mut Vec<u8>) -> bool {
+        let mut put = |b: &[u8]| {
+            out.extend_from_slice(b);
+            Ok(())
+        };
+        self.encode_to(&mut put).unwrap_or(false)
+    }
+
+    /// [`KeyFilter::encode`] handed to `put` a piece at a time (at most 64 KiB): a
+    /// filter still in its file is copied from it with reads.
+    pub fn encode_to(
+        &self,
+        put: &mut dyn FnMut(&[u8]) -> std::io::Result<()>,
+    ) -> std::io::Result<bool> {
         if self.saturated {
-            return false;
+            return Ok(false);
         }
-        out.reserve(self.bytes as usize + 4 + 16 * self.filters.len());
-        out.extend_from_slice(&(self.filters.len() as u32).to_be_bytes());
+        put(&(self.filters.len() as u32).to_be_bytes())?;
+        let mut buf = Vec::with_capacity(CHUNK_BYTES);
         for f in &self.filters {
-            out.extend_from_slice(&f.capacity.to_be_bytes());
-            out.extend_from_slice(&f.items.to_be_bytes());
-            for b in 0..f.blocks.len() {
-                for w in 0..8 {
-                    out.extend_from_slice(&f.blocks.word(b, w).to_be_bytes());
+            put(&f.capacity.to_be_bytes())?;
+            put(&f.items.to_be_bytes())?;
+            let bytes = f.blocks.len() * 64;
+            match &f.blocks {
+                Bits::Mapped { src, offset, .. } if src.file.is_some() => {
+                    let Some(file) = &src.file else {
+                        continue;
+                    };
+                    let mut at = 0;
+                    while at < bytes {
+                        let n = (bytes - at).min(CHUNK_BYTES);
+                        buf.resize(n, 0);
+                        file.read_at(&mut buf, (offset + at) as u64)?;
+                        put(&buf)?;
+                        at += n;
+                    }
+                    buf.clear();
+                }
+                blocks => {
+                    for b in 0..blocks.len() {
+                        for w in 0..8 {
+                            buf.extend_from_slice(&blocks.word(b, w).to_be_bytes());
+                        }
+                        if buf.len() >= CHUNK_BYTES {
+                            put(&buf)?;
+                            buf.clear();
+                        }
+                    }
+                    put(&buf)?;
+                    buf.clear();
                 }
             }
         }
-        true
+        Ok(true)
     }
 
     /// The filter [`KeyFilter::encode`] wrote into `bytes` (all of them). Checks the
@@ -345,14 +392,22 @@ impl KeyFilter {
 
     /// [`KeyFilter::decode`] of `map[offset..end]` that leaves the blocks in the map
     /// (read only where a lookup needs them, copied by the first insert into them).
-    pub fn decode_mapped(map: Arc<Mapped>, offset: usize, end: usize) -> Result<KeyFilter, String> {
-        let bytes = map
+    pub fn decode_mapped(
+        src: Arc<FilterFile>,
+        offset: usize,
+        end: usize,
+    ) -> Result<KeyFilter, String> {
+        let bytes = src
+            .map
             .get(offset..end)
             .ok_or("the filter lies past the file's end")?;
-        KeyFilter::decode_in(bytes, Some((&map, offset)))
+        KeyFilter::decode_in(bytes, Some((&src, offset)))
     }
 
-    fn decode_in(bytes: &[u8], map: Option<(&Arc<Mapped>, usize)>) -> Result<KeyFilter, String> {
+    fn decode_in(
+        bytes: &[u8],
+        map: Option<(&Arc<FilterFile>, usize)>,
+    ) -> Result<KeyFilter, String> {
         let mut r = bytes;
         let count = take_u32(&mut r).ok_or("no filter count")?;
         if count == 0 || count > KEY_FILTERS_MAX {
@@ -382,11 +437,11 @@ impl KeyFilter {
                 ));
             }
             let blocks = match map {
-                Some((map, offset)) => {
+                Some((src, offset)) => {
                     let start = offset + (bytes.len() - r.len());
                     r = &r[size as usize..];
                     Bits::Mapped {
-                        map: map.clone(),
+                        src: src.clone(),
                         offset: start,
                         nblocks: nblocks as usize,
                     }
@@ -532,7 +587,17 @@ mod tests {
         assert!(f.encode(&mut bytes));
         let end = bytes.len();
         bytes.extend_from_slice(b"tail");
-        let map = Arc::new(Mapped::from_vec(bytes.clone()));
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        std::fs::write(&path, &bytes).unwrap();
+        use crate::vfs::Vfs;
+        let file = crate::vfs::OsVfs
+            .open(&path, crate::vfs::OpenMode::Read)
+            .unwrap();
+        let map = Arc::new(FilterFile {
+            map: file.map().unwrap(),
+            file: Some(file),
+        });
         let mut m = KeyFilter::decode_mapped(map.clone(), 4, end).unwrap();
         assert!(m
             .filters
@@ -562,7 +627,24 @@ mod tests {
             let h = KeyHash::of(&key(i));
             assert_eq!(m.may_contain(h), f.may_contain(h), "key {i}");
         }
-        assert_eq!(&map[..], &bytes[..], "the map is never written");
+        assert_eq!(&map.map[..], &bytes[..], "the map is never written");
+        // Encoded a piece at a time, the filters still mapped copied from the file.
+        let mut pieces = Vec::new();
+        assert!(m
+            .encode_to(&mut |b: &[u8]| {
+                assert!(b.len() <= CHUNK_BYTES);
+                pieces.extend_from_slice(b);
+                Ok(())
+            })
+            .unwrap());
+        let mut whole = Vec::new();
+        assert!(m.encode(&mut whole));
+        assert_eq!(pieces, whole);
+        let back = KeyFilter::decode(&whole).unwrap();
+        for i in (0..150_000u64).chain(1_000_000..1_010_000) {
+            let h = KeyHash::of(&key(i));
+            assert_eq!(back.may_contain(h), f.may_contain(h), "key {i}");
+        }
     }
 
     #[test]

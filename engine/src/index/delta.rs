@@ -124,16 +124,19 @@ fn decode_stored(k: &[u8], v: IVec) -> Result<Option<IVec>, IndexError> {
     }
 }
 
-/// `k`'s value in sled over `base`.
+/// `k`'s value in sled over `base`; a read of the base that fails sets `failed`.
 pub(super) fn get(
     tree: &sled::Tree,
     base: Option<&CheckpointFile>,
     k: &[u8],
+    failed: &AtomicBool,
 ) -> Result<Option<IVec>, IndexError> {
     match sled_guard("reading a key", || Ok(tree.get(k)?))? {
         Some(v) => decode_stored(k, v),
         None => match base {
-            Some(b) if !is_meta(k) => b.get(k),
+            Some(b) if !is_meta(k) => b
+                .get(k)
+                .inspect_err(|_| failed.store(true, Ordering::Release)),
             _ => Ok(None),
         },
     }
@@ -144,6 +147,8 @@ pub(super) fn get(
 /// are the index's.
 pub(crate) struct DeltaIter {
     sled: sled::Iter,
+    /// Set when a read of the base fails (see [`Index::base_failed`]).
+    base_failed: Option<Arc<AtomicBool>>,
     base: Option<crate::checkpoint::CheckpointIter>,
     sled_peek: Option<(IVec, IVec)>,
     base_peek: Option<(IVec, IVec)>,
@@ -161,6 +166,7 @@ impl DeltaIter {
     ) -> DeltaIter {
         DeltaIter {
             sled: tree.range((lo.clone(), hi.clone())),
+            base_failed: None,
             base_done: base.is_none(),
             base: base.map(|b| b.range(lo, hi)),
             sled_peek: None,
@@ -168,6 +174,12 @@ impl DeltaIter {
             sled_done: false,
             failed: false,
         }
+    }
+
+    /// Sets `flag` when a read of the base fails.
+    pub(super) fn noting_base_failures(mut self, flag: Arc<AtomicBool>) -> DeltaIter {
+        self.base_failed = Some(flag);
+        self
     }
 
     fn fill(&mut self) -> Result<(), IndexError> {
@@ -180,7 +192,11 @@ impl DeltaIter {
         while self.base_peek.is_none() && !self.base_done {
             match self.base.as_mut().and_then(Iterator::next) {
                 Some(kv) => {
-                    let kv = kv?;
+                    let kv = kv.inspect_err(|_| {
+                        if let Some(f) = &self.base_failed {
+                            f.store(true, Ordering::Release);
+                        }
+                    })?;
                     if !is_meta(&kv.0) {
                         self.base_peek = Some(kv);
                     }
@@ -290,6 +306,26 @@ impl Index {
         *self.base.write().unwrap_or_else(|e| e.into_inner()) = Some(ck);
     }
 
+    /// After a read of the base failed (a block whose CRC does not hold: the base's
+    /// reads were checked only as far as its header and block index when it was
+    /// opened): the base is renamed to `<name>.damaged`, once, so that the next owner
+    /// open finds it gone and starts from another checkpoint or the log instead of
+    /// failing the same reads again. This open keeps failing them.
+    pub(super) fn set_base_aside_if_failed(&self) {
+        if !self.base_failed.load(Ordering::Acquire) {
+            return;
+        }
+        let Some(base) = self.base() else {
+            return;
+        };
+        if self.base_set_aside.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let mut aside = base.path.clone().into_os_string();
+        aside.push(".damaged");
+        let _ = std::fs::rename(&base.path, aside);
+    }
+
     /// Drops the base (a clear: sled is emptied of everything, its base key included).
     pub(super) fn drop_base(&self) {
         *self.base.write().unwrap_or_else(|e| e.into_inner()) = None;
@@ -334,7 +370,9 @@ impl Index {
             return Err(Error::Index(IndexError::NoSled("rebase")));
         };
         let applied = self.applied_marker()?;
-        if applied != (ck.header.seq, Some(ck.header.commit_id)) {
+        if applied != (ck.header.seq, Some(ck.header.commit_id))
+            || self.layout()? != ck.header.layout
+        {
             return Err(Error::Index(IndexError::Mismatch(format!(
                 "the checkpoint at seq {} is not of the index (applied seq {})",
                 ck.header.seq, applied.0
@@ -370,7 +408,7 @@ impl Index {
             .next_fingerprint
             .lock()
             .unwrap_or_else(|e| e.into_inner()) = Some(fingerprint);
-        self.rebase_pending.store(true, Ordering::Release);
+        *self.next_base.lock().unwrap_or_else(|e| e.into_inner()) = Some(ck.path.clone());
         Ok(())
     }
 
@@ -378,7 +416,23 @@ impl Index {
     /// closed. Whatever fails leaves either sled, or none (which the next open reads
     /// as lost: it takes the newest checkpoint as the base).
     pub(super) fn finish_rebase(&mut self) -> bool {
-        if !self.rebase_pending.load(Ordering::Acquire) {
+        let Some(next_base) = self
+            .next_base
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+        else {
+            return false;
+        };
+        if self.base_failed.load(Ordering::Acquire) {
+            // The next sled's base was written through the damaged one (it read
+            // whole, but keep nothing built on a base set aside).
+            let _ = Index::wipe_dir(
+                self.path
+                    .as_deref()
+                    .map(|d| d.join(SLED_NEXT_DIR))
+                    .as_deref(),
+            );
             return false;
         }
         let Some(dir) = self.path.clone() else {
@@ -393,8 +447,13 @@ impl Index {
         );
         let _ = Index::wipe_dir(Some(&old));
         if std::fs::rename(&cur, &old).is_ok() && std::fs::rename(&next, &cur).is_ok() {
-            if let Ok(d) = std::fs::File::open(&dir) {
-                let _ = d.sync_all();
+            let synced = std::fs::File::open(&dir).and_then(|d| d.sync_all());
+            // The old base is of no use once the new sled is durably in place (the
+            // next owner open removes it otherwise).
+            if let (Ok(()), Some(b)) = (synced, self.base()) {
+                if b.path != next_base {
+                    let _ = std::fs::remove_file(&b.path);
+                }
             }
         }
         let _ = Index::wipe_dir(Some(&old));

@@ -12,7 +12,7 @@
 //! file".
 
 use super::*;
-use crate::index::bloom::{take_u32, KEY_FILTER_BYTES_MAX};
+use crate::index::bloom::{take_u32, FilterFile, KEY_FILTER_BYTES_MAX};
 use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
 
@@ -56,30 +56,50 @@ impl Index {
             return Ok(false);
         }
         let fingerprint = self.key_fingerprint()?;
-        let mut bytes = Vec::new();
-        bytes.extend_from_slice(&MAGIC);
-        bytes.extend_from_slice(&FILE_VERSION.to_be_bytes());
-        bytes.extend_from_slice(&(fingerprint.len() as u32).to_be_bytes());
-        bytes.extend_from_slice(&fingerprint);
-        {
-            let keys = self.keys.read().unwrap_or_else(|e| e.into_inner());
-            if !keys.complete || !keys.filter.encode(&mut bytes) {
-                return Ok(false);
-            }
+        let keys = self.keys.read().unwrap_or_else(|e| e.into_inner());
+        if !keys.complete || keys.filter.is_saturated() {
+            return Ok(false);
         }
-        let crc = crc32fast::hash(&bytes);
-        bytes.extend_from_slice(&crc.to_be_bytes());
         let tmp = dir.join(KEY_FILTER_TMP);
         let file = dir.join(KEY_FILTER_FILE);
         let io = |op: &'static str, p: &Path, e: std::io::Error| Error::io(p, op, e);
-        let mut f = std::fs::OpenOptions::new()
+        let f = std::fs::OpenOptions::new()
             .write(true)
             .create(true)
             .truncate(true)
             .mode(0o600)
             .open(&tmp)
             .map_err(|e| io("open", &tmp, e))?;
-        f.write_all(&bytes).map_err(|e| io("write", &tmp, e))?;
+        // Written a piece at a time: a filter still in the file it was taken from is
+        // copied with reads, not brought into memory.
+        let mut w = std::io::BufWriter::with_capacity(64 << 10, f);
+        let mut crc = crc32fast::Hasher::new();
+        let mut put = |b: &[u8]| {
+            crc.update(b);
+            w.write_all(b)
+        };
+        let head = [
+            &MAGIC[..],
+            &FILE_VERSION.to_be_bytes(),
+            &(fingerprint.len() as u32).to_be_bytes(),
+            &fingerprint,
+        ];
+        for b in head {
+            put(b).map_err(|e| io("write", &tmp, e))?;
+        }
+        let saved = keys
+            .filter
+            .encode_to(&mut put)
+            .map_err(|e| io("write", &tmp, e))?;
+        drop(keys);
+        if !saved {
+            return Ok(false);
+        }
+        w.write_all(&crc.finalize().to_be_bytes())
+            .map_err(|e| io("write", &tmp, e))?;
+        let f = w
+            .into_inner()
+            .map_err(|e| io("write", &tmp, e.into_error()))?;
         // Not needed for safety (the checksum and the fingerprint refuse a file the
         // rename made visible before its bytes), only so a crash does not waste it.
         f.sync_all().map_err(|e| io("fsync", &tmp, e))?;
@@ -116,8 +136,8 @@ impl Index {
         std::fs::remove_file(&file).map_err(|e| format!("removing {}: {e}", file.display()))?;
         let at =
             |offset: usize, what: &str| format!("{} at offset {offset}: {what}", file.display());
-        let body_len = mapped.len() - 4;
-        let body = &mapped[..body_len];
+        let body_len = mapped.map.len() - 4;
+        let body = &mapped.map[..body_len];
         if body.get(..8) != Some(&MAGIC[..]) {
             return Err(at(0, "not a key filter file"));
         }
@@ -145,7 +165,7 @@ impl Index {
 /// The file mapped, once its size is within [`KEY_FILE_BYTES_MAX`] and the CRC at its
 /// end holds for the bytes before it (read in chunks, not through the map); `None` if
 /// there is no file.
-fn map_checked(file: &Path) -> Result<Option<crate::vfs::Mapped>, String> {
+fn map_checked(file: &Path) -> Result<Option<FilterFile>, String> {
     use crate::vfs::{OpenMode, Vfs};
     let err = |e: std::io::Error| format!("{}: {e}", file.display());
     // One open file for the check and the map: a rename over the name meanwhile
@@ -183,9 +203,9 @@ fn map_checked(file: &Path) -> Result<Option<crate::vfs::Mapped>, String> {
             len - 4
         ));
     }
-    let mapped = f.map().map_err(err)?;
-    if mapped.len() as u64 != len {
+    let map = f.map().map_err(err)?;
+    if map.len() as u64 != len {
         return Err(format!("{}: changed while read", file.display()));
     }
-    Ok(Some(mapped))
+    Ok(Some(FilterFile { map, file: Some(f) }))
 }

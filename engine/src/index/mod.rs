@@ -287,10 +287,14 @@ pub struct Index {
     base: RwLock<Option<Arc<CheckpointFile>>>,
     /// The base's seq (0: none), shared with the checkpoint writer, which keeps it.
     base_seq: Arc<AtomicU64>,
-    /// A clean close built the next sled over its checkpoint; the drop swaps it in
-    /// (see `delta.rs`), with this fingerprint for the key filter saved beside it.
-    rebase_pending: AtomicBool,
+    /// The checkpoint a clean close built the next sled over; the drop swaps that sled
+    /// in (see `delta.rs`). With the fingerprint for the key filter saved beside it.
+    next_base: Mutex<Option<PathBuf>>,
     next_fingerprint: Mutex<Option<Vec<u8>>>,
+    /// A read of the base failed (see [`Index::set_base_aside_if_failed`]), and the
+    /// base was then renamed aside.
+    base_failed: Arc<AtomicBool>,
+    base_set_aside: AtomicBool,
     /// The last commit published (and the largest timestamp so far): where a
     /// checkpoint of what sled holds after a move ends.
     applied_at: Mutex<Option<AppliedAt>>,
@@ -317,17 +321,18 @@ pub(super) struct Sled {
 /// memtables, sled over its base.
 pub(crate) type AfterMove = Arc<dyn Fn(&SledView, &AppliedAt) + Send + Sync>;
 
-/// sled over its base checkpoint, as a checkpoint of the whole index reads it.
+/// sled over its base, as a checkpoint of the whole index reads it.
 #[derive(Clone)]
 pub(crate) struct SledView {
     pub(crate) tree: sled::Tree,
     pub(crate) base: Option<Arc<CheckpointFile>>,
+    pub(crate) base_failed: Arc<AtomicBool>,
 }
 
 impl SledView {
     /// A key's value (meta keys: sled's).
     pub(crate) fn get(&self, k: &[u8]) -> Result<Option<sled::IVec>, IndexError> {
-        delta::get(&self.tree, self.base.as_deref(), k)
+        delta::get(&self.tree, self.base.as_deref(), k, &self.base_failed)
     }
 
     /// Every entry in key order.
@@ -338,6 +343,7 @@ impl SledView {
             Bound::Unbounded,
             Bound::Unbounded,
         )
+        .noting_base_failures(self.base_failed.clone())
     }
 }
 
@@ -533,6 +539,7 @@ impl Drop for Index {
         // sled must not outlive the Index through the mover thread: a reopen of the same
         // directory would find it still locked.
         let _ = self.join_moving();
+        self.set_base_aside_if_failed();
         if !self.finish_rebase() {
             self.write_sled_snapshot();
         }

@@ -137,7 +137,6 @@ impl Index {
             if p.join("conf").exists() || p.join("db").exists() {
                 Index::wipe_dir(path)?;
             }
-            delta::remove_rebase_leftovers(p)?;
         }
         let mut opened = Index::open_db_repairing(path, cache_bytes);
         // sled's own file lock: a handle closed a moment ago (sled releases it from its
@@ -158,6 +157,10 @@ impl Index {
             }
             Err(e) => return Err(sled_err(e)),
         };
+        if let Some(p) = path {
+            // Under sled's lock: no other open of this index is building a next sled.
+            delta::remove_rebase_leftovers(p)?;
+        }
         let mut ix = Index::from_db(db, indexers.clone(), path, cache_bytes)?;
         // A move cut short that cannot be finished leaves keys of two states: only a
         // rebuild from the log gives a consistent index again.
@@ -325,7 +328,9 @@ impl Index {
             cache_bytes: INDEX_CACHE_BYTES_MAX,
             base: RwLock::new(None),
             base_seq: Arc::new(AtomicU64::new(0)),
-            rebase_pending: AtomicBool::new(false),
+            next_base: Mutex::new(None),
+            base_failed: Arc::new(AtomicBool::new(false)),
+            base_set_aside: AtomicBool::new(false),
             next_fingerprint: Mutex::new(None),
             applied_at: Mutex::new(None),
             moved_bytes: AtomicU64::new(0),

@@ -418,6 +418,7 @@ impl Index {
         Ok(SledView {
             tree: self.sled("read sled")?.tree.clone(),
             base: self.base(),
+            base_failed: self.base_failed.clone(),
         })
     }
 }

@@ -24,9 +24,16 @@ impl Index {
     /// `delta.rs`), or the checkpoint file alone for an index without sled (see
     /// [`Index::set_base`]).
     pub(super) fn bottom_get(&self, k: &[u8]) -> Result<Option<sled::IVec>, IndexError> {
-        let base = self.base.read().unwrap_or_else(|e| e.into_inner());
-        match (&self.sled, base.as_deref()) {
-            (Some(sled), base) => super::delta::get(&sled.tree, base, k),
+        let guard = self.base.read().unwrap_or_else(|e| e.into_inner());
+        match (&self.sled, guard.as_deref()) {
+            (Some(sled), base) => {
+                let got = super::delta::get(&sled.tree, base, k, &self.base_failed);
+                if got.is_err() {
+                    drop(guard);
+                    self.set_base_aside_if_failed();
+                }
+                got
+            }
             (None, Some(base)) => base.get(k),
             (None, None) => Ok(None),
         }
@@ -129,9 +136,10 @@ impl Index {
             }
         };
         let bottom = match (&self.sled, self.base()) {
-            (Some(sled), base) => {
-                Bottom::Sled(Box::new(DeltaIter::new(&sled.tree, base.as_ref(), lo, hi)))
-            }
+            (Some(sled), base) => Bottom::Sled(Box::new(
+                DeltaIter::new(&sled.tree, base.as_ref(), lo, hi)
+                    .noting_base_failures(self.base_failed.clone()),
+            )),
             (None, Some(base)) => Bottom::Checkpoint(base.range(lo, hi)),
             (None, None) => Bottom::Empty,
         };

@@ -72,9 +72,7 @@ pub(super) fn shutdown(inner: &Inner) -> Result<(), Error> {
         // that open a scan).
         // The checkpoint becomes the base of a new, empty sled (see `index/delta.rs`).
         if let Some(ck) = inner.checkpoints.on_close(&inner.segments, &inner.index) {
-            if inner.index.prepare_rebase(&ck).is_ok() {
-                inner.checkpoints.remove_before(ck.header.seq);
-            }
+            let _ = inner.index.prepare_rebase(&ck);
         }
         let _ = inner.index.save_key_filter();
         // sled's snapshot, written when the index is dropped (before the lock).

@@ -235,6 +235,11 @@ impl Store {
                 }
             }));
             checkpoints.keep_base(index.base_seq_cell());
+            // Older checkpoints than the base are of no use (a close that made its
+            // checkpoint the next base removes the one before, unless cut short).
+            if let Some(base) = index.base() {
+                checkpoints.remove_before(base.header.seq);
+            }
         }
         build_store(
             dir,

@@ -200,7 +200,8 @@ fn gc_removes_dead_streams_and_keeps_live_ones_byte_for_byte() {
     assert_eq!(s.index().dump().unwrap(), dump2);
     s.close().unwrap();
     std::fs::remove_dir_all(dir.path().join(INDEX_DIR)).unwrap();
-    let s = Store::open(dir.path(), gc_opts()).unwrap();
+    let s = Store::open(dir.path(), gc_opts().index_from_log(true)).unwrap();
+    assert_eq!(s.stats().open_checkpoint_seq, None);
     assert_eq!(s.index().dump().unwrap(), dump2);
     assert_eq!(streams_of(&s), streams);
 }

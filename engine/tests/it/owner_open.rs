@@ -569,3 +569,74 @@ fn an_index_of_the_layout_before_deltas_is_replaced_by_the_checkpoint() {
     drop(s);
     assert!(!ix.join("db").exists() && !ix.join("conf").exists());
 }
+
+/// A flipped bit in a data block of the base (which an open does not read): the
+/// owner's reads that reach the block fail, naming the file, and the base is set
+/// aside, so that the next owner open starts from the log (or another checkpoint)
+/// and answers as a rebuild.
+#[test]
+fn a_damaged_block_of_the_base_fails_its_reads_and_the_next_open_recovers() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("store");
+    let s = Store::open(&dir, opts()).unwrap();
+    workload(&s, &mut Rng(0xb17), 600);
+    s.close().unwrap();
+    let ck = checkpoints(&dir).pop().unwrap();
+    let mut bytes = std::fs::read(&ck).unwrap();
+    let at = 400 + (bytes.len() - 1000) / 2;
+    bytes[at] ^= 0x10;
+    std::fs::write(&ck, &bytes).unwrap();
+    let s = Store::open(&dir, opts()).unwrap();
+    let e = answers(&s).expect_err("a read of the damaged block");
+    assert!(e.to_string().contains(&*ck.to_string_lossy()), "{e}");
+    drop(s);
+    assert!(!ck.exists());
+    let mut aside = ck.clone().into_os_string();
+    aside.push(".damaged");
+    assert!(Path::new(&aside).exists());
+    let s = Store::open(&dir, opts()).unwrap();
+    assert!(
+        s.stats().open_checkpoint_fallback.is_some(),
+        "{:?}",
+        s.stats()
+    );
+    assert_eq!(answers(&s).unwrap(), rebuilt(&dir));
+    workload(&s, &mut Rng(0xb18), 50);
+    let got = answers(&s).unwrap();
+    s.close().unwrap();
+    assert_eq!(got, rebuilt(&dir));
+}
+
+/// A close whose checkpoint a background one already wrote (nothing applied since)
+/// still makes it the base of an empty sled.
+#[test]
+fn a_close_after_a_background_checkpoint_of_everything_rebases_on_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("store");
+    let s = Store::open(&dir, opts()).unwrap();
+    workload(&s, &mut Rng(0xbac), 100);
+    s.close().unwrap();
+    let s = Store::open(&dir, opts().checkpoint_commits_min(1)).unwrap();
+    // Past a memtable's move bound: the move writes a checkpoint of everything.
+    for i in 0..4096u64 {
+        committed(append_next(&s, &format!("s{}", i % 5), ev(b"x")));
+    }
+    let last = s.last_seq();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while !checkpoints(&dir)
+        .iter()
+        .any(|p| p.ends_with(format!("{last:016x}.ckpt")))
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no background checkpoint"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    s.close().unwrap();
+    assert_eq!(delta_entries(&dir.join(INDEX_DIR)), 0);
+    let s = Store::open(&dir, opts()).unwrap();
+    assert_eq!(s.stats().open_checkpoint_seq, Some(last));
+    assert_eq!(s.stats().open_records_decoded, 0);
+    assert_eq!(answers(&s).unwrap(), rebuilt(&dir));
+}

@@ -1146,6 +1146,7 @@ mod tests {
             .unwrap();
         store.close().unwrap();
         std::fs::remove_dir_all(dir.path().join(spool_engine::INDEX_DIR)).unwrap();
+        std::fs::remove_dir_all(dir.path().join(spool_engine::CHECKPOINT_DIR)).unwrap();
         let store = LogStore::open(dir.path(), LogStoreOptions::default()).unwrap();
         assert_eq!(
             store

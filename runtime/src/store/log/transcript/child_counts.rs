@@ -487,6 +487,8 @@ mod tests {
         // Rebuilt from the log: the same keys and path.
         drop((h, store, rt));
         std::fs::remove_dir_all(dir.path().join("index")).unwrap();
+        // From the log alone: without the checkpoints too.
+        let _ = std::fs::remove_dir_all(dir.path().join("checkpoints"));
         let (store, _rt) = open(dir.path());
         let again: Vec<_> = ENTRY_TAGS
             .into_iter()

@@ -1209,6 +1209,8 @@ mod tests {
         let keys = (per_entry(&id), per_entry(&fork_id));
         drop((store, rt, fork));
         std::fs::remove_dir_all(dir.path().join("index")).unwrap();
+        // From the log alone: without the checkpoints too.
+        let _ = std::fs::remove_dir_all(dir.path().join("checkpoints"));
         let (store, _rt) = open(dir.path());
         let per_entry = |id: &SessionId| -> std::collections::BTreeSet<Vec<u8>> {
             [TAG_ENTRY, TAG_SEED, TAG_COUNT, TAG_CHILD]

@@ -623,6 +623,8 @@ mod tests {
         };
         // Rebuilt from the log: the same paths.
         std::fs::remove_dir_all(dir.path().join("index")).unwrap();
+        // From the log alone: without the checkpoints too.
+        let _ = std::fs::remove_dir_all(dir.path().join("checkpoints"));
         let (store, rt) = open(dir.path());
         assert_eq!(
             (check_path(&store, &id), check_path(&store, &fork_id)),
@@ -773,6 +775,8 @@ mod tests {
             (id, fork.id().clone(), before)
         };
         std::fs::remove_dir_all(dir.path().join("index")).unwrap();
+        // From the log alone: without the checkpoints too.
+        let _ = std::fs::remove_dir_all(dir.path().join("checkpoints"));
         let (store, _rt) = open(dir.path());
         assert_eq!(
             (path_blocks(&store, &id), path_blocks(&store, &fork_id)),
