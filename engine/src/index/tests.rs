@@ -604,6 +604,14 @@ fn checkpoint_of(index: &Index, store: &std::path::Path, seq: u64) -> Arc<Checkp
     Arc::new(CheckpointFile::open(&OsVfs, &path).unwrap())
 }
 
+/// The checkpoint, in the store directory `store`, of an index of commits 1..=50.
+fn base_of_50(store: &std::path::Path) -> Arc<CheckpointFile> {
+    let (index, _) = Index::open(Some(&store.join("a")), vec![Arc::new(Churn)]).unwrap();
+    apply_commits(&index, 50, 0);
+    index.flush().unwrap();
+    checkpoint_of(&index, store, 50)
+}
+
 /// An index whose sled is a delta over a checkpoint of commits 1..=50 and holds
 /// commits 51..=100 (moved in two parts): every entry as the whole index has it,
 /// the base's keys that later commits removed hidden by the delta's removals, in
@@ -614,12 +622,7 @@ fn checkpoint_of(index: &Index, store: &std::path::Path, seq: u64) -> Arc<Checkp
 fn a_delta_over_a_base_answers_as_the_whole_index() {
     let want = whole_index(tempfile::tempdir().unwrap().path(), 40, 100);
     let store = tempfile::tempdir().unwrap();
-    let base = {
-        let (index, _) = Index::open(Some(&store.path().join("a")), vec![Arc::new(Churn)]).unwrap();
-        apply_commits(&index, 50, 0);
-        index.flush().unwrap();
-        checkpoint_of(&index, store.path(), 50)
-    };
+    let base = base_of_50(store.path());
     let reopen = |path: &std::path::Path| {
         let (index, created) = Index::open(Some(path), vec![Arc::new(Churn)]).unwrap();
         assert!(!created);
@@ -682,12 +685,7 @@ fn a_delta_over_a_base_answers_as_the_whole_index() {
 #[test]
 fn a_delta_that_lost_version_entries_of_its_base_is_found() {
     let store = tempfile::tempdir().unwrap();
-    let base = {
-        let (index, _) = Index::open(Some(&store.path().join("a")), vec![Arc::new(Churn)]).unwrap();
-        apply_commits(&index, 50, 0);
-        index.flush().unwrap();
-        checkpoint_of(&index, store.path(), 50)
-    };
+    let base = base_of_50(store.path());
     let key = super::keys::version_block_key("s1", 1);
     let block = base.get(&key).unwrap().unwrap();
     for stored in [[&[0u8][..], &block[..block.len() - 40]].concat(), vec![1u8]] {

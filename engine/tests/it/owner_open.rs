@@ -443,6 +443,17 @@ fn an_owner_open_from_a_checkpoint_does_not_read_the_segments_before_it() {
     assert!(!r.ok, "{r:?}");
 }
 
+/// A store in `tmp` with `n` commits of the workload seeded `seed`, closed; its
+/// directory and last seq.
+fn closed_store(tmp: &tempfile::TempDir, seed: u64, n: u64) -> (PathBuf, u64) {
+    let dir = tmp.path().join("store");
+    let s = Store::open(&dir, opts()).unwrap();
+    workload(&s, &mut Rng(seed), n);
+    let last = s.last_seq();
+    s.close().unwrap();
+    (dir, last)
+}
+
 /// The entries of the sled in the index directory `ix` that are not its meta keys
 /// (first byte 0), and the names of its trees.
 fn delta_entries(ix: &Path) -> usize {
@@ -496,11 +507,7 @@ fn a_clean_close_makes_its_checkpoint_the_base_of_an_empty_index() {
 fn a_close_cut_while_it_replaces_sled_loses_nothing() {
     for cut in ["next built", "current moved away"] {
         let tmp = tempfile::tempdir().unwrap();
-        let dir = tmp.path().join("store");
-        let s = Store::open(&dir, opts()).unwrap();
-        workload(&s, &mut Rng(0xc07), 300);
-        let last = s.last_seq();
-        s.close().unwrap();
+        let (dir, last) = closed_store(&tmp, 0xc07, 300);
         let ix = dir.join(INDEX_DIR);
         match cut {
             "next built" => copy_dir(&ix.join(INDEX_SLED_DIR), &ix.join("delta.next"), &[]),
@@ -525,10 +532,7 @@ fn a_close_cut_while_it_replaces_sled_loses_nothing() {
 #[test]
 fn background_checkpoints_keep_the_base_of_the_index() {
     let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().join("store");
-    let s = Store::open(&dir, opts()).unwrap();
-    workload(&s, &mut Rng(0xb0), 200);
-    s.close().unwrap();
+    let (dir, _) = closed_store(&tmp, 0xb0, 200);
     let base = checkpoints(&dir).pop().unwrap();
     let s = Store::open(&dir, opts().checkpoint_commits_min(1)).unwrap();
     for i in 0..12_000u64 {
@@ -551,11 +555,7 @@ fn background_checkpoints_keep_the_base_of_the_index() {
 #[test]
 fn an_index_of_the_layout_before_deltas_is_replaced_by_the_checkpoint() {
     let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().join("store");
-    let s = Store::open(&dir, opts()).unwrap();
-    workload(&s, &mut Rng(0x01d), 300);
-    let last = s.last_seq();
-    s.close().unwrap();
+    let (dir, last) = closed_store(&tmp, 0x01d, 300);
     let ix = dir.join(INDEX_DIR);
     for e in std::fs::read_dir(ix.join(INDEX_SLED_DIR)).unwrap() {
         let e = e.unwrap();
@@ -577,10 +577,7 @@ fn an_index_of_the_layout_before_deltas_is_replaced_by_the_checkpoint() {
 #[test]
 fn a_damaged_block_of_the_base_fails_its_reads_and_the_next_open_recovers() {
     let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().join("store");
-    let s = Store::open(&dir, opts()).unwrap();
-    workload(&s, &mut Rng(0xb17), 600);
-    s.close().unwrap();
+    let (dir, _) = closed_store(&tmp, 0xb17, 600);
     let ck = checkpoints(&dir).pop().unwrap();
     let mut bytes = std::fs::read(&ck).unwrap();
     let at = 400 + (bytes.len() - 1000) / 2;
@@ -612,10 +609,7 @@ fn a_damaged_block_of_the_base_fails_its_reads_and_the_next_open_recovers() {
 #[test]
 fn a_close_after_a_background_checkpoint_of_everything_rebases_on_it() {
     let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().join("store");
-    let s = Store::open(&dir, opts()).unwrap();
-    workload(&s, &mut Rng(0xbac), 100);
-    s.close().unwrap();
+    let (dir, _) = closed_store(&tmp, 0xbac, 100);
     let s = Store::open(&dir, opts().checkpoint_commits_min(1)).unwrap();
     // Past a memtable's move bound: the move writes a checkpoint of everything.
     for i in 0..4096u64 {
