@@ -32,8 +32,12 @@ pub(crate) struct Shared {
     dir: PathBuf,
     indexers: Vec<(String, u32)>,
     commits_min: u64,
-    /// Seq of the newest checkpoint on disk that the log backs (0: none).
+    /// Seq of the newest checkpoint on disk that the log backs and the index is known
+    /// to hold exactly (0: none).
     last_seq: AtomicU64,
+    /// Seq of the last checkpoint this process wrote (0: none): the only ones a close
+    /// may make the next base without writing one (see [`Shared::on_close`]).
+    own_seq: AtomicU64,
     written: AtomicU64,
     failure: Mutex<Option<String>>,
     /// One write at a time (the move thread's and close's).
@@ -62,6 +66,7 @@ impl Shared {
                 .collect(),
             commits_min: opts.checkpoint_commits_min,
             last_seq: AtomicU64::new(0),
+            own_seq: AtomicU64::new(0),
             written: AtomicU64::new(0),
             failure: Mutex::new(None),
             writing: Mutex::new(()),
@@ -120,6 +125,7 @@ impl Shared {
         segments: &BTreeMap<u64, Arc<Segment>>,
         max: u32,
         log_last_seq: u64,
+        remember: bool,
     ) {
         while let Some(path) = newest(&*self.vfs, &self.dir) {
             let backed = CheckpointFile::open(&*self.vfs, &path).is_ok_and(|ck| {
@@ -137,6 +143,11 @@ impl Shared {
                         .is_some_and(|r| r.info.seq == h.seq && r.info.commit_id == h.commit_id)
             });
             if backed {
+                // Only a checkpoint the open resumed from is known to be the index's:
+                // after an open that rebuilt the index, the close writes a new one.
+                if !remember {
+                    return;
+                }
                 if let Some(seq) = path
                     .file_name()
                     .and_then(|n| super::write::parse_file_name(&n.to_string_lossy()))
@@ -189,9 +200,11 @@ impl Shared {
     pub(crate) fn on_close(&self, segments: &Segments, index: &Index) -> Option<CheckpointFile> {
         let at = index.applied_at()?;
         if at.seq == self.last_seq.load(Ordering::Relaxed) {
-            // The newest checkpoint holds everything already (written after the last
-            // move, or the one this open resumed from): the next base, unless it is.
-            if index.base().is_some_and(|b| b.header.seq == at.seq) {
+            // The newest checkpoint holds everything already. If this process wrote it
+            // (after its last move), it is the next base, unless it is already; one
+            // another process wrote is not known to hold what this index holds.
+            let own = self.own_seq.load(Ordering::Relaxed) == at.seq;
+            if !own || index.base().is_some_and(|b| b.header.seq == at.seq) {
                 return None;
             }
             let path = self
@@ -299,6 +312,7 @@ impl Shared {
             )))
         })?;
         self.last_seq.store(at.seq, Ordering::Relaxed);
+        self.own_seq.store(at.seq, Ordering::Relaxed);
         self.written.fetch_add(1, Ordering::Relaxed);
         Ok(Some(written))
     }

@@ -329,6 +329,7 @@ impl Index {
     /// Drops the base (a clear: sled is emptied of everything, its base key included).
     pub(super) fn drop_base(&self) {
         *self.base.write().unwrap_or_else(|e| e.into_inner()) = None;
+        self.base_failed.store(false, Ordering::Release);
         self.base_seq.store(0, Ordering::Release);
     }
 

@@ -255,6 +255,9 @@ impl Index {
                 )))
             })?;
             ix.attach_base(Arc::new(ck), false);
+            // A view of a copy or an old index (verify, replay) never renames the
+            // store's checkpoint: as if it had been set aside already.
+            ix.base_set_aside.store(true, Ordering::Release);
         }
         Ok(Some(ix))
     }

@@ -223,7 +223,8 @@ impl Store {
         };
         let checkpoints = Arc::new(crate::checkpoint::Shared::new(vfs.clone(), dir, &opts));
         if !read_only {
-            checkpoints.adopt_or_remove(&segments, opts.record_bytes_max, state.last_seq);
+            let resumed = report.checkpoint_seq.is_some();
+            checkpoints.adopt_or_remove(&segments, opts.record_bytes_max, state.last_seq, resumed);
         }
         let segments = Arc::new(RwLock::new(segments));
         if !read_only {

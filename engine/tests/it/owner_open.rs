@@ -634,3 +634,62 @@ fn a_close_after_a_background_checkpoint_of_everything_rebases_on_it() {
     assert_eq!(s.stats().open_records_decoded, 0);
     assert_eq!(answers(&s).unwrap(), rebuilt(&dir));
 }
+
+/// An index rebuilt from the log (`index_from_log`, what `spool replay` does) is
+/// never rebased at its close on a checkpoint written from the old index: the close
+/// writes its own, and the rebuilt index keeps answering as the log.
+#[test]
+fn a_rebuild_from_the_log_is_not_rebased_on_a_checkpoint_of_the_old_index() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (dir, _) = closed_store(&tmp, 0x7a3, 200);
+    // The owner's index goes wrong (an entry that is not what the log says) ...
+    {
+        let db = sled::open(dir.join(INDEX_DIR).join(INDEX_SLED_DIR)).unwrap();
+        db.insert(&b"\x02\x02kvk/s1/0"[..], &b"\0planted"[..])
+            .unwrap();
+        db.flush().unwrap();
+    }
+    let _ = std::fs::remove_file(dir.join(INDEX_DIR).join("keys.filter"));
+    // ... and the next close writes it into its checkpoint.
+    let s = Store::open(&dir, opts()).unwrap();
+    workload(&s, &mut Rng(0x7a4), 1);
+    s.close().unwrap();
+    let want = rebuilt(&dir);
+    let fresh = tmp.path().join("rebuilt-index");
+    let s = Store::open(&dir, opts().index_dir(fresh.clone()).index_from_log(true)).unwrap();
+    assert_eq!(answers(&s).unwrap(), want, "the rebuild answers as the log");
+    s.close().unwrap();
+    let s = Store::open(&dir, opts().index_dir(fresh.clone())).unwrap();
+    let got = s.index().get("kv", b"k/s1/0").unwrap();
+    assert_ne!(
+        got.as_deref(),
+        Some(&b"planted"[..]),
+        "the old index's entry came back"
+    );
+    assert_eq!(
+        answers(&s).unwrap(),
+        want,
+        "the rebuilt index after its close"
+    );
+    drop(s);
+    // Readers use the checkpoint of the rebuilt index too.
+    let ro = Store::open_read_only(&dir, opts()).unwrap();
+    assert!(ro.stats().open_checkpoint_seq.is_some());
+    assert_eq!(answers(&ro).unwrap(), want, "a reader after the rebuild");
+}
+
+/// `verify` (no lock, a private copy of the index over the store's base) reports a
+/// damaged block of the base and never renames the store's checkpoint.
+#[test]
+fn verify_never_sets_the_stores_base_aside() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (dir, _) = closed_store(&tmp, 0xb17, 600);
+    let ck = checkpoints(&dir).pop().unwrap();
+    let mut bytes = std::fs::read(&ck).unwrap();
+    let at = 400 + (bytes.len() - 1000) / 2;
+    bytes[at] ^= 0x10;
+    std::fs::write(&ck, &bytes).unwrap();
+    let r = verify(&dir, opts()).unwrap();
+    assert!(ck.exists(), "verify renamed {}", ck.display());
+    assert!(!r.ok, "{r:?}");
+}
