@@ -992,6 +992,8 @@ impl Store {
             .unwrap_or(0);
         let rebuilt = self.rebuild_index(layout, max).map_err(poison);
         if rebuilt.is_ok() {
+            // No checkpoint on disk is of the new layout: the close writes one.
+            inner.checkpoints.forget_newest();
             epoch_guard.finish();
         } else {
             drop(epoch_guard);

@@ -88,6 +88,13 @@ impl Shared {
             .map_or(0, |c| c.load(Ordering::Acquire))
     }
 
+    /// After a GC rebuilt the index for a new log layout: no checkpoint on disk is of
+    /// it, and the close writes one.
+    pub(crate) fn forget_newest(&self) {
+        self.last_seq.store(0, Ordering::Relaxed);
+        self.own_seq.store(0, Ordering::Relaxed);
+    }
+
     pub(crate) fn defer(&self) {
         self.deferred.fetch_add(1, Ordering::AcqRel);
     }
@@ -165,11 +172,16 @@ impl Shared {
     /// Removes the checkpoints before seq `seq` (after a close made the one at `seq`
     /// the index's next base, the one before is of no use). Best effort.
     pub(crate) fn remove_before(&self, seq: u64) {
+        self.remove_before_but(seq, seq);
+    }
+
+    /// Removes the checkpoints before seq `seq` but the one at `keep`. Best effort.
+    fn remove_before_but(&self, seq: u64, keep: u64) {
         let cdir = self.dir.join(super::CHECKPOINT_DIR);
         if let Ok(names) = self.vfs.read_dir(&cdir) {
             let mut removed = false;
             for n in names {
-                if super::write::parse_file_name(&n).is_some_and(|s| s < seq) {
+                if super::write::parse_file_name(&n).is_some_and(|s| s < seq && s != keep) {
                     removed |= self.vfs.remove(&cdir.join(&n)).is_ok();
                 }
             }
@@ -225,6 +237,12 @@ impl Shared {
             Ok(None) => None,
             Err(e) => {
                 self.record_failure(&e);
+                // No checkpoint on disk is known to be this index (its open did not
+                // resume from one it holds exactly): rather than leave readers one of
+                // another index, leave them none (they read the log) but the base.
+                if self.last_seq.load(Ordering::Relaxed) == 0 {
+                    self.remove_before_but(u64::MAX, self.kept_seq());
+                }
                 None
             }
         }

@@ -7,11 +7,11 @@
 //! a removal under a base as [`TAG_REMOVED`] alone (without a base it is a plain sled
 //! removal). Meta keys (first byte 0) are sled's own and stored as they are.
 //!
-//! A clean close that wrote a checkpoint makes it the next base: it builds a new sled
-//! in `delta.next` holding only the meta keys (the base among them) and the cache's
-//! small values, and once sled is closed swaps the directories (`delta` to
-//! `delta.old`, `delta.next` to `delta`, the index directory fsynced, `delta.old`
-//! removed). The next owner open then opens an empty sled: its page table, and the
+//! A clean close that wrote a checkpoint (or finds one it wrote after its last commit:
+//! `Shared::on_close`) makes it the next base: it builds a new sled in `delta.next`
+//! holding only the meta keys (the base among them) and the cache's small values, and
+//! once sled is closed swaps the directories (`delta` to `delta.old`, `delta.next` to
+//! `delta`, the index directory fsynced, the old base and `delta.old` removed). The next owner open then opens an empty sled: its page table, and the
 //! pages a check of the checkpoint's version blocks would read, no longer grow with
 //! the store. A crash between the renames leaves no `delta`: the open takes the
 //! newest checkpoint the log backs as the base of an empty sled (as it does when sled

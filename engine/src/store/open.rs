@@ -223,8 +223,12 @@ impl Store {
         };
         let checkpoints = Arc::new(crate::checkpoint::Shared::new(vfs.clone(), dir, &opts));
         if !read_only {
-            let resumed = report.checkpoint_seq.is_some();
-            checkpoints.adopt_or_remove(&segments, opts.record_bytes_max, state.last_seq, resumed);
+            // The newest checkpoint is known to be the index only when it is its base
+            // (resumed from it, or adopted into an empty index): a resume from another
+            // checks its version entries, not every entry.
+            let of_index = report.checkpoint_seq.is_some()
+                && index.base().map(|b| b.header.seq) == report.checkpoint_seq;
+            checkpoints.adopt_or_remove(&segments, opts.record_bytes_max, state.last_seq, of_index);
         }
         let segments = Arc::new(RwLock::new(segments));
         if !read_only {

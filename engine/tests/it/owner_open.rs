@@ -693,3 +693,93 @@ fn verify_never_sets_the_stores_base_aside() {
     assert!(ck.exists(), "verify renamed {}", ck.display());
     assert!(!r.ok, "{r:?}");
 }
+
+/// Drops the first ten versions of stream s0 by GC.
+fn gc_s0_prefix(s: &Store) {
+    let plan = s
+        .plan_gc(&|c: &RecordedCommit| !(c.info.stream == "s0" && c.info.version <= 10))
+        .unwrap();
+    let report = s.run_gc(plan).unwrap();
+    assert!(!report.segments_written.is_empty(), "{report:?}");
+}
+
+/// An owner that resumed from its base, or wrote a background checkpoint, runs a GC
+/// and closes without a commit in between: the close writes a checkpoint of the new
+/// log layout, which readers and the next owner open use.
+#[test]
+fn a_close_after_a_gc_leaves_a_checkpoint_of_the_new_layout() {
+    for background in [false, true] {
+        let tmp = tempfile::tempdir().unwrap();
+        let (dir, last) = closed_store(&tmp, 0x6c1, 600);
+        let s = Store::open(&dir, opts().checkpoint_commits_min(1)).unwrap();
+        assert_eq!(s.stats().open_checkpoint_seq, Some(last));
+        if background {
+            let written = s.stats().checkpoints_written;
+            for i in 0..4096u64 {
+                committed(append_next(&s, &format!("s{}", i % 5), ev(b"x")));
+            }
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+            while s.stats().checkpoints_written == written {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "no background checkpoint"
+                );
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+        }
+        gc_s0_prefix(&s);
+        s.close().unwrap();
+        let want = rebuilt(&dir);
+        let ro = Store::open_read_only(&dir, opts()).unwrap();
+        assert!(ro.stats().open_checkpoint_seq.is_some(), "{:?}", ro.stats());
+        assert_eq!(answers(&ro).unwrap(), want, "background {background}");
+        drop(ro);
+        let s = Store::open(&dir, opts()).unwrap();
+        assert_eq!(s.stats().open_records_decoded, 0, "background {background}");
+        assert_eq!(answers(&s).unwrap(), want, "background {background}");
+    }
+}
+
+/// A rebuild from the log (what `spool replay` does) whose close cannot write its
+/// checkpoint (a directory in the way of its temporary file, as a full disk would
+/// fail it) leaves no checkpoint of the old index for readers, and the next close
+/// that can writes the rebuilt index's.
+#[test]
+fn a_rebuild_whose_close_cannot_write_leaves_readers_no_checkpoint_of_the_old_index() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (dir, _) = closed_store(&tmp, 0x7a3, 200);
+    {
+        let db = sled::open(dir.join(INDEX_DIR).join(INDEX_SLED_DIR)).unwrap();
+        db.insert(&b"\x02\x02kvk/s1/0"[..], &b"\0planted"[..])
+            .unwrap();
+        db.flush().unwrap();
+    }
+    let _ = std::fs::remove_file(dir.join(INDEX_DIR).join("keys.filter"));
+    let s = Store::open(&dir, opts()).unwrap();
+    workload(&s, &mut Rng(0x7a4), 1);
+    let last = s.last_seq();
+    s.close().unwrap();
+    let want = rebuilt(&dir);
+    let fresh = tmp.path().join("rebuilt-index");
+    let obstacle = dir
+        .join(CHECKPOINT_DIR)
+        .join(format!("{last:016x}.ckpt.tmp"));
+    std::fs::create_dir_all(obstacle.join("x")).unwrap();
+    let s = Store::open(&dir, opts().index_dir(fresh.clone()).index_from_log(true)).unwrap();
+    assert_eq!(answers(&s).unwrap(), want, "the rebuild answers as the log");
+    s.close().unwrap();
+    let ro = Store::open_read_only(&dir, opts()).unwrap();
+    assert_eq!(
+        answers(&ro).unwrap(),
+        want,
+        "a reader after the failed write"
+    );
+    drop(ro);
+    std::fs::remove_dir_all(&obstacle).unwrap();
+    let s = Store::open(&dir, opts().index_dir(fresh.clone())).unwrap();
+    assert_eq!(answers(&s).unwrap(), want, "the owner");
+    s.close().unwrap();
+    let ro = Store::open_read_only(&dir, opts()).unwrap();
+    assert!(ro.stats().open_checkpoint_seq.is_some(), "{:?}", ro.stats());
+    assert_eq!(answers(&ro).unwrap(), want, "a reader after the next close");
+}
