@@ -570,6 +570,18 @@ fn an_index_of_the_layout_before_deltas_is_replaced_by_the_checkpoint() {
     assert!(!ix.join("db").exists() && !ix.join("conf").exists());
 }
 
+/// A closed store whose base checkpoint has a flipped bit in a data block; its
+/// directory and the checkpoint's path.
+fn base_with_a_flipped_block_bit(tmp: &tempfile::TempDir) -> (PathBuf, PathBuf) {
+    let (dir, _) = closed_store(tmp, 0xb17, 600);
+    let ck = checkpoints(&dir).pop().unwrap();
+    let mut bytes = std::fs::read(&ck).unwrap();
+    let at = 400 + (bytes.len() - 1000) / 2;
+    bytes[at] ^= 0x10;
+    std::fs::write(&ck, &bytes).unwrap();
+    (dir, ck)
+}
+
 /// A flipped bit in a data block of the base (which an open does not read): the
 /// owner's reads that reach the block fail, naming the file, and the base is set
 /// aside, so that the next owner open starts from the log (or another checkpoint)
@@ -577,12 +589,7 @@ fn an_index_of_the_layout_before_deltas_is_replaced_by_the_checkpoint() {
 #[test]
 fn a_damaged_block_of_the_base_fails_its_reads_and_the_next_open_recovers() {
     let tmp = tempfile::tempdir().unwrap();
-    let (dir, _) = closed_store(&tmp, 0xb17, 600);
-    let ck = checkpoints(&dir).pop().unwrap();
-    let mut bytes = std::fs::read(&ck).unwrap();
-    let at = 400 + (bytes.len() - 1000) / 2;
-    bytes[at] ^= 0x10;
-    std::fs::write(&ck, &bytes).unwrap();
+    let (dir, ck) = base_with_a_flipped_block_bit(&tmp);
     let s = Store::open(&dir, opts()).unwrap();
     let e = answers(&s).expect_err("a read of the damaged block");
     assert!(e.to_string().contains(&*ck.to_string_lossy()), "{e}");
@@ -635,14 +642,10 @@ fn a_close_after_a_background_checkpoint_of_everything_rebases_on_it() {
     assert_eq!(answers(&s).unwrap(), rebuilt(&dir));
 }
 
-/// An index rebuilt from the log (`index_from_log`, what `spool replay` does) is
-/// never rebased at its close on a checkpoint written from the old index: the close
-/// writes its own, and the rebuilt index keeps answering as the log.
-#[test]
-fn a_rebuild_from_the_log_is_not_rebased_on_a_checkpoint_of_the_old_index() {
-    let tmp = tempfile::tempdir().unwrap();
-    let (dir, _) = closed_store(&tmp, 0x7a3, 200);
-    // The owner's index goes wrong (an entry that is not what the log says) ...
+/// A closed store whose index went wrong (an entry that is not what the log says)
+/// and whose last close wrote that into its checkpoint; its directory and last seq.
+fn wrong_index_in_its_checkpoint(tmp: &tempfile::TempDir) -> (PathBuf, u64) {
+    let (dir, _) = closed_store(tmp, 0x7a3, 200);
     {
         let db = sled::open(dir.join(INDEX_DIR).join(INDEX_SLED_DIR)).unwrap();
         db.insert(&b"\x02\x02kvk/s1/0"[..], &b"\0planted"[..])
@@ -650,10 +653,20 @@ fn a_rebuild_from_the_log_is_not_rebased_on_a_checkpoint_of_the_old_index() {
         db.flush().unwrap();
     }
     let _ = std::fs::remove_file(dir.join(INDEX_DIR).join("keys.filter"));
-    // ... and the next close writes it into its checkpoint.
     let s = Store::open(&dir, opts()).unwrap();
     workload(&s, &mut Rng(0x7a4), 1);
+    let last = s.last_seq();
     s.close().unwrap();
+    (dir, last)
+}
+
+/// An index rebuilt from the log (`index_from_log`, what `spool replay` does) is
+/// never rebased at its close on a checkpoint written from the old index: the close
+/// writes its own, and the rebuilt index keeps answering as the log.
+#[test]
+fn a_rebuild_from_the_log_is_not_rebased_on_a_checkpoint_of_the_old_index() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (dir, _) = wrong_index_in_its_checkpoint(&tmp);
     let want = rebuilt(&dir);
     let fresh = tmp.path().join("rebuilt-index");
     let s = Store::open(&dir, opts().index_dir(fresh.clone()).index_from_log(true)).unwrap();
@@ -683,12 +696,7 @@ fn a_rebuild_from_the_log_is_not_rebased_on_a_checkpoint_of_the_old_index() {
 #[test]
 fn verify_never_sets_the_stores_base_aside() {
     let tmp = tempfile::tempdir().unwrap();
-    let (dir, _) = closed_store(&tmp, 0xb17, 600);
-    let ck = checkpoints(&dir).pop().unwrap();
-    let mut bytes = std::fs::read(&ck).unwrap();
-    let at = 400 + (bytes.len() - 1000) / 2;
-    bytes[at] ^= 0x10;
-    std::fs::write(&ck, &bytes).unwrap();
+    let (dir, ck) = base_with_a_flipped_block_bit(&tmp);
     let r = verify(&dir, opts()).unwrap();
     assert!(ck.exists(), "verify renamed {}", ck.display());
     assert!(!r.ok, "{r:?}");
@@ -747,18 +755,7 @@ fn a_close_after_a_gc_leaves_a_checkpoint_of_the_new_layout() {
 #[test]
 fn a_rebuild_whose_close_cannot_write_leaves_readers_no_checkpoint_of_the_old_index() {
     let tmp = tempfile::tempdir().unwrap();
-    let (dir, _) = closed_store(&tmp, 0x7a3, 200);
-    {
-        let db = sled::open(dir.join(INDEX_DIR).join(INDEX_SLED_DIR)).unwrap();
-        db.insert(&b"\x02\x02kvk/s1/0"[..], &b"\0planted"[..])
-            .unwrap();
-        db.flush().unwrap();
-    }
-    let _ = std::fs::remove_file(dir.join(INDEX_DIR).join("keys.filter"));
-    let s = Store::open(&dir, opts()).unwrap();
-    workload(&s, &mut Rng(0x7a4), 1);
-    let last = s.last_seq();
-    s.close().unwrap();
+    let (dir, last) = wrong_index_in_its_checkpoint(&tmp);
     let want = rebuilt(&dir);
     let fresh = tmp.path().join("rebuilt-index");
     let obstacle = dir
