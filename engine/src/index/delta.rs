@@ -405,11 +405,10 @@ impl Index {
         .map_err(Error::Index)?;
         let fingerprint = key_fingerprint_of(&built).map_err(Error::Index)?;
         drop(built);
-        *self
-            .next_fingerprint
-            .lock()
-            .unwrap_or_else(|e| e.into_inner()) = Some(fingerprint);
-        *self.next_base.lock().unwrap_or_else(|e| e.into_inner()) = Some(ck.path.clone());
+        *self.next.lock().unwrap_or_else(|e| e.into_inner()) = Some(NextSled {
+            base: ck.path.clone(),
+            fingerprint,
+        });
         Ok(())
     }
 
@@ -417,17 +416,11 @@ impl Index {
     /// closed. Whatever fails leaves either sled, or none (which the next open reads
     /// as lost: it takes the newest checkpoint as the base).
     pub(super) fn finish_rebase(&mut self) -> bool {
-        let Some(next_base) = self
-            .next_base
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take()
-        else {
+        let Some(next) = self.next.lock().unwrap_or_else(|e| e.into_inner()).take() else {
             return false;
         };
         if self.base_failed.load(Ordering::Acquire) {
-            // The next sled's base was written through the damaged one (it read
-            // whole, but keep nothing built on a base set aside).
+            // Nothing is built on a base set aside: the next open starts afresh.
             let _ = Index::wipe_dir(
                 self.path
                     .as_deref()
@@ -441,18 +434,18 @@ impl Index {
         };
         drop(self.cache_dir.take());
         drop(self.sled.take());
-        let (cur, next, old) = (
+        let (cur, next_dir, old) = (
             dir.join(INDEX_SLED_DIR),
             dir.join(SLED_NEXT_DIR),
             dir.join(SLED_OLD_DIR),
         );
         let _ = Index::wipe_dir(Some(&old));
-        if std::fs::rename(&cur, &old).is_ok() && std::fs::rename(&next, &cur).is_ok() {
+        if std::fs::rename(&cur, &old).is_ok() && std::fs::rename(&next_dir, &cur).is_ok() {
             let synced = std::fs::File::open(&dir).and_then(|d| d.sync_all());
             // The old base is of no use once the new sled is durably in place (the
             // next owner open removes it otherwise).
             if let (Ok(()), Some(b)) = (synced, self.base()) {
-                if b.path != next_base {
+                if b.path != next.base {
                     let _ = std::fs::remove_file(&b.path);
                 }
             }
@@ -460,6 +453,14 @@ impl Index {
         let _ = Index::wipe_dir(Some(&old));
         true
     }
+}
+
+/// The next sled a clean close built in `delta.next`: the checkpoint it is a delta
+/// over, and its meta keys' fingerprint (the key filter saved at that close is
+/// saved for it).
+pub(super) struct NextSled {
+    base: PathBuf,
+    pub(super) fingerprint: Vec<u8>,
 }
 
 /// The fingerprint [`Index::save_key_filter`] writes for sled `db` (its applied

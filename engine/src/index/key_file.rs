@@ -33,12 +33,8 @@ impl Index {
     /// base, each as a length (u32 BE) and its bytes (absent = length 0); those of the
     /// next sled when a close built one (see `delta.rs`).
     fn key_fingerprint(&self) -> Result<Vec<u8>, Error> {
-        if let Some(next) = &*self
-            .next_fingerprint
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-        {
-            return Ok(next.clone());
+        if let Some(next) = &*self.next.lock().unwrap_or_else(|e| e.into_inner()) {
+            return Ok(next.fingerprint.clone());
         }
         let tree = &self.sled("read its meta keys")?.tree;
         super::delta::key_fingerprint_of(tree).map_err(Error::Index)

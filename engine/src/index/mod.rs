@@ -287,10 +287,8 @@ pub struct Index {
     base: RwLock<Option<Arc<CheckpointFile>>>,
     /// The base's seq (0: none), shared with the checkpoint writer, which keeps it.
     base_seq: Arc<AtomicU64>,
-    /// The checkpoint a clean close built the next sled over; the drop swaps that sled
-    /// in (see `delta.rs`). With the fingerprint for the key filter saved beside it.
-    next_base: Mutex<Option<PathBuf>>,
-    next_fingerprint: Mutex<Option<Vec<u8>>>,
+    /// The next sled a clean close built (see `delta.rs`), which the drop swaps in.
+    next: Mutex<Option<delta::NextSled>>,
     /// A read of the base failed (see [`Index::set_base_aside_if_failed`]), and the
     /// base was then renamed aside.
     base_failed: Arc<AtomicBool>,
