@@ -150,8 +150,8 @@ impl Shared {
                         .is_some_and(|r| r.info.seq == h.seq && r.info.commit_id == h.commit_id)
             });
             if backed {
-                // Only a checkpoint the open resumed from is known to be the index's:
-                // after an open that rebuilt the index, the close writes a new one.
+                // Only the index's base is known to hold exactly the index (`remember`):
+                // after any other open, the close writes a new one.
                 if !remember {
                     return;
                 }
@@ -169,8 +169,8 @@ impl Shared {
         }
     }
 
-    /// Removes the checkpoints before seq `seq` (after a close made the one at `seq`
-    /// the index's next base, the one before is of no use). Best effort.
+    /// Removes the checkpoints before seq `seq`, the index's base: an open's cleanup
+    /// of what a close cut short left. Best effort.
     pub(crate) fn remove_before(&self, seq: u64) {
         self.remove_before_but(seq, seq);
     }
