@@ -137,6 +137,9 @@ pub enum IndexError {
     /// one memtable's writes, at most about 16 MiB, plus one group's).
     #[error("a move of {writes} index writes needs a {bytes}-byte redo record, over the {max}-byte limit")]
     MoveTooLarge { writes: u64, bytes: u64, max: u64 },
+    /// A spill run of a bulk load (see `index/spill.rs`) could not be written or read.
+    #[error("index spill run: {0}")]
+    Spill(String),
     /// The redo log of the index's moves into sled could not be read or written.
     #[error("{op} {} at offset {offset}", path.display())]
     Redo {

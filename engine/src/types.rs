@@ -139,6 +139,14 @@ pub struct Options {
     /// log backs and the log after it (default false; `spool replay` sets it to
     /// compare the index with one made from the log alone).
     pub index_from_log: bool,
+    /// A bulk load (what `spool import` opens the store with; default false): until
+    /// the store is closed, the owner's index writes full memtables into sorted files
+    /// beside sled instead of into sled, merges them in the background, and the clean
+    /// close's checkpoint of the whole index becomes sled's next base. An import then
+    /// costs neither sled's work per key nor its memory; what it loaded but the close
+    /// did not checkpoint (a crash) is read from the log again by the next open. See
+    /// docs/format.md (the index directory).
+    pub index_bulk_load: bool,
 }
 
 /// Default of [`Options::index_thread_poll`], in microseconds: zero, no polling (its
@@ -164,6 +172,7 @@ impl Default for Options {
             index_thread_poll: Duration::from_micros(INDEX_THREAD_POLL_DEFAULT_US),
             checkpoint_commits_min: crate::CHECKPOINT_COMMITS_MIN_DEFAULT,
             index_from_log: false,
+            index_bulk_load: false,
             index_cache_bytes_max: crate::INDEX_CACHE_BYTES_MAX,
         }
     }
@@ -189,6 +198,7 @@ impl fmt::Debug for Options {
             .field("checkpoint_commits_min", &self.checkpoint_commits_min)
             .field("index_cache_bytes_max", &self.index_cache_bytes_max)
             .field("index_from_log", &self.index_from_log)
+            .field("index_bulk_load", &self.index_bulk_load)
             .finish()
     }
 }
@@ -223,11 +233,17 @@ impl Options {
         self.checkpoint_commits_min = n;
         self
     }
-    /// See [`Options::index_cache_bytes_max`].
+    /// See [`Options::index_from_log`].
     pub fn index_from_log(mut self, yes: bool) -> Self {
         self.index_from_log = yes;
         self
     }
+    /// See [`Options::index_bulk_load`].
+    pub fn index_bulk_load(mut self, yes: bool) -> Self {
+        self.index_bulk_load = yes;
+        self
+    }
+    /// See [`Options::index_cache_bytes_max`].
     pub fn index_cache_bytes_max(mut self, n: u64) -> Self {
         self.index_cache_bytes_max = n;
         self

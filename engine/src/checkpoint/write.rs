@@ -81,6 +81,29 @@ pub(crate) fn write_checkpoint<E: std::fmt::Display>(
     Ok(path)
 }
 
+/// Write `entries` (in strictly increasing key order) at `path` in the checkpoint
+/// format, replacing any file there, without syncing it: an index's spill run (see
+/// `index/spill.rs`), which no crash leaves in use.
+pub(crate) fn write_unsynced<E: std::fmt::Display>(
+    vfs: &dyn Vfs,
+    path: &Path,
+    mut header: Header,
+    entries: impl Iterator<Item = Result<(impl AsRef<[u8]>, impl AsRef<[u8]>), E>>,
+) -> Result<(), Error> {
+    if vfs.exists(path).map_err(|e| Error::io(path, "exists", e))? {
+        vfs.remove(path).map_err(|e| Error::io(path, "remove", e))?;
+    }
+    let file = vfs
+        .open(path, OpenMode::CreateNew)
+        .map_err(|e| Error::io(path, "create", e))?;
+    let written = write_body(&*file, path, &mut header, entries);
+    drop(file);
+    if written.is_err() {
+        let _ = vfs.remove(path);
+    }
+    written
+}
+
 fn write_body<E: std::fmt::Display>(
     file: &dyn VfsFile,
     path: &Path,

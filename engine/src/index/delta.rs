@@ -30,8 +30,8 @@ const SLED_OLD_DIR: &str = "delta.old";
 /// The checkpoint sled is a delta over (see [`BaseId`]); absent: none.
 pub(crate) const META_BASE: &[u8] = b"\x00meta:base";
 
-const TAG_VALUE: u8 = 0;
-const TAG_REMOVED: u8 = 1;
+pub(super) const TAG_VALUE: u8 = 0;
+pub(super) const TAG_REMOVED: u8 = 1;
 
 /// Names a base checkpoint: the fields of its header that tell it from any other of
 /// the store (its seq and commit id, the log layout it was made for, its entry count).
@@ -124,13 +124,18 @@ fn decode_stored(k: &[u8], v: IVec) -> Result<Option<IVec>, IndexError> {
     }
 }
 
-/// `k`'s value in sled over `base`; a read of the base that fails sets `failed`.
+/// `k`'s value in a bulk load's `runs`, or sled over `base`; a read of the base that
+/// fails sets `failed`.
 pub(super) fn get(
     tree: &sled::Tree,
     base: Option<&CheckpointFile>,
+    runs: Option<&spill::Runs>,
     k: &[u8],
     failed: &AtomicBool,
 ) -> Result<Option<IVec>, IndexError> {
+    if let Some(v) = runs.map(|r| r.get(k)).transpose()?.flatten() {
+        return Ok(v);
+    }
     match sled_guard("reading a key", || Ok(tree.get(k)?))? {
         Some(v) => decode_stored(k, v),
         None => match base {
@@ -142,10 +147,12 @@ pub(super) fn get(
     }
 }
 
-/// sled's entries in a range merged over the base's, in key order; removals hide the
-/// base's entry and are not yielded. The base's meta keys are never yielded: sled's
-/// are the index's.
+/// sled's entries in a range merged over the base's, and a bulk load's runs over both,
+/// in key order; removals hide older entries and are not yielded. The base's meta keys
+/// are never yielded: sled's (or the runs') are the index's.
 pub(crate) struct DeltaIter {
+    runs: Option<spill::RunsIter>,
+    runs_peek: Option<(IVec, Option<IVec>)>,
     sled: sled::Iter,
     /// Set when a read of the base fails (see [`Index::base_failed`]).
     base_failed: Option<Arc<AtomicBool>>,
@@ -161,10 +168,13 @@ impl DeltaIter {
     pub(super) fn new(
         tree: &sled::Tree,
         base: Option<&Arc<CheckpointFile>>,
+        runs: Option<&spill::Runs>,
         lo: Bound<Vec<u8>>,
         hi: Bound<Vec<u8>>,
     ) -> DeltaIter {
         DeltaIter {
+            runs: runs.map(|r| r.range(lo.clone(), hi.clone())),
+            runs_peek: None,
             sled: tree.range((lo.clone(), hi.clone())),
             base_failed: None,
             base_done: base.is_none(),
@@ -183,6 +193,12 @@ impl DeltaIter {
     }
 
     fn fill(&mut self) -> Result<(), IndexError> {
+        if self.runs_peek.is_none() {
+            match self.runs.as_mut().and_then(Iterator::next) {
+                Some(kv) => self.runs_peek = Some(kv?),
+                None => self.runs = None,
+            }
+        }
         if self.sled_peek.is_none() && !self.sled_done {
             match sled_guard("scanning", || Ok(self.sled.next()))? {
                 Some(kv) => self.sled_peek = Some(kv?),
@@ -218,6 +234,23 @@ impl Iterator for DeltaIter {
             if let Err(e) = self.fill() {
                 self.failed = true;
                 return Some(Err(e));
+            }
+            if let Some((r, _)) = &self.runs_peek {
+                let sled_after = self.sled_peek.as_ref().is_none_or(|(s, _)| s >= r);
+                let base_after = self.base_peek.as_ref().is_none_or(|(b, _)| b >= r);
+                if sled_after && base_after {
+                    // The runs' entry is the newest: it replaces sled's and the base's.
+                    if self.sled_peek.as_ref().is_some_and(|(s, _)| s == r) {
+                        self.sled_peek = None;
+                    }
+                    if self.base_peek.as_ref().is_some_and(|(b, _)| b == r) {
+                        self.base_peek = None;
+                    }
+                    match self.runs_peek.take()? {
+                        (k, Some(v)) => return Some(Ok((k, v))),
+                        (_, None) => continue,
+                    }
+                }
             }
             let order = match (&self.sled_peek, &self.base_peek) {
                 (None, None) => return None,
@@ -384,7 +417,10 @@ impl Index {
         let built = sled_guard("building the next index", || {
             let db = Index::open_db_inner(Some(&next), INDEX_CACHE_BYTES_MIN)?;
             let mut meta = sled::Batch::default();
-            for kv in sled.tree.range::<&[u8], _>(..&[1u8][..]) {
+            // The meta keys as the index holds them: a bulk load's runs hold the newest.
+            let runs = self.spill.get().map(|r| &**r);
+            let hi = Bound::Excluded(vec![1u8]);
+            for kv in DeltaIter::new(&sled.tree, None, runs, Bound::Unbounded, hi) {
                 let (k, v) = kv?;
                 if k != META_MOVING && k != META_BASE {
                     meta.insert(k, v);

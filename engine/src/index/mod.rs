@@ -34,6 +34,7 @@ mod publish;
 mod read;
 pub(crate) mod redo;
 mod scan;
+mod spill;
 
 use self::bloom::{KeyFilter, KeyHash};
 pub(crate) use self::cache_files::is_cache_dir_name;
@@ -289,6 +290,9 @@ pub struct Index {
     base_seq: Arc<AtomicU64>,
     /// The next sled a clean close built (see `delta.rs`), which the drop swaps in.
     next: Mutex<Option<delta::NextSled>>,
+    /// The runs of a bulk load, between the memtables and sled (see `spill.rs`); set
+    /// once, by [`Index::start_spill`].
+    spill: std::sync::OnceLock<Arc<spill::Runs>>,
     /// A read of the base failed (see [`Index::set_base_aside_if_failed`]), and the
     /// base was then renamed aside.
     base_failed: Arc<AtomicBool>,
@@ -324,13 +328,21 @@ pub(crate) type AfterMove = Arc<dyn Fn(&SledView, &AppliedAt) + Send + Sync>;
 pub(crate) struct SledView {
     pub(crate) tree: sled::Tree,
     pub(crate) base: Option<Arc<CheckpointFile>>,
+    /// A bulk load's runs, above sled (see `spill.rs`).
+    pub(crate) runs: Option<Arc<spill::Runs>>,
     pub(crate) base_failed: Arc<AtomicBool>,
 }
 
 impl SledView {
     /// A key's value (meta keys: sled's).
     pub(crate) fn get(&self, k: &[u8]) -> Result<Option<sled::IVec>, IndexError> {
-        delta::get(&self.tree, self.base.as_deref(), k, &self.base_failed)
+        delta::get(
+            &self.tree,
+            self.base.as_deref(),
+            self.runs.as_deref(),
+            k,
+            &self.base_failed,
+        )
     }
 
     /// Every entry in key order.
@@ -338,6 +350,7 @@ impl SledView {
         DeltaIter::new(
             &self.tree,
             self.base.as_ref(),
+            self.runs.as_deref(),
             Bound::Unbounded,
             Bound::Unbounded,
         )
@@ -405,6 +418,7 @@ fn scan_keys(view: &SledView, keys: &RwLock<Keys>, stop: &AtomicBool) {
     let iter = DeltaIter::new(
         &view.tree,
         view.base.as_ref(),
+        view.runs.as_deref(),
         Bound::Included(vec![USER]),
         hi,
     );
@@ -538,8 +552,13 @@ impl Drop for Index {
         // directory would find it still locked.
         let _ = self.join_moving();
         self.set_base_aside_if_failed();
-        if !self.finish_rebase() {
+        // A bulk load moved nothing into sled: no snapshot of sled is stale.
+        if !self.finish_rebase() && self.spill.get().is_none() {
             self.write_sled_snapshot();
+        }
+        if let (Some(runs), Some(p)) = (self.spill.get(), &self.path) {
+            runs.clear();
+            let _ = spill::remove_dir(p);
         }
         if let Some(p) = &self.path {
             tighten_permissions(p);

@@ -19,6 +19,13 @@ pub(super) fn move_into_sled(
     redo: Option<&Mutex<RedoLog>>,
     writes: &MemTable,
 ) -> Result<(), IndexError> {
+    if let Some(runs) = &view.runs {
+        // A bulk load: the writes become a run, which readers see before the frozen
+        // memtable stops showing them (see `spill.rs`).
+        runs.spill(writes)?;
+        *frozen.write().unwrap_or_else(|e| e.into_inner()) = None;
+        return Ok(());
+    }
     let tree = &view.tree;
     let redo_full = write_move(view, redo, writes, None)?;
     *frozen.write().unwrap_or_else(|e| e.into_inner()) = None;

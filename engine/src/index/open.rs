@@ -160,6 +160,8 @@ impl Index {
         if let Some(p) = path {
             // Under sled's lock: no other open of this index is building a next sled.
             delta::remove_rebase_leftovers(p)?;
+            // A bulk load's runs never outlive its process (see `spill.rs`).
+            spill::remove_dir(p)?;
         }
         let mut ix = Index::from_db(db, indexers.clone(), path, cache_bytes)?;
         // A move cut short that cannot be finished leaves keys of two states: only a
@@ -332,6 +334,7 @@ impl Index {
             base: RwLock::new(None),
             base_seq: Arc::new(AtomicU64::new(0)),
             next: Mutex::new(None),
+            spill: std::sync::OnceLock::new(),
             base_failed: Arc::new(AtomicBool::new(false)),
             base_set_aside: AtomicBool::new(false),
             applied_at: Mutex::new(None),
@@ -501,6 +504,9 @@ impl Index {
         let _ = self.join_moving();
         *self.mem.write().unwrap_or_else(|e| e.into_inner()) = Mem::default();
         *self.frozen.write().unwrap_or_else(|e| e.into_inner()) = None;
+        if let Some(runs) = self.spill.get() {
+            runs.clear();
+        }
         let sled = self.sled("clear")?;
         // Everything goes, the base too (sled's key naming it with the rest).
         self.drop_base();

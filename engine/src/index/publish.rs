@@ -413,11 +413,25 @@ impl Index {
         *self.applied_at.lock().unwrap_or_else(|e| e.into_inner()) = Some(at);
     }
 
+    /// From now on, until it is dropped, this owner's index moves full memtables into
+    /// runs instead of sled (a bulk load: see `spill.rs`); what sled holds already
+    /// stays under the runs. A second call does nothing.
+    pub(crate) fn start_spill(&self) -> Result<(), Error> {
+        let (Some(dir), Some(_)) = (&self.path, &self.sled) else {
+            return Err(Error::Index(IndexError::NoSled("spill a bulk load")));
+        };
+        if self.spill.get().is_none() {
+            let _ = self.spill.set(Arc::new(spill::Runs::create(dir)?));
+        }
+        Ok(())
+    }
+
     /// sled over its base (for a checkpoint of it once the memtable is empty).
     pub(crate) fn sled_view(&self) -> Result<SledView, IndexError> {
         Ok(SledView {
             tree: self.sled("read sled")?.tree.clone(),
             base: self.base(),
+            runs: self.spill.get().cloned(),
             base_failed: self.base_failed.clone(),
         })
     }

@@ -27,7 +27,8 @@ impl Index {
         let guard = self.base.read().unwrap_or_else(|e| e.into_inner());
         match (&self.sled, guard.as_deref()) {
             (Some(sled), base) => {
-                let got = super::delta::get(&sled.tree, base, k, &self.base_failed);
+                let runs = self.spill.get().map(|r| &**r);
+                let got = super::delta::get(&sled.tree, base, runs, k, &self.base_failed);
                 if got.is_err() {
                     drop(guard);
                     self.set_base_aside_if_failed();
@@ -137,8 +138,14 @@ impl Index {
         };
         let bottom = match (&self.sled, self.base()) {
             (Some(sled), base) => Bottom::Sled(Box::new(
-                DeltaIter::new(&sled.tree, base.as_ref(), lo, hi)
-                    .noting_base_failures(self.base_failed.clone()),
+                DeltaIter::new(
+                    &sled.tree,
+                    base.as_ref(),
+                    self.spill.get().map(|r| &**r),
+                    lo,
+                    hi,
+                )
+                .noting_base_failures(self.base_failed.clone()),
             )),
             (None, Some(base)) => Bottom::Checkpoint(base.range(lo, hi)),
             (None, None) => Bottom::Empty,

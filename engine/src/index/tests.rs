@@ -702,3 +702,88 @@ fn a_delta_that_lost_version_entries_of_its_base_is_found() {
         assert!(!index.delta_extends_base().unwrap());
     }
 }
+
+/// A bulk load's runs (see `spill.rs`) over sled and over a base: commits 1..=40
+/// (over a base: 1..=50) in sled, then every later memtable spilled to a run, a few
+/// commits each, so that runs are merged into levels 1 and 2; every entry answers
+/// as the whole index has it (keys removed after sled or the base had them too), in
+/// point reads, scans and dumps, and no more runs are kept than the levels allow.
+/// A clear drops the runs; a drop leaves no run behind and sled as it was.
+#[test]
+fn a_bulk_loads_runs_answer_as_the_whole_index() {
+    let n = 700;
+    let want = whole_index(tempfile::tempdir().unwrap().path(), 40, n);
+    let store = tempfile::tempdir().unwrap();
+    let base = base_of_50(store.path());
+    for over_base in [false, true] {
+        let path = store.path().join(format!("b{over_base}"));
+        let (index, created) = Index::open(Some(&path), vec![Arc::new(Churn)]).unwrap();
+        assert!(created);
+        let first = if over_base {
+            index.adopt_base(base.clone()).unwrap();
+            51
+        } else {
+            apply_commits(&index, 40, 0);
+            index.flush().unwrap();
+            41
+        };
+        index.start_spill().unwrap();
+        let runs = index.spill.get().unwrap().clone();
+        for seq in first..=n {
+            index.apply(&[commit(seq)]).unwrap();
+            if seq % 3 == 0 {
+                index.flush_mem().unwrap();
+            }
+            let levels = runs.levels();
+            assert!(levels.windows(2).all(|w| w[0] >= w[1]), "{levels:?}");
+            for l in 0..3 {
+                let at_l = levels.iter().filter(|&&x| x == l).count();
+                assert!(at_l < super::spill::RUNS_PER_LEVEL_MAX, "{levels:?}");
+            }
+        }
+        index.flush_mem().unwrap();
+        assert_eq!(runs.levels().first(), Some(&2), "merged twice over");
+        assert_eq!(index.dump().unwrap(), want, "over a base: {over_base}");
+        for removed in [10, 45, 300, n - 3] {
+            let k = super::keys::user_key("churn", format!("c/{removed:06}").as_bytes());
+            assert_eq!(index.read_key(&k).unwrap(), None, "c/{removed}");
+        }
+        let kept = super::keys::user_key("churn", format!("c/{:06}", n - 1).as_bytes());
+        assert_eq!(
+            index.read_key(&kept).unwrap(),
+            Some((n - 1).to_be_bytes().to_vec())
+        );
+        let scanned: Vec<_> = index
+            .scan_prefix("churn", b"c/")
+            .map(|kv| kv.unwrap().0)
+            .collect();
+        let wanted: Vec<_> = want
+            .iter()
+            .filter_map(|(k, _)| k.strip_prefix(super::keys::user_key("churn", b"").as_slice()))
+            .filter(|k| k.starts_with(b"c/"))
+            .map(<[u8]>::to_vec)
+            .collect();
+        assert_eq!(scanned, wanted, "over a base: {over_base}");
+        assert_eq!(
+            index.sled_view().unwrap().get(super::META_APPLIED).unwrap(),
+            index.read_key(super::META_APPLIED).unwrap().map(Into::into),
+            "the checkpoint's view has the runs' applied mark"
+        );
+        assert_eq!(
+            index.sled_applied_seq_for_tests(),
+            Some(first - 1),
+            "nothing moved into sled"
+        );
+        drop(index);
+        assert!(!path.join(super::spill::SPILL_DIR).exists());
+        let (index, _) = Index::open(Some(&path), vec![Arc::new(Churn)]).unwrap();
+        assert_eq!(index.applied_seq().unwrap(), first - 1, "sled as it was");
+        index.start_spill().unwrap();
+        apply_commits(&index, 30, 0);
+        index.flush_mem().unwrap();
+        assert!(!index.spill.get().unwrap().levels().is_empty());
+        index.clear(0).unwrap();
+        assert!(index.spill.get().unwrap().levels().is_empty());
+        assert_eq!(index.applied_seq().unwrap(), 0);
+    }
+}

@@ -240,6 +240,9 @@ impl Store {
                 }
             }));
             checkpoints.keep_base(index.base_seq_cell());
+            if opts.index_bulk_load {
+                index.start_spill()?;
+            }
             // Older checkpoints than the base are of no use (a close that made its
             // checkpoint the next base removes the one before, unless cut short).
             if let Some(base) = index.base() {

@@ -4,6 +4,7 @@
 mod common;
 
 mod basic;
+mod bulk_load;
 mod checkpoint;
 mod erase;
 mod faults;

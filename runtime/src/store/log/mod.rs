@@ -107,6 +107,10 @@ pub struct LogStoreOptions {
     /// [`spool_engine::INDEX_CACHE_BYTES_MAX`], when `None`). See
     /// [`spool_engine::Options::index_cache_bytes_max`].
     pub index_cache_bytes_max: Option<u64>,
+    /// Open the index for a bulk load (default false; set by
+    /// [`LogStoreOptions::bulk_load`]). See
+    /// [`spool_engine::Options::index_bulk_load`].
+    pub index_bulk_load: bool,
 }
 
 impl Default for LogStoreOptions {
@@ -119,6 +123,7 @@ impl Default for LogStoreOptions {
             lock_wait: None,
             index_thread_poll: None,
             index_cache_bytes_max: None,
+            index_bulk_load: false,
         }
     }
 }
@@ -127,12 +132,15 @@ impl LogStoreOptions {
     /// Options for a bulk load such as an import (what `spool import` opens
     /// the store with): buffered appends, which
     /// [`import_from`](crate::store::exchange::import_from) syncs once
-    /// before it reports success, and the index's bulk-load page cache
-    /// ([`spool_engine::INDEX_CACHE_BYTES_BULK`]).
+    /// before it reports success, and the index's bulk load: moves spilled
+    /// to sorted files instead of sled
+    /// ([`spool_engine::Options::index_bulk_load`]), with sled's bulk-load
+    /// page cache ([`spool_engine::INDEX_CACHE_BYTES_BULK`]).
     pub fn bulk_load() -> Self {
         LogStoreOptions {
             durability: Durability::Buffered,
             index_cache_bytes_max: Some(spool_engine::INDEX_CACHE_BYTES_BULK),
+            index_bulk_load: true,
             ..LogStoreOptions::default()
         }
     }
@@ -169,7 +177,7 @@ impl LogStoreOptions {
         if let Some(c) = self.index_cache_bytes_max {
             o = o.index_cache_bytes_max(c);
         }
-        o
+        o.index_bulk_load(self.index_bulk_load)
     }
 }
 

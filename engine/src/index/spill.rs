@@ -1,0 +1,298 @@
+//! Spill runs: the index of a bulk load without sled.
+//!
+//! While a store opened for a bulk load ([`crate::Options::index_bulk_load`], what
+//! `spool import` uses) is open, a full memtable is not moved into sled: it is written
+//! as a *run*, a sorted file in the checkpoint format in `index/spill/`, and reads go
+//! memtable, frozen memtable, runs (newest first), sled, base. Runs are merged in the
+//! background as they pile up (a level's [`RUNS_PER_LEVEL_MAX`] newest runs into one
+//! run of the next level), so their number grows with the logarithm of what was
+//! loaded. The clean close's checkpoint reads all of it and becomes sled's next base
+//! (see `delta.rs`); the runs then go.
+//!
+//! sled never sees the load: its page table, IO buffers and per-key work grew with
+//! every key moved into it, which is what bounded an import's speed and memory. Runs
+//! are written once per level, in key order, with no fsync: like the memtable they
+//! hold, they are lost in a crash, and sled's applied mark (which no spill moves)
+//! makes the next open read the log after it again. Every open removes what a crashed
+//! bulk load left in `index/spill/`.
+//!
+//! A run's values are tagged as sled's are under a base ([`delta::TAG_VALUE`] and the
+//! value, or [`delta::TAG_REMOVED`] alone), meta keys included: a removal in a run hides
+//! the key in older runs, sled and the base.
+
+use super::delta::{TAG_REMOVED, TAG_VALUE};
+use super::*;
+use crate::checkpoint::format::Header;
+use crate::checkpoint::{CheckpointFile, CheckpointIter};
+use crate::vfs::OsVfs;
+use sled::IVec;
+
+/// The directory of the runs, in the index directory.
+pub(super) const SPILL_DIR: &str = "spill";
+
+/// How many runs of one level are merged into one of the next: the fan-in of the
+/// merges. Each entry is written once per level (about log8 of the number of
+/// memtables spilled), and a read of a key that is in no run looks at most
+/// `RUNS_PER_LEVEL_MAX - 1` runs per level.
+pub(super) const RUNS_PER_LEVEL_MAX: usize = 8;
+
+/// One run: a file and its level (0: a spilled memtable; `n + 1`: a merge of
+/// [`RUNS_PER_LEVEL_MAX`] runs of level `n`).
+pub(crate) struct Run {
+    file: Arc<CheckpointFile>,
+    level: u32,
+}
+
+/// The runs of an index open for a bulk load, oldest first. Levels never increase
+/// from oldest to newest, so the runs of the newest level are the last ones.
+pub(crate) struct Runs {
+    dir: PathBuf,
+    list: RwLock<Vec<Arc<Run>>>,
+    next_id: AtomicU64,
+}
+
+impl Runs {
+    /// Empty runs in `index_dir/spill`, which is emptied first.
+    pub(super) fn create(index_dir: &Path) -> Result<Runs, Error> {
+        let dir = index_dir.join(SPILL_DIR);
+        remove_dir(index_dir)?;
+        std::fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, "create_dir_all", e))?;
+        Ok(Runs {
+            dir,
+            list: RwLock::new(Vec::new()),
+            next_id: AtomicU64::new(1),
+        })
+    }
+
+    fn snapshot(&self) -> Vec<Arc<Run>> {
+        self.list.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// The runs' levels, oldest first (tests).
+    #[cfg(test)]
+    pub(crate) fn levels(&self) -> Vec<u32> {
+        self.snapshot().iter().map(|r| r.level).collect()
+    }
+
+    /// `k` in the newest run that has it: `Some(None)` if it was removed there, `None`
+    /// if no run has it.
+    pub(super) fn get(&self, k: &[u8]) -> Result<Option<Option<IVec>>, IndexError> {
+        // Under the read lock, not a copy of the list: a spill or merge waits for it.
+        let list = self.list.read().unwrap_or_else(|e| e.into_inner());
+        for run in list.iter().rev() {
+            if let Some(v) = run.file.get(k)? {
+                return decode(&run.file, v).map(Some);
+            }
+        }
+        Ok(None)
+    }
+
+    /// The runs' entries in a range, newest first on equal keys, removals included.
+    pub(super) fn range(&self, lo: Bound<Vec<u8>>, hi: Bound<Vec<u8>>) -> RunsIter {
+        RunsIter::over(&self.snapshot(), lo, hi)
+    }
+
+    /// Writes `writes` as a new run, then merges full levels.
+    pub(super) fn spill(&self, writes: &MemTable) -> Result<(), IndexError> {
+        let entries = writes
+            .range(Bound::Unbounded, Bound::Unbounded)
+            .map(|(k, v)| Ok::<_, IndexError>((k, tagged(v.as_deref()))));
+        let run = self.write(entries, 0)?;
+        self.list
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(run);
+        while let Some(full) = self.full_level() {
+            self.merge(&full)?;
+        }
+        Ok(())
+    }
+
+    /// The newest runs if the newest level has [`RUNS_PER_LEVEL_MAX`] of them.
+    fn full_level(&self) -> Option<Vec<Arc<Run>>> {
+        let list = self.snapshot();
+        let level = list.last()?.level;
+        let same = list.iter().rev().take_while(|r| r.level == level).count();
+        (same >= RUNS_PER_LEVEL_MAX).then(|| list[list.len() - same..].to_vec())
+    }
+
+    /// Replaces `runs`, the newest, by one run of the next level holding their newest
+    /// entries (removals kept: older runs, sled or the base may hold the key).
+    fn merge(&self, runs: &[Arc<Run>]) -> Result<(), IndexError> {
+        let level = runs[0].level + 1;
+        let entries = RunsIter::over(runs, Bound::Unbounded, Bound::Unbounded)
+            .map(|kv| kv.map(|(k, v)| (k, tagged(v.as_deref()))));
+        let merged = self.write(entries, level)?;
+        let mut list = self.list.write().unwrap_or_else(|e| e.into_inner());
+        let at = list.len().saturating_sub(runs.len());
+        let unchanged =
+            list.len() >= runs.len() && list[at..].iter().zip(runs).all(|(a, b)| Arc::ptr_eq(a, b));
+        if unchanged {
+            list.truncate(at);
+            list.push(merged);
+            drop(list);
+            for r in runs {
+                let _ = std::fs::remove_file(&r.file.path);
+            }
+        } else {
+            // A clear dropped them meanwhile.
+            drop(list);
+            let _ = std::fs::remove_file(&merged.file.path);
+        }
+        Ok(())
+    }
+
+    fn write<E: std::fmt::Display>(
+        &self,
+        entries: impl Iterator<Item = Result<(impl AsRef<[u8]>, impl AsRef<[u8]>), E>>,
+        level: u32,
+    ) -> Result<Arc<Run>, IndexError> {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let path = self.dir.join(format!("{id:016x}.run"));
+        let vfs = OsVfs::new();
+        let header = Header {
+            index_format: INDEX_FORMAT_VERSION,
+            layout: 0,
+            seq: 0,
+            commit_id: Uuid::nil(),
+            segment: 0,
+            offset: 0,
+            last_ts: 0,
+            entries: 0,
+            indexers: Vec::new(),
+            segments: Vec::new(),
+        };
+        crate::checkpoint::write::write_unsynced(&vfs, &path, header, entries)
+            .map_err(|e| IndexError::Spill(e.to_string()))?;
+        let file = CheckpointFile::open(&vfs, &path).map_err(IndexError::Spill)?;
+        Ok(Arc::new(Run {
+            file: Arc::new(file),
+            level,
+        }))
+    }
+
+    /// Drops every run (a clear of the index).
+    pub(super) fn clear(&self) {
+        let dropped = std::mem::take(&mut *self.list.write().unwrap_or_else(|e| e.into_inner()));
+        for r in dropped {
+            let _ = std::fs::remove_file(&r.file.path);
+        }
+    }
+}
+
+/// Removes `index_dir/spill` and everything in it.
+pub(super) fn remove_dir(index_dir: &Path) -> Result<(), Error> {
+    Index::wipe_dir(Some(&index_dir.join(SPILL_DIR)))
+}
+
+/// A memtable value as a run stores it.
+fn tagged(v: Option<&[u8]>) -> Vec<u8> {
+    match v {
+        Some(v) => {
+            let mut out = Vec::with_capacity(v.len() + 1);
+            out.push(TAG_VALUE);
+            out.extend_from_slice(v);
+            out
+        }
+        None => vec![TAG_REMOVED],
+    }
+}
+
+/// What a run's stored value says: `Some(value)`, or `None` for a removal.
+fn decode(file: &CheckpointFile, v: IVec) -> Result<Option<IVec>, IndexError> {
+    match v.first() {
+        Some(&TAG_VALUE) => Ok(Some(v.subslice(1, v.len() - 1))),
+        Some(&TAG_REMOVED) if v.len() == 1 => Ok(None),
+        _ => Err(IndexError::Spill(format!(
+            "{}: a value of {} bytes with tag {:?}",
+            file.path.display(),
+            v.len(),
+            v.first()
+        ))),
+    }
+}
+
+/// Several runs' entries merged in key order; on equal keys the newest run's entry,
+/// decoded (`None`: removed).
+pub(crate) struct RunsIter {
+    /// Newest first.
+    runs: Vec<Cursor>,
+    failed: bool,
+}
+
+/// A run's scan, and the entry it yields next.
+struct Cursor {
+    run: Arc<Run>,
+    iter: CheckpointIter,
+    peek: Option<(IVec, IVec)>,
+    done: bool,
+}
+
+impl RunsIter {
+    fn over(runs: &[Arc<Run>], lo: Bound<Vec<u8>>, hi: Bound<Vec<u8>>) -> RunsIter {
+        RunsIter {
+            runs: runs
+                .iter()
+                .rev()
+                .map(|r| Cursor {
+                    run: r.clone(),
+                    iter: r.file.range(lo.clone(), hi.clone()),
+                    peek: None,
+                    done: false,
+                })
+                .collect(),
+            failed: false,
+        }
+    }
+
+    fn fill(&mut self) -> Result<(), IndexError> {
+        for c in &mut self.runs {
+            if c.peek.is_none() && !c.done {
+                match c.iter.next() {
+                    Some(kv) => c.peek = Some(kv?),
+                    None => c.done = true,
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Iterator for RunsIter {
+    type Item = Result<(IVec, Option<IVec>), IndexError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.failed {
+            return None;
+        }
+        if let Err(e) = self.fill() {
+            self.failed = true;
+            return Some(Err(e));
+        }
+        let least = self
+            .runs
+            .iter()
+            .filter_map(|c| c.peek.as_ref().map(|(k, _)| k))
+            .min()?
+            .clone();
+        // The first (newest) run holding the least key wins; the others' entries of it
+        // are older and go.
+        let mut winner = None;
+        for c in &mut self.runs {
+            if c.peek.as_ref().is_some_and(|(k, _)| *k == least) {
+                let (k, v) = c.peek.take()?;
+                if winner.is_none() {
+                    winner = Some((c.run.clone(), k, v));
+                }
+            }
+        }
+        let (run, k, v) = winner?;
+        match decode(&run.file, v) {
+            Ok(v) => Some(Ok((k, v))),
+            Err(e) => {
+                self.failed = true;
+                Some(Err(e))
+            }
+        }
+    }
+}
