@@ -96,11 +96,8 @@ impl ImportSource for ExportFile {
             context: format!("opening {}", self.path.display()),
             source,
         })?;
-        let mut reader = ExportReader::new(std::io::BufReader::with_capacity(1 << 16, file))?;
-        while let Some((id, c)) = reader.next_commit()? {
-            f(&id, &c)?;
-        }
-        Ok(())
+        let reader = ExportReader::new(std::io::BufReader::with_capacity(1 << 16, file))?;
+        super::ahead::for_each_read_ahead(reader, f)
     }
 }
 

@@ -402,6 +402,7 @@ fn write_line<W: Write, T: Serialize>(out: &mut W, value: &T) -> Result<(), Exch
     out.write_all(b"\n").map_err(io)
 }
 
+mod ahead;
 mod fold;
 mod import;
 mod read;

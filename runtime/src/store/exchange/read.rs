@@ -95,6 +95,8 @@ pub struct ExportReader<R> {
     seen_ids: HashSet<SessionId>,
     totals: ExportCounts,
     end_line: Option<u64>,
+    /// Bytes of the lines read since the header.
+    bytes: u64,
 }
 
 impl<R: BufRead> ExportReader<R> {
@@ -152,7 +154,13 @@ impl<R: BufRead> ExportReader<R> {
             seen_ids: HashSet::new(),
             totals: ExportCounts::default(),
             end_line: None,
+            bytes: 0,
         })
+    }
+
+    /// Bytes of the lines read after the header so far.
+    pub(crate) fn bytes_read(&self) -> u64 {
+        self.bytes
     }
 
     /// The file's header.
@@ -202,6 +210,7 @@ impl<R: BufRead> ExportReader<R> {
                 };
             }
             self.line_no += 1;
+            self.bytes += self.buf.len() as u64;
             let line_no = self.line_no;
             let malformed = |reason: String| ExchangeError::Malformed {
                 line: line_no,
