@@ -552,8 +552,7 @@ impl Drop for Index {
         // directory would find it still locked.
         let _ = self.join_moving();
         self.set_base_aside_if_failed();
-        // A bulk load moved nothing into sled: no snapshot of sled is stale.
-        if !self.finish_rebase() && self.spill.get().is_none() {
+        if !self.finish_rebase() {
             self.write_sled_snapshot();
         }
         if let (Some(runs), Some(p)) = (self.spill.get(), &self.path) {

@@ -288,8 +288,11 @@ impl Index {
         let mut mem = self.mem.write().unwrap_or_else(|e| e.into_inner());
         let mut frozen = self.frozen.write().unwrap_or_else(|e| e.into_inner());
         let keys = mem.writes.len();
-        self.moved_bytes
-            .fetch_add(mem.bytes as u64, Ordering::Relaxed);
+        if self.spill.get().is_none() {
+            // A bulk load's moves go to runs: sled's snapshot does not grow stale.
+            self.moved_bytes
+                .fetch_add(mem.bytes as u64, Ordering::Relaxed);
+        }
         let writes = Arc::new(std::mem::take(&mut mem.writes));
         *mem = Mem {
             writes: MemTable::with_capacity(keys),
@@ -319,7 +322,8 @@ impl Index {
         }
     }
 
-    /// Move every pending write into sled now (on open and close). Only the single
+    /// Move every pending write into sled now, or into a run during a bulk load
+    /// (on open and close). Only the single
     /// applier (the group leader, or open/close) calls this and `apply`, so they never
     /// run concurrently.
     pub(crate) fn flush_mem(&self) -> Result<(), IndexError> {

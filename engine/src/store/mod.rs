@@ -280,8 +280,11 @@ impl Store {
     /// afterwards hold every acknowledged commit in sled and have no background
     /// work pending. Waits for a write group in flight and holds new groups
     /// back while it runs (appends wait; reads go on). The log is not synced:
-    /// that is [`Store::flush`]. A failure poisons the store, as a failed
-    /// index write on the write path does. A no-op on a read-only store.
+    /// that is [`Store::flush`]. During a bulk load
+    /// ([`Options::index_bulk_load`]) the writes go to a run beside sled
+    /// instead, which a crash loses (the next open reads them from the log
+    /// again). A failure poisons the store, as a failed index write on the
+    /// write path does. A no-op on a read-only store.
     pub fn flush_index(&self) -> Result<(), Error> {
         let inner = &*self.inner;
         if inner.read_only {

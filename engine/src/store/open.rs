@@ -240,9 +240,6 @@ impl Store {
                 }
             }));
             checkpoints.keep_base(index.base_seq_cell());
-            if opts.index_bulk_load {
-                index.start_spill()?;
-            }
             // Older checkpoints than the base are of no use (a close that made its
             // checkpoint the next base removes the one before, unless cut short).
             if let Some(base) = index.base() {
@@ -299,6 +296,11 @@ fn open_owner(
         opts.indexers.clone(),
         opts.index_cache_bytes_max,
     )?;
+    if opts.index_bulk_load {
+        // Before the catch-up: what a crashed bulk load left to read from the log goes
+        // to runs too, not into sled.
+        index.start_spill()?;
+    }
     if !fresh {
         if let Some(id) = index.base_id()? {
             match crate::checkpoint::open_base(vfs, dir, &id) {
