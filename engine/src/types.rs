@@ -130,8 +130,8 @@ pub struct Options {
     /// Most bytes of sled's page cache, as sled counts them (default
     /// [`crate::INDEX_CACHE_BYTES_MAX`]; a setting below [`crate::INDEX_CACHE_BYTES_MIN`]
     /// is raised to it). A long-lived owner reading many sessions wants the default; a
-    /// bulk load (an import) writes far more than it reads back and does better with
-    /// a small one (see [`crate::INDEX_CACHE_BYTES_BULK`]). Read-only opens from a
+    /// bulk load (an import) reads little of sled and does with a small one (see
+    /// [`crate::INDEX_CACHE_BYTES_BULK`]). Read-only opens from a
     /// checkpoint open no sled and ignore it.
     pub index_cache_bytes_max: u64,
     /// An owner open that finds no usable index (a new, lost, damaged or outdated

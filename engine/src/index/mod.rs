@@ -78,9 +78,10 @@ pub const INDEX_CACHE_BYTES_MIN: u64 = 1 << 20;
 
 /// sled's page cache for a bulk load, such as `spool import` (what
 /// [`crate::Options::index_cache_bytes_max`] is set to there): an import's index reads
-/// hit the memtables and the key filter, and a larger cache only holds what the
-/// background move and the closing checkpoint's scan went through — peak memory and
-/// time both fell with a smaller one (BENCHMARKS.md, Decisions).
+/// hit the memtables, the runs and the key filter, and sled holds only what the store
+/// held before the load (a bulk load writes runs, not sled: see `spill.rs`), so a
+/// larger cache would only hold what the closing checkpoint's scan went through
+/// (BENCHMARKS.md, Decisions).
 pub const INDEX_CACHE_BYTES_BULK: u64 = 16 << 20;
 
 /// Version of the index layout; a different one in an existing index means rebuild.
