@@ -29,33 +29,51 @@ type Batch = Vec<(SessionId, ImportCommit)>;
 /// Bytes of lines handed over and not yet imported; the reader waits on it.
 #[derive(Default)]
 struct Ahead {
-    state: Mutex<(u64, bool)>,
+    state: Mutex<AheadState>,
     changed: Condvar,
 }
 
+#[derive(Default)]
+struct AheadState {
+    bytes: u64,
+    /// The import left: the reader stops.
+    stopped: bool,
+    /// The reader waits for room (tests).
+    parked: bool,
+    /// The reader is done (tests).
+    finished: bool,
+}
+
 impl Ahead {
+    fn lock(&self) -> std::sync::MutexGuard<'_, AheadState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     fn add(&self, bytes: u64) {
-        self.state.lock().unwrap_or_else(|e| e.into_inner()).0 += bytes;
+        self.lock().bytes += bytes;
     }
 
     fn done(&self, bytes: u64) {
-        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        s.0 = s.0.saturating_sub(bytes);
+        let mut s = self.lock();
+        s.bytes = s.bytes.saturating_sub(bytes);
         self.changed.notify_all();
     }
 
     /// Waits until less than [`AHEAD_BYTES_MAX`] is ahead; false once the import
     /// stopped.
     fn wait_room(&self) -> bool {
-        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        while s.0 >= AHEAD_BYTES_MAX && !s.1 {
+        let mut s = self.lock();
+        while s.bytes >= AHEAD_BYTES_MAX && !s.stopped {
+            s.parked = true;
+            self.changed.notify_all();
             s = self.changed.wait(s).unwrap_or_else(|e| e.into_inner());
         }
-        !s.1
+        s.parked = false;
+        !s.stopped
     }
 
-    fn stop(&self) {
-        self.state.lock().unwrap_or_else(|e| e.into_inner()).1 = true;
+    fn set(&self, change: impl FnOnce(&mut AheadState)) {
+        change(&mut self.lock());
         self.changed.notify_all();
     }
 }
@@ -65,7 +83,7 @@ struct StopOnDrop<'a>(&'a Ahead);
 
 impl Drop for StopOnDrop<'_> {
     fn drop(&mut self) {
-        self.0.stop();
+        self.0.set(|s| s.stopped = true);
     }
 }
 
@@ -75,8 +93,15 @@ pub(super) fn for_each_read_ahead<R: BufRead + Send>(
     reader: ExportReader<R>,
     f: &mut dyn FnMut(&SessionId, &ImportCommit) -> Result<(), ExchangeError>,
 ) -> Result<(), ExchangeError> {
+    read_ahead_with(reader, f, &Ahead::default())
+}
+
+fn read_ahead_with<R: BufRead + Send>(
+    reader: ExportReader<R>,
+    f: &mut dyn FnMut(&SessionId, &ImportCommit) -> Result<(), ExchangeError>,
+    ahead: &Ahead,
+) -> Result<(), ExchangeError> {
     let reader = &Mutex::new(reader);
-    let ahead = &Ahead::default();
     std::thread::scope(|scope| {
         let (tx, rx) = mpsc::channel();
         // The sender moves to the reader: the channel ends when the reader does.
@@ -85,25 +110,41 @@ pub(super) fn for_each_read_ahead<R: BufRead + Send>(
             .spawn_scoped(scope, move || {
                 let mut r = reader.lock().unwrap_or_else(|e| e.into_inner());
                 read_ahead(&mut r, &tx, ahead);
+                ahead.set(|s| s.finished = true);
             });
-        if spawned.is_err() {
+        let Ok(handle) = spawned else {
             let mut r = reader.lock().unwrap_or_else(|e| e.into_inner());
             while let Some((id, c)) = r.next_commit()? {
                 f(&id, &c)?;
             }
             return Ok(());
+        };
+        let imported = import_batches(rx, f, ahead);
+        // A panic of the reader (a bug) reaches the caller as it was raised.
+        if let Err(panic) = handle.join() {
+            std::panic::resume_unwind(panic);
         }
-        let _stop = StopOnDrop(ahead);
-        for msg in rx {
-            let (batch, bytes): (Batch, u64) = msg?;
-            for (id, c) in &batch {
-                f(id, c)?;
-            }
-            drop(batch);
-            ahead.done(bytes);
-        }
-        Ok(())
+        imported
     })
+}
+
+/// The importing side: every batch's commits through `f`, in order. The reader is
+/// stopped when this returns, however it returns.
+fn import_batches(
+    rx: mpsc::Receiver<Result<(Batch, u64), ExchangeError>>,
+    f: &mut dyn FnMut(&SessionId, &ImportCommit) -> Result<(), ExchangeError>,
+    ahead: &Ahead,
+) -> Result<(), ExchangeError> {
+    let _stop = StopOnDrop(ahead);
+    for msg in rx {
+        let (batch, bytes) = msg?;
+        for (id, c) in &batch {
+            f(id, c)?;
+        }
+        drop(batch);
+        ahead.done(bytes);
+    }
+    Ok(())
 }
 
 /// The reader's side: batches of parsed commits into `tx`, then the file's error if
@@ -234,25 +275,60 @@ mod tests {
         }
     }
 
-    /// An error of the import ends the read: it is what the call returns, and no
-    /// commit after it reaches the import.
+    /// Runs `f` on a thread of its own: `None` if it takes longer than `secs` (a hang
+    /// fails the test instead of hanging it).
+    fn within<T: Send + 'static>(secs: u64, f: impl FnOnce() -> T + Send + 'static) -> Option<T> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(f());
+        });
+        rx.recv_timeout(std::time::Duration::from_secs(secs)).ok()
+    }
+
+    /// Waits until the reader is parked at the bound or done; whether it is parked.
+    fn parked_or_done(ahead: &Ahead) -> bool {
+        let mut s = ahead.lock();
+        while !s.parked && !s.finished {
+            s = ahead.changed.wait(s).unwrap();
+        }
+        s.parked
+    }
+
+    /// An error of the import ends the read, also while the reader waits at its
+    /// bound: it is what the call returns, and no commit after it reaches the import.
     #[test]
     fn an_error_of_the_import_ends_the_read() {
-        let bytes = export_of(120, 1000);
-        let r = ExportReader::new(&bytes[..]).unwrap();
-        let mut seen = 0;
-        let res = for_each_read_ahead(r, &mut |_, _| {
-            seen += 1;
-            match seen {
-                300 => Err(ExchangeError::Malformed {
-                    line: 0,
-                    reason: "stop here".into(),
-                }),
-                _ => Ok(()),
-            }
-        });
-        assert!(res.unwrap_err().to_string().contains("stop here"));
-        assert_eq!(seen, 300);
+        let small = export_of(120, 1000);
+        let large = export_of(60, 64 << 10);
+        assert!(large.len() as u64 > 2 * AHEAD_BYTES_MAX);
+        for (bytes, at) in [(small, 300), (large, 1)] {
+            let got = within(60, move || {
+                let ahead = Ahead::default();
+                let r = ExportReader::new(&bytes[..]).unwrap();
+                let mut seen = 0;
+                let res = read_ahead_with(
+                    r,
+                    &mut |_, _| {
+                        seen += 1;
+                        if seen < at {
+                            return Ok(());
+                        }
+                        if at == 1 {
+                            assert!(parked_or_done(&ahead), "the reader waits at its bound");
+                        }
+                        Err(ExchangeError::Malformed {
+                            line: 0,
+                            reason: "stop here".into(),
+                        })
+                    },
+                    &ahead,
+                );
+                (seen, res.map_err(|e| e.to_string()))
+            });
+            let (seen, res) = got.expect("the read ended");
+            assert!(res.unwrap_err().contains("stop here"));
+            assert_eq!(seen, at);
+        }
     }
 
     /// Counts the bytes read from the file.
@@ -266,40 +342,69 @@ mod tests {
         }
     }
 
-    /// While the import holds its first commit, the reader stops about
+    /// While the import holds its first commit, the reader stops, parked, about
     /// `AHEAD_BYTES_MAX` ahead of it, not at the end of the file.
     #[test]
     fn the_reader_stops_a_bounded_distance_ahead() {
         let line_bytes = 64 << 10;
         let bytes = export_of(60, line_bytes);
         assert!(bytes.len() as u64 > 2 * AHEAD_BYTES_MAX);
-        let read = Arc::new(AtomicU64::new(0));
-        let file = std::io::BufReader::with_capacity(1 << 16, Counted(&bytes, read.clone()));
-        let r = ExportReader::new(file).unwrap();
-        let mut first = true;
-        let mut most = 0;
-        for_each_read_ahead(r, &mut |_, _| {
-            if std::mem::take(&mut first) {
-                // Until the reader has stood still for a while (it reads the whole
-                // file in far less without a bound).
-                let mut last = u64::MAX;
-                for _ in 0..200 {
-                    let now = read.load(Ordering::SeqCst);
-                    if now == last {
-                        break;
+        let got = within(60, move || {
+            let read = Arc::new(AtomicU64::new(0));
+            let file = std::io::BufReader::with_capacity(1 << 16, Counted(&bytes, read.clone()));
+            let r = ExportReader::new(file).unwrap();
+            let ahead = Ahead::default();
+            let mut first = None;
+            read_ahead_with(
+                r,
+                &mut |_, _| {
+                    if first.is_none() {
+                        first = Some((parked_or_done(&ahead), read.load(Ordering::SeqCst)));
                     }
-                    last = now;
-                    std::thread::sleep(std::time::Duration::from_millis(50));
-                }
-                most = last;
-            }
-            Ok(())
-        })
-        .unwrap();
+                    Ok(())
+                },
+                &ahead,
+            )
+            .unwrap();
+            first.unwrap()
+        });
+        let (parked, most) = got.expect("the read ended");
         let bound = AHEAD_BYTES_MAX + BATCH_BYTES_MAX + 4 * line_bytes as u64 + (64 << 10);
-        assert!(
-            most > 0 && most <= bound,
-            "read {most} bytes ahead (bound {bound})"
-        );
+        assert!(parked, "the reader read the whole file ({most} bytes)");
+        assert!(most <= bound, "read {most} bytes ahead (bound {bound})");
+    }
+
+    /// Fails its read halfway through the file, as a bug would.
+    struct PanicsHalfway<'a>(&'a [u8], usize);
+
+    impl std::io::Read for PanicsHalfway<'_> {
+        fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+            assert!(self.0.len() > self.1, "the reader's own panic");
+            self.0.read(buf)
+        }
+    }
+
+    /// A panic of the reader reaches the caller with its own message, never an `Ok`
+    /// with commits missing.
+    #[test]
+    fn a_panic_of_the_reader_reaches_the_caller_as_raised() {
+        let bytes = export_of(40, 1000);
+        let half = bytes.len() / 2;
+        let got = within(60, move || {
+            let file = std::io::BufReader::with_capacity(4096, PanicsHalfway(&bytes, half));
+            let r = ExportReader::new(file).unwrap();
+            let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                for_each_read_ahead(r, &mut |_, _| Ok(()))
+            }));
+            match caught {
+                Ok(res) => format!("returned {res:?}"),
+                Err(p) => p
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| p.downcast_ref::<String>().cloned())
+                    .unwrap_or_default(),
+            }
+        });
+        assert_eq!(got.as_deref(), Some("the reader's own panic"));
     }
 }
