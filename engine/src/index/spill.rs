@@ -24,7 +24,7 @@ use super::delta::{TAG_REMOVED, TAG_VALUE};
 use super::*;
 use crate::checkpoint::format::Header;
 use crate::checkpoint::{CheckpointFile, CheckpointIter};
-use crate::vfs::OsVfs;
+use crate::vfs::{OsVfs, Vfs};
 use sled::IVec;
 
 /// The directory of the runs, in the index directory.
@@ -56,7 +56,10 @@ impl Runs {
     pub(super) fn create(index_dir: &Path) -> Result<Runs, Error> {
         let dir = index_dir.join(SPILL_DIR);
         remove_dir(index_dir)?;
-        std::fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, "create_dir_all", e))?;
+        // Owner-only, as every directory and file the store creates.
+        OsVfs::new()
+            .create_dir_all(&dir)
+            .map_err(|e| Error::io(&dir, "create_dir_all", e))?;
         Ok(Runs {
             dir,
             list: RwLock::new(Vec::new()),

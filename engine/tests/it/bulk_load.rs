@@ -19,9 +19,20 @@ fn runs(dir: &Path) -> usize {
     }
 }
 
+/// `dir` and every file in it are the owner's alone, as everything the store creates.
+fn assert_owner_only(dir: &Path) {
+    use std::os::unix::fs::PermissionsExt;
+    let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(dir) & 0o077, 0, "{}", dir.display());
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        assert_eq!(mode(&p) & 0o077, 0, "{}", p.display());
+    }
+}
+
 /// A bulk load of 20 rounds of 40 commits onto a closed store of 300, each round
-/// spilled (so that runs are merged): every round answers as a rebuild from the
-/// log; the close leaves no run, and the next open reads none of the log, its sled
+/// spilled (so that runs are merged), its runs owner-only: every round answers as a
+/// rebuild from the log; the close leaves no run, and the next open reads none of the log, its sled
 /// empty over the close's checkpoint, and answers the same. A second bulk load over
 /// that base does too.
 #[test]
@@ -46,6 +57,7 @@ fn a_bulk_load_answers_as_the_whole_log_while_it_runs_and_after() {
             }
         }
         assert!(runs(&dir) > 0, "load {load}: the memtables went to runs");
+        assert_owner_only(&dir.join(INDEX_DIR).join("spill"));
         let last = s.last_seq();
         let got = answers(&s).unwrap();
         s.close().unwrap();
