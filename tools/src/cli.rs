@@ -309,7 +309,8 @@ pub enum Command {
     /// The whole file is parsed and every session folded before anything
     /// is written; a malformed or truncated file is refused with the line
     /// number and leaves the store unchanged. A session id that already
-    /// exists is refused.
+    /// exists is refused, unless `--resume` finishes an import of the same
+    /// file that was cut short.
     Import {
         /// The file to read.
         file: PathBuf,
@@ -320,6 +321,16 @@ pub enum Command {
         /// session into the store it was exported from).
         #[arg(long)]
         fresh_commit_ids: bool,
+        /// Finish an import of this file that was cut short (a crash, a kill,
+        /// Ctrl-C): sessions it already wrote, commit for commit, are continued
+        /// instead of refused. For `spool-export` files on a store directory (a
+        /// PostgreSQL import is one transaction and leaves nothing to finish).
+        #[arg(long, conflicts_with = "fresh_commit_ids")]
+        resume: bool,
+        /// Test hook: abort the process (as a kill would: no cleanup, no
+        /// rollback) once this many commits are written.
+        #[arg(long, hide = true)]
+        test_abort_after_commits: Option<u64>,
         /// Print one JSON document instead of text.
         #[arg(long)]
         json: bool,

@@ -46,10 +46,16 @@ fn file_err(file: &Path, e: impl std::error::Error + Send + Sync + 'static) -> T
     ToolError::with_source(format!("{} cannot be imported", file.display()), e)
 }
 
-fn exchange_err(file: &Path, e: ExchangeError) -> ToolError {
+fn exchange_err(file: &Path, postgres: bool, e: ExchangeError) -> ToolError {
     if let ExchangeError::SessionExists { id } = &e {
+        // A PostgreSQL import is one transaction: nothing is left to resume.
+        let resume = if postgres {
+            ""
+        } else {
+            "if an import of this file was cut short, run it again with --resume; "
+        };
         let hint = format!(
-            "nothing was imported; if session {id} is deleted, `spool --store DIR purge {id}` frees its id (then import with --fresh-commit-ids); otherwise import into another store"
+            "nothing was imported; {resume}if session {id} is deleted, `spool --store DIR purge {id}` frees its id (then import with --fresh-commit-ids); otherwise import into another store"
         );
         return file_err(file, e).hint(hint);
     }
@@ -61,6 +67,9 @@ fn exchange_err(file: &Path, e: ExchangeError) -> ToolError {
             "nothing was imported; pass --fresh-commit-ids to give the commits new ids (a purged session's commits keep their ids until `compact --gc` collects their segments)"
         }
         ExchangeError::StreamExists { .. } => "nothing was imported; import into another store",
+        ExchangeError::NotResumable { .. } => {
+            "nothing was imported; the store holds other commits under this id, so import into another store"
+        }
         ExchangeError::Unstorable {
             source: spool_engine::Error::RecordTooLarge { .. },
             ..
@@ -130,13 +139,35 @@ impl Progress {
     }
 }
 
-pub fn run(
-    dir: &Path,
-    file: &Path,
-    format: ImportFormat,
-    fresh_commit_ids: bool,
-    json: bool,
-) -> Result<ExitCode> {
+/// What to import.
+pub struct Input<'a> {
+    pub file: &'a Path,
+    pub format: ImportFormat,
+    /// Test hook: abort the process once this many commits are written.
+    pub abort_after_commits: Option<u64>,
+}
+
+pub fn run(dir: &Path, input: Input<'_>, opts: &ImportOptions, json: bool) -> Result<ExitCode> {
+    let Input {
+        file,
+        format,
+        abort_after_commits,
+    } = input;
+    let postgres = is_postgres(dir);
+    if postgres && opts.resume {
+        return Err(ToolError::new(
+            "--resume finishes an import into a store directory; a PostgreSQL import is one transaction and leaves nothing to finish",
+        )
+        .hint("run the import without --resume"));
+    }
+    if opts.resume && matches!(format, ImportFormat::Pi) {
+        // A pi file's commit ids are made up afresh by each reading, so no
+        // store can show they are the file's.
+        return Err(ToolError::new(
+            "--resume finishes a `spool-export` import; a pi file is one session whose commit ids each import makes up",
+        )
+        .hint("purge the session a cut-short pi import left (`spool --store DIR purge --force ID`), then import the file again"));
+    }
     // Opened here for the error a user meets first; each pass opens it again.
     File::open(file).map_err(|e| {
         ToolError::with_source(format!("cannot open {}", file.display()), e).hint("check the path")
@@ -158,8 +189,15 @@ pub fn run(
         }
         pi = Some(p);
     }
-    let opts = ImportOptions::default().fresh_commit_ids(fresh_commit_ids);
-    let mut progress = Progress::new();
+    let mut bar = Progress::new();
+    let mut progress = |p: ImportProgress| {
+        if let (ImportProgress::Written { commits, .. }, Some(n)) = (p, abort_after_commits) {
+            if commits >= n {
+                std::process::abort();
+            }
+        }
+        bar.update(p);
+    };
     let mut export_file = ExportFile::new(file);
     let pi_version = pi.as_ref().map(PiFile::file_version);
     let skipped_lines: Option<Vec<u64>> = pi.as_ref().map(|p| p.skipped_lines().to_vec());
@@ -167,9 +205,9 @@ pub fn run(
         Some(p) => p,
         None => &mut export_file,
     };
-    let imported = if is_postgres(dir) {
+    let imported = if postgres {
         // One transaction: all or nothing.
-        postgres_store(dir)?.import_from(source, &opts, &mut |p| progress.update(p))
+        postgres_store(dir)?.import_from(source, opts, &mut progress)
     } else {
         // Buffered appends and one sync at the end (the import syncs
         // before it reports success), and a small index cache.
@@ -177,10 +215,10 @@ pub fn run(
             ToolError::with_source(format!("opening {} failed", dir.display()), e)
                 .hint_from_cause(None)
         })?;
-        import_from(&store, source, &opts, &mut |p| progress.update(p))
+        import_from(&store, source, opts, &mut progress)
     }
-    .map_err(|e| exchange_err(file, e))?;
-    progress.bar.finish_and_clear();
+    .map_err(|e| exchange_err(file, postgres, e))?;
+    bar.bar.finish_and_clear();
     let commits: u64 = imported.iter().map(|s| s.version).sum();
     let report = Report {
         file: file.display().to_string(),

@@ -6,6 +6,7 @@ use std::process::ExitCode;
 use crate::cli::{Cli, Command};
 use crate::out::{Result, ToolError};
 use spool_runtime::session::SessionId;
+use spool_runtime::store::exchange::ImportOptions;
 
 use crate::session_open::{is_postgres, resolve_id, resolve_in, resolve_stream, runtime_for};
 
@@ -146,8 +147,20 @@ pub fn run(cli: Cli) -> Result<ExitCode> {
             file,
             format,
             fresh_commit_ids,
+            resume,
+            test_abort_after_commits,
             json,
-        } => import::run(need_store(&store)?, &file, format, fresh_commit_ids, json),
+        } => {
+            let opts = ImportOptions::default()
+                .fresh_commit_ids(fresh_commit_ids)
+                .resume(resume);
+            let file = import::Input {
+                file: &file,
+                format,
+                abort_after_commits: test_abort_after_commits,
+            };
+            import::run(need_store(&store)?, file, &opts, json)
+        }
         Command::Delete {
             id,
             test_concurrent_delete,

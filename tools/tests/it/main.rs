@@ -7,5 +7,6 @@ mod postgres_support;
 
 mod cli;
 mod compact_cli;
+mod import_cli;
 mod postgres_cli;
 mod tools_cli;

@@ -14,7 +14,7 @@ fn spool() -> Command {
 }
 
 /// Runs `spool --store DIR args...`.
-fn run(dir: &Path, args: &[&str]) -> Output {
+pub(crate) fn run(dir: &Path, args: &[&str]) -> Output {
     spool()
         .arg("--store")
         .arg(dir)
@@ -25,12 +25,12 @@ fn run(dir: &Path, args: &[&str]) -> Output {
         .expect("spawn spool")
 }
 
-fn stderr(out: &Output) -> String {
+pub(crate) fn stderr(out: &Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
 /// Runs and parses stdout as JSON; the command must succeed.
-fn json(dir: &Path, args: &[&str]) -> Value {
+pub(crate) fn json(dir: &Path, args: &[&str]) -> Value {
     let out = run(dir, args);
     assert!(
         out.status.success(),
@@ -60,7 +60,7 @@ fn fails(dir: &Path, args: &[&str]) -> String {
 }
 
 /// A store made by `spool demo`; returns its session ids (oldest first).
-fn demo(dir: &Path) -> Vec<String> {
+pub(crate) fn demo(dir: &Path) -> Vec<String> {
     let v = json(dir, &["demo", "--json"]);
     v["created"]
         .as_array()
@@ -70,13 +70,13 @@ fn demo(dir: &Path) -> Vec<String> {
         .collect()
 }
 
-fn fixture(name: &str) -> PathBuf {
+pub(crate) fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/fixtures/pi")
         .join(name)
 }
 
-fn session_ids(dir: &Path, extra: &[&str]) -> Vec<String> {
+pub(crate) fn session_ids(dir: &Path, extra: &[&str]) -> Vec<String> {
     let mut args = vec!["sessions", "--json"];
     args.extend_from_slice(extra);
     let mut ids: Vec<String> = json(dir, &args)

@@ -15,11 +15,26 @@ pub struct ImportOptions {
     /// (needed when the file's commits are already in the store, e.g.
     /// re-importing a purged session into the store it came from).
     pub fresh_commit_ids: bool,
+    /// Finish an import of the same source that was cut short (a crash, a
+    /// kill): a session already in the store whose commits are the source's
+    /// first ones, commit id for commit id at the same versions, is continued
+    /// after them instead of refused. Not with `fresh_commit_ids`, nor with a
+    /// source that makes up commit ids per reading (a pi file). If the
+    /// resumed import fails, it purges the sessions it created, as any import
+    /// does; those it continued keep what it wrote, and running it again
+    /// continues them.
+    pub resume: bool,
 }
 
 impl ImportOptions {
     pub fn fresh_commit_ids(mut self, yes: bool) -> Self {
         self.fresh_commit_ids = yes;
+        self
+    }
+
+    /// See [`ImportOptions::resume`].
+    pub fn resume(mut self, yes: bool) -> Self {
+        self.resume = yes;
         self
     }
 }
@@ -142,6 +157,9 @@ pub(crate) struct Planned {
     pub(crate) id: SessionId,
     /// The stream version the session continues from.
     pub(crate) base: u64,
+    /// Commits an earlier import of the same source already wrote (a resumed
+    /// import, see [`ImportOptions::resume`]): versions `1..=done` are skipped.
+    pub(crate) done: u64,
     pub(crate) commits: u64,
     pub(crate) events: u64,
     pub(crate) entries: u64,
@@ -160,6 +178,7 @@ impl Planned {
         Ok(Planned {
             id,
             base,
+            done: 0,
             commits,
             events,
             entries,
@@ -202,16 +221,30 @@ fn new_commit(
     })
 }
 
-/// The stream version a new session `id` continues from in `store`: 0, or
-/// the version of the purge that ended an earlier incarnation. Fails when
-/// the session exists or the stream is something else.
-fn session_base(store: &LogStore, id: &SessionId) -> Result<u64, ExchangeError> {
-    if store.header(id)?.is_some() {
-        return Err(ExchangeError::SessionExists { id: id.clone() });
+/// The stream version session `id` continues from in `store` (0, or the
+/// version of the purge that ended an earlier incarnation), and how many of
+/// its commits an earlier import of the same source wrote (0 for a new
+/// session). Fails when the session exists, unless the import resumes
+/// ([`ImportOptions::resume`]: its commits are then checked one by one in
+/// [`check_commit`]), or when the stream is something else.
+fn session_start(
+    store: &LogStore,
+    id: &SessionId,
+    opts: &ImportOptions,
+) -> Result<(u64, u64), ExchangeError> {
+    if let Some(header) = store.header(id)? {
+        let resumable = opts.resume && !opts.fresh_commit_ids;
+        let engine = store.engine()?;
+        let head = engine.stream_version(id.as_str()).map_err(engine_err)?;
+        let base = head.and_then(|h| h.checked_sub(header.version));
+        return match (resumable, base) {
+            (true, Some(base)) => Ok((base, header.version)),
+            _ => Err(ExchangeError::SessionExists { id: id.clone() }),
+        };
     }
     let engine = store.engine()?;
     match engine.stream_version(id.as_str()).map_err(engine_err)? {
-        None => Ok(0),
+        None => Ok((0, 0)),
         Some(head) => {
             // A stream without a session header is either a purged
             // session (its last commit is the purge marker) or some
@@ -225,7 +258,7 @@ fn session_base(store: &LogStore, id: &SessionId) -> Result<u64, ExchangeError> 
             if !purged {
                 return Err(ExchangeError::StreamExists { id: id.clone() });
             }
-            Ok(head)
+            Ok((head, 0))
         }
     }
 }
@@ -236,7 +269,7 @@ fn session_base(store: &LogStore, id: &SessionId) -> Result<u64, ExchangeError> 
 fn check_commit(
     store: &LogStore,
     fold: &mut SessionFold,
-    base: u64,
+    (base, done): (u64, u64),
     c: &ImportCommit,
     opts: &ImportOptions,
     commit_ids: &mut HashSet<Uuid>,
@@ -244,6 +277,22 @@ fn check_commit(
     fold.commit(c)?;
     let id = fold.id();
     let engine = store.engine()?;
+    if c.version <= done {
+        // Written by the import this one resumes: the store's commit at this
+        // version must be the source's (commit ids are drawn at random).
+        let ours = commit_ids.insert(c.commit_id)
+            && engine
+                .commit_by_id(c.commit_id)
+                .map_err(engine_err)?
+                .is_some_and(|i| i.stream == id.as_str() && i.version == base + c.version);
+        return match ours {
+            true => Ok(()),
+            false => Err(ExchangeError::NotResumable {
+                id: id.clone(),
+                version: c.version,
+            }),
+        };
+    }
     if !opts.fresh_commit_ids {
         let taken = !commit_ids.insert(c.commit_id)
             || engine
@@ -294,15 +343,27 @@ fn check_pass(
     let mut checked = 0u64;
     for_each_session_commit(
         source,
-        &mut |id, _| Ok((SessionFold::new(id.clone(), true), session_base(store, id)?)),
-        &mut |(fold, base), c| {
-            check_commit(store, fold, *base, c, opts, &mut commit_ids)?;
+        &mut |id, _| {
+            let start = session_start(store, id, opts)?;
+            Ok((SessionFold::new(id.clone(), true), start))
+        },
+        &mut |(fold, start), c| {
+            check_commit(store, fold, *start, c, opts, &mut commit_ids)?;
             checked += 1;
             progress(ImportProgress::Checked { commits: checked });
             Ok(())
         },
-        &mut |(fold, base)| {
-            plan.push(Planned::from_fold(fold, base)?);
+        &mut |(fold, (base, done))| {
+            if done > fold.commits() {
+                // The store holds more of the session than the source has.
+                return Err(ExchangeError::NotResumable {
+                    id: fold.id().clone(),
+                    version: fold.commits(),
+                });
+            }
+            let mut planned = Planned::from_fold(fold, base)?;
+            planned.done = done;
+            plan.push(planned);
             Ok(())
         },
     )?;
@@ -429,10 +490,13 @@ pub fn import_from(
     progress: &mut dyn FnMut(ImportProgress),
 ) -> Result<Vec<ImportedSession>, ExchangeError> {
     let plan = check_pass(store, source, opts, progress)?;
-    let total: u64 = plan.iter().map(|p| p.commits).sum();
+    let total: u64 = plan.iter().map(|p| p.commits - p.done).sum();
     let engine = store.engine()?;
     let _deferred = engine.defer_checkpoints();
+    // The sessions the write pass reached, and those of them it creates (the
+    // ones a failure purges: a resumed session keeps what is written).
     let mut written: Vec<SessionId> = Vec::new();
+    let mut created: Vec<SessionId> = Vec::new();
     let mut done = 0u64;
     let mut next = 0usize;
     // The failure of the second pass: which session and version, why.
@@ -452,6 +516,9 @@ pub fn import_from(
             };
             next += 1;
             written.push(id.clone());
+            if p.done == 0 {
+                created.push(id.clone());
+            }
             Ok(Writing {
                 plan: p,
                 fold: (p.commits >= SETTINGS_TAIL_COMMITS).then(SettingsFold::default),
@@ -466,6 +533,15 @@ pub fn import_from(
             let p = w.plan;
             if c.version > p.commits {
                 return Err(changed(&p.id, c.version));
+            }
+            if c.version <= p.done {
+                // Written by the import this one resumes (the check found it
+                // in the store, commit id for commit id).
+                if let Some(fold) = w.fold.as_mut() {
+                    fold.add(&c.events);
+                }
+                w.last = Some((p.base + c.version, c.timestamp_ms));
+                return Ok(());
             }
             let failed = match new_commit(&p.id, c, p.base, opts) {
                 Ok(commit) if w.queued_ids.contains(&commit.commit_id) => {
@@ -540,13 +616,13 @@ pub fn import_from(
         None => Ok(()),
     });
     if let Err(e) = res {
-        let Some(last) = written.last().cloned() else {
+        let Some(last) = written.last().cloned().filter(|_| done > 0) else {
             // The second pass failed before its first write.
             return Err(e);
         };
-        // Purge what this import wrote, so no half-imported session stays
-        // visible.
-        let rolled_back = written
+        // Purge the sessions this import created, so no half-imported session
+        // stays visible.
+        let rolled_back = created
             .iter()
             .all(|id| store.delete(id).is_ok() && matches!(store.header(id), Ok(None)))
             && engine.flush().is_ok();

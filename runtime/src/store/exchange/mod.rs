@@ -89,6 +89,11 @@ pub enum ExchangeError {
     Truncated { line: u64 },
     #[error("session {id} already exists in the store")]
     SessionExists { id: SessionId },
+    /// A resumed import ([`ImportOptions::resume`]) found a session in the store
+    /// that is not the start of the source's: another commit at a version, or
+    /// more commits than the source has.
+    #[error("session {id} is in the store, but not as the file's first {version} commits: it is not an interrupted import of this file")]
+    NotResumable { id: SessionId, version: u64 },
     #[error("the store has a stream named {id} that is not a session")]
     StreamExists { id: SessionId },
     #[error("commit {commit_id} (session {id}, version {version}) is already in the store")]
@@ -107,7 +112,7 @@ pub enum ExchangeError {
     },
     #[error(
         "importing session {id} failed at version {version} ({reason}); {}",
-        if *rolled_back { "the sessions written by this import were purged again" } else { "purging the sessions written by this import also failed" }
+        if *rolled_back { "the sessions this import created were purged again" } else { "purging the sessions this import created also failed" }
     )]
     ImportFailed {
         id: SessionId,
@@ -502,6 +507,87 @@ mod tests {
         let err = import_sessions(&sb, &sessions, &ImportOptions::default(), &mut || {});
         assert!(matches!(err, Err(ExchangeError::SessionExists { .. })));
         assert_eq!(sb.engine().unwrap().last_seq(), before);
+    }
+
+    /// An import cut short (here: the first session whole, the second's first
+    /// two commits of four, the third not at all) is refused when run again, and
+    /// finished by a resumed run: the store then exports exactly what a whole
+    /// import gives. A resumed run of a finished import writes nothing; a store
+    /// whose session is not the file's first commits, or holds more of it than
+    /// the file, is refused without a write.
+    #[test]
+    fn a_resumed_import_finishes_an_import_cut_short() {
+        let a = tempfile::tempdir().unwrap();
+        let sa = store(a.path());
+        let ids: Vec<SessionId> = (0..3).map(|_| sample(&sa)).collect();
+        let mut w = ExportWriter::new(Vec::new()).unwrap();
+        for id in &ids {
+            w.session(&sa, id).unwrap();
+        }
+        let file = w.finish().unwrap().0;
+        let sessions = read_export(&file[..]).unwrap();
+        assert!(sessions.iter().all(|s| s.commits.len() == 4));
+        let export_all = |s: &LogStore| {
+            let mut w = ExportWriter::new(Vec::new()).unwrap();
+            for id in &ids {
+                w.session(s, id).unwrap();
+            }
+            without_export_time(&w.finish().unwrap().0)
+        };
+        let cut = |n: usize| {
+            let mut cut = vec![sessions[0].clone(), sessions[1].clone()];
+            cut[1].commits.truncate(n);
+            cut
+        };
+        let b = tempfile::tempdir().unwrap();
+        let sb = store(b.path());
+        import_sessions(&sb, &cut(2), &ImportOptions::default(), &mut || {}).unwrap();
+        let resume = ImportOptions::default().resume(true);
+        let before = sb.engine().unwrap().last_seq();
+        let err = import_sessions(&sb, &sessions, &ImportOptions::default(), &mut || {});
+        assert!(
+            matches!(err, Err(ExchangeError::SessionExists { .. })),
+            "{err:?}"
+        );
+        assert_eq!(sb.engine().unwrap().last_seq(), before);
+        // The second session has more commits in the store than in this file.
+        let err = import_sessions(&sb, &cut(1), &resume, &mut || {});
+        assert!(
+            matches!(err, Err(ExchangeError::NotResumable { version: 1, .. })),
+            "{err:?}"
+        );
+        // The second session's first commit is another in this file.
+        let mut other = sessions.clone();
+        other[1].commits[0].commit_id = Uuid::new_v4();
+        let err = import_sessions(&sb, &other, &resume, &mut || {});
+        assert!(
+            matches!(err, Err(ExchangeError::NotResumable { version: 1, .. })),
+            "{err:?}"
+        );
+        assert_eq!(sb.engine().unwrap().last_seq(), before);
+        let mut written = 0;
+        let done = import_sessions(&sb, &sessions, &resume, &mut || written += 1).unwrap();
+        assert_eq!(written, 2 + 4, "only what the cut import did not write");
+        assert_eq!(
+            done.iter().map(|s| s.version).collect::<Vec<_>>(),
+            [4, 4, 4]
+        );
+        assert_eq!(export_all(&sb), export_all(&sa));
+        let before = sb.engine().unwrap().last_seq();
+        import_sessions(&sb, &sessions, &resume, &mut || {}).unwrap();
+        assert_eq!(
+            sb.engine().unwrap().last_seq(),
+            before,
+            "nothing left to write"
+        );
+        assert_eq!(export_all(&sb), export_all(&sa));
+        // Resuming needs the file's commit ids.
+        let fresh = ImportOptions::default().resume(true).fresh_commit_ids(true);
+        let err = import_sessions(&sb, &sessions, &fresh, &mut || {});
+        assert!(
+            matches!(err, Err(ExchangeError::SessionExists { .. })),
+            "{err:?}"
+        );
     }
 
     /// The lines of an export with the header's export time blanked.
