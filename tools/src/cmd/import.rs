@@ -66,6 +66,9 @@ fn exchange_err(file: &Path, postgres: bool, e: ExchangeError) -> ToolError {
         ExchangeError::CommitIdTaken { .. } => {
             "nothing was imported; pass --fresh-commit-ids to give the commits new ids (a purged session's commits keep their ids until `compact --gc` collects their segments)"
         }
+        ExchangeError::CommitIdTwice { .. } => {
+            "nothing was imported; fix or re-export the file, or pass --fresh-commit-ids to give every commit a new id"
+        }
         ExchangeError::StreamExists { .. } => "nothing was imported; import into another store",
         ExchangeError::NotResumable { .. } => {
             "nothing was imported; the store holds other commits under this id, so import into another store"

@@ -88,10 +88,11 @@ fn an_import_cut_short_at_every_commit_is_finished_by_resume() {
 }
 
 /// `--resume` needs the file's commit ids, so it cannot go with
-/// `--fresh-commit-ids`; a store holding other commits under the file's
-/// session ids is refused without a write.
+/// `--fresh-commit-ids` nor read a pi file; a store holding other commits
+/// under the file's session ids is refused without a write, and so is a file
+/// holding a commit id twice.
 #[test]
-fn resume_refuses_what_is_not_an_import_of_the_file() {
+fn what_resume_cannot_continue_and_a_commit_id_twice_are_refused() {
     let dir = tempfile::tempdir().unwrap();
     let a = dir.path().join("a");
     demo(&a);
@@ -108,6 +109,30 @@ fn resume_refuses_what_is_not_an_import_of_the_file() {
     let out = run(&a, &["import", "--format", "pi", pi, "--resume"]);
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
     assert!(stderr(&out).contains("purge"), "{}", stderr(&out));
+    // A file holding a commit id twice is refused before a write.
+    let text = std::fs::read_to_string(&file).unwrap();
+    let commit_ids: Vec<String> = text
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter_map(|v| v["commit_id"].as_str().map(str::to_string))
+        .collect();
+    let other_id = commit_ids.iter().find(|c| **c != commit_ids[0]).unwrap();
+    let twice = dir.path().join("twice.jsonl");
+    std::fs::write(&twice, text.replace(other_id, &commit_ids[0])).unwrap();
+    let d = dir.path().join("d");
+    let out = run(&d, &["import", twice.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("in the file twice"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(
+        stderr(&out).contains("--fresh-commit-ids"),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(json(&d, &["sessions", "--json"]), serde_json::json!([]));
     // The source store holds the same commits: resuming there is a no-op.
     let before = json(&a, &["sessions", "--json"]);
     json(&a, &["import", path, "--resume", "--json"]);

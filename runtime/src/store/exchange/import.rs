@@ -1,6 +1,7 @@
 //! Importing: the sources an import reads, the check pass that writes
 //! nothing, and the write pass.
 
+use super::twice::SeenIds;
 use super::*;
 
 // ---------------------------------------------------------------------------
@@ -272,19 +273,27 @@ fn check_commit(
     (base, done): (u64, u64),
     c: &ImportCommit,
     opts: &ImportOptions,
-    commit_ids: &mut HashSet<Uuid>,
+    commit_ids: &mut SeenIds<'_>,
 ) -> Result<(), ExchangeError> {
     fold.commit(c)?;
     let id = fold.id();
     let engine = store.engine()?;
+    if !opts.fresh_commit_ids {
+        // A commit id the source holds twice is found once every id is seen.
+        commit_ids
+            .push(c.commit_id)
+            .map_err(|source| ExchangeError::Io {
+                context: "keeping the file's commit ids in a temporary file failed".into(),
+                source,
+            })?;
+    }
     if c.version <= done {
         // Written by the import this one resumes: the store's commit at this
         // version must be the source's (commit ids are drawn at random).
-        let ours = commit_ids.insert(c.commit_id)
-            && engine
-                .commit_by_id(c.commit_id)
-                .map_err(engine_err)?
-                .is_some_and(|i| i.stream == id.as_str() && i.version == base + c.version);
+        let ours = engine
+            .commit_by_id(c.commit_id)
+            .map_err(engine_err)?
+            .is_some_and(|i| i.stream == id.as_str() && i.version == base + c.version);
         return match ours {
             true => Ok(()),
             false => Err(ExchangeError::NotResumable {
@@ -294,11 +303,10 @@ fn check_commit(
         };
     }
     if !opts.fresh_commit_ids {
-        let taken = !commit_ids.insert(c.commit_id)
-            || engine
-                .commit_by_id(c.commit_id)
-                .map_err(engine_err)?
-                .is_some();
+        let taken = engine
+            .commit_by_id(c.commit_id)
+            .map_err(engine_err)?
+            .is_some();
         if taken {
             return Err(ExchangeError::CommitIdTaken {
                 id: id.clone(),
@@ -339,7 +347,7 @@ fn check_pass(
     progress: &mut dyn FnMut(ImportProgress),
 ) -> Result<Vec<Planned>, ExchangeError> {
     let mut plan: Vec<Planned> = Vec::new();
-    let mut commit_ids = HashSet::new();
+    let mut commit_ids = SeenIds::new(store.dir());
     let mut checked = 0u64;
     for_each_session_commit(
         source,
@@ -367,7 +375,33 @@ fn check_pass(
             Ok(())
         },
     )?;
+    let twice = commit_ids.finish().map_err(|source| ExchangeError::Io {
+        context: "reading the file's commit ids back from a temporary file failed".into(),
+        source,
+    })?;
+    if let Some(t) = twice {
+        let (id, version) = place(&plan, t.first);
+        let (other_id, other_version) = place(&plan, t.second);
+        return Err(ExchangeError::CommitIdTwice {
+            commit_id: t.commit_id,
+            id,
+            version,
+            other_id,
+            other_version,
+        });
+    }
     Ok(plan)
+}
+
+/// The session and version of the source's commit number `ordinal` (from 0).
+fn place(plan: &[Planned], mut ordinal: u64) -> (SessionId, u64) {
+    for p in plan {
+        if ordinal < p.commits {
+            return (p.id.clone(), ordinal + 1);
+        }
+        ordinal -= p.commits;
+    }
+    unreachable!("an ordinal past the source's last commit")
 }
 
 /// Checks that `sessions` can be imported into `store` (every session

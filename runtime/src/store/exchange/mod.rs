@@ -36,8 +36,8 @@
 //! parses every line ([`ExportReader`], one commit in memory at a time),
 //! folds every session's events and checks the target
 //! store (no session with the same id, no stream of that name that is not
-//! a purged session, no commit id already taken, every commit within the
-//! store's record limit) **before writing anything**. A malformed or
+//! a purged session, no commit id already taken or in the file twice, every
+//! commit within the store's record limit) **before writing anything**. A malformed or
 //! truncated file is refused with the line number. The second pass appends
 //! each commit through the engine under its exact version fence and with
 //! its original commit time, with the same event kinds (`session.<kind>`)
@@ -101,6 +101,16 @@ pub enum ExchangeError {
         id: SessionId,
         version: u64,
         commit_id: Uuid,
+    },
+    /// Two commits of the source have the same commit id; found before
+    /// anything is written.
+    #[error("commit id {commit_id} is in the file twice: session {id} version {version} and session {other_id} version {other_version}")]
+    CommitIdTwice {
+        commit_id: Uuid,
+        id: SessionId,
+        version: u64,
+        other_id: SessionId,
+        other_version: u64,
     },
     #[error("session {id} is not in the store")]
     NotFound { id: SessionId },
@@ -411,6 +421,7 @@ mod ahead;
 mod fold;
 mod import;
 mod read;
+mod twice;
 
 pub(crate) use fold::SessionFold;
 #[cfg(feature = "postgres")]
@@ -881,6 +892,47 @@ mod tests {
             "{err}"
         );
         assert_eq!(sb.engine().unwrap().last_seq(), 0, "nothing written");
+    }
+
+    /// A commit id the file holds twice, in one session or in two, is
+    /// refused with both places before anything is written; with fresh
+    /// commit ids the file imports.
+    #[test]
+    fn a_commit_id_in_the_file_twice_is_refused_before_a_write() {
+        let a = tempfile::tempdir().unwrap();
+        let sa = store(a.path());
+        let ids: Vec<SessionId> = (0..2).map(|_| sample(&sa)).collect();
+        let mut sessions = Vec::new();
+        for id in &ids {
+            sessions.extend(read_export(&export(&sa, id)[..]).unwrap());
+        }
+        let b = tempfile::tempdir().unwrap();
+        let sb = store(b.path());
+        let last = sessions[1].commits.len() - 1;
+        for (from, to) in [((0, 0), (0, 2)), ((0, 1), (1, last))] {
+            let mut twice = sessions.clone();
+            let commit_id = twice[from.0].commits[from.1].commit_id;
+            twice[to.0].commits[to.1].commit_id = commit_id;
+            let err = import_sessions(&sb, &twice, &ImportOptions::default(), &mut || {});
+            match err {
+                Err(ExchangeError::CommitIdTwice {
+                    commit_id: c,
+                    id,
+                    version,
+                    other_id,
+                    other_version,
+                }) => {
+                    assert_eq!(c, commit_id);
+                    assert_eq!((&id, version), (&ids[from.0], from.1 as u64 + 1));
+                    assert_eq!((&other_id, other_version), (&ids[to.0], to.1 as u64 + 1));
+                }
+                other => panic!("{from:?} and {to:?}: {other:?}"),
+            }
+            assert_eq!(sb.engine().unwrap().last_seq(), 0, "nothing written");
+            let fresh = ImportOptions::default().fresh_commit_ids(true);
+            let c = tempfile::tempdir().unwrap();
+            import_sessions(&store(c.path()), &twice, &fresh, &mut || {}).unwrap();
+        }
     }
 
     #[test]
