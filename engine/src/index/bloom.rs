@@ -147,15 +147,16 @@ impl Blocks {
     }
 }
 
-/// A commit id's block and bits: three mixed hashes.
-fn commit_id_bits(f: &Blocks, id: Uuid) -> (usize, impl Iterator<Item = u64>) {
+/// A commit id's hashes: the block hash and three words of bit positions,
+/// computed once for every filter of a chain.
+fn commit_id_hashes(id: Uuid) -> (u64, [u64; 3]) {
     let (h1, h2) = hashes(id);
     let words = [
         h2,
         mix(h2 ^ h1.rotate_left(29)),
         mix(h1 ^ 0x6A09_E667_F3BC_C909),
     ];
-    f.locate(h1, words, HASHES)
+    (h1, words)
 }
 
 fn mix(mut z: u64) -> u64 {
@@ -190,15 +191,17 @@ impl CommitIdFilter {
             self.filters.push(Blocks::new(cap, BITS_PER_ITEM));
         }
         if let Some(f) = self.filters.last_mut() {
-            let at = commit_id_bits(f, id);
+            let (h, words) = commit_id_hashes(id);
+            let at = f.locate(h, words, HASHES);
             f.insert(at);
         }
     }
 
     pub fn may_contain(&self, id: Uuid) -> bool {
+        let (h, words) = commit_id_hashes(id);
         self.filters
             .iter()
-            .any(|f| f.may_contain(commit_id_bits(f, id)))
+            .any(|f| f.may_contain(f.locate(h, words, HASHES)))
     }
 }
 
