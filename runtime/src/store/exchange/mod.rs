@@ -44,10 +44,11 @@
 //! and encoding ([`encode_event`]) as [`LogStore`] uses, and the log is
 //! synced once at the end; the store's background checkpoints wait until
 //! the write is over ([`spool_engine::Store::defer_checkpoints`]). Should an append still fail (I/O, a concurrent
-//! writer), every session this import wrote is purged again, so no
+//! writer), every session this import created is purged again, so no
 //! half-imported session stays visible; a crash in the middle of an import
-//! can leave a prefix of the commits of one session (a valid session at an
-//! earlier version), never a torn commit.
+//! can leave the sessions written so far, the last one a prefix of its
+//! commits (a valid session at an earlier version), never a torn commit, and
+//! a resumed import ([`ImportOptions::resume`]) of the same source finishes it.
 
 use std::collections::HashSet;
 use std::io::{BufRead, Write};
