@@ -14,6 +14,7 @@ pub mod api_format;
 pub mod context;
 mod entry;
 pub mod history;
+pub(crate) mod id_index;
 mod json;
 mod json_encode;
 mod json_size;

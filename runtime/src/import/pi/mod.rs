@@ -67,6 +67,7 @@ use uuid::Uuid;
 use crate::session::encoded_event_len;
 use crate::session::{AgentDefinition, AgentState, ModelConfig, SessionEvent, SessionId};
 use crate::store::exchange::{read_line_bounded, ExchangeError, ImportCommit, ImportSession};
+use crate::transcript::id_index::IdIndex;
 use crate::transcript::{
     path_settings, ContentBlock, Entry, EntryId, EntryKind, Json, Message, PathMarker, StopReason,
     Usage,
@@ -372,7 +373,7 @@ impl<R: BufRead> Pass<R> {
             line_no: 0,
             skipped: Vec::new(),
             version: 0,
-            ids: IdIndex::new(),
+            ids: IdIndex::default(),
             seed,
             draws: 0,
             last_ts: 0,
@@ -548,96 +549,6 @@ impl<R: BufRead> Pass<R> {
             },
             parent,
         }))
-    }
-}
-
-/// The ids of the entries read so far, by index, with a hash table over
-/// them: what the parent and duplicate checks, the version 1 ids and
-/// `firstKeptEntryIndex` need. Held as bytes end to end, so an 8-character
-/// id takes about 20 bytes here (a `HashMap<EntryId, u32>` takes about 40).
-/// At most `u32::MAX - 1` entries and 4 GiB of ids (beyond, an error).
-struct IdIndex {
-    /// Every id's bytes, end to end.
-    bytes: Vec<u8>,
-    /// Where each id ends in `bytes`.
-    ends: Vec<u32>,
-    /// Open addressing with linear probing: an entry's index + 1, 0 for a
-    /// free slot. A power of two long, at most half full.
-    slots: Vec<u32>,
-    /// Seeded per process, so a file cannot be made to collide.
-    hasher: foldhash::fast::RandomState,
-}
-
-impl IdIndex {
-    fn new() -> Self {
-        IdIndex {
-            bytes: Vec::new(),
-            ends: Vec::new(),
-            slots: vec![0; 16],
-            hasher: foldhash::fast::RandomState::default(),
-        }
-    }
-
-    /// The id of entry `i`.
-    fn get(&self, i: usize) -> Option<&str> {
-        let end = *self.ends.get(i)? as usize;
-        let start = match i.checked_sub(1) {
-            Some(p) => *self.ends.get(p)? as usize,
-            None => 0,
-        };
-        std::str::from_utf8(self.bytes.get(start..end)?).ok()
-    }
-
-    /// The id of the last entry read.
-    fn last(&self) -> Option<&str> {
-        self.ends.len().checked_sub(1).and_then(|i| self.get(i))
-    }
-
-    /// The index of the entry with this id.
-    fn find(&self, id: &str) -> Option<u32> {
-        let mask = self.slots.len() - 1;
-        let mut at = self.hasher.hash_one(id) as usize & mask;
-        // Ends: at least half the slots are free.
-        loop {
-            match self.slots[at] {
-                0 => return None,
-                s if self.get(s as usize - 1) == Some(id) => return Some(s - 1),
-                _ => at = (at + 1) & mask,
-            }
-        }
-    }
-
-    /// Adds the next entry's id (not in the index yet); returns its index.
-    fn push(&mut self, id: &str) -> Result<u32, String> {
-        let too_many = || "the file has more entries than a session read from one can hold";
-        let n = u32::try_from(self.ends.len())
-            .ok()
-            .filter(|&n| n < u32::MAX - 1)
-            .ok_or_else(too_many)?;
-        let end = u32::try_from(self.bytes.len() + id.len()).map_err(|_| too_many())?;
-        if (self.ends.len() + 1) * 2 > self.slots.len() {
-            self.slots = vec![0; self.slots.len() * 2];
-            for i in 0..n {
-                self.place(i);
-            }
-        }
-        self.bytes.extend_from_slice(id.as_bytes());
-        self.ends.push(end);
-        self.place(n);
-        Ok(n)
-    }
-
-    /// Puts entry `i` in a free slot.
-    fn place(&mut self, i: u32) {
-        let mask = self.slots.len() - 1;
-        let mut at = self
-            .get(i as usize)
-            .map_or(0, |id| self.hasher.hash_one(id)) as usize
-            & mask;
-        while self.slots[at] != 0 {
-            at = (at + 1) & mask;
-        }
-        self.slots[at] = i + 1;
     }
 }
 

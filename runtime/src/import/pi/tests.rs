@@ -626,20 +626,3 @@ fn open_refuses_what_read_pi_refuses_on_the_same_line() {
     assert_eq!((got.line, got.reason), (want.line, want.reason));
     assert_eq!(want.line, 3);
 }
-
-#[test]
-fn the_id_index_finds_every_id_and_grows() {
-    let mut ids = IdIndex::new();
-    let n = 10_000u32;
-    for i in 0..n {
-        assert_eq!(ids.push(&format!("id{i}")).unwrap(), i);
-    }
-    for i in 0..n {
-        assert_eq!(ids.find(&format!("id{i}")), Some(i));
-        assert_eq!(ids.get(i as usize), Some(format!("id{i}").as_str()));
-    }
-    assert_eq!(ids.find("id10000"), None);
-    assert_eq!(ids.get(n as usize), None);
-    assert_eq!(ids.last(), Some("id9999"));
-    assert!(ids.slots.len() >= 2 * n as usize);
-}

@@ -1,10 +1,9 @@
 //! The check of one session to import, commit by commit: its shape and the
 //! fold of its events, optionally without the entries' content.
 
-use std::collections::HashSet;
-
 use super::*;
 use crate::session::{check_rewrite, FoldError};
+use crate::transcript::id_index::IdIndex;
 use crate::transcript::{Entry, EntryId, EntryKind, Transcript, TranscriptError};
 
 /// Folds one session's commits as they come, checking their shape: dense
@@ -17,7 +16,8 @@ use crate::transcript::{Entry, EntryId, EntryKind, Transcript, TranscriptError};
 /// leaves present, rewrites naming entries that exist), so a light fold
 /// accepts and refuses exactly what a full one does, with the same errors,
 /// and counts the same entries, while it holds no entry: an import checks a
-/// long session in a few dozen bytes per entry, whatever its text.
+/// long session in about 20 bytes per entry ([`IdIndex`], which refuses a
+/// session beyond 4 Gi ids or 4 GiB of them), whatever its text.
 pub(crate) struct SessionFold {
     id: SessionId,
     /// The light fold's transcript (`None`: a full fold).
@@ -87,7 +87,7 @@ impl SessionFold {
                 None => self.start(ev),
                 Some(s) => match self.ids.as_mut() {
                     Some(ids) => ids.fold(s, ev),
-                    None => s.apply(ev),
+                    None => s.apply(ev).map_err(Refusal::Fold),
                 },
             };
             folded.map_err(|e| {
@@ -119,7 +119,7 @@ impl SessionFold {
     /// The session from its first event, which must be `created`; a light
     /// fold takes the created transcript's ids and leaves the session's
     /// transcript empty.
-    fn start(&mut self, ev: &SessionEvent) -> Result<(), FoldError> {
+    fn start(&mut self, ev: &SessionEvent) -> Result<(), Refusal> {
         let session = match ev {
             SessionEvent::Created {
                 id,
@@ -132,7 +132,7 @@ impl SessionFold {
             } if self.light => {
                 let mut state = state.clone();
                 let transcript = std::mem::take(&mut state.transcript);
-                self.ids = Some(Ids::of(&transcript));
+                self.ids = Some(Ids::of(&transcript)?);
                 AgentSession::replay(std::iter::once(&SessionEvent::Created {
                     id: id.clone(),
                     parent_id: parent_id.clone(),
@@ -171,51 +171,92 @@ impl SessionFold {
     }
 }
 
+/// Why a commit does not fold: the fold's own error, or more entry ids
+/// than a light fold holds ([`IdIndex`]'s limits).
+#[derive(Debug)]
+enum Refusal {
+    Fold(FoldError),
+    Limit(String),
+}
+
+impl From<FoldError> for Refusal {
+    fn from(e: FoldError) -> Self {
+        Refusal::Fold(e)
+    }
+}
+
+impl std::fmt::Display for Refusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Refusal::Fold(e) => e.fmt(f),
+            Refusal::Limit(reason) => f.write_str(reason),
+        }
+    }
+}
+
 /// A transcript as a light fold keeps it: which ids it holds (the first of
 /// a repeated id, as [`Transcript`]'s lookups), how many entries, the leaf.
+/// The ids are an [`IdIndex`]: about 20 bytes an entry.
 #[derive(Default)]
 struct Ids {
-    ids: HashSet<EntryId>,
+    ids: IdIndex,
     len: u64,
     leaf: Option<EntryId>,
 }
 
 impl Ids {
-    fn of(t: &Transcript) -> Ids {
-        Ids {
-            ids: t.entries().iter().map(|e| e.id.clone()).collect(),
-            len: t.len() as u64,
-            leaf: t.leaf().cloned(),
+    fn of(t: &Transcript) -> Result<Ids, Refusal> {
+        let mut ids = Ids::from_entries(t.entries())?;
+        ids.leaf = t.leaf().cloned();
+        Ok(ids)
+    }
+
+    /// The ids of `entries` (a repeated id once), their count, no leaf.
+    fn from_entries(entries: &[Entry]) -> Result<Ids, Refusal> {
+        let mut ids = IdIndex::default();
+        for e in entries {
+            if !ids.contains(e.id.as_str()) {
+                ids.push(e.id.as_str()).map_err(Refusal::Limit)?;
+            }
         }
+        Ok(Ids {
+            ids,
+            len: entries.len() as u64,
+            leaf: None,
+        })
+    }
+
+    fn contains(&self, id: &EntryId) -> bool {
+        self.ids.contains(id.as_str())
     }
 
     /// Folds `ev` into `s` as [`AgentSession::apply`] does, with the
     /// transcript's part done here: the same checks, in the same order,
     /// with the same errors.
-    fn fold(&mut self, s: &mut AgentSession, ev: &SessionEvent) -> Result<(), FoldError> {
+    fn fold(&mut self, s: &mut AgentSession, ev: &SessionEvent) -> Result<(), Refusal> {
         let unknown = |id: &EntryId| FoldError::Transcript {
             event: ev.kind(),
             source: TranscriptError::UnknownEntry(id.clone()),
         };
         match ev {
             SessionEvent::EntryAppended { entry } => {
-                if self.ids.contains(&entry.id) {
-                    return Err(FoldError::Transcript {
+                if self.contains(&entry.id) {
+                    return Err(Refusal::Fold(FoldError::Transcript {
                         event: ev.kind(),
                         source: TranscriptError::DuplicateEntry(entry.id.clone()),
-                    });
+                    }));
                 }
-                if let Some(p) = entry.parent_id.as_ref().filter(|p| !self.ids.contains(*p)) {
-                    return Err(unknown(p));
+                if let Some(p) = entry.parent_id.as_ref().filter(|p| !self.contains(p)) {
+                    return Err(unknown(p).into());
                 }
-                self.ids.insert(entry.id.clone());
+                self.ids.push(entry.id.as_str()).map_err(Refusal::Limit)?;
                 self.len += 1;
                 self.leaf = Some(entry.id.clone());
                 Ok(())
             }
             SessionEvent::LeafMoved { leaf } => {
-                if let Some(l) = leaf.as_ref().filter(|l| !self.ids.contains(*l)) {
-                    return Err(unknown(l));
+                if let Some(l) = leaf.as_ref().filter(|l| !self.contains(l)) {
+                    return Err(unknown(l).into());
                 }
                 self.leaf = leaf.clone();
                 Ok(())
@@ -232,8 +273,7 @@ impl Ids {
                     leaf: leaf.clone(),
                 })?;
                 s.apply(&emptied(*generation))?;
-                self.ids = entries.iter().map(|e| e.id.clone()).collect();
-                self.len = entries.len() as u64;
+                *self = Ids::from_entries(entries)?;
                 self.leaf = leaf.clone();
                 Ok(())
             }
@@ -246,13 +286,13 @@ impl Ids {
             } => {
                 self.rewrite(written, reparented, removed, leaf.as_ref())
                     .map_err(|reason| FoldError::BadRewrite { reason })?;
-                s.apply(&emptied(*generation))
+                Ok(s.apply(&emptied(*generation))?)
             }
             SessionEvent::StateCleared => {
                 *self = Ids::default();
-                s.apply(ev)
+                Ok(s.apply(ev)?)
             }
-            other => s.apply(other),
+            other => Ok(s.apply(other)?),
         }
     }
 
@@ -264,15 +304,9 @@ impl Ids {
         removed: &[EntryId],
         leaf: Option<&EntryId>,
     ) -> Result<(), String> {
-        check_rewrite(
-            |id| self.ids.contains(id),
-            written,
-            reparented,
-            removed,
-            leaf,
-        )?;
+        check_rewrite(|id| self.contains(id), written, reparented, removed, leaf)?;
         for id in removed {
-            self.ids.remove(id);
+            self.ids.remove(id.as_str());
         }
         self.len = self.len.saturating_sub(removed.len() as u64);
         self.leaf = leaf.cloned();
