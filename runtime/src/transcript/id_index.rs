@@ -5,7 +5,10 @@
 //! with an open-addressing table over them: an 8-character id takes about
 //! 20 bytes here, where a `HashSet<EntryId>` takes about 50 (a 24-byte id
 //! plus the table's control byte, at most seven-eighths full, doubling).
-//! At most `u32::MAX - 2` ids and 4 GiB of id bytes; beyond, an error.
+//! A removed id's bytes stay (its number still names it) until removed ids
+//! outnumber live ones; the table's next rebuild then keeps only the live
+//! ids, renumbered in order, so memory follows the live ids. At most
+//! `u32::MAX - 2` ids and 4 GiB of id bytes held; beyond, an error.
 
 use std::hash::BuildHasher;
 
@@ -17,13 +20,14 @@ const GONE: u32 = u32::MAX;
 /// Entry ids by number, and a hash table over them; see the module
 /// documentation.
 pub(crate) struct IdIndex {
-    /// Every id's bytes, end to end (a removed id's bytes stay until the
-    /// table is rebuilt).
+    /// Every id's bytes, end to end (see the module documentation for
+    /// removed ones).
     bytes: Vec<u8>,
     /// Where each id ends in `bytes`.
     ends: Vec<u32>,
     /// Open addressing with linear probing: an id's number + 1, [`FREE`] or
-    /// [`GONE`]. A power of two long; used and gone slots at most half of it.
+    /// [`GONE`]. A power of two long; used and gone slots at most half of it,
+    /// and at most a quarter just after a rebuild.
     slots: Vec<u32>,
     /// Slots holding an id, and slots holding [`GONE`].
     live: usize,
@@ -46,7 +50,8 @@ impl Default for IdIndex {
 }
 
 impl IdIndex {
-    /// The id numbered `i` (removed or not).
+    /// The id numbered `i` (removed or not; numbers change only when a
+    /// rebuild drops removed ids).
     pub(crate) fn get(&self, i: usize) -> Option<&str> {
         let end = *self.ends.get(i)? as usize;
         let start = match i.checked_sub(1) {
@@ -91,14 +96,15 @@ impl IdIndex {
         let too_many = || {
             "more entry ids than one session can hold here (4 Gi ids or 4 GiB of them)".to_string()
         };
+        if (self.live + self.gone + 1) * 2 > self.slots.len() {
+            self.rebuild();
+        }
+        // After the rebuild, which may renumber.
         let n = u32::try_from(self.ends.len())
             .ok()
             .filter(|&n| n < GONE - 2)
             .ok_or_else(too_many)?;
         let end = u32::try_from(self.bytes.len() + id.len()).map_err(|_| too_many())?;
-        if (self.live + self.gone + 1) * 2 > self.slots.len() {
-            self.rebuild();
-        }
         self.bytes.extend_from_slice(id.as_bytes());
         self.ends.push(end);
         self.place(n);
@@ -117,19 +123,41 @@ impl IdIndex {
         true
     }
 
-    /// A table sized for the ids in it, without removed slots: twice as
-    /// long when they fill half of it, else the same length.
+    /// A table for the live ids without removed slots, at most a quarter
+    /// full (so a rebuild is followed by at least a quarter of the table's
+    /// adds and removes before the next): the same length, or twice it.
+    /// Once removed ids outnumber live ones, their bytes go too.
     fn rebuild(&mut self) {
-        let len = if (self.live + 1) * 2 > self.slots.len() {
-            self.slots.len() * 2
-        } else {
-            self.slots.len()
-        };
+        let mut len = self.slots.len();
+        while (self.live + 1) * 4 > len {
+            len *= 2;
+        }
         let old = std::mem::replace(&mut self.slots, vec![FREE; len]);
         self.gone = 0;
-        for s in old {
-            if s != FREE && s != GONE {
+        let live = old.into_iter().filter(|&s| s != FREE && s != GONE);
+        if self.ends.len() <= 2 * self.live {
+            for s in live {
                 self.place(s - 1);
+            }
+            return;
+        }
+        let mut numbers: Vec<u32> = live.map(|s| s - 1).collect();
+        numbers.sort_unstable();
+        let (bytes, ends) = (
+            std::mem::take(&mut self.bytes),
+            std::mem::take(&mut self.ends),
+        );
+        let old = IdIndex {
+            bytes,
+            ends,
+            ..IdIndex::default()
+        };
+        for (n, i) in numbers.into_iter().enumerate() {
+            if let Some(id) = old.get(i as usize) {
+                self.bytes.extend_from_slice(id.as_bytes());
+                // Fits: these bytes were a prefix's worth of the old ones.
+                self.ends.push(self.bytes.len() as u32);
+                self.place(n as u32);
             }
         }
     }
@@ -154,7 +182,7 @@ mod tests {
     use std::collections::HashSet;
 
     /// Seeded random adds, removes and lookups answer as a `HashSet` does,
-    /// with numbers in the order of adding; the seed is printed.
+    /// and every number names its id; the seed is printed.
     #[test]
     fn answers_as_a_hash_set_under_adds_and_removes() {
         let seed: u64 = std::env::var("SPOOL_TEST_SEED")
@@ -172,14 +200,13 @@ mod tests {
         };
         let mut index = IdIndex::default();
         let mut set: HashSet<String> = HashSet::new();
-        let mut added = 0u32;
         for step in 0..200_000u32 {
             let id = format!("e{}", next() % 20_000);
             match next() % 4 {
                 0 | 1 if !set.contains(&id) => {
-                    assert_eq!(index.push(&id), Ok(added), "step {step}");
+                    let n = index.push(&id).unwrap();
+                    assert_eq!(index.get(n as usize), Some(id.as_str()), "step {step}");
                     assert_eq!(index.last(), Some(id.as_str()));
-                    added += 1;
                     set.insert(id.clone());
                 }
                 2 => assert_eq!(index.remove(&id), set.remove(&id), "step {step}"),
@@ -195,6 +222,8 @@ mod tests {
                 assert_eq!(used, index.live + index.gone, "step {step}");
                 assert_eq!(index.live, set.len(), "step {step}");
                 assert!(used * 2 <= index.slots.len(), "step {step}");
+                // Removed ids' bytes are dropped once they outnumber live ones.
+                assert!(index.ends.len() <= 2 * index.live + index.slots.len());
             }
         }
         assert!(
@@ -202,6 +231,47 @@ mod tests {
             "the walk kept a real set ({})",
             set.len()
         );
+    }
+
+    /// Removes and adds with the live ids near half the table rebuild it
+    /// rarely (a rebuild leaves at least a quarter of it free), so a session
+    /// of many rewrites costs amortized O(1) per id, not O(table).
+    #[test]
+    fn removes_and_adds_near_half_full_do_not_rebuild_every_time() {
+        let mut index = IdIndex::default();
+        let n = 1u32 << 12;
+        for i in 0..n {
+            index.push(&format!("e{i}")).unwrap();
+        }
+        let len = index.slots.len();
+        let mut rebuilds = 0;
+        for i in 0..n {
+            index.remove(&format!("e{i}"));
+            let before = index.slots.as_ptr();
+            index.push(&format!("f{i}")).unwrap();
+            rebuilds += usize::from(index.slots.as_ptr() != before);
+        }
+        assert!(
+            rebuilds < 64,
+            "{rebuilds} rebuilds of a {len}-slot table for {n} adds"
+        );
+        // Many adds of ids removed again: what is held follows the live ids,
+        // not every id ever added.
+        for i in 0..100 * n {
+            let id = format!("g{i}");
+            index.push(&id).unwrap();
+            assert!(index.remove(&id));
+        }
+        assert_eq!(index.live, n as usize);
+        assert!(
+            index.ends.len() <= 2 * index.live + index.slots.len(),
+            "{} ids held for {} live",
+            index.ends.len(),
+            index.live
+        );
+        for i in 0..n {
+            assert!(index.contains(&format!("f{i}")));
+        }
     }
 
     #[test]

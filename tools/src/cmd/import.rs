@@ -46,13 +46,14 @@ fn file_err(file: &Path, e: impl std::error::Error + Send + Sync + 'static) -> T
     ToolError::with_source(format!("{} cannot be imported", file.display()), e)
 }
 
-fn exchange_err(file: &Path, postgres: bool, e: ExchangeError) -> ToolError {
+/// `resumable`: `--resume` can finish an import of this file into this store
+/// (a `spool-export` file on a store directory).
+fn exchange_err(file: &Path, resumable: bool, e: ExchangeError) -> ToolError {
     if let ExchangeError::SessionExists { id } = &e {
-        // A PostgreSQL import is one transaction: nothing is left to resume.
-        let resume = if postgres {
-            ""
-        } else {
+        let resume = if resumable {
             "if an import of this file was cut short, run it again with --resume; "
+        } else {
+            ""
         };
         let hint = format!(
             "nothing was imported; {resume}if session {id} is deleted, `spool --store DIR purge {id}` frees its id (then import with --fresh-commit-ids); otherwise import into another store"
@@ -72,6 +73,12 @@ fn exchange_err(file: &Path, postgres: bool, e: ExchangeError) -> ToolError {
         ExchangeError::StreamExists { .. } => "nothing was imported; import into another store",
         ExchangeError::NotResumable { .. } => {
             "nothing was imported; the store holds other commits under this id, so import into another store"
+        }
+        ExchangeError::AheadOfSource { .. } => {
+            "nothing was imported; the session moved on since this file was exported: export it again, or import into another store"
+        }
+        ExchangeError::ResumeFailed { .. } => {
+            "fix the cause, then run the same import with --resume again; `spool --store DIR verify` checks the store"
         }
         ExchangeError::Unstorable {
             source: spool_engine::Error::RecordTooLarge { .. },
@@ -220,7 +227,7 @@ pub fn run(dir: &Path, input: Input<'_>, opts: &ImportOptions, json: bool) -> Re
         })?;
         import_from(&store, source, opts, &mut progress)
     }
-    .map_err(|e| exchange_err(file, postgres, e))?;
+    .map_err(|e| exchange_err(file, !postgres && matches!(format, ImportFormat::Spool), e))?;
     bar.bar.finish_and_clear();
     let commits: u64 = imported.iter().map(|s| s.version).sum();
     let report = Report {

@@ -16,8 +16,9 @@ use crate::transcript::{Entry, EntryId, EntryKind, Transcript, TranscriptError};
 /// leaves present, rewrites naming entries that exist), so a light fold
 /// accepts and refuses exactly what a full one does, with the same errors,
 /// and counts the same entries, while it holds no entry: an import checks a
-/// long session in about 20 bytes per entry ([`IdIndex`], which refuses a
-/// session beyond 4 Gi ids or 4 GiB of them), whatever its text.
+/// long session in about 20 bytes per live entry ([`IdIndex`], which
+/// refuses a session beyond 4 Gi ids or 4 GiB of them held), whatever its
+/// text.
 pub(crate) struct SessionFold {
     id: SessionId,
     /// The light fold's transcript (`None`: a full fold).

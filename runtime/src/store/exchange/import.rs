@@ -20,10 +20,9 @@ pub struct ImportOptions {
     /// kill): a session already in the store whose commits are the source's
     /// first ones, commit id for commit id at the same versions, is continued
     /// after them instead of refused. Not with `fresh_commit_ids`, nor with a
-    /// source that makes up commit ids per reading (a pi file). If the
-    /// resumed import fails, it purges the sessions it created, as any import
-    /// does; those it continued keep what it wrote, and running it again
-    /// continues them.
+    /// source that makes up commit ids per reading (a pi file). A resumed
+    /// import that fails purges nothing ([`ExchangeError::ResumeFailed`]): it
+    /// leaves what it wrote, as a crash would, and running it again continues.
     pub resume: bool,
 }
 
@@ -364,9 +363,10 @@ fn check_pass(
         &mut |(fold, (base, done))| {
             if done > fold.commits() {
                 // The store holds more of the session than the source has.
-                return Err(ExchangeError::NotResumable {
+                return Err(ExchangeError::AheadOfSource {
                     id: fold.id().clone(),
-                    version: fold.commits(),
+                    stored: done,
+                    in_source: fold.commits(),
                 });
             }
             let mut planned = Planned::from_fold(fold, base)?;
@@ -528,7 +528,7 @@ pub fn import_from(
     let engine = store.engine()?;
     let _deferred = engine.defer_checkpoints();
     // The sessions the write pass reached, and those of them it creates (the
-    // ones a failure purges: a resumed session keeps what is written).
+    // ones a failure purges, unless the import resumes).
     let mut written: Vec<SessionId> = Vec::new();
     let mut created: Vec<SessionId> = Vec::new();
     let mut done = 0u64;
@@ -650,16 +650,6 @@ pub fn import_from(
         None => Ok(()),
     });
     if let Err(e) = res {
-        let Some(last) = written.last().cloned().filter(|_| done > 0) else {
-            // The second pass failed before its first write.
-            return Err(e);
-        };
-        // Purge the sessions this import created, so no half-imported session
-        // stays visible.
-        let rolled_back = created
-            .iter()
-            .all(|id| store.delete(id).is_ok() && matches!(store.header(id), Ok(None)))
-            && engine.flush().is_ok();
         let (id, version, reason) = match (failure, e) {
             (Some(f), _) => f,
             (
@@ -671,8 +661,29 @@ pub fn import_from(
                     ..
                 },
             ) => (id, version, reason),
-            (None, e) => (last, 0, e.to_string()),
+            (None, e) => match written.last() {
+                Some(last) => (last.clone(), 0, e.to_string()),
+                // The second pass failed before it reached a session.
+                None => return Err(e),
+            },
         };
+        if opts.resume {
+            // A resumed import keeps what it wrote, as a crash would leave it,
+            // so that running it again continues: purged commits would keep
+            // their ids and refuse the next run. Synced so the next run sees it.
+            let _ = engine.flush();
+            return Err(ExchangeError::ResumeFailed {
+                id,
+                version,
+                reason,
+            });
+        }
+        // Purge the sessions this import created, so no half-imported session
+        // stays visible (one it never reached is not there to purge).
+        let rolled_back = created
+            .iter()
+            .all(|id| store.delete(id).is_ok() && matches!(store.header(id), Ok(None)))
+            && engine.flush().is_ok();
         return Err(ExchangeError::ImportFailed {
             id,
             version,

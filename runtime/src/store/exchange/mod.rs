@@ -48,7 +48,8 @@
 //! half-imported session stays visible; a crash in the middle of an import
 //! can leave the sessions written so far, the last one a prefix of its
 //! commits (a valid session at an earlier version), never a torn commit, and
-//! a resumed import ([`ImportOptions::resume`]) of the same source finishes it.
+//! a resumed import ([`ImportOptions::resume`]) of the same source finishes it
+//! (a resumed import that fails purges nothing, for the next one to go on).
 
 use std::collections::HashSet;
 use std::io::{BufRead, Write};
@@ -91,10 +92,17 @@ pub enum ExchangeError {
     #[error("session {id} already exists in the store")]
     SessionExists { id: SessionId },
     /// A resumed import ([`ImportOptions::resume`]) found a session in the store
-    /// that is not the start of the source's: another commit at a version, or
-    /// more commits than the source has.
-    #[error("session {id} is in the store, but not as the file's first {version} commits: it is not an interrupted import of this file")]
+    /// that is not the start of the source's: another commit at a version.
+    #[error("session {id} is in the store, but its commit at version {version} is not the file's: it is not an interrupted import of this file")]
     NotResumable { id: SessionId, version: u64 },
+    /// A resumed import found a session in the store with more commits than
+    /// the source has (an older export, or a session continued since).
+    #[error("session {id} has {stored} commits in the store and {in_source} in the file: the store holds more of it than the file")]
+    AheadOfSource {
+        id: SessionId,
+        stored: u64,
+        in_source: u64,
+    },
     #[error("the store has a stream named {id} that is not a session")]
     StreamExists { id: SessionId },
     #[error("commit {commit_id} (session {id}, version {version}) is already in the store")]
@@ -130,6 +138,14 @@ pub enum ExchangeError {
         version: u64,
         reason: String,
         rolled_back: bool,
+    },
+    /// A resumed import ([`ImportOptions::resume`]) failed: nothing is
+    /// purged, and the same import resumed again continues from what it wrote.
+    #[error("importing session {id} failed at version {version} ({reason}); what this resumed import wrote stays, and resuming it again continues from there")]
+    ResumeFailed {
+        id: SessionId,
+        version: u64,
+        reason: String,
     },
     /// A commit the store would refuse (e.g. over its record size
     /// limit); found before anything is written.
@@ -565,17 +581,37 @@ mod tests {
         // The second session has more commits in the store than in this file.
         let err = import_sessions(&sb, &cut(1), &resume, &mut || {});
         assert!(
-            matches!(err, Err(ExchangeError::NotResumable { version: 1, .. })),
+            matches!(
+                err,
+                Err(ExchangeError::AheadOfSource {
+                    stored: 2,
+                    in_source: 1,
+                    ..
+                })
+            ),
             "{err:?}"
         );
-        // The second session's first commit is another in this file.
-        let mut other = sessions.clone();
-        other[1].commits[0].commit_id = Uuid::new_v4();
-        let err = import_sessions(&sb, &other, &resume, &mut || {});
-        assert!(
-            matches!(err, Err(ExchangeError::NotResumable { version: 1, .. })),
-            "{err:?}"
+        // The second session's first commit is another in this file: one the
+        // store lacks, one the store has at another version of the session,
+        // one the store has in another session.
+        let mut lacking = sessions.clone();
+        lacking[1].commits[0].commit_id = Uuid::new_v4();
+        let mut swapped = sessions.clone();
+        let (v1, v2) = (
+            swapped[1].commits[0].commit_id,
+            swapped[1].commits[1].commit_id,
         );
+        swapped[1].commits[0].commit_id = v2;
+        swapped[1].commits[1].commit_id = v1;
+        let mut elsewhere = sessions.clone();
+        elsewhere[1].commits[0].commit_id = sessions[0].commits[3].commit_id;
+        for other in [lacking, swapped, elsewhere] {
+            let err = import_sessions(&sb, &other, &resume, &mut || {});
+            assert!(
+                matches!(err, Err(ExchangeError::NotResumable { version: 1, .. })),
+                "{err:?}"
+            );
+        }
         assert_eq!(sb.engine().unwrap().last_seq(), before);
         let mut written = 0;
         let done = import_sessions(&sb, &sessions, &resume, &mut || written += 1).unwrap();
@@ -815,6 +851,77 @@ mod tests {
             assert!(sb.header(&one).unwrap().is_none());
             assert!(sb.header(&long).unwrap().is_none());
         }
+    }
+
+    /// A resumed import that fails purges nothing: the session it continued
+    /// and the one it created keep what it wrote, and resuming again finishes
+    /// the import (purged commits would keep their ids and refuse that run).
+    #[test]
+    fn a_failed_resumed_import_keeps_what_it_wrote_and_resumes_again() {
+        let (sessions, one, long) = two_sessions(600);
+        let b = tempfile::tempdir().unwrap();
+        let sb = store(b.path());
+        // Cut short: `one` has 2 of its 4 commits, `long` nothing.
+        let mut cut = vec![sessions[0].clone()];
+        cut[0].commits.truncate(2);
+        import_sessions(&sb, &cut, &ImportOptions::default(), &mut || {}).unwrap();
+        let resume = ImportOptions::default().resume(true);
+        let mut source = SecondPass {
+            sessions: &sessions,
+            change: Change::Short,
+            store: None,
+            passes: 0,
+        };
+        let err = import_from(&sb, &mut source, &resume, &mut |_| {}).unwrap_err();
+        assert!(
+            matches!(&err, ExchangeError::ResumeFailed { id, .. } if *id == long),
+            "{err}"
+        );
+        // The continued session is whole; the created one keeps its batches.
+        assert_eq!(sb.header(&one).unwrap().map(|h| h.version), Some(4));
+        let written = sb.header(&long).unwrap().map(|h| h.version);
+        assert!(written.is_some_and(|v| v > 0 && v < 601), "{written:?}");
+        let done = import_sessions(&sb, &sessions, &resume, &mut || {}).unwrap();
+        assert_eq!(done.iter().map(|s| s.version).collect::<Vec<_>>(), [4, 601]);
+        let export = |s: &LogStore| {
+            let mut w = ExportWriter::new(Vec::new()).unwrap();
+            w.session(s, &one).unwrap();
+            w.session(s, &long).unwrap();
+            without_export_time(&w.finish().unwrap().0)
+        };
+        let c = tempfile::tempdir().unwrap();
+        let sc = store(c.path());
+        import_sessions(&sc, &sessions, &ImportOptions::default(), &mut || {}).unwrap();
+        assert_eq!(export(&sb), export(&sc));
+    }
+
+    /// A write pass that fails before its first write has nothing to purge,
+    /// and says the import's sessions are gone rather than that purging failed.
+    #[test]
+    fn a_failure_before_the_first_write_does_not_claim_a_failed_purge() {
+        let (sessions, _, long) = two_sessions(10);
+        let b = tempfile::tempdir().unwrap();
+        let sb = store(b.path());
+        let mut source = SecondPass {
+            sessions: &sessions[1..],
+            change: Change::Short,
+            store: None,
+            passes: 0,
+        };
+        let err =
+            import_from(&sb, &mut source, &ImportOptions::default(), &mut |_| {}).unwrap_err();
+        assert_eq!(sb.engine().unwrap().last_seq(), 0, "nothing written");
+        assert!(sb.header(&long).unwrap().is_none());
+        assert!(
+            matches!(
+                err,
+                ExchangeError::ImportFailed {
+                    rolled_back: true,
+                    ..
+                }
+            ),
+            "{err}"
+        );
     }
 
     /// A commit of another writer between two of the import's batches: the
