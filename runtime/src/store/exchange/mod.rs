@@ -853,6 +853,42 @@ mod tests {
         }
     }
 
+    /// A resumed import continues a session whose stream a purged earlier
+    /// incarnation began: the store's commits count from that incarnation's
+    /// purge, and the finished session exports as the file.
+    #[test]
+    fn a_resumed_import_continues_after_a_purged_incarnation() {
+        let a = tempfile::tempdir().unwrap();
+        let sa = store(a.path());
+        let id = sample(&sa);
+        let sessions = read_export(&export(&sa, &id)[..]).unwrap();
+        let b = tempfile::tempdir().unwrap();
+        let sb = store(b.path());
+        let mut earlier = sessions.clone();
+        for c in &mut earlier[0].commits {
+            c.commit_id = Uuid::new_v4();
+        }
+        import_sessions(&sb, &earlier, &ImportOptions::default(), &mut || {}).unwrap();
+        assert!(sb.delete(&id).unwrap());
+        let head = |s: &LogStore| s.engine().unwrap().stream_version(id.as_str()).unwrap();
+        let base = head(&sb).unwrap();
+        assert!(base > 0);
+        let mut cut = sessions.clone();
+        cut[0].commits.truncate(2);
+        import_sessions(&sb, &cut, &ImportOptions::default(), &mut || {}).unwrap();
+        let resume = ImportOptions::default().resume(true);
+        let mut written = 0;
+        let done = import_sessions(&sb, &sessions, &resume, &mut || written += 1).unwrap();
+        let commits = sessions[0].commits.len() as u64;
+        assert_eq!(written, commits - 2);
+        assert_eq!(done[0].version, commits);
+        assert_eq!(head(&sb), Some(base + commits));
+        assert_eq!(
+            without_export_time(&export(&sb, &id)),
+            without_export_time(&export(&sa, &id))
+        );
+    }
+
     /// A resumed import that fails purges nothing: the session it continued
     /// and the one it created keep what it wrote, and resuming again finishes
     /// the import (purged commits would keep their ids and refuse that run).
