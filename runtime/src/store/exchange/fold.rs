@@ -440,6 +440,54 @@ mod tests {
         out
     }
 
+    /// What a fold of `events` (a commit each) ends with: entries, leaf,
+    /// generation and version; or its error.
+    type Outcome = Result<(u64, Option<EntryId>, u64, u64), String>;
+
+    fn fold_all(id: &SessionId, events: &[SessionEvent], light: bool) -> Outcome {
+        let mut f = SessionFold::new(id.clone(), light);
+        for (i, ev) in events.iter().enumerate() {
+            let c = ImportCommit {
+                version: i as u64 + 1,
+                commit_id: spool_engine::Uuid::from_u128(i as u128 + 1),
+                timestamp_ms: i as i64,
+                events: vec![ev.clone()],
+                lines: vec![i as u64 + 1],
+            };
+            f.commit(&c).map_err(|e| e.to_string())?;
+        }
+        let entries = f.entries();
+        let leaf = match &f.ids {
+            Some(ids) => ids.leaf.clone(),
+            None => f
+                .session
+                .as_ref()
+                .and_then(|s| s.state().transcript.leaf().cloned()),
+        };
+        let s = f.finish().map_err(|e| e.to_string())?;
+        Ok((entries, leaf, s.state().generation, s.info().version))
+    }
+
+    /// Folds `events` fully and lightly; both must end alike. Whether they
+    /// accepted.
+    fn decide_alike(id: &SessionId, events: &[SessionEvent], seed: u64) -> bool {
+        match (fold_all(id, events, false), fold_all(id, events, true)) {
+            (Ok(full), Ok(light)) => {
+                assert_eq!(full, light, "seed {seed}");
+                true
+            }
+            (Err(full), Err(light)) => {
+                assert_eq!(full, light, "seed {seed}");
+                false
+            }
+            (full, light) => panic!(
+                "seed {seed}: full {:?}, light {:?}",
+                full.map(|_| ()),
+                light.map(|_| ())
+            ),
+        }
+    }
+
     /// A light fold accepts and refuses exactly what a full fold does, with
     /// the same error, and ends with the same number of entries, leaf,
     /// generation and version.
@@ -451,48 +499,9 @@ mod tests {
             let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
             let n = 1 + rng.below(12) as usize;
             let events = history(&mut rng, &id, n);
-            let commits: Vec<ImportCommit> = events
-                .into_iter()
-                .enumerate()
-                .map(|(i, ev)| ImportCommit {
-                    version: i as u64 + 1,
-                    commit_id: spool_engine::Uuid::from_u128(i as u128 + 1),
-                    timestamp_ms: i as i64,
-                    events: vec![ev],
-                    lines: vec![i as u64 + 1],
-                })
-                .collect();
-            // What the fold ends with: entries, leaf, generation, version.
-            let run = |light: bool| {
-                let mut f = SessionFold::new(id.clone(), light);
-                for c in &commits {
-                    f.commit(c).map_err(|e| e.to_string())?;
-                }
-                let entries = f.entries();
-                let leaf = match &f.ids {
-                    Some(ids) => ids.leaf.clone(),
-                    None => f
-                        .session
-                        .as_ref()
-                        .and_then(|s| s.state().transcript.leaf().cloned()),
-                };
-                let s = f.finish().map_err(|e| e.to_string())?;
-                Ok::<_, String>((entries, leaf, s.state().generation, s.info().version))
-            };
-            match (run(false), run(true)) {
-                (Ok(full), Ok(light)) => {
-                    accepted += 1;
-                    assert_eq!(full, light, "seed {seed}");
-                }
-                (Err(full), Err(light)) => {
-                    refused += 1;
-                    assert_eq!(full, light, "seed {seed}");
-                }
-                (full, light) => panic!(
-                    "seed {seed}: full {:?}, light {:?}",
-                    full.map(|_| ()),
-                    light.map(|_| ())
-                ),
+            match decide_alike(&id, &events, seed) {
+                true => accepted += 1,
+                false => refused += 1,
             }
         }
         // Both outcomes are exercised.
@@ -500,5 +509,91 @@ mod tests {
             accepted > 20 && refused > 20,
             "{accepted} accepted, {refused} refused"
         );
+    }
+
+    /// A long valid history: appends under live entries, leaf moves, delta
+    /// rewrites removing up to three entries, whole rewrites keeping most,
+    /// and appends that reuse a removed id. Enough ids, removals and re-adds
+    /// to grow and rebuild a light fold's [`IdIndex`] many times.
+    fn long_history(rng: &mut Rng, id: &SessionId, events: usize) -> Vec<SessionEvent> {
+        let mut live: Vec<EntryId> = Vec::new();
+        let mut gone: Vec<EntryId> = Vec::new();
+        let mut out = history(rng, id, 0);
+        for i in 0..events {
+            let ev = match rng.below(10) {
+                _ if live.is_empty() => None,
+                0..=5 => None,
+                6 => Some(SessionEvent::LeafMoved {
+                    leaf: Some(pick_live(rng, &live)),
+                }),
+                7 | 8 => {
+                    let mut removed: Vec<EntryId> = Vec::new();
+                    for _ in 0..=rng.below(3) {
+                        let at = rng.below(live.len() as u64) as usize;
+                        if live.len() > 1 {
+                            removed.push(live.swap_remove(at));
+                        }
+                    }
+                    gone.extend(removed.iter().cloned());
+                    Some(SessionEvent::TranscriptRewritten {
+                        generation: i as u64,
+                        written: Vec::new(),
+                        reparented: Vec::new(),
+                        removed,
+                        leaf: None,
+                    })
+                }
+                _ if rng.below(20) > 0 => Some(SessionEvent::Touched),
+                _ => {
+                    let entries: Vec<Entry> = live
+                        .iter()
+                        .filter(|_| rng.below(8) > 0)
+                        .map(|id| text_entry(id.as_str(), None, "h".into()))
+                        .collect();
+                    let kept: Vec<EntryId> = entries.iter().map(|e| e.id.clone()).collect();
+                    gone.extend(live.iter().filter(|id| !kept.contains(id)).cloned());
+                    live = kept;
+                    let leaf = live.last().cloned();
+                    Some(SessionEvent::HistoryRewritten {
+                        generation: i as u64,
+                        entries,
+                        leaf,
+                    })
+                }
+            };
+            let ev = ev.unwrap_or_else(|| {
+                let new = match rng.below(4) {
+                    0 if !gone.is_empty() => {
+                        gone.swap_remove(rng.below(gone.len() as u64) as usize)
+                    }
+                    _ => EntryId::parse(&format!("e{i}")).unwrap(),
+                };
+                let parent = (!live.is_empty()).then(|| pick_live(rng, &live));
+                live.push(new.clone());
+                SessionEvent::EntryAppended {
+                    entry: text_entry(new.as_str(), parent, format!("text {i}")),
+                }
+            });
+            out.push(ev);
+        }
+        out
+    }
+
+    fn pick_live(rng: &mut Rng, live: &[EntryId]) -> EntryId {
+        live[rng.below(live.len() as u64) as usize].clone()
+    }
+
+    /// Over long histories (thousands of events, hundreds of live ids,
+    /// removals and re-adds), a light fold still ends as the full one.
+    #[test]
+    fn a_light_fold_decides_as_a_full_fold_over_long_histories() {
+        let id = SessionId::parse("s-long").unwrap();
+        let mut accepted = 0;
+        for seed in 1..=8u64 {
+            let mut rng = Rng(seed.wrapping_mul(0xD1B5_4A32_D192_ED03) | 1);
+            let events = long_history(&mut rng, &id, 3_000);
+            accepted += usize::from(decide_alike(&id, &events, seed));
+        }
+        assert_eq!(accepted, 8, "long valid histories are accepted by both");
     }
 }
