@@ -670,8 +670,12 @@ pub fn import_from(
         if opts.resume {
             // A resumed import keeps what it wrote, as a crash would leave it,
             // so that running it again continues: purged commits would keep
-            // their ids and refuse the next run. Synced so the next run sees it.
-            let _ = engine.flush();
+            // their ids and refuse the next run. Synced, so that a crash
+            // before that run loses none of it.
+            let reason = match engine.flush() {
+                Ok(()) => reason,
+                Err(e) => format!("{reason}; syncing what it wrote also failed: {e}"),
+            };
             return Err(ExchangeError::ResumeFailed {
                 id,
                 version,
