@@ -78,18 +78,24 @@ fn versions(listing: &serde_json::Value) -> std::collections::BTreeMap<String, u
         .collect()
 }
 
+/// A store made by `spool demo` in `dir/a` and its export in `dir/all.jsonl`.
+fn demo_export(dir: &std::path::Path) -> (std::path::PathBuf, std::path::PathBuf) {
+    let a = dir.join("a");
+    demo(&a);
+    let file = dir.join("all.jsonl");
+    let out = run(&a, &["export", "--all", "--out", file.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    (a, file)
+}
+
 /// An import of the demo store's export cut after every number of written
 /// commits is finished by `--resume` (see [`cut_and_resume`]); a `--resume`
 /// of a finished import writes nothing.
 #[test]
 fn an_import_cut_short_at_every_commit_is_finished_by_resume() {
     let dir = tempfile::tempdir().unwrap();
-    let a = dir.path().join("a");
-    demo(&a);
-    let file = dir.path().join("all.jsonl");
+    let (a, file) = demo_export(dir.path());
     let path = file.to_str().unwrap();
-    let out = run(&a, &["export", "--all", "--out", path]);
-    assert!(out.status.success(), "{}", stderr(&out));
     let listing = json(&a, &["sessions", "--json"]);
     let commits: u64 = versions(&listing).values().sum();
     assert!(commits > 4, "the demo store has more commits than sessions");
@@ -152,11 +158,9 @@ fn with_a_long_session(text: &str, extra: u64) -> (String, String) {
 #[test]
 fn an_import_cut_inside_a_long_session_is_finished_by_resume() {
     let dir = tempfile::tempdir().unwrap();
-    let a = dir.path().join("a");
-    demo(&a);
-    let out = run(&a, &["export", "--all"]);
-    assert!(out.status.success(), "{}", stderr(&out));
-    let (text, long) = with_a_long_session(&String::from_utf8_lossy(&out.stdout), 600);
+    let (_, demo_file) = demo_export(dir.path());
+    let demo_text = std::fs::read_to_string(&demo_file).unwrap();
+    let (text, long) = with_a_long_session(&demo_text, 600);
     let file = dir.path().join("long.jsonl");
     std::fs::write(&file, &text).unwrap();
     // What the whole file imports as.
@@ -184,13 +188,8 @@ fn an_import_cut_inside_a_long_session_is_finished_by_resume() {
 #[test]
 fn what_resume_cannot_continue_and_a_commit_id_twice_are_refused() {
     let dir = tempfile::tempdir().unwrap();
-    let a = dir.path().join("a");
-    demo(&a);
-    let file = dir.path().join("all.jsonl");
+    let (a, file) = demo_export(dir.path());
     let path = file.to_str().unwrap();
-    assert!(run(&a, &["export", "--all", "--out", path])
-        .status
-        .success());
     let out = run(&a, &["import", path, "--resume", "--fresh-commit-ids"]);
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
     // A pi file's commit ids are made up by each reading: nothing to resume.

@@ -527,9 +527,9 @@ pub fn import_from(
     let total: u64 = plan.iter().map(|p| p.commits - p.done).sum();
     let engine = store.engine()?;
     let _deferred = engine.defer_checkpoints();
-    // The sessions the write pass reached, and those of them it creates (the
-    // ones a failure purges, unless the import resumes).
-    let mut written: Vec<SessionId> = Vec::new();
+    // The last session the write pass reached, and the sessions it creates
+    // (the ones a failure purges, unless the import resumes).
+    let mut reached: Option<SessionId> = None;
     let mut created: Vec<SessionId> = Vec::new();
     let mut done = 0u64;
     let mut next = 0usize;
@@ -549,7 +549,7 @@ pub fn import_from(
                 _ => return Err(changed(id, 0)),
             };
             next += 1;
-            written.push(id.clone());
+            reached = Some(id.clone());
             if p.done == 0 {
                 created.push(id.clone());
             }
@@ -661,8 +661,8 @@ pub fn import_from(
                     ..
                 },
             ) => (id, version, reason),
-            (None, e) => match written.last() {
-                Some(last) => (last.clone(), 0, e.to_string()),
+            (None, e) => match reached {
+                Some(last) => (last, 0, e.to_string()),
                 // The second pass failed before it reached a session.
                 None => return Err(e),
             },

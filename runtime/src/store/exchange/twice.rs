@@ -78,7 +78,6 @@ struct Spill {
     out: BufWriter<File>,
     /// Each run's first id (counted in ids from the file's start) and length.
     runs: Vec<(u64, u64)>,
-    written: u64,
 }
 
 impl<'d> SeenIds<'d> {
@@ -113,7 +112,6 @@ impl<'d> SeenIds<'d> {
                 self.spill.insert(Spill {
                     out: BufWriter::new(file),
                     runs: Vec::new(),
-                    written: 0,
                 })
             }
         };
@@ -121,8 +119,8 @@ impl<'d> SeenIds<'d> {
             spill.out.write_all(&s.to_bytes())?;
         }
         let len = self.chunk.len() as u64;
-        spill.runs.push((spill.written, len));
-        spill.written += len;
+        let start = spill.runs.last().map_or(0, |&(start, n)| start + n);
+        spill.runs.push((start, len));
         self.chunk.clear();
         Ok(())
     }
