@@ -616,6 +616,26 @@ fn refresh_path_links<'i>(
     blocks.finish(batch, meta.path_len)
 }
 
+/// [`clear_entries`], skipped when the session is `keyless` (a scan of
+/// every entry tag's prefix through every index layer, for a new session
+/// most of a first commit's index work).
+fn clear_entries_unless(
+    keyless: bool,
+    batch: &mut IndexBatch<'_>,
+    sid: &str,
+) -> Result<(), IndexError> {
+    if !keyless {
+        return clear_entries(batch, sid);
+    }
+    debug_assert!(
+        ENTRY_TAGS
+            .iter()
+            .all(|&tag| batch.scan_prefix(&sk(tag, sid)).is_ok_and(|v| v.is_empty())),
+        "a session without a transcript meta has entry keys"
+    );
+    Ok(())
+}
+
 /// Removes every per-entry key of a session.
 fn clear_entries(batch: &mut IndexBatch<'_>, sid: &str) -> Result<(), IndexError> {
     for tag in ENTRY_TAGS {
@@ -876,7 +896,7 @@ impl TranscriptIndexer {
         let mut dirty = false;
         for (i, ev) in commit.events.iter().enumerate() {
             if ev.kind == PURGE_EVENT_KIND {
-                clear_entries(batch, sid)?;
+                clear_entries_unless(meta.is_none(), batch, sid)?;
                 batch.remove(&mkey);
                 meta = None;
                 dirty = false;
@@ -898,8 +918,11 @@ impl TranscriptIndexer {
                 position: commit.info.position,
                 event: u32::try_from(i).unwrap_or(u32::MAX),
             };
+            // No meta, no entry keys: both are written by the same commit
+            // and removed together by a purge.
+            let keyless = meta.is_none();
             let m = meta.get_or_insert_with(TranscriptMeta::default);
-            if !apply_event(batch, sid, m, decoded, &loc, last)? {
+            if !apply_event(batch, sid, m, keyless, decoded, &loc, last)? {
                 continue;
             }
             m.raw_seq = m.raw_seq.saturating_add(1);
@@ -1009,10 +1032,13 @@ fn read_meta_through(
 
 /// Indexes one decoded session event into `m` and the batch; false when
 /// the event does not change the transcript (the meta is then left as is).
+/// `keyless`: the session has no transcript keys yet (no meta), so nothing
+/// needs clearing; a session's first event is its creation.
 fn apply_event(
     batch: &mut IndexBatch<'_>,
     sid: &str,
     m: &mut TranscriptMeta,
+    keyless: bool,
     decoded: DecodedEvent,
     loc: &Locator,
     last: &mut Option<LastRecord>,
@@ -1024,7 +1050,7 @@ fn apply_event(
     } = decoded;
     match &event {
         SessionEvent::Created { state, .. } => {
-            clear_entries(batch, sid)?;
+            clear_entries_unless(keyless, batch, sid)?;
             *m = TranscriptMeta {
                 generation: state.generation,
                 raw_seq: m.raw_seq,
@@ -1048,7 +1074,7 @@ fn apply_event(
             entries,
             leaf,
         } => {
-            clear_entries(batch, sid)?;
+            clear_entries_unless(keyless, batch, sid)?;
             reset_entries(m);
             for (k, e) in entries.iter().enumerate() {
                 let k = u32::try_from(k).unwrap_or(u32::MAX);
@@ -1081,7 +1107,7 @@ fn apply_event(
             )?;
         }
         SessionEvent::StateCleared => {
-            clear_entries(batch, sid)?;
+            clear_entries_unless(keyless, batch, sid)?;
             reset_entries(m);
             m.generation = m.generation.saturating_add(1);
             m.leaf = None;
