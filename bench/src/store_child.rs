@@ -174,9 +174,9 @@ fn spool_open(dir: &Path) -> ChildResult {
 }
 
 /// `spool import FILE` into the (fresh) store at `dir`, as the command
-/// does it: the file read twice, one commit at a time (a check pass, then
-/// the writes), buffered appends and one sync before success, the
-/// bulk-load index cache.
+/// does it: the file read once, one commit at a time (a check pass that
+/// keeps the encoded commits in a temporary file, then the writes),
+/// buffered appends and one sync before success, the bulk-load index cache.
 fn spool_import(dir: &Path, file: &Path) -> ChildResult {
     let store = LogStore::open(dir, LogStoreOptions::bulk_load())?;
     let imported = import_from(

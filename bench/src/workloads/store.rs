@@ -587,8 +587,9 @@ pub fn markdown(rows: &[&ResultRow]) -> String {
          per session, one commit each after the session's `created` commit). spool: \
          the library as the `spool` command uses it (a read-only `LogStore` for the reads; \
          `show` the session's settings fold and transcript head, not its entries; an \
-         owner `LogStore::open` and close, and `import_from` over the file (two passes reading \
-         a commit at a time, the second appending a session's commits in batches) into a \
+         owner `LogStore::open` and close, and `import_from` over the file (a check pass reading \
+         it a commit at a time and keeping them encoded in a temporary file, then a pass \
+         appending a session's commits in batches) into a \
          fresh store, buffered with one sync, as `spool import` \
          does). `sqlite`: sessions(id, header columns, leaf, \
          definition) with an index on updated_at, entries keyed by (session, seq) with the \

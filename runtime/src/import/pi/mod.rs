@@ -47,8 +47,8 @@
 //! custom entry's data, a custom message's details) go from that text to
 //! a [`Json`] without a tree. So a line takes a few times its length at
 //! most, whatever it holds. [`read_pi`] then holds every entry of the
-//! session (several times the file); [`PiFile`] reads the file twice and
-//! holds one commit at a time, plus about 20 bytes per entry for the ids
+//! session (several times the file); [`PiFile`] reads the file once more
+//! than its import does and holds one commit at a time, plus about 20 bytes per entry for the ids
 //! (see [`PiFile`]).
 
 use std::borrow::Cow;
@@ -145,7 +145,8 @@ pub fn read_pi<R: BufRead>(r: R, source: &str) -> Result<PiSession, PiError> {
 }
 
 /// A pi session file read as a stream of commits, as often as the import
-/// needs (an import reads its source twice: once to check, once to write).
+/// needs (a store directory's import reads its source once, a PostgreSQL
+/// import twice: once to check, once to write).
 ///
 /// [`PiFile::open`] reads the file once and keeps what the first commit
 /// needs before the last line is read (the settings in force at the leaf,

@@ -1,6 +1,7 @@
 //! Importing: the sources an import reads, the check pass that writes
 //! nothing, and the write pass.
 
+use super::spill::{SpillReader, SpillWriter, Spilled};
 use super::twice::SeenIds;
 use super::*;
 
@@ -59,9 +60,10 @@ pub enum ImportProgress {
     Written { commits: u64, total: u64 },
 }
 
-/// Sessions to import, which an import reads twice: once to check them
-/// all, once to write them. Both passes must yield the same commits in the
-/// same order (a source read from a file re-reads the file).
+/// Sessions to import. A store directory's import ([`import_from`]) reads
+/// them once; a PostgreSQL import reads them twice, once to check them all
+/// and once to write them, so every reading must yield the same commits in
+/// the same order (a source read from a file re-reads the file).
 pub trait ImportSource {
     /// Calls `f` on every commit of every session, in order: a session's
     /// commits come one after the other, in version order from 1. Stops at
@@ -265,7 +267,8 @@ fn session_start(
 
 /// Checks one commit of session `fold` against `store` and the commits
 /// before it in the same import, writing nothing: it folds, its commit id
-/// is free, it fits the store's record limit.
+/// is free, it fits the store's record limit. Returns the engine commit
+/// that imports it.
 fn check_commit(
     store: &LogStore,
     fold: &mut SessionFold,
@@ -273,7 +276,7 @@ fn check_commit(
     c: &ImportCommit,
     opts: &ImportOptions,
     commit_ids: &mut SeenIds<'_>,
-) -> Result<(), ExchangeError> {
+) -> Result<NewCommit, ExchangeError> {
     fold.commit(c)?;
     let id = fold.id();
     let engine = store.engine()?;
@@ -286,6 +289,13 @@ fn check_commit(
                 source,
             })?;
     }
+    let line = c.lines.first().copied().unwrap_or(0);
+    let encode = || {
+        new_commit(id, c, base, opts).map_err(|reason| ExchangeError::Malformed {
+            line,
+            reason: format!("session {id} version {}: {reason}", c.version),
+        })
+    };
     if c.version <= done {
         // Written by the import this one resumes: the store's commit at this
         // version must be the source's (commit ids are drawn at random).
@@ -294,7 +304,7 @@ fn check_commit(
             .map_err(engine_err)?
             .is_some_and(|i| i.stream == id.as_str() && i.version == base + c.version);
         return match ours {
-            true => Ok(()),
+            true => encode(),
             false => Err(ExchangeError::NotResumable {
                 id: id.clone(),
                 version: c.version,
@@ -316,11 +326,7 @@ fn check_commit(
     }
     // Every commit must fit the store's record limit before the first
     // write, so an oversized entry writes nothing.
-    let line = c.lines.first().copied().unwrap_or(0);
-    let commit = new_commit(id, c, base, opts).map_err(|reason| ExchangeError::Malformed {
-        line,
-        reason: format!("session {id} version {}: {reason}", c.version),
-    })?;
+    let commit = encode()?;
     if let Err(e) = engine.check_commit(&commit) {
         // Name the line of the commit's largest event: the likely cause.
         let largest = (0..commit.events.len())
@@ -334,33 +340,56 @@ fn check_commit(
             source: e,
         });
     }
-    Ok(())
+    Ok(commit)
 }
 
 /// The first pass of [`import_from`]: checks every session of `source`
-/// against `store`, writing nothing.
+/// against `store`, writing nothing to it; each commit as the write pass
+/// appends it goes to `spill`, if any.
 fn check_pass(
     store: &LogStore,
     source: &mut dyn ImportSource,
     opts: &ImportOptions,
     progress: &mut dyn FnMut(ImportProgress),
+    mut spill: Option<&mut SpillWriter>,
 ) -> Result<Vec<Planned>, ExchangeError> {
     let mut plan: Vec<Planned> = Vec::new();
     let mut commit_ids = SeenIds::new(store.dir());
     let mut checked = 0u64;
+    let mut sessions = 0u32;
     for_each_session_commit(
         source,
         &mut |id, _| {
             let start = session_start(store, id, opts)?;
-            Ok((SessionFold::new(id.clone(), true), start))
+            let ordinal = sessions;
+            sessions = sessions
+                .checked_add(1)
+                .ok_or_else(|| ExchangeError::Malformed {
+                    line: 0,
+                    reason: format!("more than {} sessions in one import", u32::MAX),
+                })?;
+            Ok((SessionFold::new(id.clone(), true), start, ordinal))
         },
-        &mut |(fold, start), c| {
-            check_commit(store, fold, *start, c, opts, &mut commit_ids)?;
+        &mut |(fold, start, ordinal), c| {
+            let commit = check_commit(store, fold, *start, c, opts, &mut commit_ids)?;
+            if let Some(w) = spill.as_deref_mut() {
+                w.push(
+                    *ordinal,
+                    c.version,
+                    c.timestamp_ms,
+                    commit.commit_id,
+                    &commit.events,
+                )
+                .map_err(|source| ExchangeError::Io {
+                    context: "keeping the encoded commits in a temporary file failed".into(),
+                    source,
+                })?;
+            }
             checked += 1;
             progress(ImportProgress::Checked { commits: checked });
             Ok(())
         },
-        &mut |(fold, (base, done))| {
+        &mut |(fold, (base, done), _)| {
             if done > fold.commits() {
                 // The store holds more of the session than the source has.
                 return Err(ExchangeError::AheadOfSource {
@@ -414,7 +443,7 @@ pub fn check_import(
     sessions: &[ImportSession],
     opts: &ImportOptions,
 ) -> Result<Vec<u64>, ExchangeError> {
-    let plan = check_pass(store, &mut { sessions }, opts, &mut |_| {})?;
+    let plan = check_pass(store, &mut { sessions }, opts, &mut |_| {}, None)?;
     Ok(plan.iter().map(|p| p.base).collect())
 }
 
@@ -449,6 +478,78 @@ struct Writing<'p> {
     /// The commit ids in `queue`: a commit whose id is queued already is
     /// appended after the queue (the store then says which commit has it).
     queued_ids: HashSet<Uuid>,
+}
+
+impl<'p> Writing<'p> {
+    fn new(plan: &'p Planned) -> Self {
+        Writing {
+            plan,
+            fold: (plan.commits >= SETTINGS_TAIL_COMMITS).then(SettingsFold::default),
+            last: None,
+            queue: Vec::new(),
+            versions: Vec::new(),
+            queued_bytes: 0,
+            queued_ids: HashSet::new(),
+        }
+    }
+}
+
+/// The second pass of [`import_from`]: the check pass's commits read back
+/// from `commits`, session by session in `plan`'s order: `start` as a
+/// session begins, `commit` for each of its commits, `end` once they are
+/// all written. The file must hold exactly what the check planned; what it
+/// holds is checked as it is read, so damage fails the import before the
+/// commit it would have changed.
+fn write_pass<'p>(
+    commits: &mut SpillReader,
+    plan: &'p [Planned],
+    start: &mut dyn FnMut(&'p Planned),
+    commit: &mut dyn FnMut(&mut Writing<'p>, Spilled) -> Result<(), ExchangeError>,
+    end: &mut dyn FnMut(Writing<'p>),
+) -> Result<(), ExchangeError> {
+    let failed = |p: &Planned, version: u64, reason: String| ExchangeError::ImportFailed {
+        id: p.id.clone(),
+        version,
+        reason,
+        rolled_back: false,
+    };
+    for (ordinal, p) in plan.iter().enumerate() {
+        start(p);
+        let mut w = Writing::new(p);
+        for version in 1..=p.commits {
+            let c = match commits.next_commit() {
+                Ok(Some(c)) => c,
+                Ok(None) => return Err(failed(p, version, "the encoded commits end early".into())),
+                Err(e) => return Err(failed(p, version, e.to_string())),
+            };
+            if c.session as usize != ordinal || c.version != version {
+                let reason = format!(
+                    "the encoded commits hold version {} of the import's session {} here",
+                    c.version,
+                    u64::from(c.session) + 1
+                );
+                return Err(failed(p, version, reason));
+            }
+            commit(&mut w, c)?;
+        }
+        // A session's last commit ends its batch (see `import_from`).
+        debug_assert!(w.queue.is_empty(), "a session ended with commits queued");
+        end(w);
+    }
+    match commits.next_commit() {
+        Ok(None) => Ok(()),
+        Ok(Some(c)) => Err(ExchangeError::Io {
+            context: "reading back the encoded commits".into(),
+            source: std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!("a commit past the last one checked (version {})", c.version),
+            ),
+        }),
+        Err(source) => Err(ExchangeError::Io {
+            context: "reading back the encoded commits".into(),
+            source,
+        }),
+    }
 }
 
 /// The write pass appends a session's commits in batches of at most this many ...
@@ -510,20 +611,31 @@ fn append_queued(
 }
 
 /// Imports every session of `source` into `store`, all or nothing (see the
-/// module docs). The first pass checks every session and writes nothing;
-/// the second appends each commit under its exact version fence with its
-/// original commit time, and the log is synced once at the end (open the
-/// store with [`spool_engine::Durability::Buffered`] for a bulk import:
-/// with `Immediate` every append is synced on its own). Both passes hold
-/// one commit of the source at a time; the first also holds, per session,
-/// a fold of its entries' ids and links (see [`ImportSource`]).
+/// module docs). The first pass reads the source, checks every session and
+/// writes nothing to the store, only each commit encoded to a temporary
+/// file; the second appends those commits under their exact version fences
+/// with their original commit times, and the log is synced once at the end
+/// (open the store with [`spool_engine::Durability::Buffered`] for a bulk
+/// import: with `Immediate` every append is synced on its own). Both passes
+/// hold one commit at a time; the first also holds, per session, a fold of
+/// its entries' ids and links (see [`ImportSource`]).
 pub fn import_from(
     store: &LogStore,
     source: &mut dyn ImportSource,
     opts: &ImportOptions,
     progress: &mut dyn FnMut(ImportProgress),
 ) -> Result<Vec<ImportedSession>, ExchangeError> {
-    let plan = check_pass(store, source, opts, progress)?;
+    let io = |context: &str| {
+        let context = context.to_string();
+        move |source| ExchangeError::Io { context, source }
+    };
+    let mut spill = SpillWriter::new(store.dir()).map_err(io(
+        "creating a temporary file for the encoded commits failed",
+    ))?;
+    let plan = check_pass(store, source, opts, progress, Some(&mut spill))?;
+    let mut commits = spill
+        .finish()
+        .map_err(io("reading back the encoded commits failed"))?;
     let total: u64 = plan.iter().map(|p| p.commits - p.done).sum();
     let engine = store.engine()?;
     let _deferred = engine.defer_checkpoints();
@@ -532,88 +644,63 @@ pub fn import_from(
     let mut reached: Option<SessionId> = None;
     let mut created: Vec<SessionId> = Vec::new();
     let mut done = 0u64;
-    let mut next = 0usize;
     // The failure of the second pass: which session and version, why.
     let mut failure: Option<(SessionId, u64, String)> = None;
-    let changed = |id: &SessionId, version: u64| ExchangeError::ImportFailed {
-        id: id.clone(),
-        version,
-        reason: "the source changed between the check and the write".into(),
-        rolled_back: false,
-    };
-    let res = for_each_session_commit(
-        source,
-        &mut |id, _| {
-            let p = match plan.get(next) {
-                Some(p) if p.id == *id => p,
-                _ => return Err(changed(id, 0)),
-            };
-            next += 1;
-            reached = Some(id.clone());
+    let res = write_pass(
+        &mut commits,
+        &plan,
+        &mut |p| {
+            reached = Some(p.id.clone());
             if p.done == 0 {
-                created.push(id.clone());
+                created.push(p.id.clone());
             }
-            Ok(Writing {
-                plan: p,
-                fold: (p.commits >= SETTINGS_TAIL_COMMITS).then(SettingsFold::default),
-                last: None,
-                queue: Vec::new(),
-                versions: Vec::new(),
-                queued_bytes: 0,
-                queued_ids: HashSet::new(),
-            })
         },
         &mut |w, c| {
             let p = w.plan;
-            if c.version > p.commits {
-                return Err(changed(&p.id, c.version));
-            }
             if c.version <= p.done {
                 // Written by the import this one resumes (the check found it
                 // in the store, commit id for commit id).
                 if let Some(fold) = w.fold.as_mut() {
-                    fold.add(&c.events);
+                    fold.add_encoded(&c.events);
                 }
                 w.last = Some((p.base + c.version, c.timestamp_ms));
                 return Ok(());
             }
-            let failed = match new_commit(&p.id, c, p.base, opts) {
-                Ok(commit) if w.queued_ids.contains(&commit.commit_id) => {
-                    match append_queued(&engine, w, &mut done, total, progress) {
-                        Err(f) => Some(f),
-                        Ok(()) => {
-                            w.queued_ids.insert(commit.commit_id);
-                            w.queue.push((commit, Some(c.timestamp_ms)));
-                            w.versions.push(c.version);
-                            append_queued(&engine, w, &mut done, total, progress).err()
-                        }
+            let commit = NewCommit {
+                stream: p.id.as_str().to_string(),
+                expected: ExpectedVersion::Exact(p.base + c.version - 1),
+                commit_id: c.commit_id,
+                events: c.events,
+            };
+            let failed = if w.queued_ids.contains(&commit.commit_id) {
+                // A commit id queued already: what is queued goes first (the
+                // store then says which commit has it).
+                match append_queued(&engine, w, &mut done, total, progress) {
+                    Err(f) => Some(f),
+                    Ok(()) => {
+                        w.queued_ids.insert(commit.commit_id);
+                        w.queue.push((commit, Some(c.timestamp_ms)));
+                        w.versions.push(c.version);
+                        append_queued(&engine, w, &mut done, total, progress).err()
                     }
                 }
-                Ok(commit) => {
-                    if let Some(fold) = w.fold.as_mut() {
-                        fold.add(&c.events);
-                    }
-                    w.queued_bytes += commit.events.iter().map(|e| e.payload.len()).sum::<usize>();
-                    w.queued_ids.insert(commit.commit_id);
-                    w.queue.push((commit, Some(c.timestamp_ms)));
-                    w.versions.push(c.version);
-                    // A session's last commit ends its batch: the session's end
-                    // then finds every commit written.
-                    let full = w.queue.len() >= IMPORT_BATCH_COMMITS_MAX
-                        || w.queued_bytes >= IMPORT_BATCH_BYTES_MAX
-                        || c.version == p.commits;
-                    match full {
-                        true => append_queued(&engine, w, &mut done, total, progress).err(),
-                        false => None,
-                    }
+            } else {
+                if let Some(fold) = w.fold.as_mut() {
+                    fold.add_encoded(&commit.events);
                 }
-                // What is queued before it is written first, as a commit at a time
-                // would have been.
-                Err(e) => Some(
-                    append_queued(&engine, w, &mut done, total, progress)
-                        .err()
-                        .unwrap_or((c.version, e)),
-                ),
+                w.queued_bytes += commit.events.iter().map(|e| e.payload.len()).sum::<usize>();
+                w.queued_ids.insert(commit.commit_id);
+                w.queue.push((commit, Some(c.timestamp_ms)));
+                w.versions.push(c.version);
+                // A session's last commit ends its batch: the session's end
+                // then finds every commit written.
+                let full = w.queue.len() >= IMPORT_BATCH_COMMITS_MAX
+                    || w.queued_bytes >= IMPORT_BATCH_BYTES_MAX
+                    || c.version == p.commits;
+                match full {
+                    true => append_queued(&engine, w, &mut done, total, progress).err(),
+                    false => None,
+                }
             };
             if let Some((version, reason)) = failed {
                 failure = Some((p.id.clone(), version, reason.clone()));
@@ -628,27 +715,12 @@ pub fn import_from(
         },
         &mut |w| {
             let p = w.plan;
-            if let Some(&v) = w.versions.last() {
-                // The session ended, or went on, other than the check saw: its
-                // last commits are still queued.
-                return Err(changed(&p.id, v));
-            }
-            let (version, updated_ms) = w.last.unwrap_or((p.base, 0));
-            if version != p.base + p.commits {
-                // Fewer commits than the check saw.
-                return Err(changed(&p.id, version.saturating_sub(p.base)));
-            }
             if let Some(fold) = w.fold {
+                let (version, updated_ms) = w.last.unwrap_or((p.base, 0));
                 store.write_settings_fold(fold, p.base, version, updated_ms);
             }
-            Ok(())
         },
-    )
-    .and_then(|()| match plan.get(next) {
-        // A session the check saw and the write did not.
-        Some(p) => Err(changed(&p.id, 0)),
-        None => Ok(()),
-    });
+    );
     if let Err(e) = res {
         let (id, version, reason) = match (failure, e) {
             (Some(f), _) => f,

@@ -32,16 +32,18 @@
 //!
 //! # Import guarantees
 //!
-//! An import ([`import_from`]) reads its source twice. The first pass
-//! parses every line ([`ExportReader`], one commit in memory at a time),
-//! folds every session's events and checks the target
+//! An import ([`import_from`]) reads its source once, in two passes. The
+//! first pass parses every line ([`ExportReader`], one commit in memory at a
+//! time), folds every session's events and checks the target
 //! store (no session with the same id, no stream of that name that is not
 //! a purged session, no commit id already taken or in the file twice, every
 //! commit within the store's record limit) **before writing anything**. A malformed or
-//! truncated file is refused with the line number. The second pass appends
-//! each commit through the engine under its exact version fence and with
-//! its original commit time, with the same event kinds (`session.<kind>`)
-//! and encoding ([`encode_event`]) as [`LogStore`] uses, and the log is
+//! truncated file is refused with the line number. It encodes each commit
+//! with the same event kinds (`session.<kind>`) and encoding
+//! ([`encode_event`]) as [`LogStore`] uses, into an unnamed temporary file
+//! (about the size of the log the import writes). The second pass reads
+//! them back and appends each commit through the engine under its exact
+//! version fence and with its original commit time, and the log is
 //! synced once at the end; the store's background checkpoints wait until
 //! the write is over ([`spool_engine::Store::defer_checkpoints`]). Should an append still fail (I/O, a concurrent
 //! writer), every session this import created is purged again, so no
@@ -438,6 +440,7 @@ mod ahead;
 mod fold;
 mod import;
 mod read;
+mod spill;
 mod twice;
 
 pub(crate) use fold::SessionFold;
@@ -453,6 +456,8 @@ mod tests {
     use crate::session::AgentDefinition;
     use crate::store::LogStoreOptions;
     use crate::transcript::{ContentBlock, EntryKind, Message};
+    use spool_engine::vfs::{FaultKind, FaultVfs, OsVfs};
+    use std::sync::Arc;
 
     fn store(dir: &std::path::Path) -> LogStore {
         LogStore::open(
@@ -727,66 +732,28 @@ mod tests {
         assert_eq!(rep[1].entries, 3);
     }
 
-    /// How the second pass of [`SecondPass`] differs from the first, in the
-    /// last session.
-    enum Change {
-        /// Commit `.0` carries the commit id of commit `.1` of the same session.
-        IdOf(u64, u64),
-        /// Commit `.0` carries the commit id of the first session's first commit.
-        ForeignId(u64),
-        /// The session's fifth commit again after its last.
-        Extra,
-        /// Without its last commit.
-        Short,
-        /// Another writer saves the session in `store` just before commit `.0`
-        /// is read.
-        SavedBefore(u64),
+    /// Commits `commit_id` on a stream of its own, as another writer would.
+    fn land_elsewhere(store: &LogStore, commit_id: Uuid) {
+        let engine = store.engine().unwrap();
+        let commit = NewCommit {
+            stream: "another-writer".into(),
+            expected: ExpectedVersion::Any,
+            commit_id,
+            events: vec![EventData::new("other", vec![1])],
+        };
+        assert!(matches!(
+            engine.append(commit).unwrap(),
+            AppendOutcome::Committed(_)
+        ));
     }
 
-    /// The sessions of a slice, read twice, the second time with a change.
-    struct SecondPass<'a> {
-        sessions: &'a [ImportSession],
-        change: Change,
-        store: Option<&'a LogStore>,
-        passes: u32,
-    }
-
-    impl ImportSource for SecondPass<'_> {
-        fn for_each_commit(
-            &mut self,
-            f: &mut dyn FnMut(&SessionId, &ImportCommit) -> Result<(), ExchangeError>,
-        ) -> Result<(), ExchangeError> {
-            self.passes += 1;
-            let last = self.sessions.len() - 1;
-            for (i, s) in self.sessions.iter().enumerate() {
-                let second = self.passes == 2 && i == last;
-                for c in &s.commits {
-                    let mut c = c.clone();
-                    match self.change {
-                        Change::IdOf(v, of) if second && c.version == v => {
-                            c.commit_id = s.commits[of as usize - 1].commit_id;
-                        }
-                        Change::ForeignId(v) if second && c.version == v => {
-                            c.commit_id = self.sessions[0].commits[0].commit_id;
-                        }
-                        Change::Short if second && c.version == s.commits.len() as u64 => {
-                            continue;
-                        }
-                        Change::SavedBefore(v) if second && c.version == v => {
-                            let store = self.store.expect("a store to save in");
-                            let mut live = store.load(&s.id).unwrap().unwrap();
-                            live.write_metadata("other", serde_json::json!(1)).unwrap();
-                            store.save(live).unwrap();
-                        }
-                        _ => {}
-                    }
-                    f(&s.id, &c)?;
-                }
-                if second && matches!(self.change, Change::Extra) {
-                    f(&s.id, &s.commits[4])?;
-                }
+    /// Once the check pass has checked `total` commits, `then` runs (what
+    /// another writer does between the check and the write).
+    fn after_check(total: u64, mut then: impl FnMut()) -> impl FnMut(ImportProgress) {
+        move |p| {
+            if p == (ImportProgress::Checked { commits: total }) {
+                then()
             }
-            Ok(())
         }
     }
 
@@ -811,31 +778,26 @@ mod tests {
         (sessions, one, long)
     }
 
-    /// A write pass that finds its source changed (a commit refused inside a
-    /// batch of a long session's commits, or the session ending otherwise than
-    /// checked) fails the import naming the version where it did, writes
-    /// nothing of that commit's batch, and purges every session it wrote.
+    /// A write pass refused inside a batch of a long session's commits (its
+    /// commit id landed elsewhere after the check) fails the import naming
+    /// the version where it was, writes nothing of that commit's batch, and
+    /// purges every session it wrote.
     #[test]
-    fn a_source_changed_under_the_write_pass_fails_the_import_and_purges() {
+    fn a_commit_refused_in_the_write_pass_fails_the_import_and_purges() {
         let (sessions, one, long) = two_sessions(600);
-        let cases = [
-            (Change::IdOf(300, 295), 300, "already landed"),
-            (Change::IdOf(601, 5), 601, "already landed"),
-            (Change::ForeignId(300), 300, "retried on"),
-            (Change::Extra, 5, "changed"),
-            (Change::Short, 600, "changed"),
-        ];
-        for (change, version, why) in cases {
+        let total: u64 = sessions.iter().map(|s| s.commits.len() as u64).sum();
+        for version in [300u64, 601] {
             let b = tempfile::tempdir().unwrap();
             let sb = store(b.path());
-            let mut source = SecondPass {
-                sessions: &sessions,
-                change,
-                store: None,
-                passes: 0,
-            };
-            let err =
-                import_from(&sb, &mut source, &ImportOptions::default(), &mut |_| {}).unwrap_err();
+            let taken = sessions[1].commits[version as usize - 1].commit_id;
+            let mut progress = after_check(total, || land_elsewhere(&sb, taken));
+            let err = import_from(
+                &sb,
+                &mut { &sessions[..] },
+                &ImportOptions::default(),
+                &mut progress,
+            )
+            .unwrap_err();
             match &err {
                 ExchangeError::ImportFailed {
                     id,
@@ -844,7 +806,7 @@ mod tests {
                     rolled_back,
                 } => {
                     assert_eq!((id, *v, *rolled_back), (&long, version, true), "{err}");
-                    assert!(reason.contains(why), "{err}");
+                    assert!(reason.contains("retried on"), "{err}");
                 }
                 other => panic!("{other}"),
             }
@@ -892,31 +854,46 @@ mod tests {
     /// A resumed import that fails purges nothing: the session it continued
     /// and the one it created keep what it wrote, and resuming again finishes
     /// the import (purged commits would keep their ids and refuse that run).
+    /// The failure is a write the file system refuses in the middle of the
+    /// long session.
     #[test]
     fn a_failed_resumed_import_keeps_what_it_wrote_and_resumes_again() {
         let (sessions, one, long) = two_sessions(600);
         let b = tempfile::tempdir().unwrap();
-        let sb = store(b.path());
+        let fault = Arc::new(FaultVfs::new(Arc::new(OsVfs)));
+        let sb = LogStore::open(
+            b.path(),
+            LogStoreOptions {
+                durability: spool_engine::Durability::Buffered,
+                vfs: Some(fault.clone()),
+                ..Default::default()
+            },
+        )
+        .unwrap();
         // Cut short: `one` has 2 of its 4 commits, `long` nothing.
         let mut cut = vec![sessions[0].clone()];
         cut[0].commits.truncate(2);
         import_sessions(&sb, &cut, &ImportOptions::default(), &mut || {}).unwrap();
         let resume = ImportOptions::default().resume(true);
-        let mut source = SecondPass {
-            sessions: &sessions,
-            change: Change::Short,
-            store: None,
-            passes: 0,
+        // The write after `one`'s last two commits and `long`'s first batch.
+        let mut progress = |p| {
+            if p == (ImportProgress::Written {
+                commits: 2 + 256,
+                total: 2 + 601,
+            }) {
+                fault.fail_nth(FaultKind::Write, 1, false);
+            }
         };
-        let err = import_from(&sb, &mut source, &resume, &mut |_| {}).unwrap_err();
+        let err = import_from(&sb, &mut { &sessions[..] }, &resume, &mut progress).unwrap_err();
         assert!(
             matches!(&err, ExchangeError::ResumeFailed { id, .. } if *id == long),
             "{err}"
         );
-        // The continued session is whole; the created one keeps its batches.
+        fault.clear();
+        sb.recover().unwrap();
+        // The continued session is whole; the created one keeps its batch.
         assert_eq!(sb.header(&one).unwrap().map(|h| h.version), Some(4));
-        let written = sb.header(&long).unwrap().map(|h| h.version);
-        assert!(written.is_some_and(|v| v > 0 && v < 601), "{written:?}");
+        assert_eq!(sb.header(&long).unwrap().map(|h| h.version), Some(256));
         let done = import_sessions(&sb, &sessions, &resume, &mut || {}).unwrap();
         assert_eq!(done.iter().map(|s| s.version).collect::<Vec<_>>(), [4, 601]);
         let export = |s: &LogStore| {
@@ -938,20 +915,22 @@ mod tests {
         let (sessions, _, long) = two_sessions(10);
         let b = tempfile::tempdir().unwrap();
         let sb = store(b.path());
-        let mut source = SecondPass {
-            sessions: &sessions[1..],
-            change: Change::Short,
-            store: None,
-            passes: 0,
-        };
-        let err =
-            import_from(&sb, &mut source, &ImportOptions::default(), &mut |_| {}).unwrap_err();
-        assert_eq!(sb.engine().unwrap().last_seq(), 0, "nothing written");
+        let taken = sessions[1].commits[0].commit_id;
+        let mut progress = after_check(11, || land_elsewhere(&sb, taken));
+        let err = import_from(
+            &sb,
+            &mut { &sessions[1..] },
+            &ImportOptions::default(),
+            &mut progress,
+        )
+        .unwrap_err();
+        assert_eq!(sb.engine().unwrap().last_seq(), 1, "only the other commit");
         assert!(sb.header(&long).unwrap().is_none());
         assert!(
             matches!(
                 err,
                 ExchangeError::ImportFailed {
+                    version: 1,
                     rolled_back: true,
                     ..
                 }
@@ -968,14 +947,24 @@ mod tests {
         let (sessions, _, long) = two_sessions(400);
         let b = tempfile::tempdir().unwrap();
         let sb = store(b.path());
-        let mut source = SecondPass {
-            sessions: &sessions,
-            change: Change::SavedBefore(258),
-            store: Some(&sb),
-            passes: 0,
+        // After `one`'s 4 commits and `long`'s first batch.
+        let mut progress = |p| {
+            if p == (ImportProgress::Written {
+                commits: 4 + 256,
+                total: 4 + 401,
+            }) {
+                let mut live = sb.load(&long).unwrap().unwrap();
+                live.write_metadata("other", serde_json::json!(1)).unwrap();
+                sb.save(live).unwrap();
+            }
         };
-        let err =
-            import_from(&sb, &mut source, &ImportOptions::default(), &mut |_| {}).unwrap_err();
+        let err = import_from(
+            &sb,
+            &mut { &sessions[..] },
+            &ImportOptions::default(),
+            &mut progress,
+        )
+        .unwrap_err();
         assert!(
             matches!(err, ExchangeError::ImportFailed { version: 257, .. }),
             "{err}"

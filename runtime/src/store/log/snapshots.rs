@@ -92,6 +92,25 @@ impl SettingsFold {
             }
         }
     }
+
+    /// [`SettingsFold::add`] for a commit's events as the store writes them:
+    /// transcript events are skipped by their kind, undecoded; an event that
+    /// does not decode fails the fold.
+    pub fn add_encoded(&mut self, events: &[spool_engine::EventData]) {
+        for e in events {
+            if self.failed {
+                return;
+            }
+            let kind = e.kind.strip_prefix(SESSION_EVENT_PREFIX).unwrap_or(&e.kind);
+            if is_transcript_kind(kind) {
+                continue;
+            }
+            match decode_event_without_transcript(&e.payload) {
+                Ok(ev) => self.add(std::slice::from_ref(&ev)),
+                Err(_) => self.failed = true,
+            }
+        }
+    }
 }
 
 impl LogStore {
