@@ -1,17 +1,20 @@
-//! Reading a `spool-export` file ahead of its import: its lines are parsed on a
-//! second thread while the importing thread checks or appends the commits before
-//! them.
+//! Reading a `spool-export` file ahead of its import: its lines are read on a
+//! second thread and parsed there and on a third, while the importing thread
+//! checks the commits before them.
 //!
-//! Parsing is about a fifth of an import's work on the importing thread, and the
-//! second core is otherwise idle during the check pass and mostly idle during the
-//! writes. The parsed commits are handed over in batches. The reader stops once
-//! [`AHEAD_BYTES_MAX`] bytes of lines are parsed and not yet handed over, so a file
-//! of large lines is held at most a few megabytes, or one line, ahead of the import.
-//! Commits, and an error in the file, reach the import in file order, as they do
-//! when it reads the file itself (which it does if no thread can be started).
+//! Parsing is most of a check pass's work, more than the checks on the
+//! importing thread, and a single reading thread bounded the pass. The reader
+//! splits the file into chunks of lines and parses every other one itself; a
+//! parser thread parses the others. The importing thread takes the chunks in
+//! file order, parsed, and groups their lines into commits (what needs the
+//! lines before). The reader stops once [`AHEAD_BYTES_MAX`] bytes of lines are
+//! read and not yet imported, so a file of large lines is held at most a few
+//! megabytes, or one line, ahead of the import. Commits, and an error in the
+//! file, reach the import in file order, as they do when it reads the file
+//! itself (which it does if no thread can be started).
 
-use super::read::ExportReader;
-use super::{ExchangeError, ImportCommit};
+use super::read::{parse_line, read_line_bounded, Commits, ExportReader, Line};
+use super::{ExchangeError, ImportCommit, EXPORT_LINE_BYTES_MAX};
 use crate::session::SessionId;
 use std::io::BufRead;
 use std::sync::{mpsc, Condvar, Mutex};
@@ -19,12 +22,10 @@ use std::sync::{mpsc, Condvar, Mutex};
 /// Most bytes of lines parsed and not yet handed to the import: the reader waits
 /// below it (a single larger line is parsed, then waited out).
 const AHEAD_BYTES_MAX: u64 = 4 << 20;
-/// A batch is handed over once it holds this many bytes of lines ...
+/// A chunk of lines is handed over once it holds this many bytes ...
 const BATCH_BYTES_MAX: u64 = 256 << 10;
-/// ... or this many commits.
-const BATCH_COMMITS_MAX: usize = 256;
-
-type Batch = Vec<(SessionId, ImportCommit)>;
+/// ... or this many lines.
+const BATCH_LINES_MAX: usize = 256;
 
 /// Bytes of lines handed over and not yet imported; the reader waits on it.
 #[derive(Default)]
@@ -101,90 +102,217 @@ fn read_ahead_with<R: BufRead + Send>(
     f: &mut dyn FnMut(&SessionId, &ImportCommit) -> Result<(), ExchangeError>,
     ahead: &Ahead,
 ) -> Result<(), ExchangeError> {
-    let reader = &Mutex::new(reader);
-    std::thread::scope(|scope| {
-        let (tx, rx) = mpsc::channel();
-        // The sender moves to the reader: the channel ends when the reader does.
-        let spawned = std::thread::Builder::new()
-            .name("spool-import-read".into())
-            .spawn_scoped(scope, move || {
-                let mut r = reader.lock().unwrap_or_else(|e| e.into_inner());
-                read_ahead(&mut r, &tx, ahead);
-                ahead.set(|s| s.finished = true);
-            });
-        let Ok(handle) = spawned else {
-            let mut r = reader.lock().unwrap_or_else(|e| e.into_inner());
-            while let Some((id, c)) = r.next_commit()? {
+    let (r, lines_before, commits) = match reader.into_parts() {
+        Ok(parts) => parts,
+        Err(mut reader) => {
+            while let Some((id, c)) = reader.next_commit()? {
                 f(&id, &c)?;
             }
             return Ok(());
+        }
+    };
+    let r = &Mutex::new(r);
+    std::thread::scope(|scope| {
+        let (tx, rx) = mpsc::channel();
+        let (work_tx, work_rx) = mpsc::channel::<(Chunk, mpsc::SyncSender<Parsed>)>();
+        // A parser for every other chunk; the reader parses the rest. Without
+        // it the reader parses them all.
+        let parser = std::thread::Builder::new()
+            .name("spool-import-parse".into())
+            .spawn_scoped(scope, move || {
+                for (chunk, done) in work_rx {
+                    let _ = done.send(parse(chunk));
+                }
+            })
+            .ok();
+        let helped = parser.is_some();
+        // The senders move to the reader: the channels end when it does.
+        let spawned = std::thread::Builder::new()
+            .name("spool-import-read".into())
+            .spawn_scoped(scope, move || {
+                let mut r = r.lock().unwrap_or_else(|e| e.into_inner());
+                let work = helped.then_some(work_tx);
+                split(&mut *r, lines_before, &tx, work.as_ref(), ahead);
+                ahead.set(|s| s.finished = true);
+            });
+        let Ok(handle) = spawned else {
+            // No reader: this thread reads and parses the lines itself.
+            let mut r = r.lock().unwrap_or_else(|e| e.into_inner());
+            return read_in_place(&mut *r, lines_before, commits, f);
         };
-        let imported = import_batches(rx, f, ahead);
-        // A panic of the reader (a bug) reaches the caller as it was raised.
-        if let Err(panic) = handle.join() {
-            std::panic::resume_unwind(panic);
+        let imported = import_chunks(rx, commits, f, ahead);
+        // A panic of the reader or the parser (a bug) reaches the caller as it
+        // was raised.
+        for h in std::iter::once(handle).chain(parser) {
+            if let Err(panic) = h.join() {
+                std::panic::resume_unwind(panic);
+            }
         }
         imported
     })
 }
 
-/// The importing side: every batch's commits through `f`, in order. The reader is
-/// stopped when this returns, however it returns.
-fn import_batches(
-    rx: mpsc::Receiver<Result<(Batch, u64), ExchangeError>>,
+/// Raw lines for a parser: their bytes end to end.
+struct Chunk {
+    /// The line number of the first line.
+    first_line: u64,
+    text: Vec<u8>,
+    /// Where each line ends in `text`.
+    ends: Vec<usize>,
+}
+
+/// A chunk's lines parsed, with their numbers, and its bytes.
+struct Parsed {
+    lines: Vec<(u64, Line)>,
+    bytes: u64,
+}
+
+/// What the reader hands the import, in file order.
+enum Piece {
+    /// A chunk, parsed by the time it is received.
+    Chunk(mpsc::Receiver<Parsed>),
+    /// The end of the file after this many lines.
+    End(u64),
+    /// A line that could not be read (after the chunks before it).
+    Failed(ExchangeError),
+}
+
+fn parse(chunk: Chunk) -> Parsed {
+    let mut lines = Vec::with_capacity(chunk.ends.len());
+    let mut start = 0;
+    for (k, &end) in chunk.ends.iter().enumerate() {
+        let line_no = chunk.first_line + k as u64;
+        lines.push((line_no, parse_line(&chunk.text[start..end])));
+        start = end;
+    }
+    Parsed {
+        lines,
+        bytes: chunk.text.len() as u64,
+    }
+}
+
+/// Reads and parses the lines after line `line_no` on this thread.
+fn read_in_place<R: BufRead>(
+    r: &mut R,
+    mut line_no: u64,
+    mut commits: Commits,
+    f: &mut dyn FnMut(&SessionId, &ImportCommit) -> Result<(), ExchangeError>,
+) -> Result<(), ExchangeError> {
+    let mut buf = Vec::new();
+    loop {
+        let read = read_line_bounded(r, &mut buf, EXPORT_LINE_BYTES_MAX);
+        match read.map_err(|e| too_long(line_no + 1, e))? {
+            None => return commits.finish(line_no),
+            Some(_) => line_no += 1,
+        }
+        if let Some((id, c)) = commits.accept(line_no, parse_line(&buf))? {
+            f(&id, &c)?;
+        }
+    }
+}
+
+fn too_long(line: u64, e: std::io::Error) -> ExchangeError {
+    ExchangeError::Malformed {
+        line,
+        reason: e.to_string(),
+    }
+}
+
+/// The importing side: every chunk's lines made commits, in order, through
+/// `f`. The reader is stopped when this returns, however it returns.
+fn import_chunks(
+    rx: mpsc::Receiver<Piece>,
+    mut commits: Commits,
     f: &mut dyn FnMut(&SessionId, &ImportCommit) -> Result<(), ExchangeError>,
     ahead: &Ahead,
 ) -> Result<(), ExchangeError> {
     let _stop = StopOnDrop(ahead);
-    for msg in rx {
-        let (batch, bytes) = msg?;
-        for (id, c) in &batch {
-            f(id, c)?;
+    for piece in rx {
+        let parsed = match piece {
+            Piece::Chunk(parsed) => parsed,
+            Piece::End(lines) => return commits.finish(lines),
+            Piece::Failed(e) => return Err(e),
+        };
+        // No chunk: its parser panicked (the caller raises the panic).
+        let Ok(Parsed { lines, bytes }) = parsed.recv() else {
+            break;
+        };
+        for (line_no, line) in lines {
+            if let Some((id, c)) = commits.accept(line_no, line)? {
+                f(&id, &c)?;
+            }
         }
-        drop(batch);
         ahead.done(bytes);
     }
-    Ok(())
+    // The reader ended without the end of the file: it panicked (the caller
+    // raises the panic).
+    Err(ExchangeError::Io {
+        context: "reading the file ahead of the import".into(),
+        source: std::io::Error::other("the reading thread stopped"),
+    })
 }
 
-/// The reader's side: batches of parsed commits into `tx`, then the file's error if
-/// it has one; ends early once the import stopped.
-fn read_ahead<R: BufRead>(
-    r: &mut ExportReader<R>,
-    tx: &mpsc::Sender<Result<(Batch, u64), ExchangeError>>,
+/// The reader's side: the lines after line `line_no`, in chunks of at most
+/// [`BATCH_LINES_MAX`] lines or [`BATCH_BYTES_MAX`] bytes (or one line), each
+/// parsed here or, every other one, by the parser behind `work`; then the end
+/// of the file or the line that could not be read. Ends early once the import
+/// stopped.
+fn split<R: BufRead>(
+    r: &mut R,
+    mut line_no: u64,
+    tx: &mpsc::Sender<Piece>,
+    work: Option<&mpsc::Sender<(Chunk, mpsc::SyncSender<Parsed>)>>,
     ahead: &Ahead,
 ) {
-    let mut batch: Batch = Vec::new();
-    let mut bytes = 0u64;
-    let send = |batch: Batch, bytes: u64| {
-        ahead.add(bytes);
-        tx.send(Ok((batch, bytes))).is_ok()
-    };
-    loop {
-        let before = r.bytes_read();
-        match r.next_commit() {
-            Ok(Some(c)) => {
-                bytes += r.bytes_read() - before;
-                batch.push(c);
-                if bytes >= BATCH_BYTES_MAX || batch.len() >= BATCH_COMMITS_MAX {
-                    if !send(std::mem::take(&mut batch), bytes) || !ahead.wait_room() {
+    let mut buf = Vec::new();
+    for k in 0u64.. {
+        let mut chunk = Chunk {
+            first_line: line_no + 1,
+            text: Vec::new(),
+            ends: Vec::new(),
+        };
+        let mut end = None;
+        while chunk.ends.len() < BATCH_LINES_MAX && (chunk.text.len() as u64) < BATCH_BYTES_MAX {
+            match read_line_bounded(r, &mut buf, EXPORT_LINE_BYTES_MAX) {
+                Ok(Some(_)) => {
+                    line_no += 1;
+                    chunk.text.extend_from_slice(&buf);
+                    chunk.ends.push(chunk.text.len());
+                }
+                Ok(None) => {
+                    end = Some(Piece::End(line_no));
+                    break;
+                }
+                Err(e) => {
+                    end = Some(Piece::Failed(too_long(line_no + 1, e)));
+                    break;
+                }
+            }
+        }
+        if !chunk.ends.is_empty() {
+            let bytes = chunk.text.len() as u64;
+            let (done_tx, done_rx) = mpsc::sync_channel(1);
+            ahead.add(bytes);
+            if tx.send(Piece::Chunk(done_rx)).is_err() {
+                return;
+            }
+            match work {
+                Some(w) if k % 2 == 1 => {
+                    if w.send((chunk, done_tx)).is_err() {
                         return;
                     }
-                    bytes = 0;
+                }
+                _ => {
+                    let _ = done_tx.send(parse(chunk));
                 }
             }
-            Ok(None) => {
-                if !batch.is_empty() {
-                    send(batch, bytes);
-                }
-                return;
-            }
-            Err(e) => {
-                if batch.is_empty() || send(batch, bytes) {
-                    let _ = tx.send(Err(e));
-                }
-                return;
-            }
+        }
+        if let Some(piece) = end {
+            let _ = tx.send(piece);
+            return;
+        }
+        if !ahead.wait_room() {
+            return;
         }
     }
 }
@@ -267,7 +395,17 @@ mod tests {
         let mut damaged = bytes.clone();
         damaged[line] = b'#';
         let cut = &bytes[..bytes.len() - 20];
-        for file in [&damaged[..], cut] {
+        let mut not_utf8 = bytes.clone();
+        not_utf8[line + 3] = 0xFF;
+        let mut blank_lines = bytes[..line].to_vec();
+        blank_lines.extend_from_slice(b"\n  \n");
+        blank_lines.extend_from_slice(&bytes[line..]);
+        let spaced = in_place(&blank_lines);
+        assert_eq!((spaced.0.len(), &spaced.1), (480, &None));
+        assert_eq!(read_ahead(&blank_lines), spaced);
+        let mut after_end = bytes.clone();
+        after_end.extend_from_slice(b"{}\n");
+        for file in [&damaged[..], cut, &not_utf8[..], &after_end[..]] {
             let want = in_place(file);
             assert!(want.1.is_some());
             assert!(!want.0.is_empty());

@@ -49,7 +49,7 @@ pub(crate) fn read_line_bounded<R: BufRead>(
 /// intermediate JSON tree of the line): an end line has `end`, an event
 /// line the rest.
 #[derive(Deserialize)]
-struct BodyLine {
+pub(super) struct BodyLine {
     end: Option<bool>,
     sessions: Option<u64>,
     commits: Option<u64>,
@@ -85,18 +85,46 @@ pub struct ExportReader<R> {
     buf: Vec<u8>,
     line_no: u64,
     header: ExportHeader,
+    /// A commit read ahead by [`ExportReader::next_session`]: the first of
+    /// the next session.
+    peeked: Option<(SessionId, ImportCommit)>,
+    commits: Commits,
+}
+
+/// One line after the header, parsed on its own (what needs no other line).
+// Almost every line is `Parsed`: boxing it would allocate once per line.
+#[allow(clippy::large_enum_variant)]
+pub(super) enum Line {
+    Blank,
+    /// Not UTF-8: why.
+    NotUtf8(String),
+    /// The line's fields, or why it is not a `spool-export` line.
+    Parsed(Result<BodyLine, String>),
+}
+
+/// Parses one line (without its newline) after the header.
+pub(super) fn parse_line(bytes: &[u8]) -> Line {
+    let text = match std::str::from_utf8(bytes) {
+        Ok(t) => t,
+        Err(e) => return Line::NotUtf8(format!("not UTF-8: {e}")),
+    };
+    if text.trim().is_empty() {
+        return Line::Blank;
+    }
+    Line::Parsed(serde_json::from_str(text).map_err(|e| json_reason("not a spool-export line", &e)))
+}
+
+/// The commits of a file's lines, checked as they come in order (commit
+/// grouping, contiguous sessions, the end line and its totals).
+#[derive(Default)]
+pub(super) struct Commits {
     /// The session being read and the version of its last commit.
     cur: Option<(SessionId, u64)>,
     /// The commit being read, with the number of events it announced.
     open: Option<(SessionId, ImportCommit, u32)>,
-    /// A commit read ahead by [`ExportReader::next_session`]: the first of
-    /// the next session.
-    peeked: Option<(SessionId, ImportCommit)>,
     seen_ids: HashSet<SessionId>,
     totals: ExportCounts,
     end_line: Option<u64>,
-    /// Bytes of the lines read since the header.
-    bytes: u64,
 }
 
 impl<R: BufRead> ExportReader<R> {
@@ -148,19 +176,19 @@ impl<R: BufRead> ExportReader<R> {
             buf,
             line_no,
             header,
-            cur: None,
-            open: None,
             peeked: None,
-            seen_ids: HashSet::new(),
-            totals: ExportCounts::default(),
-            end_line: None,
-            bytes: 0,
+            commits: Commits::default(),
         })
     }
 
-    /// Bytes of the lines read after the header so far.
-    pub(crate) fn bytes_read(&self) -> u64 {
-        self.bytes
+    /// The input after the header, the number of lines read so far and the
+    /// commits' state (for a reader that splits the lines elsewhere), unless a
+    /// commit was read ahead.
+    pub(super) fn into_parts(self) -> Result<(R, u64, Commits), Box<Self>> {
+        match self.peeked {
+            Some(_) => Err(Box::new(self)),
+            None => Ok((self.r, self.line_no, self.commits)),
+        }
     }
 
     /// The file's header.
@@ -204,148 +232,164 @@ impl<R: BufRead> ExportReader<R> {
                     reason: e.to_string(),
                 })?;
             if had.is_none() {
-                return match self.end_line {
-                    Some(_) => Ok(None),
-                    None => Err(ExchangeError::Truncated { line: self.line_no }),
-                };
+                return self.commits.finish(self.line_no).map(|()| None);
             }
             self.line_no += 1;
-            self.bytes += self.buf.len() as u64;
-            let line_no = self.line_no;
-            let malformed = |reason: String| ExchangeError::Malformed {
-                line: line_no,
-                reason,
-            };
-            let text =
-                std::str::from_utf8(&self.buf).map_err(|e| malformed(format!("not UTF-8: {e}")))?;
-            if text.trim().is_empty() {
-                continue;
-            }
-            if let Some(end_line) = self.end_line {
-                return Err(malformed(format!(
-                    "data after the end line (line {end_line})"
-                )));
-            }
-            let line: BodyLine = serde_json::from_str(text)
-                .map_err(|e| malformed(json_reason("not a spool-export line", &e)))?;
-            if let Some(end) = line.end {
-                let (Some(sessions), Some(commits), Some(events)) =
-                    (line.sessions, line.commits, line.events)
-                else {
-                    return Err(malformed(
-                        "malformed end line: it needs sessions, commits and events".into(),
-                    ));
-                };
-                if let Some((_, c, n)) = &self.open {
-                    return Err(malformed(format!(
-                        "end line inside a commit ({n} events announced, {} given)",
-                        c.events.len()
-                    )));
-                }
-                let t = self.totals;
-                if !end || sessions != t.sessions || commits != t.commits || events != t.events {
-                    return Err(malformed(format!(
-                        "end line says {sessions} sessions, {commits} commits, {events} events; the file has {}, {}, {}",
-                        t.sessions, t.commits, t.events
-                    )));
-                }
-                self.end_line = Some(line_no);
-                continue;
-            }
-            let missing = |f: &str| malformed(format!("malformed event line: missing field `{f}`"));
-            let ev = ExportEventLine {
-                session: line.session.ok_or_else(|| missing("session"))?,
-                version: line.version.ok_or_else(|| missing("version"))?,
-                commit_id: line.commit_id.ok_or_else(|| missing("commit_id"))?,
-                timestamp_ms: line.timestamp_ms.ok_or_else(|| missing("timestamp_ms"))?,
-                index: line.index.ok_or_else(|| missing("index"))?,
-                events_in_commit: line
-                    .events_in_commit
-                    .ok_or_else(|| missing("events_in_commit"))?,
-                event: line.event.ok_or_else(|| missing("event"))?,
-            };
-            if ev.events_in_commit == 0 || ev.index >= ev.events_in_commit {
-                return Err(malformed(format!(
-                    "event index {} of a commit of {} events",
-                    ev.index, ev.events_in_commit
-                )));
-            }
-            match self.open.as_mut() {
-                Some((id, commit, n)) => {
-                    // Continue the open commit of the current session.
-                    if *id != ev.session
-                        || commit.version != ev.version
-                        || commit.commit_id != ev.commit_id
-                    {
-                        return Err(malformed(
-                            "the previous commit is incomplete (this line belongs to another commit)"
-                                .into(),
-                        ));
-                    }
-                    if *n != ev.events_in_commit
-                        || ev.index as usize != commit.events.len()
-                        || ev.timestamp_ms != commit.timestamp_ms
-                    {
-                        return Err(malformed(format!(
-                            "event {} of commit {} does not continue it",
-                            ev.index, ev.commit_id
-                        )));
-                    }
-                    commit.events.push(ev.event);
-                    commit.lines.push(line_no);
-                }
-                None => {
-                    if ev.index != 0 {
-                        return Err(malformed(format!(
-                            "a commit starts with event index {}",
-                            ev.index
-                        )));
-                    }
-                    let same = self.cur.as_ref().is_some_and(|(id, _)| *id == ev.session);
-                    if !same {
-                        if !self.seen_ids.insert(ev.session.clone()) {
-                            return Err(malformed(format!(
-                                "session {} appears again after other sessions (its lines must be contiguous)",
-                                ev.session
-                            )));
-                        }
-                        self.cur = Some((ev.session.clone(), 0));
-                        self.totals.sessions += 1;
-                    }
-                    let last = self.cur.as_ref().map_or(0, |(_, v)| *v);
-                    if ev.version != last + 1 {
-                        return Err(malformed(format!(
-                            "session {}: expected version {}, found {}",
-                            ev.session,
-                            last + 1,
-                            ev.version
-                        )));
-                    }
-                    if let Some((_, v)) = self.cur.as_mut() {
-                        *v = ev.version;
-                    }
-                    let commit = ImportCommit {
-                        version: ev.version,
-                        commit_id: ev.commit_id,
-                        timestamp_ms: ev.timestamp_ms,
-                        events: vec![ev.event],
-                        lines: vec![line_no],
-                    };
-                    self.open = Some((ev.session, commit, ev.events_in_commit));
-                    self.totals.commits += 1;
-                }
-            }
-            self.totals.events += 1;
-            let complete = self
-                .open
-                .as_ref()
-                .is_some_and(|(_, c, n)| c.events.len() as u32 == *n);
-            if complete {
-                if let Some((id, c, _)) = self.open.take() {
-                    return Ok(Some((id, c)));
-                }
+            if let Some(c) = self.commits.accept(self.line_no, parse_line(&self.buf))? {
+                return Ok(Some(c));
             }
         }
+    }
+}
+
+impl Commits {
+    /// The end of the file after line `last`: fine after the end line.
+    pub(super) fn finish(&self, last: u64) -> Result<(), ExchangeError> {
+        match self.end_line {
+            Some(_) => Ok(()),
+            None => Err(ExchangeError::Truncated { line: last }),
+        }
+    }
+
+    /// Takes line `line_no`; the commit it completes, if any.
+    pub(super) fn accept(
+        &mut self,
+        line_no: u64,
+        line: Line,
+    ) -> Result<Option<(SessionId, ImportCommit)>, ExchangeError> {
+        let malformed = |reason: String| ExchangeError::Malformed {
+            line: line_no,
+            reason,
+        };
+        let line = match line {
+            Line::Blank => return Ok(None),
+            Line::NotUtf8(reason) => return Err(malformed(reason)),
+            Line::Parsed(line) => line,
+        };
+        if let Some(end_line) = self.end_line {
+            return Err(malformed(format!(
+                "data after the end line (line {end_line})"
+            )));
+        }
+        let line = line.map_err(malformed)?;
+        if let Some(end) = line.end {
+            let (Some(sessions), Some(commits), Some(events)) =
+                (line.sessions, line.commits, line.events)
+            else {
+                return Err(malformed(
+                    "malformed end line: it needs sessions, commits and events".into(),
+                ));
+            };
+            if let Some((_, c, n)) = &self.open {
+                return Err(malformed(format!(
+                    "end line inside a commit ({n} events announced, {} given)",
+                    c.events.len()
+                )));
+            }
+            let t = self.totals;
+            if !end || sessions != t.sessions || commits != t.commits || events != t.events {
+                return Err(malformed(format!(
+                    "end line says {sessions} sessions, {commits} commits, {events} events; the file has {}, {}, {}",
+                    t.sessions, t.commits, t.events
+                )));
+            }
+            self.end_line = Some(line_no);
+            return Ok(None);
+        }
+        let missing = |f: &str| malformed(format!("malformed event line: missing field `{f}`"));
+        let ev = ExportEventLine {
+            session: line.session.ok_or_else(|| missing("session"))?,
+            version: line.version.ok_or_else(|| missing("version"))?,
+            commit_id: line.commit_id.ok_or_else(|| missing("commit_id"))?,
+            timestamp_ms: line.timestamp_ms.ok_or_else(|| missing("timestamp_ms"))?,
+            index: line.index.ok_or_else(|| missing("index"))?,
+            events_in_commit: line
+                .events_in_commit
+                .ok_or_else(|| missing("events_in_commit"))?,
+            event: line.event.ok_or_else(|| missing("event"))?,
+        };
+        if ev.events_in_commit == 0 || ev.index >= ev.events_in_commit {
+            return Err(malformed(format!(
+                "event index {} of a commit of {} events",
+                ev.index, ev.events_in_commit
+            )));
+        }
+        match self.open.as_mut() {
+            Some((id, commit, n)) => {
+                // Continue the open commit of the current session.
+                if *id != ev.session
+                    || commit.version != ev.version
+                    || commit.commit_id != ev.commit_id
+                {
+                    return Err(malformed(
+                        "the previous commit is incomplete (this line belongs to another commit)"
+                            .into(),
+                    ));
+                }
+                if *n != ev.events_in_commit
+                    || ev.index as usize != commit.events.len()
+                    || ev.timestamp_ms != commit.timestamp_ms
+                {
+                    return Err(malformed(format!(
+                        "event {} of commit {} does not continue it",
+                        ev.index, ev.commit_id
+                    )));
+                }
+                commit.events.push(ev.event);
+                commit.lines.push(line_no);
+            }
+            None => {
+                if ev.index != 0 {
+                    return Err(malformed(format!(
+                        "a commit starts with event index {}",
+                        ev.index
+                    )));
+                }
+                let same = self.cur.as_ref().is_some_and(|(id, _)| *id == ev.session);
+                if !same {
+                    if !self.seen_ids.insert(ev.session.clone()) {
+                        return Err(malformed(format!(
+                            "session {} appears again after other sessions (its lines must be contiguous)",
+                            ev.session
+                        )));
+                    }
+                    self.cur = Some((ev.session.clone(), 0));
+                    self.totals.sessions += 1;
+                }
+                let last = self.cur.as_ref().map_or(0, |(_, v)| *v);
+                if ev.version != last + 1 {
+                    return Err(malformed(format!(
+                        "session {}: expected version {}, found {}",
+                        ev.session,
+                        last + 1,
+                        ev.version
+                    )));
+                }
+                if let Some((_, v)) = self.cur.as_mut() {
+                    *v = ev.version;
+                }
+                let commit = ImportCommit {
+                    version: ev.version,
+                    commit_id: ev.commit_id,
+                    timestamp_ms: ev.timestamp_ms,
+                    events: vec![ev.event],
+                    lines: vec![line_no],
+                };
+                self.open = Some((ev.session, commit, ev.events_in_commit));
+                self.totals.commits += 1;
+            }
+        }
+        self.totals.events += 1;
+        let complete = self
+            .open
+            .as_ref()
+            .is_some_and(|(_, c, n)| c.events.len() as u32 == *n);
+        if complete {
+            if let Some((id, c, _)) = self.open.take() {
+                return Ok(Some((id, c)));
+            }
+        }
+        Ok(None)
     }
 }
 
