@@ -136,7 +136,14 @@ impl SpillReader {
             return Ok(None);
         }
         let mut head = [0u8; FRAME_HEAD_BYTES];
-        self.input.read_exact(&mut head)?;
+        let at = self.offset;
+        let read_failed = |e: io::Error| {
+            io::Error::new(
+                e.kind(),
+                format!("reading the import's temporary file at offset {at}: {e}"),
+            )
+        };
+        self.input.read_exact(&mut head).map_err(read_failed)?;
         let (len, crc) = (le_u32(&head[..4]), le_u32(&head[4..]));
         if len > self.body_bytes_max {
             return Err(self.damaged(format!(
@@ -145,7 +152,7 @@ impl SpillReader {
             )));
         }
         self.body.resize(len as usize, 0);
-        self.input.read_exact(&mut self.body)?;
+        self.input.read_exact(&mut self.body).map_err(read_failed)?;
         if crc32fast::hash(&self.body) != crc {
             return Err(self.damaged("a checksum mismatch".into()));
         }
@@ -299,8 +306,7 @@ mod tests {
                 Err(e) => {
                     let text = e.to_string();
                     assert!(
-                        e.kind() == io::ErrorKind::UnexpectedEof
-                            || (text.contains("temporary file") && text.contains("offset")),
+                        text.contains("temporary file") && text.contains("offset"),
                         "byte {at}: {text}"
                     );
                 }
@@ -309,7 +315,9 @@ mod tests {
         }
         let mut r = write(&commits).finish().unwrap();
         r.input.get_mut().set_len(len - 1).unwrap();
-        assert!(read_all(&mut r).is_err());
+        let e = read_all(&mut r).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::UnexpectedEof);
+        assert!(e.to_string().contains("at offset"), "{e}");
     }
 
     /// A body whose event count claims more than it holds is refused before
