@@ -19,11 +19,20 @@ use crate::session::SessionId;
 use std::io::BufRead;
 use std::sync::{mpsc, Condvar, Mutex};
 
-/// Most bytes of lines parsed and not yet handed to the import: the reader waits
-/// below it (a single larger line is parsed, then waited out).
+/// Most bytes of lines read and not yet imported, each counted with what holding
+/// it costs ([`line_cost`]): the reader waits below it (a single larger line is
+/// read, then waited out).
 const AHEAD_BYTES_MAX: u64 = 4 << 20;
-/// A chunk of lines is handed over once it holds this many bytes ...
+/// A chunk of lines is handed over once it holds this many bytes ([`line_cost`]) ...
 const BATCH_BYTES_MAX: u64 = 256 << 10;
+
+/// What a line counts against the bounds: its bytes with its newline, and
+/// what holding it costs until it is imported (its end in the chunk, then
+/// its parse), so that blank or very short lines are bounded too.
+fn line_cost(text_bytes: usize) -> u64 {
+    let held = std::mem::size_of::<usize>() + std::mem::size_of::<(u64, Line)>();
+    (text_bytes + 1 + held) as u64
+}
 /// ... or this many lines.
 const BATCH_LINES_MAX: usize = 256;
 
@@ -159,9 +168,12 @@ struct Chunk {
     text: Vec<u8>,
     /// Where each line ends in `text`.
     ends: Vec<usize>,
+    /// The lines' cost against the bound ([`line_cost`]).
+    cost: u64,
 }
 
-/// A chunk's lines parsed, with their numbers, and its bytes.
+/// A chunk's lines parsed, with their numbers (blank ones left out), and
+/// its cost against the bound.
 struct Parsed {
     lines: Vec<(u64, Line)>,
     bytes: u64,
@@ -182,12 +194,16 @@ fn parse(chunk: Chunk) -> Parsed {
     let mut start = 0;
     for (k, &end) in chunk.ends.iter().enumerate() {
         let line_no = chunk.first_line + k as u64;
-        lines.push((line_no, parse_line(&chunk.text[start..end])));
+        match parse_line(&chunk.text[start..end]) {
+            // A blank line changes nothing (see `Commits::accept`).
+            Line::Blank => {}
+            line => lines.push((line_no, line)),
+        }
         start = end;
     }
     Parsed {
         lines,
-        bytes: chunk.text.len() as u64,
+        bytes: chunk.cost,
     }
 }
 
@@ -270,14 +286,16 @@ fn split<R: BufRead>(
             first_line: line_no + 1,
             text: Vec::new(),
             ends: Vec::new(),
+            cost: 0,
         };
         let mut end = None;
-        while chunk.ends.len() < BATCH_LINES_MAX && (chunk.text.len() as u64) < BATCH_BYTES_MAX {
+        while chunk.ends.len() < BATCH_LINES_MAX && chunk.cost < BATCH_BYTES_MAX {
             match read_line_bounded(r, &mut buf, EXPORT_LINE_BYTES_MAX) {
                 Ok(Some(_)) => {
                     line_no += 1;
                     chunk.text.extend_from_slice(&buf);
                     chunk.ends.push(chunk.text.len());
+                    chunk.cost += line_cost(buf.len());
                 }
                 Ok(None) => {
                     end = Some(Piece::End(line_no));
@@ -290,9 +308,8 @@ fn split<R: BufRead>(
             }
         }
         if !chunk.ends.is_empty() {
-            let bytes = chunk.text.len() as u64;
             let (done_tx, done_rx) = mpsc::sync_channel(1);
-            ahead.add(bytes);
+            ahead.add(chunk.cost);
             if tx.send(Piece::Chunk(done_rx)).is_err() {
                 return;
             }
@@ -544,5 +561,201 @@ mod tests {
             }
         });
         assert_eq!(got.as_deref(), Some("the reader's own panic"));
+    }
+
+    /// A reader that fails with an I/O error once `at` bytes are read.
+    struct FailsAt<'a>(&'a [u8], usize);
+
+    impl std::io::Read for FailsAt<'_> {
+        fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+            if self.1 == 0 {
+                return Err(std::io::Error::other("the disk failed"));
+            }
+            let n = buf.len().min(self.1).min(self.0.len());
+            buf[..n].copy_from_slice(&self.0[..n]);
+            self.0 = &self.0[n..];
+            self.1 -= n;
+            Ok(n)
+        }
+    }
+
+    fn lines_of(bytes: &[u8]) -> Vec<Vec<u8>> {
+        bytes
+            .split(|&b| b == b'\n')
+            .filter(|l| !l.is_empty())
+            .map(|l| l.to_vec())
+            .collect()
+    }
+
+    fn joined(lines: &[Vec<u8>], newline_at_end: bool) -> Vec<u8> {
+        let mut out = lines.join(&b'\n');
+        if newline_at_end {
+            out.push(b'\n');
+        }
+        out
+    }
+
+    /// Every kind of bad input (and tiny files, exactly one chunk) gives, read
+    /// ahead, what reading in place gives: the same commits, the same error.
+    #[test]
+    fn every_bad_input_reads_as_in_place() {
+        let bytes = export_of(3, 10);
+        let lines = lines_of(&bytes);
+        let n = lines.len();
+        let mut cases: Vec<(String, Vec<u8>)> = Vec::new();
+        cases.push(("whole".into(), bytes.clone()));
+        cases.push(("header only".into(), joined(&lines[..1], true)));
+        cases.push(("header only, no newline".into(), joined(&lines[..1], false)));
+        let mut blanks = joined(&lines[..1], true);
+        blanks.extend_from_slice(b"\n  \n\n");
+        cases.push(("header then blank lines".into(), blanks));
+        for k in [2, 3, n - 1] {
+            cases.push((format!("cut after line {k}"), joined(&lines[..k], true)));
+            cases.push((
+                format!("cut after line {k}, no newline"),
+                joined(&lines[..k], false),
+            ));
+        }
+        // The end line inside a commit: a commit announcing 2 events, then the end.
+        let mut open = lines[..2].to_vec();
+        let l = String::from_utf8(open[1].clone()).unwrap();
+        open[1] = l
+            .replace("\"events_in_commit\":1", "\"events_in_commit\":2")
+            .into_bytes();
+        assert_ne!(open[1], lines[1]);
+        open.push(lines[n - 1].clone());
+        cases.push(("end line inside a commit".into(), joined(&open, true)));
+        let mut after = bytes.clone();
+        after.extend_from_slice(b"\n\xff\xfe\n");
+        cases.push(("non-UTF-8 after the end".into(), after));
+        let mut after = bytes.clone();
+        after.extend_from_slice(b"  \n\n");
+        cases.push(("blanks after the end".into(), after));
+        // Exactly one chunk of lines after the header (BATCH_LINES_MAX), and one
+        // more: padded with blank lines before the end line.
+        for total in [BATCH_LINES_MAX, BATCH_LINES_MAX + 1, 2 * BATCH_LINES_MAX] {
+            let mut ls = lines[..n - 1].to_vec();
+            while ls.len() - 1 < total - 1 {
+                ls.push(Vec::new());
+            }
+            ls.push(lines[n - 1].clone());
+            assert_eq!(ls.len() - 1, total);
+            cases.push((format!("{total} lines"), joined(&ls, true)));
+            let mut cut = ls.clone();
+            cut.pop();
+            cases.push((format!("{total} lines, no end"), joined(&cut, true)));
+        }
+        for (what, file) in &cases {
+            let want = in_place(file);
+            assert_eq!(read_ahead(file), want, "{what}");
+            assert_eq!(fallback(file), want, "{what}, without threads");
+        }
+    }
+
+    /// What the import sees when no reading thread can be started.
+    fn fallback(bytes: &[u8]) -> Read {
+        let r = ExportReader::new(bytes).unwrap();
+        let (mut r, lines, commits) = r.into_parts().ok().unwrap();
+        let mut got = Vec::new();
+        let res = read_in_place(&mut r, lines, commits, &mut |id, c| {
+            got.push((id.clone(), c.clone()));
+            Ok(())
+        });
+        (got, res.err().map(|e| e.to_string()))
+    }
+
+    /// An I/O error (or an overlong line: the same path) gives the same line
+    /// number and message read ahead as in place.
+    #[test]
+    fn a_failed_read_reads_as_in_place() {
+        let bytes = export_of(40, 1000);
+        let header = bytes.iter().position(|&b| b == b'\n').unwrap() + 1;
+        for at in [header + 1, header + 5000, bytes.len() / 2, bytes.len() - 3] {
+            let want = {
+                let r = std::io::BufReader::with_capacity(4096, FailsAt(&bytes, at));
+                let mut r = ExportReader::new(r).unwrap();
+                let mut got = Vec::new();
+                loop {
+                    match r.next_commit() {
+                        Ok(Some(c)) => got.push(c),
+                        Ok(None) => break (got, None),
+                        Err(e) => break (got, Some(e.to_string())),
+                    }
+                }
+            };
+            assert!(want.1.as_deref().is_some_and(|e| e.contains("disk failed")));
+            let r = std::io::BufReader::with_capacity(4096, FailsAt(&bytes, at));
+            let r = ExportReader::new(r).unwrap();
+            let mut got = Vec::new();
+            let res = for_each_read_ahead(r, &mut |id, c| {
+                got.push((id.clone(), c.clone()));
+                Ok(())
+            });
+            assert_eq!((got, res.err().map(|e| e.to_string())), want, "at {at}");
+        }
+    }
+
+    /// Blank lines count against the bound: while the import holds its first
+    /// commit, a file of millions of blank lines is not read (and held
+    /// parsed) to its end.
+    #[test]
+    fn blank_lines_count_against_the_bound() {
+        let bytes = export_of(2, 10);
+        let lines = lines_of(&bytes);
+        let mut file = joined(&lines[..2], true);
+        file.extend(std::iter::repeat_n(b'\n', 6_000_000));
+        file.extend_from_slice(&joined(&lines[2..], true));
+        let got = within(120, move || {
+            let read = Arc::new(AtomicU64::new(0));
+            let f = std::io::BufReader::with_capacity(1 << 16, Counted(&file, read.clone()));
+            let r = ExportReader::new(f).unwrap();
+            let ahead = Ahead::default();
+            let mut first = None;
+            read_ahead_with(
+                r,
+                &mut |_, _| {
+                    if first.is_none() {
+                        first = Some((parked_or_done(&ahead), read.load(Ordering::SeqCst)));
+                    }
+                    Ok(())
+                },
+                &ahead,
+            )
+            .unwrap();
+            first.unwrap()
+        });
+        let (parked, most) = got.expect("the read ended");
+        assert!(
+            parked,
+            "the reader read the whole file ({most} bytes) ahead"
+        );
+    }
+
+    /// The import's error on a tiny file (one chunk, fewer lines than a chunk)
+    /// ends the read at once, for every commit it may fail on.
+    #[test]
+    fn an_error_on_a_tiny_file_ends_the_read() {
+        let bytes = export_of(2, 10);
+        let total = in_place(&bytes).0.len();
+        for at in 1..=total + 1 {
+            let bytes = bytes.clone();
+            let got = within(30, move || {
+                let r = ExportReader::new(&bytes[..]).unwrap();
+                let mut seen = 0;
+                let res = for_each_read_ahead(r, &mut |_, _| {
+                    seen += 1;
+                    if seen == at {
+                        return Err(ExchangeError::Malformed {
+                            line: 0,
+                            reason: "stop".into(),
+                        });
+                    }
+                    Ok(())
+                });
+                (seen, res.is_err())
+            });
+            let (seen, failed) = got.expect("no hang");
+            assert_eq!((seen, failed), (at.min(total), at <= total), "at {at}");
+        }
     }
 }

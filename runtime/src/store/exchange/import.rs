@@ -475,9 +475,6 @@ struct Writing<'p> {
     queue: Vec<(NewCommit, Option<i64>)>,
     versions: Vec<u64>,
     queued_bytes: usize,
-    /// The commit ids in `queue`: a commit whose id is queued already is
-    /// appended after the queue (the store then says which commit has it).
-    queued_ids: HashSet<Uuid>,
 }
 
 impl<'p> Writing<'p> {
@@ -489,7 +486,6 @@ impl<'p> Writing<'p> {
             queue: Vec::new(),
             versions: Vec::new(),
             queued_bytes: 0,
-            queued_ids: HashSet::new(),
         }
     }
 }
@@ -573,7 +569,6 @@ fn append_queued(
         return Ok(());
     };
     w.queued_bytes = 0;
-    w.queued_ids.clear();
     let outcome = match engine.append_batch(std::mem::take(&mut w.queue)) {
         Ok(o) => o,
         Err(spool_engine::Error::InBatch { index, source }) => {
@@ -629,13 +624,11 @@ pub fn import_from(
         let context = context.to_string();
         move |source| ExchangeError::Io { context, source }
     };
-    let mut spill = SpillWriter::new(store.dir()).map_err(io(
-        "creating a temporary file for the encoded commits failed",
-    ))?;
+    let mut spill = SpillWriter::new(store.dir());
     let plan = check_pass(store, source, opts, progress, Some(&mut spill))?;
     let mut commits = spill
         .finish()
-        .map_err(io("reading back the encoded commits failed"))?;
+        .map_err(io("keeping the encoded commits in a temporary file failed"))?;
     let total: u64 = plan.iter().map(|p| p.commits - p.done).sum();
     let engine = store.engine()?;
     let _deferred = engine.defer_checkpoints();
@@ -672,35 +665,22 @@ pub fn import_from(
                 commit_id: c.commit_id,
                 events: c.events,
             };
-            let failed = if w.queued_ids.contains(&commit.commit_id) {
-                // A commit id queued already: what is queued goes first (the
-                // store then says which commit has it).
-                match append_queued(&engine, w, &mut done, total, progress) {
-                    Err(f) => Some(f),
-                    Ok(()) => {
-                        w.queued_ids.insert(commit.commit_id);
-                        w.queue.push((commit, Some(c.timestamp_ms)));
-                        w.versions.push(c.version);
-                        append_queued(&engine, w, &mut done, total, progress).err()
-                    }
-                }
-            } else {
-                if let Some(fold) = w.fold.as_mut() {
-                    fold.add_encoded(&commit.events);
-                }
-                w.queued_bytes += commit.events.iter().map(|e| e.payload.len()).sum::<usize>();
-                w.queued_ids.insert(commit.commit_id);
-                w.queue.push((commit, Some(c.timestamp_ms)));
-                w.versions.push(c.version);
-                // A session's last commit ends its batch: the session's end
-                // then finds every commit written.
-                let full = w.queue.len() >= IMPORT_BATCH_COMMITS_MAX
-                    || w.queued_bytes >= IMPORT_BATCH_BYTES_MAX
-                    || c.version == p.commits;
-                match full {
-                    true => append_queued(&engine, w, &mut done, total, progress).err(),
-                    false => None,
-                }
+            // No two commits share an id here: the check pass refused a file
+            // that repeats one.
+            if let Some(fold) = w.fold.as_mut() {
+                fold.add_encoded(&commit.events);
+            }
+            w.queued_bytes += commit.events.iter().map(|e| e.payload.len()).sum::<usize>();
+            w.queue.push((commit, Some(c.timestamp_ms)));
+            w.versions.push(c.version);
+            // A session's last commit ends its batch: the session's end
+            // then finds every commit written.
+            let full = w.queue.len() >= IMPORT_BATCH_COMMITS_MAX
+                || w.queued_bytes >= IMPORT_BATCH_BYTES_MAX
+                || c.version == p.commits;
+            let failed = match full {
+                true => append_queued(&engine, w, &mut done, total, progress).err(),
+                false => None,
             };
             if let Some((version, reason)) = failed {
                 failure = Some((p.id.clone(), version, reason.clone()));
@@ -771,4 +751,108 @@ pub fn import_from(
         .flush()
         .map_err(|e| ExchangeError::SyncFailed(StoreError::Engine(e)))?;
     Ok(plan.iter().map(Planned::imported).collect())
+}
+
+#[cfg(test)]
+mod write_pass_tests {
+    use super::super::spill::{SpillWriter, Spilled};
+    use super::*;
+    use crate::session::AgentDefinition;
+    use crate::store::{LogStoreOptions, SessionStore};
+
+    fn open(dir: &std::path::Path) -> LogStore {
+        let opts = LogStoreOptions {
+            durability: spool_engine::Durability::Buffered,
+            ..Default::default()
+        };
+        LogStore::open(dir, opts).unwrap()
+    }
+
+    fn sessions() -> Vec<ImportSession> {
+        let a = tempfile::tempdir().unwrap();
+        let sa = open(a.path());
+        let mut w = ExportWriter::new(Vec::new()).unwrap();
+        for _ in 0..2 {
+            let def = AgentDefinition::new("a", "d", "p");
+            let mut s = sa.create(AgentSession::new(def, None)).unwrap();
+            for i in 0..3 {
+                s.write_metadata("k", serde_json::json!(i)).unwrap();
+                s = sa.save(s).unwrap();
+            }
+            w.session(&sa, s.id()).unwrap();
+        }
+        read_export(&w.finish().unwrap().0[..]).unwrap()
+    }
+
+    fn run(plan: &[Planned], commits: &[Spilled]) -> (usize, Result<(), ExchangeError>) {
+        let mut w = SpillWriter::new(&std::env::temp_dir());
+        for c in commits {
+            w.push(c.session, c.version, c.timestamp_ms, c.commit_id, &c.events)
+                .unwrap();
+        }
+        let mut r = w.finish().unwrap();
+        let mut n = 0;
+        let res = write_pass(
+            &mut r,
+            plan,
+            &mut |_| {},
+            &mut |_, _| {
+                n += 1;
+                Ok(())
+            },
+            &mut |_| {},
+        );
+        (n, res)
+    }
+
+    /// The write pass hands on exactly the planned commits; a temporary file
+    /// holding another session's commit, versions out of order, a commit
+    /// too few or too many fails before the first commit that differs.
+    #[test]
+    fn the_write_pass_refuses_commits_other_than_planned() {
+        let sessions = sessions();
+        let d = tempfile::tempdir().unwrap();
+        let store = open(d.path());
+        let mut w = SpillWriter::new(store.dir());
+        let opts = ImportOptions::default();
+        let plan = check_pass(
+            &store,
+            &mut { &sessions[..] },
+            &opts,
+            &mut |_| {},
+            Some(&mut w),
+        )
+        .unwrap();
+        let mut r = w.finish().unwrap();
+        let mut good = Vec::new();
+        while let Some(c) = r.next_commit().unwrap() {
+            good.push(c);
+        }
+        let total = good.len();
+        let k = plan[0].commits as usize;
+        assert_eq!(total, k + plan[1].commits as usize);
+        let (n, res) = run(&plan, &good);
+        assert_eq!(n, total);
+        assert!(res.is_ok(), "{res:?}");
+        let mut other_session = good.clone();
+        other_session[k].session = 0;
+        let mut swapped = good.clone();
+        swapped.swap(k + 1, k + 2);
+        let mut gap = good.clone();
+        gap.remove(k - 1);
+        let mut extra = good.clone();
+        extra.push(good[total - 1].clone());
+        let cases: [(&str, &[Spilled], usize); 5] = [
+            ("another session's commit", &other_session, k),
+            ("versions swapped", &swapped, k + 1),
+            ("a commit missing mid-file", &gap, k - 1),
+            ("a commit missing at the end", &good[..total - 1], total - 1),
+            ("a commit too many", &extra, total),
+        ];
+        for (what, commits, handed) in cases {
+            let (n, res) = run(&plan, commits);
+            assert_eq!(n, handed, "{what}");
+            assert!(res.is_err(), "{what}: accepted");
+        }
+    }
 }

@@ -1143,4 +1143,28 @@ mod tests {
         }
         assert_eq!(sb.engine().unwrap().last_seq(), 0, "nothing written");
     }
+
+    /// A resumed import writes the settings snapshot of a long session from
+    /// the commits it skipped and the ones it wrote; a resumed run that finds
+    /// the session whole writes it too.
+    #[test]
+    fn a_resumed_long_session_gets_its_settings_snapshot() {
+        let (sessions, _one, long) = two_sessions(40);
+        let b = tempfile::tempdir().unwrap();
+        let sb = store(b.path());
+        let mut cut = sessions.clone();
+        cut[1].commits.truncate(20);
+        import_sessions(&sb, &cut, &ImportOptions::default(), &mut || {}).unwrap();
+        sb.drop_cached_settings(&long);
+        let resume = ImportOptions::default().resume(true);
+        import_sessions(&sb, &sessions, &resume, &mut || {}).unwrap();
+        let (version, cached) = sb.cached_settings(&long).expect("a settings snapshot");
+        assert_eq!((version, cached.version()), (41, 41));
+        sb.assert_settings_fold_from_start(&long);
+        sb.drop_cached_settings(&long);
+        import_sessions(&sb, &sessions, &resume, &mut || {}).unwrap();
+        let (version, _) = sb.cached_settings(&long).expect("a settings snapshot");
+        assert_eq!(version, 41);
+        sb.assert_settings_fold_from_start(&long);
+    }
 }

@@ -18,7 +18,7 @@
 
 use std::fs::File;
 use std::io::{self, BufReader, BufWriter, Read, Seek, Write};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use spool_engine::{EventData, Uuid};
 
@@ -41,7 +41,11 @@ pub(crate) struct Spilled {
 /// Writes the check pass's commits; [`SpillWriter::finish`] turns it into
 /// their reader.
 pub(crate) struct SpillWriter {
-    out: BufWriter<File>,
+    /// Where the file goes (the system's temporary directory when this one
+    /// refuses it).
+    dir: PathBuf,
+    /// Made at the first commit: a source that fails before it needs none.
+    out: Option<BufWriter<File>>,
     body: Vec<u8>,
     /// The longest body written: the reader's bound.
     body_bytes_max: u32,
@@ -49,16 +53,16 @@ pub(crate) struct SpillWriter {
 }
 
 impl SpillWriter {
-    /// A writer into a new unnamed temporary file in `dir`, or in the
-    /// system's temporary directory when `dir` refuses one.
-    pub(crate) fn new(dir: &Path) -> io::Result<SpillWriter> {
-        let file = tempfile::tempfile_in(dir).or_else(|_| tempfile::tempfile())?;
-        Ok(SpillWriter {
-            out: BufWriter::with_capacity(BUFFER_BYTES, file),
+    /// A writer into an unnamed temporary file in `dir`, or in the system's
+    /// temporary directory when `dir` refuses one, made at the first commit.
+    pub(crate) fn new(dir: &Path) -> SpillWriter {
+        SpillWriter {
+            dir: dir.to_path_buf(),
+            out: None,
             body: Vec::new(),
             body_bytes_max: 0,
             commits: 0,
-        })
+        }
     }
 
     /// Appends one commit.
@@ -85,20 +89,35 @@ impl SpillWriter {
             b.extend_from_slice(&e.payload);
         }
         let body_bytes = len_u32(b.len())?;
-        self.out.write_all(&body_bytes.to_le_bytes())?;
-        self.out.write_all(&crc32fast::hash(b).to_le_bytes())?;
-        self.out.write_all(b)?;
+        let out = match &mut self.out {
+            Some(out) => out,
+            None => {
+                let file = tempfile::tempfile_in(&self.dir).or_else(|_| tempfile::tempfile())?;
+                self.out
+                    .insert(BufWriter::with_capacity(BUFFER_BYTES, file))
+            }
+        };
+        out.write_all(&body_bytes.to_le_bytes())?;
+        out.write_all(&crc32fast::hash(b).to_le_bytes())?;
+        out.write_all(b)?;
         self.body_bytes_max = self.body_bytes_max.max(body_bytes);
         self.commits += 1;
         Ok(())
     }
 
-    /// The commits written, to be read back from the first.
+    /// The commits written, to be read back from the first (the last of
+    /// them written out first: an error here is a failed write).
     pub(crate) fn finish(self) -> io::Result<SpillReader> {
-        let mut file = self.out.into_inner().map_err(|e| e.into_error())?;
-        file.rewind()?;
+        let input = match self.out {
+            None => None,
+            Some(out) => {
+                let mut file = out.into_inner().map_err(|e| e.into_error())?;
+                file.rewind()?;
+                Some(BufReader::with_capacity(BUFFER_BYTES, file))
+            }
+        };
         Ok(SpillReader {
-            input: BufReader::with_capacity(BUFFER_BYTES, file),
+            input,
             body: Vec::new(),
             body_bytes_max: self.body_bytes_max,
             left: self.commits,
@@ -120,7 +139,8 @@ fn too_long(what: &str) -> io::Error {
 
 /// Reads back what a [`SpillWriter`] wrote, in order.
 pub(crate) struct SpillReader {
-    input: BufReader<File>,
+    /// `None` when no commit was written.
+    input: Option<BufReader<File>>,
     body: Vec<u8>,
     body_bytes_max: u32,
     /// Commits written and not yet read.
@@ -132,9 +152,9 @@ pub(crate) struct SpillReader {
 impl SpillReader {
     /// The next commit, `None` after the last one written.
     pub(crate) fn next_commit(&mut self) -> io::Result<Option<Spilled>> {
-        if self.left == 0 {
+        let Some(input) = self.input.as_mut().filter(|_| self.left > 0) else {
             return Ok(None);
-        }
+        };
         let mut head = [0u8; FRAME_HEAD_BYTES];
         let at = self.offset;
         let read_failed = |e: io::Error| {
@@ -143,7 +163,7 @@ impl SpillReader {
                 format!("reading the import's temporary file at offset {at}: {e}"),
             )
         };
-        self.input.read_exact(&mut head).map_err(read_failed)?;
+        input.read_exact(&mut head).map_err(read_failed)?;
         let (len, crc) = (le_u32(&head[..4]), le_u32(&head[4..]));
         if len > self.body_bytes_max {
             return Err(self.damaged(format!(
@@ -152,7 +172,7 @@ impl SpillReader {
             )));
         }
         self.body.resize(len as usize, 0);
-        self.input.read_exact(&mut self.body).map_err(read_failed)?;
+        input.read_exact(&mut self.body).map_err(read_failed)?;
         if crc32fast::hash(&self.body) != crc {
             return Err(self.damaged("a checksum mismatch".into()));
         }
@@ -253,12 +273,20 @@ mod tests {
     }
 
     fn write(commits: &[Spilled]) -> SpillWriter {
-        let mut w = SpillWriter::new(&std::env::temp_dir()).unwrap();
+        let mut w = SpillWriter::new(&std::env::temp_dir());
         for c in commits {
             w.push(c.session, c.version, c.timestamp_ms, c.commit_id, &c.events)
                 .unwrap();
         }
         w
+    }
+
+    fn file(r: &SpillReader) -> &File {
+        r.input.as_ref().unwrap().get_ref()
+    }
+
+    fn file_mut(r: &mut SpillReader) -> &mut File {
+        r.input.as_mut().unwrap().get_mut()
     }
 
     fn read_all(r: &mut SpillReader) -> io::Result<Vec<Spilled>> {
@@ -293,11 +321,11 @@ mod tests {
         let commits: Vec<Spilled> = (0..4).map(|i| commit(i, 2)).collect();
         let len = {
             let r = write(&commits).finish().unwrap();
-            r.input.get_ref().metadata().unwrap().len()
+            file(&r).metadata().unwrap().len()
         };
         for at in 0..len {
             let mut r = write(&commits).finish().unwrap();
-            let file = r.input.get_mut();
+            let file = file_mut(&mut r);
             let mut byte = [0u8; 1];
             std::os::unix::fs::FileExt::read_at(file, &mut byte, at).unwrap();
             std::os::unix::fs::FileExt::write_at(file, &[byte[0] ^ 0x10], at).unwrap();
@@ -314,10 +342,40 @@ mod tests {
             }
         }
         let mut r = write(&commits).finish().unwrap();
-        r.input.get_mut().set_len(len - 1).unwrap();
+        file_mut(&mut r).set_len(len - 1).unwrap();
         let e = read_all(&mut r).unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::UnexpectedEof);
         assert!(e.to_string().contains("at offset"), "{e}");
+    }
+
+    /// A frame length beyond the longest frame written is refused before
+    /// anything is allocated for it (a flipped high bit would otherwise ask
+    /// for gigabytes), and a body with bytes after its last event is refused.
+    #[test]
+    fn a_length_beyond_any_written_and_trailing_bytes_are_refused() {
+        let commits: Vec<Spilled> = (0..2).map(|i| commit(i, 1)).collect();
+        let mut r = write(&commits).finish().unwrap();
+        let longest = r.body_bytes_max;
+        std::os::unix::fs::FileExt::write_at(file(&r), &(longest + 1).to_le_bytes(), 0).unwrap();
+        let e = r.next_commit().unwrap_err();
+        assert!(e.to_string().contains("longer than any written"), "{e}");
+        assert!(r.body.capacity() < longest as usize + 1);
+        let mut body = Vec::new();
+        let c = commit(7, 1);
+        let mut w = write(std::slice::from_ref(&c));
+        std::mem::swap(&mut body, &mut w.body);
+        assert_eq!(parse_body(&body), Some(c));
+        body.push(0);
+        assert_eq!(parse_body(&body), None);
+    }
+
+    /// No commit, no file: the reader ends at once.
+    #[test]
+    fn no_commit_makes_no_file() {
+        let w = SpillWriter::new(Path::new("/nonexistent/for/sure"));
+        assert!(w.out.is_none());
+        let mut r = w.finish().unwrap();
+        assert_eq!(r.next_commit().unwrap(), None);
     }
 
     /// A body whose event count claims more than it holds is refused before
