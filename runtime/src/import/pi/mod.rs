@@ -48,7 +48,8 @@
 //! a [`Json`] without a tree. So a line takes a few times its length at
 //! most, whatever it holds. [`read_pi`] then holds every entry of the
 //! session (several times the file); [`PiFile`] reads the file once more
-//! than its import does and holds one commit at a time, plus about 20 bytes per entry for the ids
+//! than its import does and holds one commit at a time, plus about 20
+//! bytes per entry for the ids
 //! (see [`PiFile`]).
 
 use std::borrow::Cow;

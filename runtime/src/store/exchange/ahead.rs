@@ -176,7 +176,7 @@ struct Chunk {
 /// its cost against the bound.
 struct Parsed {
     lines: Vec<(u64, Line)>,
-    bytes: u64,
+    cost: u64,
 }
 
 /// What the reader hands the import, in file order.
@@ -203,7 +203,7 @@ fn parse(chunk: Chunk) -> Parsed {
     }
     Parsed {
         lines,
-        bytes: chunk.cost,
+        cost: chunk.cost,
     }
 }
 
@@ -250,7 +250,7 @@ fn import_chunks(
             Piece::Failed(e) => return Err(e),
         };
         // No chunk: its parser panicked (the caller raises the panic).
-        let Ok(Parsed { lines, bytes }) = parsed.recv() else {
+        let Ok(Parsed { lines, cost }) = parsed.recv() else {
             break;
         };
         for (line_no, line) in lines {
@@ -258,7 +258,7 @@ fn import_chunks(
                 f(&id, &c)?;
             }
         }
-        ahead.done(bytes);
+        ahead.done(cost);
     }
     // The reader ended without the end of the file: it panicked (the caller
     // raises the panic).
@@ -497,14 +497,10 @@ mod tests {
         }
     }
 
-    /// While the import holds its first commit, the reader stops, parked, about
-    /// `AHEAD_BYTES_MAX` ahead of it, not at the end of the file.
-    #[test]
-    fn the_reader_stops_a_bounded_distance_ahead() {
-        let line_bytes = 64 << 10;
-        let bytes = export_of(60, line_bytes);
-        assert!(bytes.len() as u64 > 2 * AHEAD_BYTES_MAX);
-        let got = within(60, move || {
+    /// Where the reader is while the import holds the first commit of `bytes`:
+    /// parked at its bound (or done), and the bytes it has read of the file.
+    fn at_first_commit(bytes: Vec<u8>) -> (bool, u64) {
+        let got = within(120, move || {
             let read = Arc::new(AtomicU64::new(0));
             let file = std::io::BufReader::with_capacity(1 << 16, Counted(&bytes, read.clone()));
             let r = ExportReader::new(file).unwrap();
@@ -523,7 +519,17 @@ mod tests {
             .unwrap();
             first.unwrap()
         });
-        let (parked, most) = got.expect("the read ended");
+        got.expect("the read ended")
+    }
+
+    /// While the import holds its first commit, the reader stops, parked, about
+    /// `AHEAD_BYTES_MAX` ahead of it, not at the end of the file.
+    #[test]
+    fn the_reader_stops_a_bounded_distance_ahead() {
+        let line_bytes = 64 << 10;
+        let bytes = export_of(60, line_bytes);
+        assert!(bytes.len() as u64 > 2 * AHEAD_BYTES_MAX);
+        let (parked, most) = at_first_commit(bytes);
         let bound = AHEAD_BYTES_MAX + BATCH_BYTES_MAX + 4 * line_bytes as u64 + (64 << 10);
         assert!(parked, "the reader read the whole file ({most} bytes)");
         assert!(most <= bound, "read {most} bytes ahead (bound {bound})");
@@ -705,26 +711,7 @@ mod tests {
         let mut file = joined(&lines[..2], true);
         file.extend(std::iter::repeat_n(b'\n', 6_000_000));
         file.extend_from_slice(&joined(&lines[2..], true));
-        let got = within(120, move || {
-            let read = Arc::new(AtomicU64::new(0));
-            let f = std::io::BufReader::with_capacity(1 << 16, Counted(&file, read.clone()));
-            let r = ExportReader::new(f).unwrap();
-            let ahead = Ahead::default();
-            let mut first = None;
-            read_ahead_with(
-                r,
-                &mut |_, _| {
-                    if first.is_none() {
-                        first = Some((parked_or_done(&ahead), read.load(Ordering::SeqCst)));
-                    }
-                    Ok(())
-                },
-                &ahead,
-            )
-            .unwrap();
-            first.unwrap()
-        });
-        let (parked, most) = got.expect("the read ended");
+        let (parked, most) = at_first_commit(file);
         assert!(
             parked,
             "the reader read the whole file ({most} bytes) ahead"
