@@ -91,6 +91,9 @@ fn exchange_err(file: &Path, resumable: bool, e: ExchangeError) -> ToolError {
         ExchangeError::ImportFailed { .. } | ExchangeError::SyncFailed(_) => {
             "run `spool --store DIR verify`, then retry"
         }
+        ExchangeError::IndexFailed(_) => {
+            "every session was imported and synced; the next command that opens the store rebuilds its index"
+        }
         _ => "nothing was imported",
     };
     file_err(file, e).hint(hint)

@@ -750,6 +750,12 @@ pub fn import_from(
     engine
         .flush()
         .map_err(|e| ExchangeError::SyncFailed(StoreError::Engine(e)))?;
+    // The index's last memtables moved while checkpoints are still deferred: a
+    // move finished after the guard drops would write a checkpoint of nearly
+    // everything, and the close (or the next move) writes one of everything
+    // again. The commits are synced already; a failure here poisons the store
+    // and its next open rebuilds the index from the log.
+
     Ok(plan.iter().map(Planned::imported).collect())
 }
 

@@ -161,6 +161,11 @@ pub enum ExchangeError {
     },
     #[error("syncing the imported commits to disk failed")]
     SyncFailed(#[source] StoreError),
+    /// Every imported commit is synced, but moving their index out of memory
+    /// failed: the store refuses writes until it is reopened, and the open
+    /// rebuilds the index from the log.
+    #[error("the imported commits are on disk, but writing their index failed; reopen the store")]
+    IndexFailed(#[source] StoreError),
     #[error("{context}")]
     Io {
         context: String,
