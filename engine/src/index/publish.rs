@@ -331,23 +331,27 @@ impl Index {
             return Ok(());
         }
         self.join_moving()?;
-        if self
+        let pending = !self
             .mem
             .read()
             .unwrap_or_else(|e| e.into_inner())
             .writes
-            .is_empty()
-        {
-            return Ok(());
+            .is_empty();
+        if pending {
+            let writes = self.freeze();
+            move_into_sled(
+                &self.sled_view()?,
+                &self.frozen,
+                &self.sled_flushed_at,
+                self.redo.as_deref(),
+                &writes,
+            )?;
         }
-        let writes = self.freeze();
-        move_into_sled(
-            &self.sled_view()?,
-            &self.frozen,
-            &self.sled_flushed_at,
-            self.redo.as_deref(),
-            &writes,
-        )
+        // A bulk load's merges end here too: afterwards nothing writes runs.
+        match self.spill.get() {
+            Some(runs) => runs.settle(),
+            None => Ok(()),
+        }
     }
 }
 

@@ -6,7 +6,10 @@
 //! memtable, frozen memtable, runs (newest first), sled, base. Runs are merged in the
 //! background as they pile up (a level's [`RUNS_PER_LEVEL_MAX`] newest runs into one
 //! run of the next level), so their number grows with the logarithm of what was
-//! loaded. The clean close's checkpoint reads all of it and becomes sled's next base
+//! loaded. A merge runs on a thread of its own, so that the next spill (and the
+//! appends waiting for it) need not wait for it; only when level 0 has piled up
+//! [`LEVEL0_RUNS_MAX`] runs behind a merge does a spill wait for the merge to end.
+//! The clean close's checkpoint reads all of it and becomes sled's next base
 //! (see `delta.rs`); the runs then go.
 //!
 //! sled never sees the load: its page table, IO buffers and per-key work grew with
@@ -36,6 +39,12 @@ pub(super) const SPILL_DIR: &str = "spill";
 /// `RUNS_PER_LEVEL_MAX - 1` runs per level.
 pub(super) const RUNS_PER_LEVEL_MAX: usize = 8;
 
+/// Most runs level 0 holds while a merge runs before a spill waits for the merge
+/// (which bounds what a read of an absent key looks at). Twice the fan-in: a spill
+/// every so often finds the merge of the previous full level still running (a
+/// merge into level 2 or higher takes as long as several spills).
+const LEVEL0_RUNS_MAX: usize = 2 * RUNS_PER_LEVEL_MAX;
+
 /// One run: a file and its level (0: a spilled memtable; `n + 1`: a merge of
 /// [`RUNS_PER_LEVEL_MAX`] runs of level `n`).
 pub(crate) struct Run {
@@ -49,6 +58,12 @@ pub(crate) struct Runs {
     dir: PathBuf,
     list: RwLock<Vec<Arc<Run>>>,
     next_id: AtomicU64,
+    /// The thread merging full levels, if one was started (see
+    /// [`Runs::merge_behind`]): its failure is reported by the next spill or settle.
+    merging: Mutex<Option<JoinHandle<Result<(), IndexError>>>>,
+    /// Holds merge threads back while closed (tests).
+    #[cfg(test)]
+    merge_gate: Arc<super::MoveGate>,
 }
 
 impl Runs {
@@ -64,6 +79,9 @@ impl Runs {
             dir,
             list: RwLock::new(Vec::new()),
             next_id: AtomicU64::new(1),
+            merging: Mutex::new(None),
+            #[cfg(test)]
+            merge_gate: Arc::default(),
         })
     }
 
@@ -95,8 +113,9 @@ impl Runs {
         RunsIter::over(&self.snapshot(), lo, hi)
     }
 
-    /// Writes `writes` as a new run, then merges full levels.
-    pub(super) fn spill(&self, writes: &MemTable) -> Result<(), IndexError> {
+    /// Writes `writes` as a new run, then has full levels merged (see
+    /// [`Runs::merge_behind`]).
+    pub(super) fn spill(self: &Arc<Self>, writes: &MemTable) -> Result<(), IndexError> {
         let entries = writes
             .range(Bound::Unbounded, Bound::Unbounded)
             .map(|(k, v)| Ok::<_, IndexError>((k, tagged(v.as_deref()))));
@@ -105,34 +124,106 @@ impl Runs {
             .write()
             .unwrap_or_else(|e| e.into_inner())
             .push(run);
+        self.merge_behind()
+    }
+
+    /// Starts a thread that merges full levels, unless one still runs and level 0
+    /// holds fewer than [`LEVEL0_RUNS_MAX`] runs (then that one is left to it, or to
+    /// the next spill); otherwise waits for it first, reporting its failure. Without
+    /// a thread the merges happen here.
+    fn merge_behind(self: &Arc<Self>) -> Result<(), IndexError> {
+        let mut slot = self.merging.lock().unwrap_or_else(|e| e.into_inner());
+        let running = slot.as_ref().is_some_and(|h| !h.is_finished());
+        if running && self.level0_runs() < LEVEL0_RUNS_MAX {
+            return Ok(());
+        }
+        if let Some(h) = slot.take() {
+            joined(h)?;
+        }
+        if self.full_level().is_none() {
+            return Ok(());
+        }
+        let runs = self.clone();
+        match std::thread::Builder::new()
+            .name("spool-merge".into())
+            .spawn(move || {
+                #[cfg(test)]
+                runs.merge_gate.pass();
+                runs.merge_full_levels()
+            }) {
+            Ok(h) => *slot = Some(h),
+            Err(_) => self.merge_full_levels()?,
+        }
+        Ok(())
+    }
+
+    /// Waits for a merge thread, then merges what is still full here: afterwards no
+    /// level holds [`RUNS_PER_LEVEL_MAX`] runs and no thread writes runs.
+    pub(super) fn settle(&self) -> Result<(), IndexError> {
+        let h = self
+            .merging
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        if let Some(h) = h {
+            joined(h)?;
+        }
+        self.merge_full_levels()
+    }
+
+    fn merge_full_levels(&self) -> Result<(), IndexError> {
         while let Some(full) = self.full_level() {
             self.merge(&full)?;
         }
         Ok(())
     }
 
-    /// The newest runs if the newest level has [`RUNS_PER_LEVEL_MAX`] of them.
-    fn full_level(&self) -> Option<Vec<Arc<Run>>> {
-        let list = self.snapshot();
-        let level = list.last()?.level;
-        let same = list.iter().rev().take_while(|r| r.level == level).count();
-        (same >= RUNS_PER_LEVEL_MAX).then(|| list[list.len() - same..].to_vec())
+    /// How many runs level 0 holds (they are the newest).
+    fn level0_runs(&self) -> usize {
+        let list = self.list.read().unwrap_or_else(|e| e.into_inner());
+        list.iter().rev().take_while(|r| r.level == 0).count()
     }
 
-    /// Replaces `runs`, the newest, by one run of the next level holding their newest
-    /// entries (removals kept: older runs, sled or the base may hold the key).
+    /// The newest group of runs of one level that holds at least
+    /// [`RUNS_PER_LEVEL_MAX`] of them (more while a merge ran behind the spills).
+    fn full_level(&self) -> Option<Vec<Arc<Run>>> {
+        let list = self.snapshot();
+        let mut end = list.len();
+        while end > 0 {
+            let level = list[end - 1].level;
+            let same = list[..end]
+                .iter()
+                .rev()
+                .take_while(|r| r.level == level)
+                .count();
+            if same >= RUNS_PER_LEVEL_MAX {
+                return Some(list[end - same..end].to_vec());
+            }
+            end -= same;
+        }
+        None
+    }
+
+    /// Replaces `runs`, consecutive in the list, by one run of the next level holding
+    /// their newest entries (removals kept: older runs, sled or the base may hold the
+    /// key). Runs spilled meanwhile stay after it. The levels stay non-increasing:
+    /// `runs` is a whole group of one level, so the run before them is of a higher one.
     fn merge(&self, runs: &[Arc<Run>]) -> Result<(), IndexError> {
         let level = runs[0].level + 1;
         let entries = RunsIter::over(runs, Bound::Unbounded, Bound::Unbounded)
             .map(|kv| kv.map(|(k, v)| (k, tagged(v.as_deref()))));
         let merged = self.write(entries, level)?;
         let mut list = self.list.write().unwrap_or_else(|e| e.into_inner());
-        let at = list.len().saturating_sub(runs.len());
-        let unchanged =
-            list.len() >= runs.len() && list[at..].iter().zip(runs).all(|(a, b)| Arc::ptr_eq(a, b));
-        if unchanged {
-            list.truncate(at);
-            list.push(merged);
+        let at = list
+            .iter()
+            .position(|r| Arc::ptr_eq(r, &runs[0]))
+            .filter(|&at| {
+                list.len() - at >= runs.len()
+                    && list[at..].iter().zip(runs).all(|(a, b)| Arc::ptr_eq(a, b))
+            });
+        if let Some(at) = at {
+            list.splice(at..at + runs.len(), [merged]);
+            debug_assert!(list.windows(2).all(|w| w[0].level >= w[1].level));
             drop(list);
             for r in runs {
                 let _ = std::fs::remove_file(&r.file.path);
@@ -174,13 +265,28 @@ impl Runs {
         }))
     }
 
-    /// Drops every run (a clear of the index).
+    /// Drops every run (a clear of the index), after a merge still running (whose
+    /// failure does not matter then).
     pub(super) fn clear(&self) {
+        let h = self
+            .merging
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        if let Some(h) = h {
+            let _ = h.join();
+        }
         let dropped = std::mem::take(&mut *self.list.write().unwrap_or_else(|e| e.into_inner()));
         for r in dropped {
             let _ = std::fs::remove_file(&r.file.path);
         }
     }
+}
+
+/// A merge thread's outcome; its panic is a failure of the index.
+fn joined(h: JoinHandle<Result<(), IndexError>>) -> Result<(), IndexError> {
+    h.join()
+        .unwrap_or_else(|_| Err(IndexError::Spill("the merge thread panicked".into())))
 }
 
 /// Removes `index_dir/spill` and everything in it.
@@ -297,5 +403,114 @@ impl Iterator for RunsIter {
                 Some(Err(e))
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Spill `i`: key `k{i}`, a removal of `k{i-1}` when `i` is a multiple of 5, and
+    /// `last` overwritten.
+    fn memtable(i: u64) -> MemTable {
+        let mut m = MemTable::with_capacity(3);
+        m.insert(
+            format!("k{i:04}").as_bytes(),
+            Some(i.to_be_bytes().to_vec()),
+        );
+        if i.is_multiple_of(5) {
+            m.insert(format!("k{:04}", i - 1).as_bytes(), None);
+        }
+        m.insert(b"last", Some(i.to_be_bytes().to_vec()));
+        m
+    }
+
+    /// What the runs must answer after spills 1..=n, removals as `None`.
+    fn want(n: u64) -> Vec<(Vec<u8>, Option<Vec<u8>>)> {
+        let mut w: Vec<_> = (1..=n)
+            .map(|i| {
+                let removed = i < n && (i + 1).is_multiple_of(5);
+                let v = (!removed).then(|| i.to_be_bytes().to_vec());
+                (format!("k{i:04}").into_bytes(), v)
+            })
+            .collect();
+        w.push((b"last".to_vec(), Some(n.to_be_bytes().to_vec())));
+        w.sort();
+        w
+    }
+
+    fn check(runs: &Runs, n: u64) {
+        let levels = runs.levels();
+        assert!(levels.windows(2).all(|w| w[0] >= w[1]), "{levels:?}");
+        for (k, v) in want(n) {
+            let got = runs.get(&k).unwrap().map(|v| v.map(|v| v.to_vec()));
+            assert_eq!(
+                got,
+                Some(v),
+                "{} after {n} spills",
+                String::from_utf8_lossy(&k)
+            );
+        }
+        let scanned: Vec<_> = runs
+            .range(Bound::Unbounded, Bound::Unbounded)
+            .map(|kv| {
+                kv.map(|(k, v)| (k.to_vec(), v.map(|v| v.to_vec())))
+                    .unwrap()
+            })
+            .collect();
+        assert_eq!(scanned, want(n), "after {n} spills");
+    }
+
+    /// Spills go on while a merge is held back: reads answer as the whole index at
+    /// every step; once level 0 holds `LEVEL0_RUNS_MAX` runs the next spill waits for
+    /// the merge; a settle leaves no full level and no merge thread.
+    #[test]
+    fn spills_go_on_while_a_merge_runs_behind_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let runs = Arc::new(Runs::create(dir.path()).unwrap());
+        runs.merge_gate.set_closed(true);
+        let held = LEVEL0_RUNS_MAX as u64 - 1;
+        for i in 1..=held {
+            runs.spill(&memtable(i)).unwrap();
+            check(&runs, i);
+        }
+        assert_eq!(
+            runs.levels(),
+            vec![0; held as usize],
+            "the merge is held back"
+        );
+        let spiller = {
+            let runs = runs.clone();
+            std::thread::spawn(move || runs.spill(&memtable(held + 1)))
+        };
+        while runs.levels().len() <= held as usize {
+            std::thread::yield_now();
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        assert!(
+            !spiller.is_finished(),
+            "a spill at the bound waits for the merge"
+        );
+        runs.merge_gate.set_closed(false);
+        spiller.join().unwrap().unwrap();
+        check(&runs, held + 1);
+        for i in held + 2..=100 {
+            runs.spill(&memtable(i)).unwrap();
+            check(&runs, i);
+        }
+        runs.settle().unwrap();
+        assert!(runs.merging.lock().unwrap().is_none());
+        let levels = runs.levels();
+        for l in 0..=2 {
+            let at_l = levels.iter().filter(|&&x| x == l).count();
+            assert!(at_l < RUNS_PER_LEVEL_MAX, "{levels:?}");
+        }
+        // How many runs each merge took depends on how far the spills ran ahead.
+        assert!(levels.len() < 2 * RUNS_PER_LEVEL_MAX, "{levels:?}");
+        check(&runs, 100);
+        let files = std::fs::read_dir(dir.path().join(SPILL_DIR))
+            .unwrap()
+            .count();
+        assert_eq!(files, levels.len(), "merged runs' files are gone");
     }
 }
