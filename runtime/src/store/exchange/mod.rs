@@ -464,15 +464,9 @@ mod tests {
     use spool_engine::vfs::{FaultKind, FaultVfs, OsVfs};
     use std::sync::Arc;
 
+    /// A store opened as `spool import` opens one.
     fn store(dir: &std::path::Path) -> LogStore {
-        LogStore::open(
-            dir,
-            LogStoreOptions {
-                durability: spool_engine::Durability::Buffered,
-                ..Default::default()
-            },
-        )
-        .unwrap()
+        LogStore::open(dir, LogStoreOptions::bulk_load()).unwrap()
     }
 
     fn sample(store: &LogStore) -> SessionId {
