@@ -755,7 +755,9 @@ pub fn import_from(
     // everything, and the close (or the next move) writes one of everything
     // again. The commits are synced already; a failure here poisons the store
     // and its next open rebuilds the index from the log.
-
+    engine
+        .flush_index()
+        .map_err(|e| ExchangeError::IndexFailed(StoreError::Engine(e)))?;
     Ok(plan.iter().map(Planned::imported).collect())
 }
 

@@ -1166,4 +1166,28 @@ mod tests {
         assert_eq!(version, 41);
         sb.assert_settings_fold_from_start(&long);
     }
+
+    /// An import leaves no index write in memory when its checkpoint deferral ends
+    /// (`Store::flush_index`): its last memtable went to a run of the bulk load, so no background
+    /// move is left to finish after the guard and write a checkpoint of nearly
+    /// everything that the close writes again.
+    #[test]
+    fn an_import_moves_its_last_memtable_before_the_deferral_ends() {
+        let a = tempfile::tempdir().unwrap();
+        let b = tempfile::tempdir().unwrap();
+        let sa = store(a.path());
+        let id = sample(&sa);
+        let sessions = read_export(&export(&sa, &id)[..]).unwrap();
+        let sb = store(b.path());
+        let spill = sb
+            .engine()
+            .unwrap()
+            .dir()
+            .join(spool_engine::INDEX_DIR)
+            .join("spill");
+        let runs = || std::fs::read_dir(&spill).map_or(0, |d| d.count());
+        assert_eq!(runs(), 0, "nothing spilled before the import");
+        import_sessions(&sb, &sessions, &ImportOptions::default(), &mut || {}).unwrap();
+        assert!(runs() > 0, "the import's memtable went to a run");
+    }
 }
