@@ -4,9 +4,9 @@
 //! `spool import` uses) is open, a full memtable is not moved into sled: it is written
 //! as a *run*, a sorted file in the checkpoint format in `index/spill/`, and reads go
 //! memtable, frozen memtable, runs (newest first), sled, base. Runs are merged in the
-//! background as they pile up (a level's [`RUNS_PER_LEVEL_MAX`] newest runs into one
-//! run of the next level), so their number grows with the logarithm of what was
-//! loaded. A merge runs on a thread of its own, so that the next spill (and the
+//! background as they pile up (a level's newest group of [`RUNS_PER_LEVEL_MAX`] or
+//! more runs into one run of the next level), so their number grows with the
+//! logarithm of what was loaded. A merge runs on a thread of its own, so that the next spill (and the
 //! appends waiting for it) need not wait for it; only when level 0 has piled up
 //! [`LEVEL0_RUNS_MAX`] runs behind a merge does a spill wait for the merge to end.
 //! The clean close's checkpoint reads all of it and becomes sled's next base
@@ -35,8 +35,11 @@ pub(super) const SPILL_DIR: &str = "spill";
 
 /// How many runs of one level are merged into one of the next: the fan-in of the
 /// merges. Each entry is written once per level (about log8 of the number of
-/// memtables spilled), and a read of a key that is in no run looks at most
-/// `RUNS_PER_LEVEL_MAX - 1` runs per level.
+/// memtables spilled), and once settled ([`Runs::settle`]) a read of a key that is in
+/// no run looks at most `RUNS_PER_LEVEL_MAX - 1` runs per level (while merges run
+/// behind the spills, level 0 holds up to about [`LEVEL0_RUNS_MAX`], and a higher
+/// level may hold more than the fan-in until the merge thread gets to it: it merges
+/// the newest full group first).
 pub(super) const RUNS_PER_LEVEL_MAX: usize = 8;
 
 /// Most runs level 0 holds while a merge runs before a spill waits for the merge
@@ -46,7 +49,7 @@ pub(super) const RUNS_PER_LEVEL_MAX: usize = 8;
 const LEVEL0_RUNS_MAX: usize = 2 * RUNS_PER_LEVEL_MAX;
 
 /// One run: a file and its level (0: a spilled memtable; `n + 1`: a merge of
-/// [`RUNS_PER_LEVEL_MAX`] runs of level `n`).
+/// [`RUNS_PER_LEVEL_MAX`] or more runs of level `n`).
 pub(crate) struct Run {
     file: Arc<CheckpointFile>,
     level: u32,
@@ -64,6 +67,10 @@ pub(crate) struct Runs {
     /// Holds merge threads back while closed (tests).
     #[cfg(test)]
     merge_gate: Arc<super::MoveGate>,
+    /// Holds a merge thread back while closed once it has written its run, before it
+    /// puts it in the list (tests).
+    #[cfg(test)]
+    splice_gate: Arc<super::MoveGate>,
 }
 
 impl Runs {
@@ -82,6 +89,8 @@ impl Runs {
             merging: Mutex::new(None),
             #[cfg(test)]
             merge_gate: Arc::default(),
+            #[cfg(test)]
+            splice_gate: Arc::default(),
         })
     }
 
@@ -160,15 +169,18 @@ impl Runs {
     /// Waits for a merge thread, then merges what is still full here: afterwards no
     /// level holds [`RUNS_PER_LEVEL_MAX`] runs and no thread writes runs.
     pub(super) fn settle(&self) -> Result<(), IndexError> {
-        let h = self
-            .merging
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take();
-        if let Some(h) = h {
+        if let Some(h) = self.take_merge() {
             joined(h)?;
         }
         self.merge_full_levels()
+    }
+
+    /// The merge thread started last, if any, to be joined.
+    fn take_merge(&self) -> Option<JoinHandle<Result<(), IndexError>>> {
+        self.merging
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
     }
 
     fn merge_full_levels(&self) -> Result<(), IndexError> {
@@ -213,6 +225,10 @@ impl Runs {
         let entries = RunsIter::over(runs, Bound::Unbounded, Bound::Unbounded)
             .map(|kv| kv.map(|(k, v)| (k, tagged(v.as_deref()))));
         let merged = self.write(entries, level)?;
+        #[cfg(test)]
+        if std::thread::current().name() == Some("spool-merge") {
+            self.splice_gate.pass();
+        }
         let mut list = self.list.write().unwrap_or_else(|e| e.into_inner());
         let at = list
             .iter()
@@ -268,12 +284,7 @@ impl Runs {
     /// Drops every run (a clear of the index), after a merge still running (whose
     /// failure does not matter then).
     pub(super) fn clear(&self) {
-        let h = self
-            .merging
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take();
-        if let Some(h) = h {
+        if let Some(h) = self.take_merge() {
             let _ = h.join();
         }
         let dropped = std::mem::take(&mut *self.list.write().unwrap_or_else(|e| e.into_inner()));
@@ -512,5 +523,160 @@ mod tests {
             .unwrap()
             .count();
         assert_eq!(files, levels.len(), "merged runs' files are gone");
+    }
+
+    fn spill_dir_files(dir: &Path) -> usize {
+        std::fs::read_dir(dir.join(SPILL_DIR)).unwrap().count()
+    }
+
+    /// Waits until the merge thread has ended (without joining it).
+    fn wait_merge_ended(runs: &Runs) {
+        while runs
+            .merging
+            .lock()
+            .unwrap()
+            .as_ref()
+            .is_some_and(|h| !h.is_finished())
+        {
+            std::thread::yield_now();
+        }
+    }
+
+    /// Spills into a merge held after it wrote its run: the merged run takes its
+    /// inputs' place and the runs spilled meanwhile stay after it, unmerged (a merge
+    /// that could splice only at the tail would throw its run away and merge again).
+    #[test]
+    fn a_merge_splices_its_run_where_its_inputs_were() {
+        let dir = tempfile::tempdir().unwrap();
+        let runs = Arc::new(Runs::create(dir.path()).unwrap());
+        runs.splice_gate.set_closed(true);
+        let full = RUNS_PER_LEVEL_MAX as u64;
+        for i in 1..=full {
+            runs.spill(&memtable(i)).unwrap();
+        }
+        // The thread has written its run and waits at the gate.
+        while spill_dir_files(dir.path()) <= full as usize {
+            std::thread::yield_now();
+        }
+        for i in full + 1..=full + 3 {
+            runs.spill(&memtable(i)).unwrap();
+            check(&runs, i);
+        }
+        runs.splice_gate.set_closed(false);
+        wait_merge_ended(&runs);
+        assert_eq!(runs.levels(), vec![1, 0, 0, 0]);
+        check(&runs, full + 3);
+        assert_eq!(spill_dir_files(dir.path()), 4, "the inputs' files are gone");
+    }
+
+    /// A level that filled behind a newer, smaller group is merged too: seven runs of
+    /// level 1, then a merge of level 0 that ends after three more spills leaves
+    /// eight runs of level 1 before three of level 0; the settle merges them.
+    #[test]
+    fn a_full_level_behind_a_newer_group_is_merged() {
+        let dir = tempfile::tempdir().unwrap();
+        let runs = Arc::new(Runs::create(dir.path()).unwrap());
+        let full = RUNS_PER_LEVEL_MAX as u64;
+        let mut i = 0;
+        for _ in 0..full - 1 {
+            for _ in 0..full {
+                i += 1;
+                runs.spill(&memtable(i)).unwrap();
+            }
+            runs.settle().unwrap();
+        }
+        assert_eq!(runs.levels(), vec![1; full as usize - 1]);
+        runs.splice_gate.set_closed(true);
+        let files = spill_dir_files(dir.path());
+        for _ in 0..full {
+            i += 1;
+            runs.spill(&memtable(i)).unwrap();
+        }
+        while spill_dir_files(dir.path()) <= files + full as usize {
+            std::thread::yield_now();
+        }
+        for _ in 0..3 {
+            i += 1;
+            runs.spill(&memtable(i)).unwrap();
+        }
+        runs.splice_gate.set_closed(false);
+        runs.settle().unwrap();
+        assert_eq!(runs.levels(), vec![2, 0, 0, 0]);
+        check(&runs, i);
+    }
+
+    /// A settle and a clear wait for a merge still running: afterwards no thread
+    /// writes runs, and a clear leaves no file.
+    #[test]
+    fn a_settle_and_a_clear_wait_for_the_merge() {
+        for clear in [false, true] {
+            let dir = tempfile::tempdir().unwrap();
+            let runs = Arc::new(Runs::create(dir.path()).unwrap());
+            runs.splice_gate.set_closed(true);
+            let full = RUNS_PER_LEVEL_MAX as u64;
+            for i in 1..=full {
+                runs.spill(&memtable(i)).unwrap();
+            }
+            while spill_dir_files(dir.path()) <= full as usize {
+                std::thread::yield_now();
+            }
+            let waiter = {
+                let runs = runs.clone();
+                std::thread::spawn(move || {
+                    if clear {
+                        runs.clear();
+                        Ok(())
+                    } else {
+                        runs.settle()
+                    }
+                })
+            };
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            assert!(!waiter.is_finished(), "clear {clear}: waits for the merge");
+            runs.splice_gate.set_closed(false);
+            waiter.join().unwrap().unwrap();
+            assert!(runs.merging.lock().unwrap().is_none());
+            if clear {
+                assert!(runs.levels().is_empty());
+                assert_eq!(spill_dir_files(dir.path()), 0);
+            } else {
+                assert_eq!(runs.levels(), vec![1]);
+                check(&runs, full);
+                assert_eq!(spill_dir_files(dir.path()), 1);
+            }
+        }
+    }
+
+    /// A merge that fails (its run cannot be written) is reported by the next spill,
+    /// keeps its inputs (nothing lost) and leaves no file; a settle then merges them.
+    #[test]
+    fn a_failed_merge_is_reported_and_loses_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let runs = Arc::new(Runs::create(dir.path()).unwrap());
+        runs.merge_gate.set_closed(true);
+        let full = RUNS_PER_LEVEL_MAX as u64;
+        for i in 1..=full {
+            runs.spill(&memtable(i)).unwrap();
+        }
+        // The merge thread cannot write into a directory that is gone.
+        let aside = dir.path().join("aside");
+        std::fs::rename(dir.path().join(SPILL_DIR), &aside).unwrap();
+        runs.merge_gate.set_closed(false);
+        wait_merge_ended(&runs);
+        std::fs::rename(&aside, dir.path().join(SPILL_DIR)).unwrap();
+        let next = runs.spill(&memtable(full + 1));
+        assert!(
+            matches!(next, Err(IndexError::Spill(_))),
+            "the merge's failure is reported: {next:?}"
+        );
+        check(&runs, full + 1);
+        assert_eq!(
+            spill_dir_files(dir.path()),
+            full as usize + 1,
+            "no stray file"
+        );
+        runs.settle().unwrap();
+        assert_eq!(runs.levels(), vec![1]);
+        check(&runs, full + 1);
     }
 }
