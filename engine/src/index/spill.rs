@@ -6,11 +6,11 @@
 //! memtable, frozen memtable, runs (newest first), sled, base. Runs are merged in the
 //! background as they pile up (a level's newest group of [`RUNS_PER_LEVEL_MAX`] or
 //! more runs into one run of the next level), so their number grows with the
-//! logarithm of what was loaded. A merge runs on a thread of its own, so that the next spill (and the
-//! appends waiting for it) need not wait for it; only when level 0 has piled up
-//! [`LEVEL0_RUNS_MAX`] runs behind a merge does a spill wait for the merge to end.
-//! The clean close's checkpoint reads all of it and becomes sled's next base
-//! (see `delta.rs`); the runs then go.
+//! logarithm of what was loaded. A merge runs on a thread of its own, so that the
+//! next spill (and the appends waiting for it) need not wait for it; only when level
+//! 0 has piled up [`LEVEL0_RUNS_MAX`] runs behind a merge does a spill wait for the
+//! merge to end. The clean close's checkpoint reads all of it and becomes sled's
+//! next base (see `delta.rs`); the runs then go.
 //!
 //! sled never sees the load: its page table, IO buffers and per-key work grew with
 //! every key moved into it, which is what bounded an import's speed and memory. Runs

@@ -92,7 +92,7 @@ fn exchange_err(file: &Path, resumable: bool, e: ExchangeError) -> ToolError {
             "run `spool --store DIR verify`, then retry"
         }
         ExchangeError::IndexFailed(_) => {
-            "every session was imported and synced; the next command that opens the store rebuilds its index"
+            "every session was imported and synced; the next open of the store brings its index up to date from the log"
         }
         _ => "nothing was imported",
     };

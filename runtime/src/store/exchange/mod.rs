@@ -163,7 +163,7 @@ pub enum ExchangeError {
     SyncFailed(#[source] StoreError),
     /// Every imported commit is synced, but moving their index out of memory
     /// failed: the store refuses writes until it is reopened, and the open
-    /// rebuilds the index from the log.
+    /// brings the index up to date from the log.
     #[error("the imported commits are on disk, but writing their index failed; reopen the store")]
     IndexFailed(#[source] StoreError),
     #[error("{context}")]
