@@ -542,6 +542,22 @@ mod tests {
         }
     }
 
+    /// Spills `first..first + RUNS_PER_LEVEL_MAX` with the splice gate closed and
+    /// waits until the merge they fill has written its run and is held at the gate.
+    /// The last spill's number.
+    fn spill_into_held_merge(runs: &Arc<Runs>, dir: &Path, first: u64) -> u64 {
+        runs.splice_gate.set_closed(true);
+        let files = spill_dir_files(dir);
+        let last = first + RUNS_PER_LEVEL_MAX as u64 - 1;
+        for i in first..=last {
+            runs.spill(&memtable(i)).unwrap();
+        }
+        while spill_dir_files(dir) <= files + RUNS_PER_LEVEL_MAX {
+            std::thread::yield_now();
+        }
+        last
+    }
+
     /// Spills into a merge held after it wrote its run: the merged run takes its
     /// inputs' place and the runs spilled meanwhile stay after it, unmerged (a merge
     /// that could splice only at the tail would throw its run away and merge again).
@@ -549,15 +565,7 @@ mod tests {
     fn a_merge_splices_its_run_where_its_inputs_were() {
         let dir = tempfile::tempdir().unwrap();
         let runs = Arc::new(Runs::create(dir.path()).unwrap());
-        runs.splice_gate.set_closed(true);
-        let full = RUNS_PER_LEVEL_MAX as u64;
-        for i in 1..=full {
-            runs.spill(&memtable(i)).unwrap();
-        }
-        // The thread has written its run and waits at the gate.
-        while spill_dir_files(dir.path()) <= full as usize {
-            std::thread::yield_now();
-        }
+        let full = spill_into_held_merge(&runs, dir.path(), 1);
         for i in full + 1..=full + 3 {
             runs.spill(&memtable(i)).unwrap();
             check(&runs, i);
@@ -586,15 +594,7 @@ mod tests {
             runs.settle().unwrap();
         }
         assert_eq!(runs.levels(), vec![1; full as usize - 1]);
-        runs.splice_gate.set_closed(true);
-        let files = spill_dir_files(dir.path());
-        for _ in 0..full {
-            i += 1;
-            runs.spill(&memtable(i)).unwrap();
-        }
-        while spill_dir_files(dir.path()) <= files + full as usize {
-            std::thread::yield_now();
-        }
+        i = spill_into_held_merge(&runs, dir.path(), i + 1);
         for _ in 0..3 {
             i += 1;
             runs.spill(&memtable(i)).unwrap();
@@ -612,14 +612,7 @@ mod tests {
         for clear in [false, true] {
             let dir = tempfile::tempdir().unwrap();
             let runs = Arc::new(Runs::create(dir.path()).unwrap());
-            runs.splice_gate.set_closed(true);
-            let full = RUNS_PER_LEVEL_MAX as u64;
-            for i in 1..=full {
-                runs.spill(&memtable(i)).unwrap();
-            }
-            while spill_dir_files(dir.path()) <= full as usize {
-                std::thread::yield_now();
-            }
+            let full = spill_into_held_merge(&runs, dir.path(), 1);
             let waiter = {
                 let runs = runs.clone();
                 std::thread::spawn(move || {
