@@ -69,6 +69,10 @@ pub struct Sizes {
     pub execute_turns: usize,
     /// Target commits of each `store` size (about 100 entries per session).
     pub store_commits: Vec<u64>,
+    /// Repetitions of each `store` read and owner open (a fresh process
+    /// each, a few milliseconds: a median of few would follow the shared
+    /// machine's moments rather than the subjects).
+    pub store_read_repetitions: usize,
     /// Repetitions of the `store` import (a fresh store each).
     pub store_import_repetitions: usize,
     /// Read workloads repeat their operation for at least this long per
@@ -92,7 +96,8 @@ impl Sizes {
             execute_histories: vec![1_000, 10_000, 50_000],
             execute_turns: 20,
             store_commits: vec![10_000, 100_000, 1_000_000],
-            store_import_repetitions: 1,
+            store_read_repetitions: 21,
+            store_import_repetitions: 3,
             min_time: Duration::from_millis(500),
             max_iters: 100_000,
         }
@@ -111,6 +116,7 @@ impl Sizes {
             execute_histories: vec![200, 1_000],
             execute_turns: 5,
             store_commits: vec![1_000, 2_000],
+            store_read_repetitions: 3,
             store_import_repetitions: 1,
             min_time: Duration::from_millis(30),
             max_iters: 1_000,

@@ -10,7 +10,10 @@
 //! process (this binary re-executed in [`crate::store_child`]'s mode),
 //! subjects interleaved within each round; the parent times the child from
 //! spawn to exit and checks its answer, and the child reports its own
-//! peak RSS. Imports go into a fresh store each repetition.
+//! peak RSS. Imports go into a fresh store each repetition. The reads
+//! and the owner open repeat more often than the import
+//! ([`crate::harness::Sizes::store_read_repetitions`]): a process of a
+//! few milliseconds is at the mercy of the shared machine's moment.
 //!
 //! The goals are computed from the run, never assumed: each spool read at
 //! the largest size within [`FLAT_FACTOR`] of its time at the smallest,
@@ -171,8 +174,9 @@ struct Built {
 pub fn run(h: &mut Harness<'_>) -> Result<Vec<ResultRow>, BenchError> {
     let exe = std::env::current_exe().map_err(|e| io_err("store", Path::new("."), e))?;
     let sizes = h.sizes.store_commits.clone();
-    let reps = h.sizes.repetitions;
+    let reps = h.sizes.store_read_repetitions;
     let import_reps = h.sizes.store_import_repetitions;
+    let rounds = reps.max(import_reps);
     let mut figures: Vec<Measured> = Vec::new();
     for &target in &sizes {
         // `target` commits of entries; each session adds its `created`
@@ -183,8 +187,8 @@ pub fn run(h: &mut Harness<'_>) -> Result<Vec<ResultRow>, BenchError> {
         let variant = format!("commits={}", built.commits);
         let mut per_q: Vec<BTreeMap<String, (Samples, u64)>> =
             QUESTIONS.iter().map(|_| BTreeMap::new()).collect();
-        for rep in 0..reps.max(import_reps) {
-            (h.progress)(&format!("  {variant} round {}/{}", rep + 1, reps));
+        for rep in 0..rounds {
+            (h.progress)(&format!("  {variant} round {}/{rounds}", rep + 1));
             for (qi, &q) in QUESTIONS.iter().enumerate() {
                 let n = if q == Question::Import {
                     import_reps
@@ -580,10 +584,24 @@ pub fn markdown(rows: &[&ResultRow]) -> String {
     if figs.is_empty() {
         return out;
     }
+    let reps = |import: bool| {
+        rows.iter()
+            .filter(|r| {
+                r.store
+                    .as_ref()
+                    .is_some_and(|f| (f.question == Question::Import.name()) == import)
+            })
+            .map(|r| r.repetitions)
+            .max()
+            .unwrap_or(0)
+    };
+    let (read_reps, import_reps) = (reps(false), reps(true));
     let _ = writeln!(
         out,
         "\nThe store as a whole, each question in a fresh process (median wall time of \
-         the process, highest peak RSS of the process; {ENTRIES_PER_SESSION} entries \
+         the process over {read_reps} repetitions of each read and owner open and \
+         {import_reps} of the import, interleaved by subject within each round; \
+         highest peak RSS of the process; {ENTRIES_PER_SESSION} entries \
          per session, one commit each after the session's `created` commit). spool: \
          the library as the `spool` command uses it (a read-only `LogStore` for the reads; \
          `show` the session's settings fold and transcript head, not its entries; an \
