@@ -119,7 +119,7 @@ pub struct PiSession {
 /// disk one commit at a time instead. Both read each line the same way.
 pub fn read_pi<R: BufRead>(r: R, source: &str) -> Result<PiSession, PiError> {
     let seed = Seed::random();
-    let (mut pass, header) = Pass::start(r, seed)?;
+    let (mut pass, header) = Pass::start(r, seed, Reading::First)?;
     let mut facts = Facts::default();
     let mut entries: Vec<Mapped> = Vec::new();
     while let Some(m) = pass.next_entry()? {
@@ -190,7 +190,7 @@ impl PiFile {
         let seed = Seed::random();
         let file = open_buffered(path)
             .map_err(|e| err(0, format!("cannot open {}: {e}", path.display())))?;
-        let (mut pass, header) = Pass::start(file, seed)?;
+        let (mut pass, header) = Pass::start(file, seed, Reading::First)?;
         let mut facts = Facts::default();
         // Only measures each entry's event (the commit boundaries and the
         // encoding errors are those of `read_pi`), keeps none.
@@ -250,7 +250,7 @@ impl PiFile {
         // The header as read now: its line's hash goes into the first
         // commit's, which tells whether it changed. The `created` event is
         // that of the first reading (it needs the whole file).
-        let (mut pass, now) = Pass::start(file, self.seed).map_err(changed)?;
+        let (mut pass, now) = Pass::start(file, self.seed, Reading::Later).map_err(changed)?;
         let created = created_event(&self.header, &self.leaf, &self.source);
         let mut chunker = Chunker::new(self.seed, &now, Some(created));
         let id = &self.header.id;
@@ -333,7 +333,8 @@ struct Mapped {
     hash: u64,
     entry: Entry,
     /// The parent's index among the entries read before (the parent must
-    /// be defined on an earlier line).
+    /// be defined on an earlier line); `None` for a root, and in a later
+    /// reading that keeps no ids ([`Reading::Later`]).
     parent: Option<u32>,
 }
 
@@ -342,6 +343,23 @@ struct Mapped {
 fn line_hash(line: u64, text: &str) -> u64 {
     const STATE: foldhash::fast::FixedState = foldhash::fast::FixedState::with_seed(0);
     STATE.hash_one((line, text))
+}
+
+/// Which reading of a file a [`Pass`] is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Reading {
+    /// The only one ([`read_pi`]) or the first of a [`PiFile`]: every check.
+    First,
+    /// A [`PiFile`]'s reading after its first. The checks that need every
+    /// earlier entry's id (an id used twice, a parent defined on an
+    /// earlier line) were made on the same lines by the first reading, as
+    /// the commits' hashes show, so a file whose entries carry ids (version
+    /// 2 on) is read again without keeping them: an import's check pass
+    /// holds its own index of the session's ids, and a second one of about
+    /// 20 bytes an entry was the largest part of a long session's import
+    /// beside it. A version 1 file makes its ids up from the earlier ones,
+    /// so its readings all keep them.
+    Later,
 }
 
 /// One reading of a pi file: its lines in order, each checked, migrated to
@@ -357,8 +375,11 @@ struct Pass<R> {
     /// Lines skipped as pi skips them (not JSON), in file order.
     skipped: Vec<u64>,
     version: u64,
-    /// The ids of the entries read so far, by index.
+    /// The ids of the entries read so far, by index (empty in a later
+    /// reading of a file that names its entries, see [`Reading`]).
     ids: IdIndex,
+    /// Whether `ids` is kept.
+    keep_ids: bool,
     /// Where the version 1 ids come from, and how many were drawn.
     seed: Seed,
     draws: u64,
@@ -368,7 +389,7 @@ struct Pass<R> {
 
 impl<R: BufRead> Pass<R> {
     /// Reads up to the header, which it checks and returns.
-    fn start(r: R, seed: Seed) -> Result<(Self, Header), PiError> {
+    fn start(r: R, seed: Seed, reading: Reading) -> Result<(Self, Header), PiError> {
         let mut pass = Pass {
             r,
             buf: Vec::new(),
@@ -376,6 +397,7 @@ impl<R: BufRead> Pass<R> {
             skipped: Vec::new(),
             version: 0,
             ids: IdIndex::default(),
+            keep_ids: true,
             seed,
             draws: 0,
             last_ts: 0,
@@ -408,6 +430,7 @@ impl<R: BufRead> Pass<R> {
             .map_err(|e| err(hline, format!("session id {sid:?} cannot be used: {e}")))?;
         let timestamp_ms = header.get("timestamp").and_then(|t| parse_time_raw(t));
         pass.version = version;
+        pass.keep_ids = reading == Reading::First || version < 2;
         pass.last_ts = timestamp_ms.unwrap_or(0);
         let header = Header {
             line: hline,
@@ -496,7 +519,7 @@ impl<R: BufRead> Pass<R> {
             str_of(&m, "id").ok_or_else(|| err(line, format!("the {ty} entry has no id")))?;
         let eid =
             EntryId::parse(&raw_id).map_err(|e| err(line, format!("entry id {raw_id:?}: {e}")))?;
-        if self.ids.find(eid.as_str()).is_some() {
+        if self.keep_ids && self.ids.find(eid.as_str()).is_some() {
             return Err(err(line, format!("entry id {eid} is used twice")));
         }
         let (parent_id, parent) = match m.get("parentId").filter(|p| p.get() != "null") {
@@ -509,15 +532,21 @@ impl<R: BufRead> Pass<R> {
                 if pid == eid {
                     return Err(err(line, format!("entry {eid} is its own parent")));
                 }
-                let Some(at) = self.ids.find(pid.as_str()) else {
-                    return Err(err(
-                        line,
-                        format!(
-                            "the parent {pid} of entry {eid} is not defined on an earlier line"
-                        ),
-                    ));
+                let at = if self.keep_ids {
+                    let at = self.ids.find(pid.as_str()).ok_or_else(|| {
+                        err(
+                            line,
+                            format!(
+                                "the parent {pid} of entry {eid} is not defined on an earlier line"
+                            ),
+                        )
+                    })?;
+                    Some(at)
+                } else {
+                    // Checked by the first reading (see `Reading::Later`).
+                    None
                 };
-                (Some(pid), Some(at))
+                (Some(pid), at)
             }
             Some(other) => return Err(err(line, format!("parentId {other} is not a string"))),
         };
@@ -539,7 +568,9 @@ impl<R: BufRead> Pass<R> {
             .unwrap_or(self.last_ts);
         self.last_ts = ts;
         let kind = map_entry(&ty, &mut m, &eid, self.version).map_err(|r| err(line, r))?;
-        self.ids.push(eid.as_str()).map_err(|r| err(line, r))?;
+        if self.keep_ids {
+            self.ids.push(eid.as_str()).map_err(|r| err(line, r))?;
+        }
         Ok(Some(Mapped {
             line,
             hash,

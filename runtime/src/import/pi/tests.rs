@@ -519,6 +519,24 @@ fn a_file_changed_after_open_fails_the_reading_without_a_panic() {
             Some(1500),
         ),
         ("other data", with_line(1499, &other_data), Some(1025)),
+        // What only the first reading checks entry by entry (a later one
+        // keeps no ids): the commit's hash tells.
+        (
+            "an id used twice",
+            with_line(
+                1499,
+                &lines[1499].replace("\"id\":\"e1498\"", "\"id\":\"e7\""),
+            ),
+            Some(1025),
+        ),
+        (
+            "a dangling parent",
+            with_line(
+                1499,
+                &lines[1499].replace("\"parentId\":\"e1497\"", "\"parentId\":\"x\""),
+            ),
+            Some(1025),
+        ),
         ("cut", text[..text.len() / 2].to_string(), None),
         (
             "cut at a commit",
@@ -567,6 +585,29 @@ fn a_file_changed_after_open_fails_the_reading_without_a_panic() {
     let e = f.for_each_commit(&mut |_, _| Ok(())).unwrap_err();
     assert!(matches!(e, ExchangeError::Io { .. }), "{e:?}");
     assert!(PiFile::open(&path, "t").is_err());
+}
+
+/// A later reading of a file that names its entries keeps none of their
+/// ids (the first reading checked them); one of a version 1 file, which
+/// makes its ids up from the earlier ones, keeps them all.
+#[test]
+fn a_later_reading_keeps_ids_only_when_it_makes_them_up() {
+    for (v1, kept) in [(false, 0), (true, 50)] {
+        let text = long(50, v1);
+        let read = |reading| {
+            let (mut pass, _) =
+                Pass::start(text.as_bytes(), Seed([1, 2]), reading).expect("header");
+            let mut parents = 0;
+            while let Some(m) = pass.next_entry().expect("entry") {
+                parents += usize::from(m.parent.is_some());
+            }
+            let ids = (0..).take_while(|&i| pass.ids.get(i).is_some()).count();
+            (ids, parents)
+        };
+        assert_eq!(read(Reading::First), (50, 49), "v1 {v1}");
+        let later_parents = if v1 { 49 } else { 0 };
+        assert_eq!(read(Reading::Later), (kept, later_parents), "v1 {v1}");
+    }
 }
 
 #[test]
