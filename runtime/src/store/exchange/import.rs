@@ -702,50 +702,9 @@ pub fn import_from(
         },
     );
     if let Err(e) = res {
-        let (id, version, reason) = match (failure, e) {
-            (Some(f), _) => f,
-            (
-                None,
-                ExchangeError::ImportFailed {
-                    id,
-                    version,
-                    reason,
-                    ..
-                },
-            ) => (id, version, reason),
-            (None, e) => match reached {
-                Some(last) => (last, 0, e.to_string()),
-                // The second pass failed before it reached a session.
-                None => return Err(e),
-            },
-        };
-        if opts.resume {
-            // A resumed import keeps what it wrote, as a crash would leave it,
-            // so that running it again continues: purged commits would keep
-            // their ids and refuse the next run. Synced, so that a crash
-            // before that run loses none of it.
-            let reason = match engine.flush() {
-                Ok(()) => reason,
-                Err(e) => format!("{reason}; syncing what it wrote also failed: {e}"),
-            };
-            return Err(ExchangeError::ResumeFailed {
-                id,
-                version,
-                reason,
-            });
-        }
-        // Purge the sessions this import created, so no half-imported session
-        // stays visible (one it never reached is not there to purge).
-        let rolled_back = created
-            .iter()
-            .all(|id| store.delete(id).is_ok() && matches!(store.header(id), Ok(None)))
-            && engine.flush().is_ok();
-        return Err(ExchangeError::ImportFailed {
-            id,
-            version,
-            reason,
-            rolled_back,
-        });
+        return Err(write_pass_failed(
+            store, &engine, opts, failure, e, reached, &created,
+        ));
     }
     engine
         .flush()
@@ -759,6 +718,80 @@ pub fn import_from(
         .flush_index()
         .map_err(|e| ExchangeError::IndexFailed(StoreError::Engine(e)))?;
     Ok(plan.iter().map(Planned::imported).collect())
+}
+
+/// `reason`, once the index's last memtables moved as after a successful import
+/// (while checkpoints are still deferred, see [`import_from`]); a failure to move
+/// them, which poisons the store until its next open brings the index up to date,
+/// is added to it.
+fn index_moved(engine: &spool_engine::Store, reason: String) -> String {
+    match engine.flush_index() {
+        Ok(()) => reason,
+        Err(e) => format!(
+            "{reason}; moving the index's last writes also failed (the next open \
+             brings the index up to date): {e}"
+        ),
+    }
+}
+
+/// What a failed write pass of [`import_from`] leaves and reports: a resumed
+/// import keeps what it wrote (synced); any other purges the sessions it created.
+/// `failure` is the refusal the pass recorded, `e` the error it returned.
+fn write_pass_failed(
+    store: &LogStore,
+    engine: &spool_engine::Store,
+    opts: &ImportOptions,
+    failure: Option<(SessionId, u64, String)>,
+    e: ExchangeError,
+    reached: Option<SessionId>,
+    created: &[SessionId],
+) -> ExchangeError {
+    let (id, version, reason) = match (failure, e) {
+        (Some(f), _) => f,
+        (
+            None,
+            ExchangeError::ImportFailed {
+                id,
+                version,
+                reason,
+                ..
+            },
+        ) => (id, version, reason),
+        (None, e) => match reached {
+            Some(last) => (last, 0, e.to_string()),
+            // The second pass failed before it reached a session.
+            None => return e,
+        },
+    };
+    if opts.resume {
+        // A resumed import keeps what it wrote, as a crash would leave it,
+        // so that running it again continues: purged commits would keep
+        // their ids and refuse the next run. Synced, so that a crash
+        // before that run loses none of it.
+        let reason = match engine.flush() {
+            Ok(()) => reason,
+            Err(e) => format!("{reason}; syncing what it wrote also failed: {e}"),
+        };
+        let reason = index_moved(engine, reason);
+        return ExchangeError::ResumeFailed {
+            id,
+            version,
+            reason,
+        };
+    }
+    // Purge the sessions this import created, so no half-imported session
+    // stays visible (one it never reached is not there to purge).
+    let rolled_back = created
+        .iter()
+        .all(|id| store.delete(id).is_ok() && matches!(store.header(id), Ok(None)))
+        && engine.flush().is_ok();
+    let reason = index_moved(engine, reason);
+    ExchangeError::ImportFailed {
+        id,
+        version,
+        reason,
+        rolled_back,
+    }
 }
 
 #[cfg(test)]
