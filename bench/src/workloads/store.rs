@@ -13,7 +13,9 @@
 //! peak RSS. Imports go into a fresh store each repetition. The reads
 //! and the owner open repeat more often than the import
 //! ([`crate::harness::Sizes::store_read_repetitions`]): a process of a
-//! few milliseconds is at the mercy of the shared machine's moment.
+//! few milliseconds is at the mercy of the shared machine's moment. They
+//! all run before the first import, whose writeback and deletions would
+//! otherwise fall on the reads after it.
 //!
 //! The goals are computed from the run, never assumed: each spool read at
 //! the largest size within [`FLAT_FACTOR`] of its time at the smallest,
@@ -176,7 +178,6 @@ pub fn run(h: &mut Harness<'_>) -> Result<Vec<ResultRow>, BenchError> {
     let sizes = h.sizes.store_commits.clone();
     let reps = h.sizes.store_read_repetitions;
     let import_reps = h.sizes.store_import_repetitions;
-    let rounds = reps.max(import_reps);
     let mut figures: Vec<Measured> = Vec::new();
     for &target in &sizes {
         // `target` commits of entries; each session adds its `created`
@@ -187,24 +188,25 @@ pub fn run(h: &mut Harness<'_>) -> Result<Vec<ResultRow>, BenchError> {
         let variant = format!("commits={}", built.commits);
         let mut per_q: Vec<BTreeMap<String, (Samples, u64)>> =
             QUESTIONS.iter().map(|_| BTreeMap::new()).collect();
-        for rep in 0..rounds {
-            (h.progress)(&format!("  {variant} round {}/{rounds}", rep + 1));
-            for (qi, &q) in QUESTIONS.iter().enumerate() {
-                let n = if q == Question::Import {
-                    import_reps
-                } else {
-                    reps
-                };
-                if rep >= n {
-                    continue;
-                }
-                for subject in SUBJECTS {
-                    let r = ask(&exe, &built, subject, q, &variant)?;
-                    let e = per_q[qi]
-                        .entry(subject.to_string())
-                        .or_insert_with(|| (Samples::default(), 0));
-                    e.0.rates.push(1.0 / r.seconds.max(1e-9));
-                    e.1 = e.1.max(r.rss);
+        // The reads first, then the imports: an import leaves gigabytes to
+        // write back and to delete, which would fall on the reads of the
+        // rounds after it (and on the subject asked first most).
+        let phases = [(false, reps, "reads"), (true, import_reps, "import")];
+        for (import, n, name) in phases {
+            for rep in 0..n {
+                (h.progress)(&format!("  {variant} {name} round {}/{n}", rep + 1));
+                for (qi, &q) in QUESTIONS.iter().enumerate() {
+                    if (q == Question::Import) != import {
+                        continue;
+                    }
+                    for subject in SUBJECTS {
+                        let r = ask(&exe, &built, subject, q, &variant)?;
+                        let e = per_q[qi]
+                            .entry(subject.to_string())
+                            .or_insert_with(|| (Samples::default(), 0));
+                        e.0.rates.push(1.0 / r.seconds.max(1e-9));
+                        e.1 = e.1.max(r.rss);
+                    }
                 }
             }
         }
@@ -600,7 +602,7 @@ pub fn markdown(rows: &[&ResultRow]) -> String {
         out,
         "\nThe store as a whole, each question in a fresh process (median wall time of \
          the process over {read_reps} repetitions of each read and owner open and \
-         {import_reps} of the import, interleaved by subject within each round; \
+         then {import_reps} of the import, interleaved by subject within each round; \
          highest peak RSS of the process; {ENTRIES_PER_SESSION} entries \
          per session, one commit each after the session's `created` commit). spool: \
          the library as the `spool` command uses it (a read-only `LogStore` for the reads; \
