@@ -116,7 +116,7 @@ impl Sizes {
             execute_histories: vec![200, 1_000],
             execute_turns: 5,
             store_commits: vec![1_000, 2_000],
-            store_read_repetitions: 3,
+            store_read_repetitions: 4,
             store_import_repetitions: 1,
             min_time: Duration::from_millis(30),
             max_iters: 1_000,

@@ -325,11 +325,16 @@ pub fn to_markdown(report: &Report) -> String {
     let _ = writeln!(out, "# Benchmarks\n");
     let _ = writeln!(
         out,
-        "Rates, higher is better: median of {} repetitions, (min–max) in brackets. \
+        "Rates, higher is better: median of {} repetitions{}, (min–max) in brackets. \
          Ratios are spool's median over each peer's, from the same run; in brackets, \
          the lowest and highest ratio of spool's rate to the peer's within one \
          interleaved round.{}\n",
         r.repetitions,
+        if report.results.iter().any(|row| row.store.is_some()) {
+            " (the `store` rows: as many as their section below says)"
+        } else {
+            ""
+        },
         if r.quick {
             " **Quick run: small sizes, for checking only.**"
         } else {

@@ -311,6 +311,10 @@ fn quick_store_reports_every_question_for_every_subject() {
             "{commits} {sessions}"
         );
         let what = format!("{q} {commits}");
+        // The quick sizes' counts: 4 of each read (not the 3 of the other
+        // workloads), 1 import.
+        let want = if q == "import" { 1 } else { 4 };
+        assert_eq!(r["repetitions"].as_u64(), Some(want), "{what} repetitions");
         for s in ["spool", "sqlite", "jsonl"] {
             positive(&f["seconds"][s], &format!("{what} {s} seconds"));
             let rss = f["peak_rss_bytes"][s].as_u64().unwrap_or(0);
@@ -328,6 +332,14 @@ fn quick_store_reports_every_question_for_every_subject() {
         seen.push((q, commits));
     }
     assert_eq!(sizes.len(), 2, "two quick sizes: {sizes:?}");
+    assert!(
+        md.contains("over 4 repetitions of each read and owner open and then 1 of the import"),
+        "{md}"
+    );
+    assert!(
+        md.contains("(the `store` rows: as many as their section below says)"),
+        "{md}"
+    );
     for c in &sizes {
         for q in ["list", "context", "show", "open", "import"] {
             assert!(seen.contains(&(q.to_string(), *c)), "no {q} at {c}");

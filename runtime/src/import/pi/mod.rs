@@ -48,9 +48,9 @@
 //! a [`Json`] without a tree. So a line takes a few times its length at
 //! most, whatever it holds. [`read_pi`] then holds every entry of the
 //! session (several times the file); [`PiFile`] reads the file once more
-//! than its import does and holds one commit at a time, plus about 20
-//! bytes per entry for the ids
-//! (see [`PiFile`]).
+//! than its import does and holds one commit at a time, plus, while its
+//! first reading runs (and every reading of a version 1 file), about 20
+//! bytes per entry for the ids (see [`PiFile`]).
 
 use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
@@ -153,10 +153,11 @@ pub fn read_pi<R: BufRead>(r: R, source: &str) -> Result<PiSession, PiError> {
 /// needs before the last line is read (the settings in force at the leaf,
 /// the session's name); [`PiFile::for_each_commit`] reads it again for the
 /// entries. So an import holds one commit of the session at a time, plus
-/// 20 to 40 bytes per entry while a reading is under way (its id in a
-/// compact hash table and, in the first reading, its parent's index and
-/// its settings change), not the session: a 200,000-entry session takes
-/// a few MiB, not a few hundred.
+/// 20 to 40 bytes per entry while the first reading is under way (its id
+/// in a compact hash table, its parent's index and its settings change),
+/// not the session: a 200,000-entry session takes a few MiB, not a few
+/// hundred. A later reading keeps no ids, except of a version 1 file,
+/// whose ids it makes up from the earlier ones (see [`Reading::Later`]).
 ///
 /// The ids this reader makes up (every commit's id; a version 1 file's
 /// entry ids) come from a seed drawn once per `PiFile`, so every reading

@@ -573,9 +573,14 @@ fn append_queued(
         Ok(o) => o,
         Err(spool_engine::Error::InBatch { index, source }) => {
             let version = versions.get(index).copied().unwrap_or(first);
-            return Err((version, source.to_string()));
+            // The whole chain: the reason is text, and the store's later
+            // refusals (it is poisoned) are not added to it.
+            return Err((version, crate::error::chain_text(&*source)));
         }
-        Err(e) => return Err((first, format!("appending versions {first}-{last}: {e}"))),
+        Err(e) => {
+            let e = crate::error::chain_text(&e);
+            return Err((first, format!("appending versions {first}-{last}: {e}")));
+        }
     };
     let (index, refused) = match outcome {
         spool_engine::BatchOutcome::Committed(infos) => {
@@ -723,10 +728,11 @@ pub fn import_from(
 /// `reason`, once the index's last memtables moved as after a successful import
 /// (while checkpoints are still deferred, see [`import_from`]); a failure to move
 /// them, which poisons the store until its next open brings the index up to date,
-/// is added to it.
+/// is added to it. A store poisoned already (by the failure `reason` names) is not
+/// asked.
 fn index_moved(engine: &spool_engine::Store, reason: String) -> String {
     match engine.flush_index() {
-        Ok(()) => reason,
+        Ok(()) | Err(spool_engine::Error::Poisoned { .. }) => reason,
         Err(e) => format!(
             "{reason}; moving the index's last writes also failed (the next open \
              brings the index up to date): {e}"
@@ -769,7 +775,8 @@ fn write_pass_failed(
         // their ids and refuse the next run. Synced, so that a crash
         // before that run loses none of it.
         let reason = match engine.flush() {
-            Ok(()) => reason,
+            // Poisoned: by the failure `reason` names, which it would repeat.
+            Ok(()) | Err(spool_engine::Error::Poisoned { .. }) => reason,
             Err(e) => format!("{reason}; syncing what it wrote also failed: {e}"),
         };
         let reason = index_moved(engine, reason);

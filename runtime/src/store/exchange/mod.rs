@@ -817,6 +817,28 @@ mod tests {
         }
     }
 
+    /// A resumed import refused in its write pass (another writer took a
+    /// commit id after the check; the store stays writable) keeps what it
+    /// wrote and, as any import does, moves the index's last writes before
+    /// the checkpoint deferral ends.
+    #[test]
+    fn a_refused_resumed_import_moves_the_index_s_last_writes() {
+        let (sessions, _, long) = two_sessions(600);
+        let total: u64 = sessions.iter().map(|s| s.commits.len() as u64).sum();
+        let b = tempfile::tempdir().unwrap();
+        let sb = store(b.path());
+        let taken = sessions[1].commits[299].commit_id;
+        let mut progress = after_check(total, || land_elsewhere(&sb, taken));
+        let resume = ImportOptions::default().resume(true);
+        let err = import_from(&sb, &mut { &sessions[..] }, &resume, &mut progress).unwrap_err();
+        assert!(
+            matches!(&err, ExchangeError::ResumeFailed { id, version: 300, .. } if *id == long),
+            "{err}"
+        );
+        assert_eq!(sb.header(&long).unwrap().map(|h| h.version), Some(256));
+        assert!(spill_runs(&sb) > 0);
+    }
+
     /// Runs in the bulk-load spill directory of `s`'s index.
     fn spill_runs(s: &LogStore) -> usize {
         let dir = s.engine().unwrap().dir().join(spool_engine::INDEX_DIR);
@@ -897,6 +919,11 @@ mod tests {
             matches!(&err, ExchangeError::ResumeFailed { id, .. } if *id == long),
             "{err}"
         );
+        // The file system's own words, once: the store's later refusals
+        // (it is poisoned by that failure) are not added to them.
+        let text = err.to_string();
+        assert_eq!(text.matches("injected").count(), 1, "{text}");
+        assert!(!text.contains("poisoned"), "{text}");
         fault.clear();
         sb.recover().unwrap();
         // The continued session is whole; the created one keeps its batch.
