@@ -148,6 +148,17 @@ impl IndexBatch<'_> {
         })
     }
 
+    /// The value this batch has written for `key`, to change in place (`None`
+    /// when the batch has not written it, or removed it): a value rewritten by
+    /// each of a group's commits (a growing block) is then neither copied out
+    /// nor written back each time.
+    pub fn pending_mut(&mut self, key: &[u8]) -> Option<&mut Vec<u8>> {
+        let writes = &mut *self.writes;
+        with_joined(&[self.prefix, key], move |k| {
+            writes.get_mut(k).and_then(Option::as_mut)
+        })
+    }
+
     /// [`IndexBatch::get`] handing the value to `f` in place instead of
     /// copying it out (for large values of which the caller reads a part).
     /// `f` may run under a read lock of the index's memtable: it must not

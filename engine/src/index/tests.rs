@@ -78,6 +78,60 @@ fn a_rewritten_key_counts_its_value_once_in_the_memtable() {
     assert!(index.mem_bytes() < MEM_BYTES_MOVE);
 }
 
+/// Appends each commit's seq to one value: in place when the group being
+/// prepared wrote it already (as the transcript indexer extends a path block),
+/// else read and written whole. A key it writes and removes is not pending.
+#[derive(Default)]
+struct Growing {
+    in_place: std::sync::atomic::AtomicU64,
+}
+
+impl Indexer for Growing {
+    fn name(&self) -> &'static str {
+        "growing"
+    }
+    fn version(&self) -> u32 {
+        1
+    }
+    fn apply(&self, c: &RecordedCommit, batch: &mut IndexBatch<'_>) -> Result<(), IndexError> {
+        let seq = c.info.seq as u8;
+        match batch.pending_mut(b"grow") {
+            Some(v) => {
+                v.push(seq);
+                self.in_place
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+            None => {
+                let mut v = batch.get(b"grow")?.unwrap_or_default();
+                v.push(seq);
+                batch.insert_vec(b"grow", v);
+            }
+        }
+        batch.insert(b"gone", b"x");
+        batch.remove(b"gone");
+        assert!(batch.pending_mut(b"gone").is_none());
+        Ok(())
+    }
+}
+
+/// A value a group of commits wrote changes in place for the group's later
+/// commits, and is published as changed; the next group reads it whole.
+#[test]
+fn a_pending_value_changes_in_place_within_its_group_only() {
+    let growing = Arc::new(Growing::default());
+    let (index, _) = Index::open(None, vec![growing.clone()]).unwrap();
+    index.apply(&[commit(1), commit(2), commit(3)]).unwrap();
+    index.apply(&[commit(4)]).unwrap();
+    assert_eq!(
+        index.get("growing", b"grow").unwrap(),
+        Some(vec![1, 2, 3, 4])
+    );
+    assert_eq!(index.get("growing", b"gone").unwrap(), None);
+    // Commits 2 and 3 in place; 1 and 4 each began a group.
+    let in_place = growing.in_place.load(std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(in_place, 2);
+}
+
 /// A key per commit, `c/<seq>`, holding the seq.
 struct KeyPerCommit;
 

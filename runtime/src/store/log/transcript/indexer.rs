@@ -1165,12 +1165,51 @@ impl Indexer for TranscriptIndexer {
 #[cfg(test)]
 mod tests {
     use super::super::entry_ids;
-    use super::super::keys::{TAG_CHILD, TAG_COUNT, TAG_ENTRY, TAG_SEED};
+    use super::super::keys::{TAG_CHILD, TAG_COUNT, TAG_ENTRY, TAG_PATH, TAG_SEED};
     use super::super::test_support::{
         check_path, open, record_count, tag_keys, user, writer_session,
     };
     use super::*;
     use crate::session::SessionId;
+
+    /// Appends written as one group (an import's batches) extend the active
+    /// path's last block in place across the group: the path is the
+    /// transcript's, over three blocks, and the keys are those of a rebuild
+    /// from the log.
+    #[test]
+    fn grouped_appends_write_the_path_of_a_rebuild() {
+        use crate::store::exchange::{import_sessions, read_export, ExportWriter, ImportOptions};
+        let a = tempfile::tempdir().unwrap();
+        let (sa, rta) = open(a.path());
+        let (id, h) = writer_session(&rta);
+        for i in 0..150 {
+            h.append(user(&format!("c{i}"))).unwrap();
+        }
+        drop(h);
+        let mut w = ExportWriter::new(Vec::new()).unwrap();
+        w.session(&sa, &id).unwrap();
+        let sessions = read_export(&w.finish().unwrap().0[..]).unwrap();
+        let b = tempfile::tempdir().unwrap();
+        let (sb, _rtb) = open(b.path());
+        import_sessions(&sb, &sessions, &ImportOptions::default(), &mut || {}).unwrap();
+        assert_eq!(check_path(&sb, &id).len(), 150);
+        let keys = tag_keys(&sb, &id, TAG_PATH);
+        assert_eq!(keys.len(), 3);
+        let values = |s: &crate::store::LogStore| -> Vec<Option<Vec<u8>>> {
+            let engine = s.engine().unwrap();
+            let index = engine.index();
+            keys.iter()
+                .map(|k| index.get(TRANSCRIPT_INDEXER, k).unwrap())
+                .collect()
+        };
+        let grouped = values(&sb);
+        drop((sb, _rtb));
+        std::fs::remove_dir_all(b.path().join("index")).unwrap();
+        let _ = std::fs::remove_dir_all(b.path().join("checkpoints"));
+        let (sb, _rtb) = open(b.path());
+        assert_eq!(values(&sb), grouped);
+        check_path(&sb, &id);
+    }
 
     /// A chain append leaves exactly one new per-entry key (its own `e`
     /// record): its parent's child count is a rewrite of the parent's

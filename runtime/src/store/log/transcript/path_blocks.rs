@@ -221,8 +221,11 @@ pub(super) fn block_len(sid: &str, block: u64, v: &[u8]) -> Result<u64, IndexErr
 /// Adds the link of the new leaf at `depth`, the path's length before it
 /// (an append under the leaf): only the last block is rewritten (the
 /// index's memtable keeps the latest value of a key, so repeated appends
-/// into one block coalesce before they reach sled). The block must hold
-/// exactly the depths before `depth`.
+/// into one block coalesce before they reach sled), and extended in place
+/// when an earlier commit of the same group wrote it (an import's batch
+/// appends a session's commits as one group: copying the block out and
+/// back for each was a tenth of the transcript indexer's instructions).
+/// The block must hold exactly the depths before `depth`.
 pub(super) fn append_path_link(
     batch: &mut IndexBatch<'_>,
     sid: &str,
@@ -231,6 +234,15 @@ pub(super) fn append_path_link(
 ) -> Result<(), IndexError> {
     let (block, slot) = path_slot(depth);
     let key = path_block_key(sid, block);
+    if slot != 0 {
+        if let Some(v) = batch.pending_mut(&key) {
+            // Written by an earlier commit of this group: read and checked
+            // then (or begun empty), and one link longer per append since.
+            debug_assert_eq!(block_len(sid, block, v).ok(), Some(slot as u64));
+            push_block_link(v, link);
+            return Ok(());
+        }
+    }
     let mut v = if slot == 0 {
         // A new block: nothing to read.
         Vec::with_capacity(PATH_LINK_LEN_BYTES + link.len())
