@@ -728,16 +728,24 @@ pub fn import_from(
 /// `reason`, once the index's last memtables moved as after a successful import
 /// (while checkpoints are still deferred, see [`import_from`]); a failure to move
 /// them, which poisons the store until its next open brings the index up to date,
-/// is added to it. A store poisoned already (by the failure `reason` names) is not
-/// asked.
+/// is added to it, unless it is the refusal of a store poisoned by the failure
+/// `reason` names already ([`repeats`]).
 fn index_moved(engine: &spool_engine::Store, reason: String) -> String {
     match engine.flush_index() {
-        Ok(()) | Err(spool_engine::Error::Poisoned { .. }) => reason,
+        Ok(()) => reason,
+        Err(e) if repeats(&reason, &e) => reason,
         Err(e) => format!(
             "{reason}; moving the index's last writes also failed (the next open \
              brings the index up to date): {e}"
         ),
     }
+}
+
+/// Whether `e` is the refusal of a store poisoned by the failure `reason` already
+/// names (the append that failed poisoned it): adding it would print that cause
+/// again.
+fn repeats(reason: &str, e: &spool_engine::Error) -> bool {
+    matches!(e, spool_engine::Error::Poisoned { cause } if reason.contains(cause.as_str()))
 }
 
 /// What a failed write pass of [`import_from`] leaves and reports: a resumed
@@ -775,8 +783,8 @@ fn write_pass_failed(
         // their ids and refuse the next run. Synced, so that a crash
         // before that run loses none of it.
         let reason = match engine.flush() {
-            // Poisoned: by the failure `reason` names, which it would repeat.
-            Ok(()) | Err(spool_engine::Error::Poisoned { .. }) => reason,
+            Ok(()) => reason,
+            Err(e) if repeats(&reason, &e) => reason,
             Err(e) => format!("{reason}; syncing what it wrote also failed: {e}"),
         };
         let reason = index_moved(engine, reason);
