@@ -157,7 +157,7 @@ pub fn read_pi<R: BufRead>(r: R, source: &str) -> Result<PiSession, PiError> {
 /// in a compact hash table, its parent's index and its settings change),
 /// not the session: a 200,000-entry session takes a few MiB, not a few
 /// hundred. A later reading keeps no ids, except of a version 1 file,
-/// whose ids it makes up from the earlier ones (see [`Reading::Later`]).
+/// whose ids it makes up from the earlier ones.
 ///
 /// The ids this reader makes up (every commit's id; a version 1 file's
 /// entry ids) come from a seed drawn once per `PiFile`, so every reading
