@@ -222,9 +222,9 @@ pub(super) fn block_len(sid: &str, block: u64, v: &[u8]) -> Result<u64, IndexErr
 /// (an append under the leaf): only the last block is rewritten (the
 /// index's memtable keeps the latest value of a key, so repeated appends
 /// into one block coalesce before they reach sled), and extended in place
-/// when an earlier commit of the same group wrote it (an import's batch
-/// appends a session's commits as one group: copying the block out and
-/// back for each was a tenth of the transcript indexer's instructions).
+/// when an earlier commit of the same group wrote it (an import appends a
+/// session's commits in groups, and copying the block out and back for
+/// each was a visible part of its indexing: BENCHMARKS.md, Decisions).
 /// The block must hold exactly the depths before `depth`.
 pub(super) fn append_path_link(
     batch: &mut IndexBatch<'_>,
