@@ -248,6 +248,50 @@ pub(crate) fn check_rewrite(
     removed: &[EntryId],
     leaf: Option<&EntryId>,
 ) -> Result<(), String> {
+    check_rewrite_with(
+        |id, need| match contains(id) {
+            true => Ok(()),
+            false => Err(need.refusal(id)),
+        },
+        written,
+        reparented,
+        removed,
+        leaf,
+    )
+}
+
+/// What a delta rewrite needs of an id the transcript must hold.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Need {
+    /// A written, relinked or removed entry.
+    Named,
+    /// A written or relinked entry's new parent.
+    NewParent,
+    /// The new leaf.
+    NewLeaf,
+}
+
+impl Need {
+    /// Why the rewrite is refused when the transcript does not hold `id`.
+    pub(crate) fn refusal(self, id: &EntryId) -> String {
+        match self {
+            Need::Named => format!("entry {id} is not in the transcript"),
+            Need::NewParent => format!("new parent {id} is not kept by the rewrite"),
+            Need::NewLeaf => format!("leaf {id} is not kept by the rewrite"),
+        }
+    }
+}
+
+/// [`check_rewrite`] with every question about the transcript's ids put to
+/// `need`, in the order the checks meet them (a caller may note a question
+/// and answer it later); the checks within the rewrite are made here.
+pub(crate) fn check_rewrite_with(
+    mut need: impl FnMut(&EntryId, Need) -> Result<(), String>,
+    written: &[Entry],
+    reparented: &[(EntryId, Option<EntryId>)],
+    removed: &[EntryId],
+    leaf: Option<&EntryId>,
+) -> Result<(), String> {
     let removed_set: HashSet<&EntryId> = removed.iter().collect();
     let mut named: HashSet<&EntryId> = HashSet::new();
     for id in removed
@@ -255,26 +299,25 @@ pub(crate) fn check_rewrite(
         .chain(written.iter().map(|e| &e.id))
         .chain(reparented.iter().map(|(id, _)| id))
     {
-        if !contains(id) {
-            return Err(format!("entry {id} is not in the transcript"));
-        }
+        need(id, Need::Named)?;
         if !named.insert(id) {
             return Err(format!("entry {id} is named twice"));
         }
     }
-    let kept = |id: &EntryId| contains(id) && !removed_set.contains(id);
     for p in written
         .iter()
         .filter_map(|e| e.parent_id.as_ref())
         .chain(reparented.iter().filter_map(|(_, p)| p.as_ref()))
     {
-        if !kept(p) {
-            return Err(format!("new parent {p} is not kept by the rewrite"));
+        need(p, Need::NewParent)?;
+        if removed_set.contains(p) {
+            return Err(Need::NewParent.refusal(p));
         }
     }
     if let Some(l) = leaf {
-        if !kept(l) {
-            return Err(format!("leaf {l} is not kept by the rewrite"));
+        need(l, Need::NewLeaf)?;
+        if removed_set.contains(l) {
+            return Err(Need::NewLeaf.refusal(l));
         }
     }
     Ok(())

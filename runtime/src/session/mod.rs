@@ -31,8 +31,8 @@ pub use codec::{
 };
 pub use definition::{AgentDefinition, Budget, ModelConfig};
 pub use events::SessionEvent;
-pub(crate) use fold::check_rewrite;
 pub use fold::FoldError;
+pub(crate) use fold::{check_rewrite_with, Need};
 pub use id::{InvalidSessionId, SessionId, SESSION_ID_LEN_MAX};
 pub use info::{AgentSessionInfo, SessionInfoList, SessionStatus, SkippedSession, UnknownStatus};
 pub use link::{HistoryReader, HISTORY_PAGE_MAX};

@@ -61,16 +61,6 @@ impl IdIndex {
         std::str::from_utf8(self.bytes.get(start..end)?).ok()
     }
 
-    /// The id added last.
-    pub(crate) fn last(&self) -> Option<&str> {
-        self.ends.len().checked_sub(1).and_then(|i| self.get(i))
-    }
-
-    /// The number of the id `id`, unless it is absent or removed.
-    pub(crate) fn find(&self, id: &str) -> Option<u32> {
-        self.slot_of(id).map(|at| self.slots[at] - 1)
-    }
-
     pub(crate) fn contains(&self, id: &str) -> bool {
         self.slot_of(id).is_some()
     }
@@ -110,6 +100,19 @@ impl IdIndex {
         self.place(n);
         self.live += 1;
         Ok(n)
+    }
+
+    /// The live ids, in no particular order.
+    pub(crate) fn live_ids(&self) -> impl Iterator<Item = &str> + '_ {
+        self.slots
+            .iter()
+            .filter(|&&s| s != FREE && s != GONE)
+            .filter_map(|&s| self.get(s as usize - 1))
+    }
+
+    /// The heap memory the index holds, in bytes.
+    pub(crate) fn heap_bytes(&self) -> usize {
+        self.bytes.capacity() + 4 * (self.ends.capacity() + self.slots.capacity())
     }
 
     /// Removes `id` if it is in the index; its number is not reused.
@@ -179,6 +182,18 @@ impl IdIndex {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    impl IdIndex {
+        /// The number of the id `id`, unless it is absent or removed.
+        fn find(&self, id: &str) -> Option<u32> {
+            self.slot_of(id).map(|at| self.slots[at] - 1)
+        }
+
+        /// The id added last.
+        fn last(&self) -> Option<&str> {
+            self.ends.len().checked_sub(1).and_then(|i| self.get(i))
+        }
+    }
     use std::collections::HashSet;
 
     /// Seeded random adds, removes and lookups answer as a `HashSet` does,
@@ -224,6 +239,10 @@ mod tests {
                 assert!(used * 2 <= index.slots.len(), "step {step}");
                 // Removed ids' bytes are dropped once they outnumber live ones.
                 assert!(index.ends.len() <= 2 * index.live + index.slots.len());
+                // The live ids are the set's; the heap counted holds them.
+                let live: HashSet<String> = index.live_ids().map(str::to_string).collect();
+                assert_eq!(live, set, "step {step}");
+                assert!(index.heap_bytes() >= 4 * index.slots.len() + index.bytes.len());
             }
         }
         assert!(

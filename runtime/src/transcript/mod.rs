@@ -26,8 +26,10 @@ mod source;
 pub(crate) mod tagged;
 pub mod tree;
 
+pub(crate) use context::build_context;
+#[cfg(test)]
+pub(crate) use context::path_settings;
 pub use context::PathMarker;
-pub(crate) use context::{build_context, path_settings};
 pub use context::{
     context_messages, context_start, BudgetReport, ContextMessage, ContextRole, ModelContext,
     SYNTHETIC_TOOL_RESULT_TEXT,

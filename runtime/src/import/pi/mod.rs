@@ -48,9 +48,8 @@
 //! a [`Json`] without a tree. So a line takes a few times its length at
 //! most, whatever it holds. [`read_pi`] then holds every entry of the
 //! session (several times the file); [`PiFile`] reads the file once more
-//! than its import does and holds one commit at a time, plus, while its
-//! first reading runs (and every reading of a version 1 file), about 20
-//! bytes per entry for the ids (see [`PiFile`]).
+//! than its import does and holds one commit at a time and nothing per
+//! entry (see [`PiFile`]).
 
 use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
@@ -67,11 +66,12 @@ use uuid::Uuid;
 
 use crate::session::encoded_event_len;
 use crate::session::{AgentDefinition, AgentState, ModelConfig, SessionEvent, SessionId};
-use crate::store::exchange::{read_line_bounded, ExchangeError, ImportCommit, ImportSession};
-use crate::transcript::id_index::IdIndex;
+use crate::store::exchange::{
+    read_line_bounded, Check, Denied, ExchangeError, IdChecks, ImportCommit, ImportSession,
+    CHUNK_BYTES_MAX,
+};
 use crate::transcript::{
-    path_settings, ContentBlock, Entry, EntryId, EntryKind, Json, Message, PathMarker, StopReason,
-    Usage,
+    ContentBlock, Entry, EntryId, EntryKind, Json, Message, PathMarker, StopReason, Usage,
 };
 
 /// Newest pi session format version this reader understands.
@@ -122,11 +122,15 @@ pub fn read_pi<R: BufRead>(r: R, source: &str) -> Result<PiSession, PiError> {
     let (mut pass, header) = Pass::start(r, seed, Reading::First)?;
     let mut facts = Facts::default();
     let mut entries: Vec<Mapped> = Vec::new();
-    while let Some(m) = pass.next_entry()? {
+    while let Some(m) = pass.next_checked()? {
         facts.add(&m);
         entries.push(m);
     }
-    let leaf = facts.finish()?;
+    let at_leaf = match facts.of_chain() {
+        Some(n) => n,
+        None => walk_entries(&entries)?,
+    };
+    let leaf = facts.finish(at_leaf);
     let mut chunker = Chunker::new(seed, &header, Some(created_event(&header, &leaf, source)));
     let mut commits: Vec<ImportCommit> = Vec::new();
     for m in entries {
@@ -152,12 +156,14 @@ pub fn read_pi<R: BufRead>(r: R, source: &str) -> Result<PiSession, PiError> {
 /// [`PiFile::open`] reads the file once and keeps what the first commit
 /// needs before the last line is read (the settings in force at the leaf,
 /// the session's name); [`PiFile::for_each_commit`] reads it again for the
-/// entries. So an import holds one commit of the session at a time, plus
-/// 20 to 40 bytes per entry while the first reading is under way (its id
-/// in a compact hash table, its parent's index and its settings change),
-/// not the session: a 200,000-entry session takes a few MiB, not a few
-/// hundred. A later reading keeps no ids, except of a version 1 file,
-/// whose ids it makes up from the earlier ones.
+/// entries. So an import holds one commit of the session at a time, not
+/// the session, and memory that does not grow with it: the first
+/// reading's checks of the entry ids hold up to a few MiB of them and
+/// answer the rest from a temporary file; the settings at the leaf are the
+/// latest read while the entries form a chain, and otherwise found by
+/// walking the leaf's path over the file's lines from its end (one more
+/// reading of at most the file, holding one line). A later reading keeps
+/// no ids; a version 1 file's are made up from the entry's number.
 ///
 /// The ids this reader makes up (every commit's id; a version 1 file's
 /// entry ids) come from a seed drawn once per `PiFile`, so every reading
@@ -183,10 +189,8 @@ impl PiFile {
     /// and later readings need: the header's fields, the file version, the
     /// skipped lines, the session name, the model/thinking settings in
     /// force at the leaf (the last entry), a hash per commit and the seed
-    /// of the ids it makes up. It never keeps an entry's content: while
-    /// reading, per entry its id, its parent's index and its settings
-    /// change if it is one (as an index into the distinct settings seen).
-    /// `source` names the file in the session's description.
+    /// of the ids it makes up. It keeps nothing per entry (see
+    /// [`PiFile`]). `source` names the file in the session's description.
     pub fn open(path: &Path, source: &str) -> Result<PiFile, PiError> {
         let seed = Seed::random();
         let file = open_buffered(path)
@@ -197,14 +201,18 @@ impl PiFile {
         // encoding errors are those of `read_pi`), keeps none.
         let mut chunker = Chunker::new(seed, &header, None);
         let mut commit_hashes = Vec::new();
-        while let Some(m) = pass.next_entry()? {
+        while let Some(m) = pass.next_checked()? {
             facts.add(&m);
             if let Some((_, hash)) = chunker.push(m)? {
                 commit_hashes.push(hash);
             }
         }
         commit_hashes.push(chunker.finish().1);
-        let leaf = facts.finish()?;
+        let at_leaf = match facts.of_chain() {
+            Some(n) => n,
+            None => walk_file(path, header.version)?,
+        };
+        let leaf = facts.finish(at_leaf);
         Ok(PiFile {
             path: path.to_path_buf(),
             source: source.to_string(),
@@ -333,10 +341,6 @@ struct Mapped {
     /// [`line_hash`] of the entry's line.
     hash: u64,
     entry: Entry,
-    /// The parent's index among the entries read before (the parent must
-    /// be defined on an earlier line); `None` for a root, and in a later
-    /// reading that keeps no ids ([`Reading::Later`]).
-    parent: Option<u32>,
 }
 
 /// The hash of a line's number and bytes. Fixed (not seeded per process):
@@ -354,12 +358,8 @@ enum Reading {
     /// A [`PiFile`]'s reading after its first. The checks that need every
     /// earlier entry's id (an id used twice, a parent defined on an
     /// earlier line) were made on the same lines by the first reading, as
-    /// the commits' hashes show, so a file whose entries carry ids (version
-    /// 2 on) is read again without keeping them: an import's check pass
-    /// holds its own index of the session's ids, and a second one of about
-    /// 20 bytes an entry was the largest part of a long session's import
-    /// beside it. A version 1 file makes its ids up from the earlier ones,
-    /// so its readings all keep them.
+    /// the commits' hashes show, so they are not made again (an import's
+    /// check pass makes its own).
     Later,
 }
 
@@ -376,14 +376,15 @@ struct Pass<R> {
     /// Lines skipped as pi skips them (not JSON), in file order.
     skipped: Vec<u64>,
     version: u64,
-    /// The ids of the entries read so far, by index (empty in a later
-    /// reading of a file that names its entries, see [`Reading`]).
-    ids: IdIndex,
-    /// Whether `ids` is kept.
-    keep_ids: bool,
-    /// Where the version 1 ids come from, and how many were drawn.
+    /// The checks of the entries' ids (a file's first reading, from
+    /// version 2 on: a version 1 file's ids are made up distinct): none
+    /// used twice, every parent defined on an earlier line.
+    checks: Option<IdChecks>,
+    /// Where the version 1 ids come from, how many were made up, and the
+    /// last one (the next entry's parent).
     seed: Seed,
     draws: u64,
+    last_v1: Option<EntryId>,
     /// The time of the last entry read (an entry without one gets it).
     last_ts: i64,
 }
@@ -397,10 +398,10 @@ impl<R: BufRead> Pass<R> {
             line_no: 0,
             skipped: Vec::new(),
             version: 0,
-            ids: IdIndex::default(),
-            keep_ids: true,
+            checks: None,
             seed,
             draws: 0,
+            last_v1: None,
             last_ts: 0,
         };
         let Some((hline, htext)) = pass.next_line()? else {
@@ -431,7 +432,10 @@ impl<R: BufRead> Pass<R> {
             .map_err(|e| err(hline, format!("session id {sid:?} cannot be used: {e}")))?;
         let timestamp_ms = header.get("timestamp").and_then(|t| parse_time_raw(t));
         pass.version = version;
-        pass.keep_ids = reading == Reading::First || version < 2;
+        if reading == Reading::First && version >= 2 {
+            let (held, chunk) = checks_holding();
+            pass.checks = Some(IdChecks::new(held, chunk, None));
+        }
         pass.last_ts = timestamp_ms.unwrap_or(0);
         let header = Header {
             line: hline,
@@ -483,30 +487,29 @@ impl<R: BufRead> Pass<R> {
         let hash = line_hash(line, &text);
         let mut m = parse_obj(&text).ok_or_else(|| err(line, "not a JSON object"))?;
         if self.version < 2 {
-            let new_id = loop {
-                let g = self.seed.entry_id(self.draws).map_err(|e| err(line, e))?;
-                self.draws += 1;
-                // Every earlier entry's id is in `ids` (the previous one's
-                // too).
-                if self.ids.find(g.as_str()).is_none() {
-                    break g;
-                }
-            };
+            let new_id = self.seed.entry_id(self.draws).map_err(|e| err(line, e))?;
+            self.draws += 1;
             m.insert("id".into(), raw(new_id.as_str()).map_err(|e| err(line, e))?);
+            let parent = self.last_v1.replace(new_id);
             m.insert(
                 "parentId".into(),
-                raw(&self.ids.last()).map_err(|e| err(line, e))?,
+                raw(&parent.as_ref().map(EntryId::as_str)).map_err(|e| err(line, e))?,
             );
             if str_of(&m, "type").as_deref() == Some("compaction") {
                 if let Some(idx) = u64_of(&m, "firstKeptEntryIndex") {
                     // pi resolves the index among the file's entries
                     // (header = 0); only earlier ones have ids yet.
-                    let target = usize::try_from(idx)
-                        .ok()
-                        .and_then(|t| t.checked_sub(1))
-                        .and_then(|t| self.ids.get(t));
+                    let target = idx
+                        .checked_sub(1)
+                        .filter(|&t| t + 1 < self.draws)
+                        .map(|t| self.seed.entry_id(t))
+                        .transpose()
+                        .map_err(|e| err(line, e))?;
                     if let Some(t) = target {
-                        m.insert("firstKeptEntryId".into(), raw(t).map_err(|e| err(line, e))?);
+                        m.insert(
+                            "firstKeptEntryId".into(),
+                            raw(t.as_str()).map_err(|e| err(line, e))?,
+                        );
                     }
                     m.remove("firstKeptEntryIndex");
                 }
@@ -520,11 +523,12 @@ impl<R: BufRead> Pass<R> {
             str_of(&m, "id").ok_or_else(|| err(line, format!("the {ty} entry has no id")))?;
         let eid =
             EntryId::parse(&raw_id).map_err(|e| err(line, format!("entry id {raw_id:?}: {e}")))?;
-        if self.keep_ids && self.ids.find(eid.as_str()).is_some() {
-            return Err(err(line, format!("entry id {eid} is used twice")));
+        if let Some(c) = &mut self.checks {
+            c.absent(eid.as_str(), (0, line))
+                .map_err(|d| id_err(line, d, &eid))?;
         }
-        let (parent_id, parent) = match m.get("parentId").filter(|p| p.get() != "null") {
-            None => (None, None),
+        let parent_id = match m.get("parentId").filter(|p| p.get() != "null") {
+            None => None,
             Some(p) if p.get().starts_with('"') => {
                 let p: String =
                     serde_json::from_str(p.get()).map_err(|e| err(line, e.to_string()))?;
@@ -533,21 +537,11 @@ impl<R: BufRead> Pass<R> {
                 if pid == eid {
                     return Err(err(line, format!("entry {eid} is its own parent")));
                 }
-                let at = if self.keep_ids {
-                    let at = self.ids.find(pid.as_str()).ok_or_else(|| {
-                        err(
-                            line,
-                            format!(
-                                "the parent {pid} of entry {eid} is not defined on an earlier line"
-                            ),
-                        )
-                    })?;
-                    Some(at)
-                } else {
-                    // Checked by the first reading (see `Reading::Later`).
-                    None
-                };
-                (Some(pid), at)
+                if let Some(c) = &mut self.checks {
+                    c.require(pid.as_str(), Check::Parent, (0, line))
+                        .map_err(|d| id_err(line, d, &pid))?;
+                }
+                Some(pid)
             }
             Some(other) => return Err(err(line, format!("parentId {other} is not a string"))),
         };
@@ -569,8 +563,8 @@ impl<R: BufRead> Pass<R> {
             .unwrap_or(self.last_ts);
         self.last_ts = ts;
         let kind = map_entry(&ty, &mut m, &eid, self.version).map_err(|r| err(line, r))?;
-        if self.keep_ids {
-            self.ids.push(eid.as_str()).map_err(|r| err(line, r))?;
+        if let Some(c) = &mut self.checks {
+            c.define(eid.as_str()).map_err(|d| id_err(line, d, &eid))?;
         }
         Ok(Some(Mapped {
             line,
@@ -581,31 +575,122 @@ impl<R: BufRead> Pass<R> {
                 timestamp_ms: ts,
                 kind,
             },
-            parent,
         }))
+    }
+
+    /// The next entry, as [`Pass::next_entry`]; an error, or the end of the
+    /// file, first hears the id checks the reading deferred (a long
+    /// session's), whose refusal comes from an earlier line or the same.
+    fn next_checked(&mut self) -> Result<Option<Mapped>, PiError> {
+        let next = self.next_entry();
+        if matches!(next, Ok(Some(_))) {
+            return next;
+        }
+        let Some(c) = &mut self.checks else {
+            return next;
+        };
+        let refused = c.settle().map_err(|e| {
+            err(
+                0,
+                format!("keeping the entry ids in a temporary file failed: {e}"),
+            )
+        })?;
+        match refused {
+            Some(r) => {
+                let id = EntryId::parse(&r.id)
+                    .map_err(|e| err(r.line, format!("an entry id read back: {e}")))?;
+                Err(id_err(r.line, Denied::Check(r.check), &id))
+            }
+            None => next,
+        }
     }
 }
 
-/// A setting an entry changes, as [`PathMarker::of`] reads it.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-enum Setting {
-    Model(String, String),
-    Thinking(String),
+/// How many bytes of a pi file's entry ids its first reading holds in
+/// memory; past that, they go to a temporary file (see [`IdChecks`]).
+const CHECKED_IDS_BYTES_MAX: usize = 4 << 20;
+
+#[cfg(test)]
+thread_local! {
+    /// What the id checks of a first reading on this thread hold in memory
+    /// and write in a chunk, when a test sets it (to reach the temporary
+    /// file with a few entries).
+    static HOLDING: std::cell::Cell<Option<(usize, usize)>> =
+        const { std::cell::Cell::new(None) };
 }
 
-/// No parent, or no setting, in [`Facts::links`].
-const NONE: u32 = u32::MAX;
+/// The bytes of ids a first reading's checks hold, and their chunk.
+fn checks_holding() -> (usize, usize) {
+    #[cfg(test)]
+    if let Some(h) = HOLDING.get() {
+        return h;
+    }
+    (CHECKED_IDS_BYTES_MAX, CHUNK_BYTES_MAX)
+}
 
-/// What a reading keeps of each entry to find the session's name and the
-/// settings in force at the leaf, which the first commit carries.
+/// A refused id check of line `line` as the reading's error (`id`: the one
+/// checked).
+fn id_err(line: u64, d: Denied, id: &EntryId) -> PiError {
+    match d {
+        Denied::Check(Check::Appended) => err(line, format!("entry id {id} is used twice")),
+        Denied::Check(_) => err(
+            line,
+            format!("the parent {id} is not defined on an earlier line"),
+        ),
+        Denied::Limit(reason) => err(line, reason),
+        Denied::Io(e) => err(
+            line,
+            format!("keeping the entry ids in a temporary file failed: {e}"),
+        ),
+    }
+}
+
+/// The settings in force at the leaf: the model and thinking-level
+/// changes nearest it on its path, as `path_settings` finds them.
+#[derive(Default)]
+struct Nearest {
+    model: Option<(String, String)>,
+    thinking: Option<String>,
+}
+
+impl Nearest {
+    /// Takes `e`'s setting when it is the first of its kind met walking up
+    /// from the leaf (`replace`: the latest met walking down a chain).
+    fn meet(&mut self, e: &Entry, replace: bool) {
+        match PathMarker::of(e) {
+            PathMarker::Model { provider, model_id } if replace || self.model.is_none() => {
+                self.model = Some((provider, model_id));
+            }
+            PathMarker::ThinkingLevel { thinking_level } if replace || self.thinking.is_none() => {
+                self.thinking = Some(thinking_level);
+            }
+            _ => {}
+        }
+    }
+
+    fn both(&self) -> bool {
+        self.model.is_some() && self.thinking.is_some()
+    }
+}
+
+/// What a reading keeps of the entries to find the session's name and the
+/// settings in force at the leaf (the last entry), which the first commit
+/// carries: nothing per entry. While every entry is the child of the one
+/// before (a chain, as every version 1 file and most others are), the
+/// leaf's path is every entry and the settings in force are the latest
+/// read; otherwise the path is walked up from the leaf once the file is
+/// read ([`read_pi`]: over its entries; [`PiFile`]: over the file's lines,
+/// last first).
 #[derive(Default)]
 struct Facts {
-    /// Per entry: its parent's index and its setting's index in `settings`
-    /// ([`NONE`] for none). 8 bytes an entry.
-    links: Vec<(u32, u32)>,
-    /// The distinct settings changes seen, with their index (a session
-    /// names a few models over thousands of assistant messages).
-    settings: HashMap<Setting, u32>,
+    entries: u64,
+    /// Whether the entries so far form a chain from a root.
+    chain: bool,
+    /// The last entry's id.
+    last: Option<EntryId>,
+    /// The settings in force at the last entry, while the entries form a
+    /// chain.
+    latest: Nearest,
     session_name: Option<String>,
     first_ts: Option<i64>,
 }
@@ -621,90 +706,174 @@ struct Leaf {
 
 impl Facts {
     fn add(&mut self, m: &Mapped) {
-        let setting = match PathMarker::of(&m.entry) {
-            PathMarker::Model { provider, model_id } => Some(Setting::Model(provider, model_id)),
-            PathMarker::ThinkingLevel { thinking_level } => Some(Setting::Thinking(thinking_level)),
-            _ => None,
+        let e = &m.entry;
+        self.chain = match self.entries {
+            0 => e.parent_id.is_none(),
+            _ => self.chain && e.parent_id.is_some() && e.parent_id == self.last,
         };
-        let setting = setting.map_or(NONE, |s| {
-            // Fewer distinct settings than entries, which `IdIndex` bounds
-            // below `u32::MAX`.
-            let next = self.settings.len() as u32;
-            *self.settings.entry(s).or_insert(next)
-        });
-        self.links.push((m.parent.unwrap_or(NONE), setting));
-        if let EntryKind::SessionInfo { name: Some(n) } = &m.entry.kind {
+        self.entries += 1;
+        self.last = Some(e.id.clone());
+        if self.chain {
+            self.latest.meet(e, true);
+        }
+        if let EntryKind::SessionInfo { name: Some(n) } = &e.kind {
             if !n.trim().is_empty() {
                 self.session_name = Some(n.trim().to_string());
             }
         }
-        self.first_ts.get_or_insert(m.entry.timestamp_ms);
+        self.first_ts.get_or_insert(e.timestamp_ms);
     }
 
-    /// The settings in force at the leaf (the last entry), by
-    /// [`path_settings`] over the leaf's path. Only the change of each
-    /// setting nearest the leaf can count (the latest of each is in
-    /// force), so the path is walked up from the leaf until both are found
-    /// and `path_settings` gets those two, not the thousands of entries
-    /// between.
-    fn finish(self) -> Result<Leaf, PiError> {
-        let mut by_index: Vec<Option<&Setting>> = vec![None; self.settings.len()];
-        for (s, &n) in &self.settings {
-            if let Some(slot) = by_index.get_mut(n as usize) {
-                *slot = Some(s);
-            }
-        }
-        // The nearest change of each setting, leaf first.
-        let mut nearest: Vec<&Setting> = Vec::with_capacity(2);
-        let (mut model, mut thinking) = (false, false);
-        let mut at = self.links.len().checked_sub(1);
-        while let Some(i) = at {
-            if model && thinking {
-                break;
-            }
-            let (parent, setting) = self.links[i];
-            match by_index.get(setting as usize).copied().flatten() {
-                Some(s @ Setting::Model(..)) if !model => {
-                    model = true;
-                    nearest.push(s);
-                }
-                Some(s @ Setting::Thinking(_)) if !thinking => {
-                    thinking = true;
-                    nearest.push(s);
-                }
-                _ => {}
-            }
-            at = match parent {
-                NONE => None,
-                // A parent is defined on an earlier line.
-                p if (p as usize) < i => Some(p as usize),
-                _ => return Err(err(0, "the entries' parent links form a cycle")),
-            };
-        }
-        let id = EntryId::parse("setting").map_err(|e| err(0, e.to_string()))?;
-        let path: Vec<Entry> = nearest
-            .iter()
-            .rev()
-            .map(|s| {
-                let marker = match s {
-                    Setting::Model(provider, model_id) => PathMarker::Model {
-                        provider: provider.clone(),
-                        model_id: model_id.clone(),
-                    },
-                    Setting::Thinking(t) => PathMarker::ThinkingLevel {
-                        thinking_level: t.clone(),
-                    },
-                };
-                marker.stand_in_entry(id.clone(), None)
-            })
-            .collect();
-        let (model, thinking) = path_settings(&path.iter().collect::<Vec<_>>());
-        Ok(Leaf {
-            session_name: self.session_name,
-            model,
-            thinking,
-            first_ts: self.first_ts,
+    /// The settings at the leaf, when the entries form a chain.
+    fn of_chain(&self) -> Option<Nearest> {
+        (self.chain || self.entries == 0).then(|| Nearest {
+            model: self.latest.model.clone(),
+            thinking: self.latest.thinking.clone(),
         })
+    }
+
+    fn finish(self, at_leaf: Nearest) -> Leaf {
+        Leaf {
+            session_name: self.session_name,
+            model: at_leaf.model,
+            thinking: at_leaf.thinking,
+            first_ts: self.first_ts,
+        }
+    }
+}
+
+/// The settings at the leaf (the last of `entries`) over its path, walked
+/// up by the parents' ids.
+fn walk_entries(entries: &[Mapped]) -> Result<Nearest, PiError> {
+    let at: HashMap<&EntryId, usize> = entries
+        .iter()
+        .enumerate()
+        .map(|(i, m)| (&m.entry.id, i))
+        .collect();
+    let mut nearest = Nearest::default();
+    let mut next = entries.len().checked_sub(1);
+    while let Some(i) = next {
+        if nearest.both() {
+            break;
+        }
+        let e = &entries[i].entry;
+        nearest.meet(e, false);
+        next = match e.parent_id.as_ref().map(|p| at.get(p).copied()) {
+            None => None,
+            // A parent is defined on an earlier line.
+            Some(Some(p)) if p < i => Some(p),
+            Some(_) => return Err(err(0, "the entries' parent links form a cycle")),
+        };
+    }
+    Ok(nearest)
+}
+
+/// The settings at the leaf of the file at `path` (read once, whole, by a
+/// first reading), walking its lines from the last: the last entry is the
+/// leaf, and each entry on its path is the parent the one after names, on
+/// an earlier line. Holds one line, and up to twice its length while
+/// reading it.
+fn walk_file(path: &Path, version: u64) -> Result<Nearest, PiError> {
+    let again = |e: String| {
+        err(
+            0,
+            format!("reading the file again for the leaf's path: {e}"),
+        )
+    };
+    let file = File::open(path).map_err(|e| again(e.to_string()))?;
+    let mut lines = LinesBack::new(file).map_err(|e| again(e.to_string()))?;
+    let mut nearest = Nearest::default();
+    // The id of the next entry up the path (`None` before the leaf).
+    let mut wanted: Option<EntryId> = None;
+    while let Some(bytes) = lines.next().map_err(|e| again(e.to_string()))? {
+        let Ok(text) = std::str::from_utf8(&bytes) else {
+            return Err(again("a line is no longer UTF-8".into()));
+        };
+        if text.trim().is_empty() || serde_json::from_str::<IgnoredAny>(text).is_err() {
+            continue;
+        }
+        let mut m = parse_obj(text).ok_or_else(|| again("a line is no longer an object".into()))?;
+        let ty = str_of(&m, "type").unwrap_or_default();
+        if ty == "session" {
+            break;
+        }
+        let raw_id = str_of(&m, "id").unwrap_or_default();
+        let Ok(id) = EntryId::parse(&raw_id) else {
+            return Err(again(format!("entry id {raw_id:?} no longer reads")));
+        };
+        if wanted.as_ref().is_some_and(|w| *w != id) {
+            continue;
+        }
+        let parent_id = str_of(&m, "parentId")
+            .map(|p| EntryId::parse(&p))
+            .transpose()
+            .map_err(|e| again(e.to_string()))?;
+        let kind = map_entry(&ty, &mut m, &id, version).map_err(again)?;
+        let entry = Entry {
+            id,
+            parent_id,
+            timestamp_ms: 0,
+            kind,
+        };
+        nearest.meet(&entry, false);
+        match entry.parent_id {
+            Some(p) if !nearest.both() => wanted = Some(p),
+            _ => break,
+        }
+    }
+    Ok(nearest)
+}
+
+/// A file's lines, last first (without their `\n`).
+struct LinesBack {
+    file: File,
+    /// Where the bytes not yet read start.
+    pos: u64,
+    /// The read bytes not yet returned: the file's bytes from `pos` on.
+    buf: Vec<u8>,
+    done: bool,
+}
+
+impl LinesBack {
+    fn new(file: File) -> std::io::Result<Self> {
+        let pos = file.metadata()?.len();
+        Ok(LinesBack {
+            file,
+            pos,
+            buf: Vec::new(),
+            done: false,
+        })
+    }
+
+    fn next(&mut self) -> std::io::Result<Option<Vec<u8>>> {
+        use std::os::unix::fs::FileExt;
+        loop {
+            if let Some(i) = memchr::memrchr(b'\n', &self.buf) {
+                let line = self.buf.split_off(i + 1);
+                self.buf.truncate(i);
+                return Ok(Some(line));
+            }
+            if self.pos == 0 {
+                if self.done {
+                    return Ok(None);
+                }
+                self.done = true;
+                return Ok(Some(std::mem::take(&mut self.buf)));
+            }
+            if self.buf.len() > PI_LINE_BYTES_MAX {
+                return Err(std::io::Error::other(format!(
+                    "a line over {PI_LINE_BYTES_MAX} bytes"
+                )));
+            }
+            // At least as much as is held: a long line is read in doubling
+            // steps, each copying what is held once.
+            let n = (self.buf.len().max(64 << 10) as u64).min(self.pos);
+            let mut block = vec![0u8; n as usize];
+            self.pos -= n;
+            self.file.read_exact_at(&mut block, self.pos)?;
+            block.extend_from_slice(&self.buf);
+            self.buf = block;
+        }
     }
 }
 
@@ -877,11 +1046,20 @@ impl Seed {
         mix64(base.wrapping_add(n.wrapping_mul(GOLDEN)))
     }
 
-    /// The `n`th candidate for a version 1 entry id: 8 lowercase hex
-    /// digits, as [`EntryId::generate`] makes them (the caller skips one
-    /// already taken).
+    /// The id of a version 1 file's `n`th entry (from 0): 8 lowercase hex
+    /// digits, as [`EntryId::generate`] makes them. A permutation of the 32
+    /// bit numbers keyed by the seed (a four-round Feistel network), so
+    /// distinct entries get distinct ids without a record of the earlier
+    /// ones; at most 4 Gi entries.
     fn entry_id(&self, n: u64) -> Result<EntryId, String> {
-        let bits = self.draw(0, 1, n) >> 32;
+        let n = u32::try_from(n)
+            .map_err(|_| "a version 1 file of more than 4 Gi entries".to_string())?;
+        let (mut left, mut right) = ((n >> 16) as u16, n as u16);
+        for round in 0..4u64 {
+            let f = self.draw(0, 1, (round << 16) | u64::from(right)) as u16;
+            (left, right) = (right, left ^ f);
+        }
+        let bits = (u32::from(left) << 16) | u32::from(right);
         EntryId::parse(&format!("{bits:08x}")).map_err(|e| e.to_string())
     }
 

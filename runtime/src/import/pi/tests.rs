@@ -1,4 +1,5 @@
 use super::*;
+use crate::transcript::path_settings;
 
 #[test]
 fn times_parse_like_javascript_dates() {
@@ -587,27 +588,90 @@ fn a_file_changed_after_open_fails_the_reading_without_a_panic() {
     assert!(PiFile::open(&path, "t").is_err());
 }
 
-/// A later reading of a file that names its entries keeps none of their
-/// ids (the first reading checked them); one of a version 1 file, which
-/// makes its ids up from the earlier ones, keeps them all.
+/// A first reading whose id checks go to the temporary file (every id, a
+/// run per record) refuses what the checks held in memory refuse, on the
+/// same line with the same words, and accepts the same: over a long chain
+/// with an id used twice, a parent defined later or nowhere, and a later
+/// line that is bad in another way.
 #[test]
-fn a_later_reading_keeps_ids_only_when_it_makes_them_up() {
-    for (v1, kept) in [(false, 0), (true, 50)] {
-        let text = long(50, v1);
-        let read = |reading| {
-            let (mut pass, _) =
-                Pass::start(text.as_bytes(), Seed([1, 2]), reading).expect("header");
-            let mut parents = 0;
-            while let Some(m) = pass.next_entry().expect("entry") {
-                parents += usize::from(m.parent.is_some());
-            }
-            let ids = (0..).take_while(|&i| pass.ids.get(i).is_some()).count();
-            (ids, parents)
-        };
-        assert_eq!(read(Reading::First), (50, 49), "v1 {v1}");
-        let later_parents = if v1 { 49 } else { 0 };
-        assert_eq!(read(Reading::Later), (kept, later_parents), "v1 {v1}");
+fn a_long_first_reading_checks_its_ids_as_a_short_one() {
+    let text = long(300, false);
+    let lines: Vec<&str> = text.lines().collect();
+    let with = |edits: &[(usize, &str)]| {
+        let mut l: Vec<String> = lines.iter().map(|s| s.to_string()).collect();
+        for (i, new) in edits {
+            l[*i] = new.to_string();
+        }
+        l.join("\n") + "\n"
+    };
+    let twice = lines[20].replace("\"data\":19", "\"data\":-1");
+    let later = lines[41].replace("\"parentId\":\"e39\"", "\"parentId\":\"e200\"");
+    let nowhere = lines[60].replace("\"parentId\":\"e58\"", "\"parentId\":\"zz\"");
+    let own = r#"{"type":"custom","id":"e10","parentId":"e10","customType":"c"}"#;
+    let bad_type = r#"{"type":"bogus","id":"x","parentId":"e1"}"#;
+    assert!(later.contains("e200") && nowhere.contains("zz"));
+    let cases = [
+        with(&[]),
+        with(&[(150, &twice)]),
+        with(&[(41, &later)]),
+        with(&[(60, &nowhere), (150, &twice)]),
+        with(&[(150, &twice), (200, bad_type)]),
+        with(&[(200, bad_type), (250, &twice)]),
+        with(&[(150, own)]),
+    ];
+    let read = |text: &str, holding: Option<(usize, usize)>| {
+        HOLDING.set(holding);
+        let whole = read_pi(text.as_bytes(), "t").map(|s| s.import.commits);
+        let (_dir, path) = on_disk(text);
+        let opened = PiFile::open(&path, "t").map(|_| ());
+        HOLDING.set(None);
+        (
+            whole.map_err(|e| (e.line, e.reason)),
+            opened.map_err(|e| (e.line, e.reason)),
+        )
+    };
+    let mut refused = 0;
+    for (i, text) in cases.iter().enumerate() {
+        let (held, held_open) = read(text, None);
+        let (ledger, ledger_open) = read(text, Some((0, 1)));
+        assert_eq!(
+            normalised_result(&held),
+            normalised_result(&ledger),
+            "case {i}"
+        );
+        assert_eq!(held_open, ledger_open, "case {i}");
+        assert_eq!(
+            held_open,
+            held.as_ref().map(|_| ()).map_err(Clone::clone),
+            "case {i}"
+        );
+        refused += usize::from(held.is_err());
     }
+    assert_eq!(refused, 6, "every case but the first is refused");
+}
+
+fn normalised_result(
+    r: &Result<Vec<ImportCommit>, (u64, String)>,
+) -> Result<Vec<ImportCommit>, (u64, String)> {
+    r.as_ref()
+        .map(|c| normalised(c, false))
+        .map_err(Clone::clone)
+}
+
+/// A version 1 file's made-up ids are distinct without a record of the
+/// earlier ones: the seed's permutation gives 2^16 numbers distinct ids,
+/// and a number beyond 32 bits none.
+#[test]
+fn version_1_ids_are_distinct_by_construction() {
+    let seed = Seed([3, 4]);
+    let ids: std::collections::HashSet<EntryId> =
+        (0..1u64 << 16).map(|n| seed.entry_id(n).unwrap()).collect();
+    assert_eq!(ids.len(), 1 << 16);
+    assert!(seed.entry_id(u64::from(u32::MAX)).is_ok());
+    assert!(seed.entry_id(1 << 32).is_err());
+    let other: Vec<EntryId> = (0..4).map(|n| Seed([5, 6]).entry_id(n).unwrap()).collect();
+    let ours: Vec<EntryId> = (0..4).map(|n| seed.entry_id(n).unwrap()).collect();
+    assert_ne!(other, ours, "another seed, other ids");
 }
 
 #[test]
@@ -666,4 +730,52 @@ fn open_refuses_what_read_pi_refuses_on_the_same_line() {
     let got = PiFile::open(&path, "t").err().unwrap();
     assert_eq!((got.line, got.reason), (want.line, want.reason));
     assert_eq!(want.line, 3);
+}
+
+/// The leaf's settings of a branched file whose path runs through long
+/// lines (over the 64 KiB a backward read starts with) and many blocks are
+/// those `read_pi` finds over its entries.
+#[test]
+fn a_branched_file_s_leaf_settings_come_from_its_path_over_long_lines() {
+    let mut file = format!("{HEAD}\n");
+    file.push_str(r#"{"type":"thinking_level_change","id":"a1","parentId":null,"timestamp":"2025-01-01T00:00:00Z","thinkingLevel":"high"}"#);
+    file.push('\n');
+    file.push_str(r#"{"type":"model_change","id":"b1","parentId":"a1","timestamp":"2025-01-01T00:00:00Z","provider":"side","modelId":"branch"}"#);
+    file.push('\n');
+    file.push_str(r#"{"type":"model_change","id":"c0","parentId":"a1","timestamp":"2025-01-01T00:00:00Z","provider":"anthropic","modelId":"claude"}"#);
+    file.push('\n');
+    for i in 1..=120 {
+        let len = if i % 10 == 0 { 150_000 } else { 3_000 };
+        file.push_str(&format!(
+            r#"{{"type":"custom","id":"c{i}","parentId":"c{}","timestamp":"2025-01-01T00:00:01Z","customType":"c","data":"{}"}}"#,
+            i - 1,
+            "x".repeat(len)
+        ));
+        file.push('\n');
+        if i == 60 {
+            file.push_str(r#"{"type":"thinking_level_change","id":"d1","parentId":"b1","timestamp":"2025-01-01T00:00:00Z","thinkingLevel":"low"}"#);
+            file.push('\n');
+        }
+    }
+    // The leaf: the last line, back on the long branch.
+    file.push_str(r#"{"type":"custom","id":"leaf","parentId":"c120","timestamp":"2025-01-01T00:00:01Z","customType":"c"}"#);
+    let whole = read_pi(file.as_bytes(), "t").unwrap();
+    let (_dir, path) = on_disk(&file);
+    let streamed = stream(&mut PiFile::open(&path, "t").unwrap()).unwrap();
+    assert_eq!(
+        normalised(&streamed, false),
+        normalised(&whole.import.commits, false)
+    );
+    let SessionEvent::Created {
+        definition, state, ..
+    } = &streamed[0].events[0]
+    else {
+        panic!()
+    };
+    assert_eq!(definition.model.model, "claude");
+    assert_eq!(
+        state.metadata.get("pi.thinking_level").map(|v| v.as_str()),
+        Some(r#""high""#),
+        "the low level is on the other branch"
+    );
 }

@@ -368,10 +368,15 @@ fn check_pass(
                     line: 0,
                     reason: format!("more than {} sessions in one import", u32::MAX),
                 })?;
-            Ok((SessionFold::new(id.clone(), true), start, ordinal))
+            let fold = SessionFold::new(id.clone(), true).spill_in(store.dir());
+            Ok((fold, start, ordinal))
         },
         &mut |(fold, start, ordinal), c| {
-            let commit = check_commit(store, fold, *start, c, opts, &mut commit_ids)?;
+            let commit = match check_commit(store, fold, *start, c, opts, &mut commit_ids) {
+                Ok(commit) => commit,
+                // An entry-id refusal of an earlier commit comes first.
+                Err(e) => return Err(fold.settle().err().unwrap_or(e)),
+            };
             if let Some(w) = spill.as_deref_mut() {
                 w.push(
                     *ordinal,

@@ -444,6 +444,7 @@ fn write_line<W: Write, T: Serialize>(out: &mut W, value: &T) -> Result<(), Exch
 mod ahead;
 mod fold;
 mod import;
+mod ledger;
 mod read;
 mod spill;
 mod twice;
@@ -451,6 +452,7 @@ mod twice;
 pub(crate) use fold::SessionFold;
 #[cfg(feature = "postgres")]
 pub(crate) use import::{for_each_session_commit, Planned};
+pub(crate) use ledger::{Check, Denied, IdChecks, CHUNK_BYTES_MAX};
 
 pub use import::*;
 pub use read::*;
@@ -1177,6 +1179,45 @@ mod tests {
             e => panic!("unexpected {e}"),
         }
         assert_eq!(sb.engine().unwrap().last_seq(), 0, "nothing written");
+    }
+
+    /// An unknown parent in a long session (its ids kept in a ledger, which
+    /// answers at the session's end) is named before a later commit's taken
+    /// id, as when the session's ids are held: the first problem in the
+    /// file is the one reported, and nothing is written.
+    #[test]
+    fn a_long_session_s_refusal_comes_before_a_later_problem() {
+        let a = tempfile::tempdir().unwrap();
+        let sa = store(a.path());
+        let id = sample(&sa);
+        let mut sessions = read_export(&export(&sa, &id)[..]).unwrap();
+        let c = &mut sessions[0].commits[1];
+        if let Some(SessionEvent::EntryAppended { entry }) = c.events.first_mut() {
+            entry.parent_id = Some(crate::transcript::EntryId::parse("nope").unwrap());
+        } else {
+            panic!("unexpected event layout");
+        }
+        let line = c.lines[0];
+        let taken = sessions[0].commits[3].commit_id;
+        for holding in [None, Some((0, 64))] {
+            let b = tempfile::tempdir().unwrap();
+            let sb = store(b.path());
+            land_elsewhere(&sb, taken);
+            fold::HOLDING.set(holding);
+            let err = import_sessions(&sb, &sessions, &ImportOptions::default(), &mut || {});
+            fold::HOLDING.set(None);
+            match err {
+                Err(ExchangeError::Malformed { line: l, reason }) => {
+                    assert_eq!(l, line, "{holding:?}");
+                    assert!(
+                        reason.contains("version 2") && reason.contains("nope"),
+                        "{reason}"
+                    );
+                }
+                e => panic!("{holding:?}: unexpected {e:?}"),
+            }
+            assert_eq!(sb.engine().unwrap().last_seq(), 1, "nothing imported");
+        }
     }
 
     /// A resumed import writes the settings snapshot of a long session from
