@@ -933,7 +933,7 @@ fn a_gap_in_the_index_is_found_by_the_next_open_and_rebuilt() {
         {
             // The delta over the close's checkpoint (see `index/delta.rs`) hides the
             // block: a removal under a base is stored as the tag 1 alone.
-            let db = sled::open(copy.path().join(INDEX_DIR).join(INDEX_SLED_DIR)).unwrap();
+            let db = open_sled(&copy.path().join(INDEX_DIR).join(INDEX_SLED_DIR));
             let mut key = b"\x01v".to_vec();
             key.push(stream.len() as u8);
             key.extend_from_slice(stream.as_bytes());

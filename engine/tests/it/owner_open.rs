@@ -291,7 +291,7 @@ fn an_owner_open_falls_back_to_the_whole_log_when_checkpoint_or_index_do_not_fit
             .find(|(k, _)| k == key)
             .unwrap();
         drop(ro);
-        let db = sled::open(ix.join(INDEX_SLED_DIR)).unwrap();
+        let db = open_sled(&ix.join(INDEX_SLED_DIR));
         let mut tagged = vec![0u8];
         tagged.extend_from_slice(&block[..block.len() - 40]);
         db.insert(key, tagged).unwrap();
@@ -457,7 +457,7 @@ fn closed_store(tmp: &tempfile::TempDir, seed: u64, n: u64) -> (PathBuf, u64) {
 /// The entries of the sled in the index directory `ix` that are not its meta keys
 /// (first byte 0), and the names of its trees.
 fn delta_entries(ix: &Path) -> usize {
-    let db = sled::open(ix.join(INDEX_SLED_DIR)).unwrap();
+    let db = open_sled(&ix.join(INDEX_SLED_DIR));
     db.iter()
         .map(Result::unwrap)
         .filter(|(k, _)| k.first() != Some(&0))
@@ -647,7 +647,7 @@ fn a_close_after_a_background_checkpoint_of_everything_rebases_on_it() {
 fn wrong_index_in_its_checkpoint(tmp: &tempfile::TempDir) -> (PathBuf, u64) {
     let (dir, _) = closed_store(tmp, 0x7a3, 200);
     {
-        let db = sled::open(dir.join(INDEX_DIR).join(INDEX_SLED_DIR)).unwrap();
+        let db = open_sled(&dir.join(INDEX_DIR).join(INDEX_SLED_DIR));
         db.insert(&b"\x02\x02kvk/s1/0"[..], &b"\0planted"[..])
             .unwrap();
         db.flush().unwrap();

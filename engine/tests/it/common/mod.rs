@@ -111,3 +111,23 @@ where
         vfs::OsVfs::new().lock(path, create)
     }
 }
+
+/// Opens the sled database at `path` as a test inspects or damages it. A store
+/// that just closed may still hold sled's lock for a moment (sled's own threads
+/// drop it last), as the engine's own opens allow for: retried on that error
+/// alone, for up to five seconds.
+pub fn open_sled(path: &Path) -> sled::Db {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        match sled::open(path) {
+            Ok(db) => return db,
+            Err(sled::Error::Io(e))
+                if e.to_string().contains("could not acquire lock")
+                    && std::time::Instant::now() < deadline =>
+            {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            Err(e) => panic!("opening {}: {e}", path.display()),
+        }
+    }
+}
