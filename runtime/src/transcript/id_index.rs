@@ -1,5 +1,5 @@
-//! A compact index of entry ids for readers that see a whole session's ids
-//! without its entries (a pi file's reader, an import's check pass).
+//! A compact index of entry ids: what the entry-id checks of an import
+//! hold in memory, up to their budget (`store/exchange/ledger.rs`).
 //!
 //! Ids are held as bytes end to end, numbered in the order they were added,
 //! with an open-addressing table over them: an 8-character id takes about

@@ -203,14 +203,15 @@ impl PiFile {
         let mut commit_hashes = Vec::new();
         while let Some(m) = pass.next_checked()? {
             facts.add(&m);
-            if let Some((_, hash)) = chunker.push(m)? {
+            let pushed = chunker.push(m).map_err(|e| pass.first_of(e));
+            if let Some((_, hash)) = pushed? {
                 commit_hashes.push(hash);
             }
         }
         commit_hashes.push(chunker.finish().1);
         let at_leaf = match facts.of_chain() {
             Some(n) => n,
-            None => walk_file(path, header.version)?,
+            None => walk_file(path, pass.consumed, header.version)?,
         };
         let leaf = facts.finish(at_leaf);
         Ok(PiFile {
@@ -373,6 +374,8 @@ struct Pass<R> {
     buf: Vec<u8>,
     /// Number of the last line read (1-based; 0 before the first).
     line_no: u64,
+    /// Bytes of the file read so far, newlines included.
+    consumed: u64,
     /// Lines skipped as pi skips them (not JSON), in file order.
     skipped: Vec<u64>,
     version: u64,
@@ -396,6 +399,7 @@ impl<R: BufRead> Pass<R> {
             r,
             buf: Vec::new(),
             line_no: 0,
+            consumed: 0,
             skipped: Vec::new(),
             version: 0,
             checks: None,
@@ -454,9 +458,10 @@ impl<R: BufRead> Pass<R> {
         loop {
             let had = read_line_bounded(&mut self.r, &mut self.buf, PI_LINE_BYTES_MAX)
                 .map_err(|e| err(self.line_no + 1, e.to_string()))?;
-            if had.is_none() {
+            let Some(newline) = had else {
                 return Ok(None);
-            }
+            };
+            self.consumed += self.buf.len() as u64 + u64::from(newline);
             self.line_no += 1;
             let line_no = self.line_no;
             let text = std::str::from_utf8(&self.buf)
@@ -582,26 +587,35 @@ impl<R: BufRead> Pass<R> {
     /// file, first hears the id checks the reading deferred (a long
     /// session's), whose refusal comes from an earlier line or the same.
     fn next_checked(&mut self) -> Result<Option<Mapped>, PiError> {
-        let next = self.next_entry();
-        if matches!(next, Ok(Some(_))) {
-            return next;
+        match self.next_entry() {
+            Ok(Some(m)) => Ok(Some(m)),
+            Ok(None) => match self.deferred_refusal() {
+                Some(e) => Err(e),
+                None => Ok(None),
+            },
+            Err(e) => Err(self.first_of(e)),
         }
-        let Some(c) = &mut self.checks else {
-            return next;
-        };
-        let refused = c.settle().map_err(|e| {
-            err(
+    }
+
+    /// `e`, or the refusal the deferred id checks met first (on an earlier
+    /// line or the same): the error to report when `e` stops the reading.
+    fn first_of(&mut self, e: PiError) -> PiError {
+        self.deferred_refusal().unwrap_or(e)
+    }
+
+    /// What the id checks deferred refuse first, if anything.
+    fn deferred_refusal(&mut self) -> Option<PiError> {
+        let c = self.checks.as_mut()?;
+        match c.settle() {
+            Ok(None) => None,
+            Ok(Some(r)) => Some(match EntryId::parse(&r.id) {
+                Ok(id) => id_err(r.line, Denied::Check(r.check), &id),
+                Err(e) => err(r.line, format!("an entry id read back: {e}")),
+            }),
+            Err(e) => Some(err(
                 0,
                 format!("keeping the entry ids in a temporary file failed: {e}"),
-            )
-        })?;
-        match refused {
-            Some(r) => {
-                let id = EntryId::parse(&r.id)
-                    .map_err(|e| err(r.line, format!("an entry id read back: {e}")))?;
-                Err(id_err(r.line, Denied::Check(r.check), &id))
-            }
-            None => next,
+            )),
         }
     }
 }
@@ -768,12 +782,12 @@ fn walk_entries(entries: &[Mapped]) -> Result<Nearest, PiError> {
     Ok(nearest)
 }
 
-/// The settings at the leaf of the file at `path` (read once, whole, by a
-/// first reading), walking its lines from the last: the last entry is the
-/// leaf, and each entry on its path is the parent the one after names, on
-/// an earlier line. Holds one line, and up to twice its length while
+/// The settings at the leaf of the file at `path`, whose first `end` bytes a
+/// first reading read, walking those lines from the last: the last entry is
+/// the leaf, and each entry on its path is the parent the one after names,
+/// on an earlier line. Holds one line, and up to twice its length while
 /// reading it.
-fn walk_file(path: &Path, version: u64) -> Result<Nearest, PiError> {
+fn walk_file(path: &Path, end: u64, version: u64) -> Result<Nearest, PiError> {
     let again = |e: String| {
         err(
             0,
@@ -781,7 +795,7 @@ fn walk_file(path: &Path, version: u64) -> Result<Nearest, PiError> {
         )
     };
     let file = File::open(path).map_err(|e| again(e.to_string()))?;
-    let mut lines = LinesBack::new(file).map_err(|e| again(e.to_string()))?;
+    let mut lines = LinesBack::new(file, end);
     let mut nearest = Nearest::default();
     // The id of the next entry up the path (`None` before the leaf).
     let mut wanted: Option<EntryId> = None;
@@ -835,14 +849,14 @@ struct LinesBack {
 }
 
 impl LinesBack {
-    fn new(file: File) -> std::io::Result<Self> {
-        let pos = file.metadata()?.len();
-        Ok(LinesBack {
+    /// The lines of `file`'s first `end` bytes.
+    fn new(file: File, end: u64) -> Self {
+        LinesBack {
             file,
-            pos,
+            pos: end,
             buf: Vec::new(),
             done: false,
-        })
+        }
     }
 
     fn next(&mut self) -> std::io::Result<Option<Vec<u8>>> {
@@ -868,7 +882,8 @@ impl LinesBack {
             // At least as much as is held: a long line is read in doubling
             // steps, each copying what is held once.
             let n = (self.buf.len().max(64 << 10) as u64).min(self.pos);
-            let mut block = vec![0u8; n as usize];
+            let mut block = Vec::with_capacity(n as usize + self.buf.len());
+            block.resize(n as usize, 0);
             self.pos -= n;
             self.file.read_exact_at(&mut block, self.pos)?;
             block.extend_from_slice(&self.buf);

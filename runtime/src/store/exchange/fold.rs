@@ -18,10 +18,11 @@ use crate::transcript::{Entry, EntryId, EntryKind, TranscriptError};
 /// leaves present, rewrites naming entries that exist), so a light fold
 /// accepts and refuses exactly what a full one does, with the same errors,
 /// and counts the same entries, while it holds no entry: an import checks a
-/// session in about 20 bytes per live entry ([`IdIndex`](crate::transcript::id_index::IdIndex)) up to
-/// [`HELD_IDS_BYTES_MAX`], and a longer one in memory bounded by a
-/// constant, its ids' questions kept in a temporary file ([`Ledger`](super::ledger::Ledger)),
-/// whatever its text.
+/// session in about 20 bytes per live entry
+/// ([`IdIndex`](crate::transcript::id_index::IdIndex)) up to
+/// [`HELD_IDS_BYTES_MAX`], and a longer one with its ids' questions kept in
+/// a temporary file ([`Ledger`](super::ledger::Ledger)) and answered at its
+/// end, whatever its text.
 pub(crate) struct SessionFold {
     id: SessionId,
     /// The light fold's transcript (`None`: a full fold).
@@ -307,8 +308,8 @@ thread_local! {
 }
 
 /// How much of a light fold's ids are held in memory before a ledger
-/// takes them over: [`IdIndex`](crate::transcript::id_index::IdIndex)'s heap, about 200 k ids of 8 bytes (its
-/// growth can double it once before the ledger takes over).
+/// takes them over: [`IdIndex`](crate::transcript::id_index::IdIndex)'s
+/// heap (its growth can double it once before the ledger takes over).
 const HELD_IDS_BYTES_MAX: usize = 4 << 20;
 
 /// A transcript as a light fold keeps it: which ids it holds (the first of

@@ -121,16 +121,20 @@ impl ImportSource for ExportFile {
 /// Splits a source's commits into sessions for one pass of an import:
 /// `start` at a session's first commit (the id is new to this pass), `commit`
 /// for each, `end` after a session's last (before the next one starts, and
-/// once after the source's last commit).
+/// once after the source's last commit). An error while a session is under
+/// way (its `commit`, or the source's own) goes through `fail` with that
+/// session, which returns the error to report (a deferred refusal of an
+/// earlier commit of the session comes first).
 pub(crate) fn for_each_session_commit<S>(
     source: &mut dyn ImportSource,
     start: &mut dyn FnMut(&SessionId, &ImportCommit) -> Result<S, ExchangeError>,
     commit: &mut dyn FnMut(&mut S, &ImportCommit) -> Result<(), ExchangeError>,
     end: &mut dyn FnMut(S) -> Result<(), ExchangeError>,
+    fail: &mut dyn FnMut(&mut S, ExchangeError) -> ExchangeError,
 ) -> Result<(), ExchangeError> {
     let mut ids: HashSet<SessionId> = HashSet::new();
     let mut cur: Option<(SessionId, S)> = None;
-    source.for_each_commit(&mut |id, c| {
+    let read = source.for_each_commit(&mut |id, c| {
         if cur.as_ref().is_none_or(|(cur_id, _)| cur_id != id) {
             if let Some((_, s)) = cur.take() {
                 end(s)?;
@@ -147,7 +151,13 @@ pub(crate) fn for_each_session_commit<S>(
             Some((_, s)) => commit(s, c),
             None => Ok(()),
         }
-    })?;
+    });
+    if let Err(e) = read {
+        return Err(match cur.as_mut() {
+            Some((_, s)) => fail(s, e),
+            None => e,
+        });
+    }
     match cur.take() {
         Some((_, s)) => end(s),
         None => Ok(()),
@@ -372,11 +382,7 @@ fn check_pass(
             Ok((fold, start, ordinal))
         },
         &mut |(fold, start, ordinal), c| {
-            let commit = match check_commit(store, fold, *start, c, opts, &mut commit_ids) {
-                Ok(commit) => commit,
-                // An entry-id refusal of an earlier commit comes first.
-                Err(e) => return Err(fold.settle().err().unwrap_or(e)),
-            };
+            let commit = check_commit(store, fold, *start, c, opts, &mut commit_ids)?;
             if let Some(w) = spill.as_deref_mut() {
                 w.push(
                     *ordinal,
@@ -394,7 +400,8 @@ fn check_pass(
             progress(ImportProgress::Checked { commits: checked });
             Ok(())
         },
-        &mut |(fold, (base, done), _)| {
+        &mut |(mut fold, (base, done), _)| {
+            fold.settle()?;
             if done > fold.commits() {
                 // The store holds more of the session than the source has.
                 return Err(ExchangeError::AheadOfSource {
@@ -408,6 +415,8 @@ fn check_pass(
             plan.push(planned);
             Ok(())
         },
+        // An entry-id refusal of an earlier commit comes first.
+        &mut |(fold, _, _), e| fold.settle().err().unwrap_or(e),
     )?;
     let twice = commit_ids.finish().map_err(|source| ExchangeError::Io {
         context: "reading the file's commit ids back from a temporary file failed".into(),

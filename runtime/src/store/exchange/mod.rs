@@ -1220,6 +1220,55 @@ mod tests {
         }
     }
 
+    /// The same with the later problem an unreadable line of the file, which
+    /// the file's reader meets: the long session's earlier refusal is named.
+    #[test]
+    fn a_long_session_s_refusal_comes_before_a_later_unreadable_line() {
+        let a = tempfile::tempdir().unwrap();
+        let sa = store(a.path());
+        let id = sample(&sa);
+        let text = String::from_utf8(export(&sa, &id)).unwrap();
+        let mut lines: Vec<String> = text.lines().map(str::to_string).collect();
+        let at = |lines: &[String], version: u64, kind: &str| {
+            lines
+                .iter()
+                .position(|l| {
+                    let v: serde_json::Value = serde_json::from_str(l).unwrap();
+                    v["version"] == version && v["event"]["type"] == kind
+                })
+                .unwrap()
+        };
+        let appended = at(&lines, 2, "entry_appended");
+        let mut v: serde_json::Value = serde_json::from_str(&lines[appended]).unwrap();
+        v["event"]["entry"]["parent_id"] = "nope".into();
+        lines[appended] = v.to_string();
+        let later = at(&lines, 4, "entry_appended");
+        lines[later] = "{not json".into();
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("export.jsonl");
+        std::fs::write(&file, lines.join("\n") + "\n").unwrap();
+        for holding in [None, Some((0, 64))] {
+            let b = tempfile::tempdir().unwrap();
+            let sb = store(b.path());
+            fold::HOLDING.set(holding);
+            let err = import_from(
+                &sb,
+                &mut ExportFile::new(&file),
+                &ImportOptions::default(),
+                &mut |_| {},
+            );
+            fold::HOLDING.set(None);
+            match err {
+                Err(ExchangeError::Malformed { line, reason }) => {
+                    assert_eq!(line, appended as u64 + 1, "{holding:?}: {reason}");
+                    assert!(reason.contains("nope"), "{reason}");
+                }
+                e => panic!("{holding:?}: unexpected {e:?}"),
+            }
+            assert_eq!(sb.engine().unwrap().last_seq(), 0, "nothing written");
+        }
+    }
+
     /// A resumed import writes the settings snapshot of a long session from
     /// the commits it skipped and the ones it wrote; a resumed run that finds
     /// the session whole writes it too.

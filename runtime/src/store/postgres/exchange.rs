@@ -126,11 +126,14 @@ impl PostgresStore {
                 progress(ImportProgress::Checked { commits: checked });
                 Ok(())
             },
-            &mut |(fold, ids)| {
+            &mut |(mut fold, ids)| {
+                fold.settle()?;
                 self.check_commit_ids(fold.id(), &ids, &mut commit_ids)?;
                 plan.push(Planned::from_fold(fold, 0)?);
                 Ok(())
             },
+            // An entry-id refusal of an earlier commit comes first.
+            &mut |(fold, _), e| fold.settle().err().unwrap_or(e),
         )?;
         let total: u64 = plan.iter().map(|p| p.commits).sum();
         // The write pass may run again after a lost connection: it starts
@@ -253,6 +256,7 @@ fn write_all(
                 Ok(())
             },
             &mut |_| Ok(()),
+            &mut |_, e| e,
         )
     };
     if let Some(e) = pg {
