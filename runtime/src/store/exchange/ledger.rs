@@ -409,7 +409,9 @@ impl Ledger {
         }
         while let Some(Reverse(Head(_, _, i))) = heap.pop() {
             let c = &mut cursors[i];
-            let (r, len) = c.peek()?.expect("a cursor in the heap holds a record");
+            let Some((r, len)) = c.peek()? else {
+                return Err(io::Error::other("a ledger run lost the record it showed"));
+            };
             sweep.apply(r);
             c.at += len;
             if let Some((id, seq)) = c.head(&file)? {
@@ -598,6 +600,15 @@ impl Cursor {
             file.read_exact_at(&mut self.buf[have..], self.next)?;
             self.next += want as u64;
         }
+        if self.peek()?.is_none() && self.at < self.buf.len() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!(
+                    "a ledger run of the temporary file ends inside a record (at byte {})",
+                    self.next
+                ),
+            ));
+        }
         Ok(self.peek()?.map(|(r, _)| (r.id.to_vec(), r.seq)))
     }
 }
@@ -752,6 +763,37 @@ mod tests {
             "{refused} refused, {accepted} accepted"
         );
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+    }
+
+    /// A run read back that ends inside a record is an error, never a run
+    /// cut short in silence.
+    #[test]
+    fn a_run_that_ends_inside_a_record_is_an_error() {
+        let rec = Rec {
+            id: b"e1",
+            epoch: 0,
+            seq: 7,
+            op: Op::Absent,
+            version: 1,
+            line: 2,
+        };
+        let mut bytes = Vec::new();
+        rec.write(&mut bytes);
+        let whole = bytes.len();
+        rec.write(&mut bytes);
+        bytes.truncate(whole + 5);
+        let mut file = tempfile::tempfile().unwrap();
+        file.write_all(&bytes).unwrap();
+        let mut c = Cursor {
+            next: 0,
+            end: bytes.len() as u64,
+            buf: Vec::new(),
+            at: 0,
+        };
+        assert_eq!(c.head(&file).unwrap(), Some((b"e1".to_vec(), 7)));
+        c.at += whole;
+        let e = c.head(&file).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidData, "{e}");
     }
 
     /// A long valid run (every check met) spills many runs and refuses
