@@ -569,7 +569,8 @@ impl<R: BufRead> Pass<R> {
         self.last_ts = ts;
         let kind = map_entry(&ty, &mut m, &eid, self.version).map_err(|r| err(line, r))?;
         if let Some(c) = &mut self.checks {
-            c.define(eid.as_str()).map_err(|d| id_err(line, d, &eid))?;
+            c.define_absent(eid.as_str())
+                .map_err(|d| id_err(line, d, &eid))?;
         }
         Ok(Some(Mapped {
             line,

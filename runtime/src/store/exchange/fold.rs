@@ -390,7 +390,7 @@ impl Ids {
                     self.require(p, Check::Parent)?;
                 }
                 self.ids
-                    .define(id.as_str())
+                    .define_absent(id.as_str())
                     .map_err(|d| denied(d, Some(id)))?;
                 self.len += 1;
                 self.leaf = Some(entry.id.clone());

@@ -501,6 +501,16 @@ impl IdChecks {
         }
     }
 
+    /// [`IdChecks::define`] of an id [`IdChecks::absent`] just accepted:
+    /// held, it is added without looking it up again.
+    pub(crate) fn define_absent(&mut self, id: &str) -> Result<(), Denied> {
+        self.outgrown()?;
+        match &mut self.ledger {
+            Some(l) => l.define(id).map_err(Denied::Io),
+            None => self.held.push(id).map(|_| ()).map_err(Denied::Limit),
+        }
+    }
+
     pub(crate) fn remove(&mut self, id: &str) -> Result<(), Denied> {
         match &mut self.ledger {
             Some(l) => l.remove(id).map_err(Denied::Io),
