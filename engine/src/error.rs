@@ -92,11 +92,21 @@ pub enum Error {
 
 impl Error {
     pub(crate) fn io(path: impl Into<PathBuf>, op: &'static str, source: io::Error) -> Error {
-        Error::Io {
-            path: path.into(),
-            op,
-            source,
+        let path = path.into();
+        // A segment a read-only open took from a checkpoint is opened and checked by
+        // its first read: what that check finds is damage, not an I/O failure.
+        let damage = source
+            .get_ref()
+            .and_then(|e| e.downcast_ref::<crate::store::SegmentDamage>());
+        if let Some(d) = damage {
+            let name = path.file_name().map(|n| n.to_string_lossy().into_owned());
+            return Error::corrupt(
+                &name.unwrap_or_else(|| path.display().to_string()),
+                d.offset,
+                d.problem.clone(),
+            );
         }
+        Error::Io { path, op, source }
     }
 
     pub(crate) fn corrupt(segment: &str, offset: u64, problem: impl Into<String>) -> Error {

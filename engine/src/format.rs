@@ -479,8 +479,13 @@ impl<'a> CommitRef<'a> {
             b: self.events,
             pos: 0,
         };
-        // The bytes were validated by `decode_commit_ref`: every step succeeds.
-        std::iter::from_fn(move || next_event(&mut r).ok())
+        // The bytes were validated by `decode_commit_ref`: every step succeeds. The
+        // count ends the walk (a step past the last event would build an error).
+        let mut left = self.count;
+        std::iter::from_fn(move || {
+            left = left.checked_sub(1)?;
+            next_event(&mut r).ok()
+        })
     }
 
     /// Event `i`, `None` past the last one.

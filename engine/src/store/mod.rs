@@ -15,6 +15,7 @@ pub use self::read::LogScan;
 use self::segment_file::*;
 pub(crate) use self::segment_file::{
     check_plain_order, init_segment_file, layout_of, open_segments_in_order, OpenedSegment,
+    SegmentDamage,
 };
 
 use crate::error::{Error, IndexError};

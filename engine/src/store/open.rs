@@ -540,8 +540,18 @@ fn checked_checkpoint(
         )));
     }
     let max = opts.record_bytes_max;
-    let (opened, max_id) =
-        open_segments_in_order(vfs, dir, max, read_only).map_err(|e| what(e.to_string()))?;
+    // A reader over a checkpoint of a log no GC rewrote opens only the segments from
+    // its record's on; the ones before are opened by the first read reaching them.
+    let listed = h
+        .segments
+        .split_last()
+        .map_or(&[][..], |(_, before)| before);
+    let (opened, max_id) = if read_only && h.layout == 0 {
+        open_segments_over(&opts.vfs, dir, max, listed)
+    } else {
+        open_segments_in_order(vfs, dir, max, read_only)
+    }
+    .map_err(|e| what(e.to_string()))?;
     check_plain_order(&opened).map_err(|e| what(e.to_string()))?;
     let layout = layout_of(&opened);
     if layout != h.layout {

@@ -105,35 +105,202 @@ pub(crate) fn open_segments_in_order(
     let max_id = files.iter().map(|(id, _)| *id).max().unwrap_or(0);
     let mut out = Vec::with_capacity(files.len());
     for (id, file_name) in files {
+        out.push(open_segment(vfs, dir, id, &file_name, max)?);
+    }
+    sort_opened(&mut out);
+    Ok((out, max_id))
+}
+
+/// [`open_segments_in_order`] for a read-only open over a checkpoint of a log no GC
+/// has rewritten (layout 0): the segments `listed` (each sealed segment before the
+/// checkpoint's record's, with its first seq and end) are not opened. Their names must
+/// be in the directory; each is taken as a plain segment of the seqs and length listed,
+/// and opened and checked (header, id, size) by the first read that reaches it
+/// ([`ListedSegment`]). The others are opened as `open_segments_in_order` opens them,
+/// so a segment a GC wrote since shows in the layout and the checkpoint is refused.
+pub(crate) fn open_segments_over(
+    vfs: &Arc<dyn Vfs>,
+    dir: &Path,
+    max: u32,
+    listed: &[crate::checkpoint::SegmentEnd],
+) -> Result<(Vec<OpenedSegment>, u64), Error> {
+    let files = crate::gc::segment_files(&**vfs, dir, true)?;
+    let max_id = files.iter().map(|(id, _)| *id).max().unwrap_or(0);
+    let mut out = Vec::with_capacity(files.len());
+    for (id, file_name) in files {
+        let Some(t) = listed.iter().find(|t| t.id == id) else {
+            out.push(open_segment(&**vfs, dir, id, &file_name, max)?);
+            continue;
+        };
         let path = dir.join(&file_name);
-        let file = vfs
-            .open(&path, OpenMode::Read)
-            .map_err(|e| Error::io(&path, "open", e))?;
-        let len = file.len().map_err(|e| Error::io(&path, "len", e))?;
-        // The header and the first record are read, not mapped: mapping and unmapping
-        // every segment of a large log is most of what a reader's open spends on the
-        // segments a checkpoint covers, and a first touch of a file mapping faults in a
-        // whole folio around it, where a read copies the bytes asked for.
-        let (header, key) = read_header_and_key(&*file, len, id, max)
-            .map_err(|e| Error::io(&path, "read_at", e))?;
+        let file = Arc::new(ListedSegment {
+            vfs: vfs.clone(),
+            path: path.clone(),
+            id,
+            end: t.end,
+            file: std::sync::OnceLock::new(),
+        });
         out.push(OpenedSegment {
             id,
             path,
             name: format::segment_file_name(id),
             file,
-            len,
-            header,
-            key,
+            len: t.end,
+            header: Ok(format::SegmentHeader {
+                data_start: SEGMENT_HEADER_BYTES,
+                compacted: None,
+            }),
+            key: t.first_seq,
         });
     }
-    segment::sort_in_log_order(&mut out, |s| {
+    sort_opened(&mut out);
+    Ok((out, max_id))
+}
+
+/// Open segment `id` (file `file_name` in `dir`) and read its header and first record.
+fn open_segment(
+    vfs: &dyn Vfs,
+    dir: &Path,
+    id: u64,
+    file_name: &str,
+    max: u32,
+) -> Result<OpenedSegment, Error> {
+    let path = dir.join(file_name);
+    let file = vfs
+        .open(&path, OpenMode::Read)
+        .map_err(|e| Error::io(&path, "open", e))?;
+    let len = file.len().map_err(|e| Error::io(&path, "len", e))?;
+    // The header and the first record are read, not mapped: mapping and unmapping
+    // every segment of a large log is most of what a reader's open spends on the
+    // segments a checkpoint covers, and a first touch of a file mapping faults in a
+    // whole folio around it, where a read copies the bytes asked for.
+    let (header, key) =
+        read_header_and_key(&*file, len, id, max).map_err(|e| Error::io(&path, "read_at", e))?;
+    Ok(OpenedSegment {
+        id,
+        path,
+        name: format::segment_file_name(id),
+        file,
+        len,
+        header,
+        key,
+    })
+}
+
+fn sort_opened(out: &mut Vec<OpenedSegment>) {
+    segment::sort_in_log_order(out, |s| {
         (
             s.id,
             matches!(&s.header, Ok(h) if h.compacted.is_some()),
             s.key,
         )
     });
-    Ok((out, max_id))
+}
+
+/// A sealed segment a checkpoint lists, opened by the first read that reaches it: an
+/// open over a checkpoint then costs the same whatever the number of segments before
+/// its record. The first use opens the file and checks what the open took on the
+/// checkpoint's word: a plain segment header naming this id, and at least `end` bytes.
+/// A file that fails the check is a [`SegmentDamage`] error (the engine reports it as
+/// `Error::Corrupt`); a failed I/O call is returned as it is. Neither is remembered:
+/// only a file that passed is kept, so the next use tries again.
+#[derive(Debug)]
+struct ListedSegment {
+    vfs: Arc<dyn Vfs>,
+    path: PathBuf,
+    id: u64,
+    end: u64,
+    file: std::sync::OnceLock<Arc<dyn VfsFile>>,
+}
+
+impl ListedSegment {
+    fn file(&self) -> std::io::Result<&Arc<dyn VfsFile>> {
+        if let Some(f) = self.file.get() {
+            return Ok(f);
+        }
+        let opened = self.open()?;
+        Ok(self.file.get_or_init(|| opened))
+    }
+
+    fn open(&self) -> std::io::Result<Arc<dyn VfsFile>> {
+        let damage = |offset: u64, problem: String| {
+            std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                SegmentDamage { offset, problem },
+            )
+        };
+        let file = self.vfs.open(&self.path, OpenMode::Read)?;
+        let len = file.len()?;
+        if len < self.end {
+            return Err(damage(
+                len,
+                format!(
+                    "{len} bytes, the checkpoint the store was opened from read {} of it",
+                    self.end
+                ),
+            ));
+        }
+        let mut head = [0u8; SEGMENT_HEADER_BYTES as usize];
+        file.read_at(&mut head, 0)?;
+        match format::check_header(&head, self.id) {
+            Ok(h) if h.compacted.is_none() && h.data_start == SEGMENT_HEADER_BYTES => Ok(file),
+            Ok(_) => Err(damage(
+                0,
+                "written by GC, where the checkpoint the store was opened from has a plain segment"
+                    .into(),
+            )),
+            Err(format::HeaderProblem::Blank) => Err(damage(0, "blank segment header".into())),
+            Err(format::HeaderProblem::FutureVersion(v)) => Err(damage(
+                0,
+                format!("segment format version {v}, newer than this build"),
+            )),
+            Err(format::HeaderProblem::WrongId(found)) => Err(damage(
+                16,
+                format!("header names segment id {found}, the file name {}", self.id),
+            )),
+            Err(format::HeaderProblem::Invalid(p)) => Err(damage(0, p)),
+        }
+    }
+}
+
+impl VfsFile for ListedSegment {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+        self.file()?.read_at(buf, offset)
+    }
+    fn write_at(&self, _: &[u8], _: u64) -> std::io::Result<()> {
+        Err(read_only())
+    }
+    fn sync_data(&self) -> std::io::Result<()> {
+        Err(read_only())
+    }
+    fn sync_all(&self) -> std::io::Result<()> {
+        Err(read_only())
+    }
+    fn set_len(&self, _: u64) -> std::io::Result<()> {
+        Err(read_only())
+    }
+    fn len(&self) -> std::io::Result<u64> {
+        self.file()?.len()
+    }
+    fn map(&self) -> std::io::Result<Mapped> {
+        self.file()?.map()
+    }
+}
+
+fn read_only() -> std::io::Error {
+    std::io::Error::new(
+        std::io::ErrorKind::PermissionDenied,
+        "a segment a read-only open took from a checkpoint is never written",
+    )
+}
+
+/// What the first use of a [`ListedSegment`] found wrong with the file: the source of
+/// an `io::Error` that [`Error::io`] turns into `Error::Corrupt` naming the segment.
+#[derive(Debug, thiserror::Error)]
+#[error("{problem}")]
+pub(crate) struct SegmentDamage {
+    pub offset: u64,
+    pub problem: String,
 }
 
 impl OpenedSegment {

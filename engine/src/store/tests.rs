@@ -452,7 +452,9 @@ fn a_failed_lazy_map_of_a_covered_segment_names_its_full_path() {
         assert_eq!(s.stats().open_checkpoint_seq, Some(40));
         let seg = s.segment_at(first).unwrap();
         assert_eq!(seg.map_state(), None, "read-only {read_only}");
-        // The read's first call of the kind is the map of the whole segment.
+        // The read's first call of the kind is the segment's open (its header, for a
+        // read-only open, which took the segment from the checkpoint), then the map of
+        // the whole segment; a failure of either is the map's.
         vfs.fail_nth(FaultKind::Read, 1, false);
         let err = s.visit_at(first, |c| c.seq).unwrap_err();
         assert_io_error_at(&err, "map", &dir.path().join(&seg.name));
@@ -509,4 +511,83 @@ fn a_bulk_open_reads_what_a_crashed_load_left_into_runs() {
     assert_eq!(c.stats().open_records_decoded, 4900);
     assert_eq!(c.index().applied_seq().unwrap(), 5000);
     assert_eq!(c.index().sled_applied_seq_for_tests(), Some(100));
+}
+
+/// A read-only open over a checkpoint does not open the segments before the one
+/// holding its record: its file-system calls are the same for a log of four segments
+/// and of six, and a segment is opened (once) by the first read that reaches it.
+#[test]
+fn a_read_only_open_over_a_checkpoint_opens_no_segment_before_its_record() {
+    use crate::vfs::{FaultKind, FaultVfs, OsVfs};
+    let opts = || Options::default().durability(Durability::Buffered);
+    let calls = |dir: &Path, positions: &[LogPosition]| {
+        let vfs = FaultVfs::new(Arc::new(OsVfs));
+        let s = Store::open_read_only(dir, opts().vfs(Arc::new(vfs.clone()))).unwrap();
+        assert_eq!(s.stats().open_checkpoint_seq, Some(positions.len() as u64));
+        let at_open = (vfs.count(FaultKind::Meta), vfs.count(FaultKind::Read));
+        // The first record is in the first segment, which the checkpoint covers.
+        assert_ne!(positions[0].segment, positions[positions.len() - 1].segment);
+        s.visit_at(positions[0], |c| assert_eq!(c.seq, 1)).unwrap();
+        assert_eq!(vfs.count(FaultKind::Meta), at_open.0 + 1, "its open");
+        s.visit_at(positions[1], |c| assert_eq!(c.seq, 2)).unwrap();
+        assert_eq!(vfs.count(FaultKind::Meta), at_open.0 + 1, "opened once");
+        at_open
+    };
+    let (small, large) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    // Segments of 1, 2, 4, ... MiB: 120 commits of 64 KiB fill three and start a
+    // fourth, 1,000 fill five and most of a sixth.
+    let few = closed_with_64k_commits(small.path(), opts(), 120);
+    let many = closed_with_64k_commits(large.path(), opts(), 1000);
+    let segments = |d: &Path| {
+        std::fs::read_dir(d)
+            .unwrap()
+            .filter(|e| e.as_ref().unwrap().path().extension() == Some("seg".as_ref()))
+            .count()
+    };
+    assert_eq!((segments(small.path()), segments(large.path())), (4, 6));
+    assert_eq!(calls(small.path(), &few), calls(large.path(), &many));
+}
+
+/// A segment a read-only open took from its checkpoint unopened is checked by the
+/// first read that reaches it: a damaged header or a file shorter than the checkpoint
+/// says is `Corrupt`, naming the segment, and reads of the other segments go on.
+#[test]
+fn a_damaged_segment_a_checkpoint_covers_is_found_by_the_read_that_reaches_it() {
+    let opts = || Options::default().durability(Durability::Buffered);
+    for damage in ["header", "short"] {
+        let dir = tempfile::tempdir().unwrap();
+        let positions = closed_with_64k_commits(dir.path(), opts(), 120);
+        let (first, second) = (positions[0], positions[119]);
+        let name = format::segment_file_name(first.segment);
+        let path = dir.path().join(&name);
+        let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+        let want_offset = match damage {
+            "header" => {
+                use std::os::unix::fs::FileExt;
+                f.write_all_at(b"X", 0).unwrap();
+                0
+            }
+            _ => {
+                f.set_len(first.offset + 10).unwrap();
+                first.offset + 10
+            }
+        };
+        drop(f);
+        let s = Store::open_read_only(dir.path(), opts()).unwrap();
+        assert_eq!(s.stats().open_checkpoint_seq, Some(120), "{damage}");
+        for _ in 0..2 {
+            match s.visit_at(first, |c| c.seq).unwrap_err() {
+                Error::Corrupt {
+                    segment, offset, ..
+                } => assert_eq!((segment.as_str(), offset), (name.as_str(), want_offset)),
+                other => panic!("{damage}: {other}"),
+            }
+        }
+        assert_eq!(s.visit_at(second, |c| c.seq).unwrap(), 120, "{damage}");
+        // The owner opens every segment: the damage stops its open.
+        assert!(
+            matches!(Store::open(dir.path(), opts()), Err(Error::Corrupt { .. })),
+            "{damage}"
+        );
+    }
 }
