@@ -202,8 +202,9 @@ fn sort_opened(out: &mut Vec<OpenedSegment>) {
 /// its record. The first use opens the file and checks what the open took on the
 /// checkpoint's word: a plain segment header naming this id, and at least `end` bytes.
 /// A file that fails the check is a [`SegmentDamage`] error (the engine reports it as
-/// `Error::Corrupt`); a failed I/O call is returned as it is. Neither is remembered:
-/// only a file that passed is kept, so the next use tries again.
+/// `Error::Corrupt`); a failed I/O call is returned as it is, a file removed since the
+/// open (by the owner's GC) as `NotFound` saying so. Neither is remembered: only a
+/// file that passed is kept, so the next use tries again.
 #[derive(Debug)]
 struct ListedSegment {
     vfs: Arc<dyn Vfs>,
@@ -229,7 +230,17 @@ impl ListedSegment {
                 SegmentDamage { offset, problem },
             )
         };
-        let file = self.vfs.open(&self.path, OpenMode::Read)?;
+        let file = self.vfs.open(&self.path, OpenMode::Read).map_err(|e| {
+            if e.kind() != std::io::ErrorKind::NotFound {
+                return e;
+            }
+            // The open took the segment from the directory listing; it is gone now.
+            std::io::Error::new(
+                std::io::ErrorKind::NotFound,
+                "removed since the store was opened read-only (the owner's GC rewrote the \
+                 log): reopen the store to read the log as it is now",
+            )
+        })?;
         let len = file.len()?;
         if len < self.end {
             return Err(damage(

@@ -590,4 +590,23 @@ fn a_damaged_segment_a_checkpoint_covers_is_found_by_the_read_that_reaches_it() 
             "{damage}"
         );
     }
+    // A covered segment removed after the open (as the owner's GC retires one) fails
+    // the read that reaches it as an I/O error saying so, and the rest reads on.
+    let dir = tempfile::tempdir().unwrap();
+    let positions = closed_with_64k_commits(dir.path(), opts(), 120);
+    let s = Store::open_read_only(dir.path(), opts()).unwrap();
+    let path = dir
+        .path()
+        .join(format::segment_file_name(positions[0].segment));
+    std::fs::remove_file(&path).unwrap();
+    match s.visit_at(positions[0], |c| c.seq).unwrap_err() {
+        Error::Io {
+            path: p, source, ..
+        } => {
+            assert_eq!((p, source.kind()), (path, std::io::ErrorKind::NotFound));
+            assert!(source.to_string().contains("removed since"), "{source}");
+        }
+        other => panic!("{other}"),
+    }
+    assert_eq!(s.visit_at(positions[119], |c| c.seq).unwrap(), 120);
 }
