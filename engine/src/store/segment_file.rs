@@ -126,9 +126,11 @@ pub(crate) fn open_segments_over(
 ) -> Result<(Vec<OpenedSegment>, u64), Error> {
     let files = crate::gc::segment_files(&**vfs, dir, true)?;
     let max_id = files.iter().map(|(id, _)| *id).max().unwrap_or(0);
+    let listed: std::collections::HashMap<u64, &crate::checkpoint::SegmentEnd> =
+        listed.iter().map(|t| (t.id, t)).collect();
     let mut out = Vec::with_capacity(files.len());
     for (id, file_name) in files {
-        let Some(t) = listed.iter().find(|t| t.id == id) else {
+        let Some(t) = listed.get(&id) else {
             out.push(open_segment(&**vfs, dir, id, &file_name, max)?);
             continue;
         };
