@@ -6,7 +6,9 @@
 //! the library (buffered, one `created` commit and then one commit per
 //! entry, [`ENTRIES_PER_SESSION`] entries per session) and exported to a
 //! `spool-export` file; the SQLite and JSONL-directory peers are loaded
-//! from that file by their own import. Every question then runs in a child
+//! from that file by their own import. Everything the building wrote is
+//! synced to disk before the first question, so its writeback does not fall
+//! on the reads of the largest size. Every question then runs in a child
 //! process (this binary re-executed in [`crate::store_child`]'s mode),
 //! subjects interleaved within each round; the parent times the child from
 //! spawn to exit and checks its answer, and the child reports its own
@@ -185,6 +187,13 @@ pub fn run(h: &mut Harness<'_>) -> Result<Vec<ResultRow>, BenchError> {
         let sessions = (target / ENTRIES_PER_SESSION as u64).max(1);
         (h.progress)(&format!("  building {sessions} sessions"));
         let built = build(h.dir, sessions, &exe)?;
+        // What the building wrote goes to disk before any question is
+        // timed: otherwise its writeback (gigabytes at the largest size,
+        // the export written through the page cache) falls on the reads.
+        sync_tree(&built.export)?;
+        for d in built.dirs.values() {
+            sync_tree(d)?;
+        }
         let variant = format!("commits={}", built.commits);
         let mut per_q: Vec<BTreeMap<String, (Samples, u64)>> =
             QUESTIONS.iter().map(|_| BTreeMap::new()).collect();
@@ -447,6 +456,23 @@ fn dir_bytes(p: &Path) -> Result<u64, BenchError> {
     Ok(total)
 }
 
+/// Makes every file and directory under `p` durable (`fsync`), so that none
+/// of it is left to write back while later questions are timed.
+fn sync_tree(p: &Path) -> Result<(), BenchError> {
+    let meta = std::fs::symlink_metadata(p).map_err(|e| io_err("store", p, e))?;
+    if meta.is_dir() {
+        for e in std::fs::read_dir(p).map_err(|e| io_err("store", p, e))? {
+            let e = e.map_err(|e| io_err("store", p, e))?;
+            sync_tree(&e.path())?;
+        }
+    } else if !meta.is_file() {
+        return Ok(());
+    }
+    File::open(p)
+        .and_then(|f| f.sync_all())
+        .map_err(|e| io_err("store", p, e))
+}
+
 /// The listing's answer from the export: each session's last commit time,
 /// newest first, [`store_child::LIST_LIMIT`] of them.
 fn expected_list(export: &Path) -> Result<String, BenchError> {
@@ -604,7 +630,8 @@ pub fn markdown(rows: &[&ResultRow]) -> String {
          the process over {read_reps} repetitions of each read and owner open and \
          then {import_reps} of the import, interleaved by subject within each round; \
          highest peak RSS of the process; {ENTRIES_PER_SESSION} entries \
-         per session, one commit each after the session's `created` commit). spool: \
+         per session, one commit each after the session's `created` commit; every file \
+         the building wrote synced to disk before the first question). spool: \
          the library as the `spool` command uses it (a read-only `LogStore` for the reads; \
          `show` the session's settings fold and transcript head, not its entries; an \
          owner `LogStore::open` and close, and `import_from` over the file (a check pass reading \
