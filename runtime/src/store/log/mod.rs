@@ -73,7 +73,7 @@ use crate::store::{ListQuery, LoadCounter, SessionStore, StoreError, StoreStats}
 pub const SESSION_INDEXER: &str = "sessions";
 
 /// Version of the session index layout; bumping it rebuilds the index.
-pub const SESSION_INDEX_VERSION: u32 = 3;
+pub const SESSION_INDEX_VERSION: u32 = 4;
 
 /// A load that replays at least this many commits writes a snapshot.
 pub const SNAPSHOT_TAIL_COMMITS: u64 = 64;

@@ -40,7 +40,7 @@ use super::transcript::DecodeMemo;
 use super::{
     be_u64, PURGE_EVENT_KIND, SESSION_EVENT_PREFIX, SESSION_INDEXER, SESSION_INDEX_VERSION,
 };
-use crate::session::codec::decode_event_without_transcript;
+use crate::session::codec::{decode_event_without_transcript, is_transcript_kind};
 use crate::session::{
     AgentSessionInfo, SessionEvent, SessionId, SessionInfoList, SessionStatus, SkippedSession,
 };
@@ -117,6 +117,54 @@ fn add_count(batch: &mut IndexBatch<'_>, s: SessionStatus, delta: i64) -> Result
         )
     })?;
     batch.insert(&k, &n.to_be_bytes());
+    Ok(())
+}
+
+/// The commits a settings fold reads (see [`is_settings_kind`]): `c`, the
+/// id, a zero byte (never in an id), then a block number (u64 BE) → a bitmap
+/// of the block's 64 stream versions (u64 BE; bit `i` is version
+/// `64 · block + 1 + i`). A block with none has no key, so a session written
+/// by transcript appends alone has one key, for its `created` commit.
+pub(super) const KEY_SETTINGS_COMMITS: u8 = b'c';
+
+/// Stream versions per [`KEY_SETTINGS_COMMITS`] key.
+pub(super) const SETTINGS_BLOCK_VERSIONS: u64 = 64;
+
+/// Whether a settings fold reads an event of engine kind `kind`: a session
+/// event that is not a transcript event.
+pub(super) fn is_settings_kind(kind: &str) -> bool {
+    kind.strip_prefix(SESSION_EVENT_PREFIX)
+        .is_some_and(|k| !is_transcript_kind(k))
+}
+
+/// The prefix of session `id`'s [`KEY_SETTINGS_COMMITS`] keys.
+pub(super) fn settings_commits_prefix(id: &str) -> Vec<u8> {
+    let mut k = key(KEY_SETTINGS_COMMITS, id);
+    k.push(0);
+    k
+}
+
+/// The [`KEY_SETTINGS_COMMITS`] key of the block holding `version` (from 1),
+/// and the version's bit in it.
+pub(super) fn settings_commits_key(id: &str, version: u64) -> (Vec<u8>, u64) {
+    let at = version.saturating_sub(1);
+    let mut k = settings_commits_prefix(id);
+    k.extend_from_slice(&(at / SETTINGS_BLOCK_VERSIONS).to_be_bytes());
+    (k, 1 << (at % SETTINGS_BLOCK_VERSIONS))
+}
+
+/// Marks `commit` in its session's [`KEY_SETTINGS_COMMITS`] bitmap when it
+/// holds an event a settings fold reads.
+fn note_settings_commit(
+    commit: &RecordedCommit,
+    batch: &mut IndexBatch<'_>,
+) -> Result<(), IndexError> {
+    if !commit.events.iter().any(|e| is_settings_kind(&e.kind)) {
+        return Ok(());
+    }
+    let (k, bit) = settings_commits_key(&commit.info.stream, commit.info.version);
+    let bits = batch.get(&k)?.and_then(|v| be_u64(&v)).unwrap_or(0);
+    batch.insert(&k, &(bits | bit).to_be_bytes());
     Ok(())
 }
 
@@ -724,6 +772,7 @@ impl Indexer for SessionIndexer {
         if !is_session {
             return Ok(());
         }
+        note_settings_commit(commit, batch)?;
         self.apply_session_commit(commit, batch)
     }
 }

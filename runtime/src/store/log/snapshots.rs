@@ -18,7 +18,9 @@ use std::ops::ControlFlow;
 
 use spool_engine::CommitRef;
 
-use super::sessions::key;
+use super::sessions::{
+    key, settings_commits_key, settings_commits_prefix, SETTINGS_BLOCK_VERSIONS,
+};
 use super::{
     be_u64, engine_err, LogStore, SESSION_EVENT_PREFIX, SESSION_INDEXER, SNAPSHOT_TAIL_COMMITS,
 };
@@ -219,7 +221,7 @@ impl LogStore {
             version,
             updated,
             replayed,
-        } = self.fold_commits(id, start, target, decode_event, |_| true)?;
+        } = self.fold_commits(id, start, 0, target, decode_event, |_| true)?;
         let Some(session) = session else {
             return Ok(None);
         };
@@ -287,8 +289,9 @@ impl LogStore {
     /// knows the real one). Not a full load: transcript events are skipped
     /// by their kind without being decoded, and the fold starts from a
     /// settings snapshot (cache tag `b`, see docs/format.md) that a fold which
-    /// replayed at least `SETTINGS_TAIL_COMMITS` commits writes, so its
-    /// cost follows the commits since the last one, not the history. A
+    /// replayed at least `SETTINGS_TAIL_COMMITS` commits writes, and reads
+    /// only the commits after it that hold an event it folds (and the
+    /// head), so its cost follows those commits, not the history. A
     /// `created` event's seed transcript is dropped while it is decoded.
     pub fn load_settings(&self, id: &SessionId) -> Result<Option<AgentSession>, StoreError> {
         let Some(head) = self
@@ -312,9 +315,7 @@ impl LogStore {
             version,
             updated,
             replayed,
-        } = self.fold_commits(id, start, head, decode_event_without_transcript, |kind| {
-            !is_transcript_kind(kind)
-        })?;
+        } = self.fold_settings(id, start, head)?;
         let Some(session) = session else {
             return Ok(None);
         };
@@ -324,6 +325,27 @@ impl LogStore {
         }
         Ok(Some(session))
     }
+}
+
+/// The runs of consecutive versions marked in `bits` (block `block` of a
+/// session's [`KEY_SETTINGS_COMMITS`](super::sessions::KEY_SETTINGS_COMMITS)
+/// keys) within `from..=upto`, each as (first, last).
+fn marked_runs(block: u64, bits: u64, from: u64, upto: u64) -> Vec<(u64, u64)> {
+    let first = block
+        .saturating_mul(SETTINGS_BLOCK_VERSIONS)
+        .saturating_add(1);
+    let mut runs: Vec<(u64, u64)> = Vec::new();
+    for i in 0..SETTINGS_BLOCK_VERSIONS {
+        let v = first.saturating_add(i);
+        if bits & (1 << i) == 0 || v < from || v > upto {
+            continue;
+        }
+        match runs.last_mut() {
+            Some(r) if r.1 + 1 == v => r.1 = v,
+            _ => runs.push((v, v)),
+        }
+    }
+    runs
 }
 
 /// Where a fold of a session's commits stands: the session so far (none
@@ -353,23 +375,93 @@ impl Folded {
     }
 }
 
+/// Blocks of [`KEY_SETTINGS_COMMITS`](super::sessions::KEY_SETTINGS_COMMITS)
+/// a settings fold reads at a time (4 KiB of them in memory).
+const SETTINGS_BLOCKS_READ: usize = 256;
+
 impl LogStore {
-    /// Folds the commits of session `id` after `start` up to stream version
-    /// `upto`: of each commit, the session events whose kind (without the
-    /// prefix) `keep` accepts, decoded with `decode`. Each commit is visited
-    /// where it lies in the log (`visit_stream`), never copied out: a
-    /// session's commits can be megabytes each.
+    /// The settings fold of session `id` after `start` up to stream version
+    /// `upto`: only the commits with an event it reads (marked in the
+    /// sessions index,
+    /// [`KEY_SETTINGS_COMMITS`](super::sessions::KEY_SETTINGS_COMMITS)),
+    /// then the one at `upto`, for the session's version and update time. A commit without such an
+    /// event changes nothing here (its events are all skipped by kind), so
+    /// a session of transcript appends costs its `created` commit and its
+    /// head, whatever its length. An index whose marks do not read as
+    /// written is not trusted: every commit is folded then.
+    fn fold_settings(
+        &self,
+        id: &SessionId,
+        start: Folded,
+        upto: u64,
+    ) -> Result<Folded, StoreError> {
+        let decode = decode_event_without_transcript;
+        let keep = |kind: &str| !is_transcript_kind(kind);
+        let engine = self.engine()?;
+        let prefix = settings_commits_prefix(id.as_str());
+        let mut at = start;
+        let mut from = at.version.saturating_add(1);
+        loop {
+            let mut blocks: Vec<(u64, u64)> = Vec::with_capacity(SETTINGS_BLOCKS_READ);
+            let mut malformed = false;
+            let (from_key, _) = settings_commits_key(id.as_str(), from);
+            engine
+                .index()
+                .visit_range(SESSION_INDEXER, &prefix, &from_key, |k, v| {
+                    match (k.get(prefix.len()..).and_then(be_u64), be_u64(v)) {
+                        (Some(block), Some(bits)) if k.len() == prefix.len() + 8 => {
+                            blocks.push((block, bits));
+                        }
+                        _ => malformed = true,
+                    }
+                    !malformed && blocks.len() < SETTINGS_BLOCKS_READ
+                })
+                .map_err(engine_err)?;
+            if malformed {
+                return self.fold_commits(id, at, from, upto, decode, keep);
+            }
+            let last_read = blocks.len() < SETTINGS_BLOCKS_READ;
+            let next_block = blocks.last().map(|&(b, _)| b.saturating_add(1));
+            for (block, bits) in blocks {
+                for run in marked_runs(block, bits, from, upto) {
+                    at = self.fold_commits(id, at, run.0, run.1, decode, keep)?;
+                }
+            }
+            match next_block {
+                Some(b) if !last_read => {
+                    from = from.max(b.saturating_mul(SETTINGS_BLOCK_VERSIONS).saturating_add(1));
+                    if from > upto {
+                        break;
+                    }
+                }
+                _ => break,
+            }
+        }
+        if at.version < upto {
+            // The head: the session's version and update time (and the proof
+            // that the log holds it).
+            at = self.fold_commits(id, at, upto, upto, decode, keep)?;
+        }
+        Ok(at)
+    }
+
+    /// Folds the commits of session `id` from stream version `from` up to
+    /// `upto` onto `start`: of each commit, the session events whose kind
+    /// (without the prefix) `keep` accepts, decoded with `decode`. Each commit
+    /// is visited where it lies in the log (`visit_stream`), never copied
+    /// out: a session's commits can be megabytes each.
     fn fold_commits(
         &self,
         id: &SessionId,
         start: Folded,
+        from: u64,
         upto: u64,
         decode: fn(&[u8]) -> Result<SessionEvent, CodecError>,
         keep: impl Fn(&str) -> bool,
     ) -> Result<Folded, StoreError> {
         let mut at = start;
         let mut failed: Option<StoreError> = None;
-        let from = at.version.saturating_add(1);
+        let from = from.max(at.version.saturating_add(1));
         let limit =
             usize::try_from(upto.saturating_add(1).saturating_sub(from)).unwrap_or(usize::MAX);
         let mut fold = |c: CommitRef<'_>| -> Result<(), StoreError> {
@@ -494,6 +586,83 @@ mod tests {
         s
     }
 
+    /// The settings fold reads only the commits the sessions index marks
+    /// (and the head), and answers what folding every commit answers:
+    /// sessions of seeded random mixes of saves that append an entry, write
+    /// metadata, or both, on both sides of a block of marks, and a session
+    /// purged and created again under its id.
+    #[test]
+    fn the_settings_fold_reads_the_marked_commits_and_answers_as_the_whole_fold() {
+        let seed = 0x5e77_1a65_u64;
+        println!("seed {seed:#x}");
+        let mut x = seed;
+        let mut next = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let store = open(dir.path());
+        let def = AgentDefinition::new("a", "d", "p");
+        let mut ids = Vec::new();
+        for (case, saves) in [0u64, 1, 5, 63, 64, 65, 300].into_iter().enumerate() {
+            let mut s = match ids.first().filter(|_| case == 6) {
+                // The last case purges the first session and creates it again.
+                Some(id) => {
+                    assert!(store.delete(id).unwrap());
+                    let s = AgentSession::new_with_id(SessionId::clone(id), def.clone(), None);
+                    store.create(s).unwrap()
+                }
+                None => store.create(AgentSession::new(def.clone(), None)).unwrap(),
+            };
+            // The created commit reads; each save after it reads when it
+            // writes metadata.
+            let mut marked = 1u64;
+            let mut head_marked = true;
+            for i in 0..saves {
+                let kind = next() % 3;
+                if kind != 1 {
+                    s.append(EntryKind::Message {
+                        message: Message::User {
+                            content: vec![ContentBlock::text(format!("turn {i}"))],
+                        },
+                    })
+                    .unwrap();
+                }
+                if kind != 0 {
+                    s.write_metadata("n", serde_json::json!(i)).unwrap();
+                }
+                marked += u64::from(kind != 0);
+                head_marked = kind != 0;
+                s = store.save(s).unwrap();
+            }
+            let id = s.id().clone();
+            ids.push(id.clone());
+            store.drop_cached_settings(&id);
+            let (_, base) = store.record(&id).unwrap().unwrap();
+            let head = base + s.version();
+            let keep = |kind: &str| !is_transcript_kind(kind);
+            let start = || Folded::from(None, base);
+            let whole = store
+                .fold_commits(&id, start(), 0, head, decode_event_without_transcript, keep)
+                .unwrap();
+            let read = store.fold_settings(&id, start(), head).unwrap();
+            let what = format!("case {case}: {saves} saves, {marked} marked");
+            assert_eq!(
+                (read.version, read.updated),
+                (whole.version, whole.updated),
+                "{what}"
+            );
+            let (r, w) = (read.session.unwrap(), whole.session.unwrap());
+            assert_eq!(r.state(), w.state(), "{what}");
+            assert_eq!(r.definition(), w.definition(), "{what}");
+            assert_eq!(r.info(), w.info(), "{what}");
+            assert_eq!(whole.replayed, saves + 1, "{what}");
+            assert_eq!(read.replayed, marked + u64::from(!head_marked), "{what}");
+        }
+    }
+
     /// The index names the version a fold must reach; commits that stop
     /// before it (the log lacks some of the session's commits) are a
     /// corrupt session, not a shorter one returned as if whole.
@@ -509,8 +678,11 @@ mod tests {
             .unwrap()
             .unwrap();
         let (_, base) = store.record(&id).unwrap().unwrap();
-        let fold =
-            |upto| store.fold_commits(&id, Folded::from(None, base), upto, decode_event, |_| true);
+        let fold = |upto| {
+            store.fold_commits(&id, Folded::from(None, base), 0, upto, decode_event, |_| {
+                true
+            })
+        };
         // Up to the head, the same fold is whole.
         let whole = fold(head).unwrap();
         assert_eq!((whole.version, whole.replayed), (head, head - base));
