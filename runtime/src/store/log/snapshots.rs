@@ -395,6 +395,10 @@ impl LogStore {
         start: Folded,
         upto: u64,
     ) -> Result<Folded, StoreError> {
+        if start.version >= upto {
+            // A snapshot at the head: nothing to read.
+            return Ok(start);
+        }
         let decode = decode_event_without_transcript;
         let keep = |kind: &str| !is_transcript_kind(kind);
         let engine = self.engine()?;
