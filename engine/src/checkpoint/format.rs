@@ -30,11 +30,17 @@ use uuid::Uuid;
 
 pub(crate) const MAGIC: [u8; 8] = *b"SPOOLCKP";
 pub(crate) const FOOTER_MAGIC: [u8; 8] = *b"SPOOLCKE";
-/// Version of the checkpoint layout written; [`FORMAT_VERSION_FLAT`] is read too, any
-/// other is not used (the open falls back).
-pub(crate) const FORMAT_VERSION: u32 = 2;
-/// The layout whose block index is one flat list (no chunks, no top index).
+/// Version of the checkpoint layout written; [`FORMAT_VERSION_UNHEADED`] and
+/// [`FORMAT_VERSION_FLAT`] are read too, any other is not used (the open falls back).
+pub(crate) const FORMAT_VERSION: u32 = 3;
+/// The layout whose segment table has no segment headers (a reader opens a GC'd log's
+/// segments to read them).
+pub(crate) const FORMAT_VERSION_UNHEADED: u32 = 2;
+/// The layout whose block index is one flat list (no chunks, no top index), and whose
+/// segment table has no segment headers.
 pub(crate) const FORMAT_VERSION_FLAT: u32 = 1;
+/// Flags of a segment in the table: bit 0, written by GC (its seq range follows).
+const SEGMENT_FLAG_COMPACTED: u8 = 1;
 pub(crate) const FOOTER_BYTES: u64 = 32;
 /// Bytes of entries after which a block is closed (a larger entry makes a block of
 /// its own). A point lookup reads and checks one whole block: a page-sized block keeps
@@ -54,6 +60,9 @@ pub(crate) struct SegmentEnd {
     pub id: u64,
     pub first_seq: u64,
     pub end: u64,
+    /// The segment's header as the owner had it (`None` in a checkpoint of a format
+    /// before [`FORMAT_VERSION`], which did not record it).
+    pub header: Option<crate::format::SegmentHeader>,
 }
 
 /// What a checkpoint's header says.
@@ -80,9 +89,15 @@ pub(crate) fn crc(bytes: &[u8]) -> u32 {
 
 impl Header {
     pub(crate) fn encode(&self) -> Vec<u8> {
+        self.encode_as(FORMAT_VERSION)
+    }
+
+    /// The header as checkpoint format `version` lays it out: before
+    /// [`FORMAT_VERSION`], without the segments' headers (older files, for tests).
+    pub(crate) fn encode_as(&self, version: u32) -> Vec<u8> {
         let mut b = Vec::with_capacity(128);
         b.extend_from_slice(&MAGIC);
-        b.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+        b.extend_from_slice(&version.to_le_bytes());
         b.extend_from_slice(&0u32.to_le_bytes()); // length, set below
         b.extend_from_slice(&self.index_format.to_le_bytes());
         b.extend_from_slice(&self.layout.to_le_bytes());
@@ -104,6 +119,23 @@ impl Header {
             b.extend_from_slice(&s.id.to_le_bytes());
             b.extend_from_slice(&s.first_seq.to_le_bytes());
             b.extend_from_slice(&s.end.to_le_bytes());
+            if version != FORMAT_VERSION {
+                continue;
+            }
+            // A segment without a header known is written as a plain one: the owner
+            // writes the table from segments it opened, which all have one.
+            let h = s.header.unwrap_or(crate::format::SegmentHeader {
+                data_start: crate::format::SEGMENT_HEADER_BYTES,
+                compacted: None,
+            });
+            b.extend_from_slice(&h.data_start.to_le_bytes());
+            let (flags, (first, last)) = match h.compacted {
+                Some(range) => (SEGMENT_FLAG_COMPACTED, range),
+                None => (0, (0, 0)),
+            };
+            b.push(flags);
+            b.extend_from_slice(&first.to_le_bytes());
+            b.extend_from_slice(&last.to_le_bytes());
         }
         let len = (b.len() + 4) as u32;
         b[12..16].copy_from_slice(&len.to_le_bytes());
@@ -128,7 +160,7 @@ impl Header {
             return Err((0, "not a checkpoint (magic)".into()));
         }
         let version = r.u32()?;
-        if version != FORMAT_VERSION && version != FORMAT_VERSION_FLAT {
+        if ![FORMAT_VERSION, FORMAT_VERSION_UNHEADED, FORMAT_VERSION_FLAT].contains(&version) {
             return Err((8, format!("checkpoint format version {version}")));
         }
         let _len = r.u32()?;
@@ -153,10 +185,33 @@ impl Header {
         let n = r.u32()?;
         let mut segments = Vec::new();
         for _ in 0..n {
+            let (id, first_seq, end) = (r.u64()?, r.u64()?, r.u64()?);
+            let header = match version {
+                FORMAT_VERSION => {
+                    let data_start = r.u64()?;
+                    let at = r.at as u64;
+                    let flags = r.take(1)?[0];
+                    let range = (r.u64()?, r.u64()?);
+                    let compacted = match flags {
+                        0 => None,
+                        SEGMENT_FLAG_COMPACTED if range.0 <= range.1 => Some(range),
+                        _ => return Err((at, format!("segment {id}: flags {flags:#x}"))),
+                    };
+                    if data_start < crate::format::SEGMENT_HEADER_BYTES || data_start > end {
+                        return Err((at - 8, format!("segment {id}: data start {data_start}")));
+                    }
+                    Some(crate::format::SegmentHeader {
+                        data_start,
+                        compacted,
+                    })
+                }
+                _ => None,
+            };
             segments.push(SegmentEnd {
-                id: r.u64()?,
-                first_seq: r.u64()?,
-                end: r.u64()?,
+                id,
+                first_seq,
+                end,
+                header,
             });
         }
         if r.at != body.len() {
@@ -280,5 +335,68 @@ impl<'a> Cursor<'a> {
         Ok(u64::from_le_bytes(
             self.take(8)?.try_into().unwrap_or_default(),
         ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::format::{SegmentHeader, SEGMENT_HEADER_BYTES};
+
+    fn header(segments: Vec<SegmentEnd>) -> Header {
+        Header {
+            index_format: 2,
+            layout: 7,
+            seq: 9,
+            commit_id: Uuid::from_u128(3),
+            segment: 8,
+            offset: 100,
+            last_ts: 5,
+            entries: 4,
+            indexers: vec![("t".into(), 1)],
+            segments,
+        }
+    }
+
+    fn segment(id: u64, compacted: Option<(u64, u64)>) -> SegmentEnd {
+        let data_start = match compacted {
+            Some(_) => SEGMENT_HEADER_BYTES + crate::format::COMPACTED_EXT_BYTES,
+            None => SEGMENT_HEADER_BYTES,
+        };
+        SegmentEnd {
+            id,
+            first_seq: id * 10,
+            end: 4096,
+            header: Some(SegmentHeader {
+                data_start,
+                compacted,
+            }),
+        }
+    }
+
+    /// The segment table keeps each segment's header (plain or GC's range); a file of
+    /// the previous format reads without them; a malformed flag byte or first-record
+    /// offset is refused, naming where it is.
+    #[test]
+    fn the_segment_table_keeps_headers_and_older_files_read_without_them() {
+        let h = header(vec![segment(7, Some((1, 60))), segment(8, None)]);
+        assert_eq!(Header::decode(&h.encode()).unwrap(), h);
+        let old = Header::decode(&h.encode_as(FORMAT_VERSION_UNHEADED)).unwrap();
+        assert!(old.segments.iter().all(|s| s.header.is_none()));
+        assert_eq!(old.segments.len(), 2);
+        let fixed = 8 + 4 + 4 + 4 + 8 + 8 + 16 + 8 + 8 + 8 + 8 + 4 + (2 + 1 + 4) + 4;
+        let first_flags = fixed + 24 + 8;
+        let reencoded = |edit: &dyn Fn(&mut Vec<u8>)| {
+            let mut b = h.encode();
+            edit(&mut b);
+            let n = b.len() - 4;
+            let c = crc(&b[..n]);
+            b[n..].copy_from_slice(&c.to_le_bytes());
+            Header::decode(&b)
+        };
+        let bad_flags = reencoded(&|b| b[first_flags] = 2).unwrap_err();
+        assert_eq!(bad_flags.0, first_flags as u64, "{}", bad_flags.1);
+        let bad_start = reencoded(&|b| b[first_flags - 8..first_flags].fill(0)).unwrap_err();
+        assert!(bad_start.1.contains("data start"), "{}", bad_start.1);
     }
 }

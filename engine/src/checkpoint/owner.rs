@@ -291,6 +291,10 @@ impl Shared {
                     id: s.id,
                     first_seq: s.first_seq.load(Ordering::Acquire),
                     end: s.end.load(Ordering::Acquire),
+                    header: Some(crate::format::SegmentHeader {
+                        data_start: s.data_start,
+                        compacted: s.compacted,
+                    }),
                 });
                 if s.id == at.position.segment {
                     found = s.compacted.is_none();

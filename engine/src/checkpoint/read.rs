@@ -477,6 +477,10 @@ mod tests {
                 id: 1,
                 first_seq: 1,
                 end: 128,
+                header: Some(crate::format::SegmentHeader {
+                    data_start: crate::format::SEGMENT_HEADER_BYTES,
+                    compacted: None,
+                }),
             }],
         }
     }
@@ -489,12 +493,7 @@ mod tests {
     /// The same entries in format version 1: the same blocks, one flat block
     /// index, as that version's writer laid them out.
     fn write_flat(path: &Path, want: &BTreeMap<Vec<u8>, Vec<u8>>) {
-        let mut h = header(want.len() as u64).encode();
-        h[8..12].copy_from_slice(&FORMAT_VERSION_FLAT.to_le_bytes());
-        let n = h.len() - 4;
-        let c = format::crc(&h[..n]);
-        h[n..].copy_from_slice(&c.to_le_bytes());
-        let mut file = h;
+        let mut file = header(want.len() as u64).encode_as(FORMAT_VERSION_FLAT);
         let mut blocks = Vec::new();
         let all: Vec<_> = want.iter().collect();
         for run in all.chunks(PER_BLOCK) {

@@ -648,6 +648,10 @@ fn checkpoint_of(index: &Index, store: &std::path::Path, seq: u64) -> Arc<Checkp
             id: 1,
             first_seq: 1,
             end: seq * 100 + 100,
+            header: Some(crate::format::SegmentHeader {
+                data_start: crate::format::SEGMENT_HEADER_BYTES,
+                compacted: None,
+            }),
         }],
     };
     let entries = index.sled_view().unwrap().iter().filter(|kv| {

@@ -540,13 +540,16 @@ fn checked_checkpoint(
         )));
     }
     let max = opts.record_bytes_max;
-    // A reader over a checkpoint of a log no GC rewrote opens only the segments from
-    // its record's on; the ones before are opened by the first read reaching them.
+    // A reader over a checkpoint opens only the segments from its record's on; the
+    // ones before are opened by the first read reaching them. That needs their headers:
+    // a checkpoint of an older format has none, which is right only for a log no GC
+    // rewrote (layout 0: every segment is plain).
     let listed = h
         .segments
         .split_last()
         .map_or(&[][..], |(_, before)| before);
-    let (opened, max_id) = if read_only && h.layout == 0 {
+    let headed = listed.iter().all(|t| t.header.is_some());
+    let (opened, max_id) = if read_only && (h.layout == 0 || headed) {
         open_segments_over(&opts.vfs, dir, max, listed)
     } else {
         open_segments_in_order(vfs, dir, max, read_only)

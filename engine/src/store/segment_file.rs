@@ -111,13 +111,14 @@ pub(crate) fn open_segments_in_order(
     Ok((out, max_id))
 }
 
-/// [`open_segments_in_order`] for a read-only open over a checkpoint of a log no GC
-/// has rewritten (layout 0): the segments `listed` (each sealed segment before the
-/// checkpoint's record's, with its first seq and end) are not opened. Their names must
-/// be in the directory; each is taken as a plain segment of the seqs and length listed,
-/// and opened and checked (header, id, size) by the first read that reaches it
-/// ([`ListedSegment`]). The others are opened as `open_segments_in_order` opens them,
-/// so a segment a GC wrote since shows in the layout and the checkpoint is refused.
+/// [`open_segments_in_order`] for a read-only open over a checkpoint: the segments
+/// `listed` (each sealed segment before the checkpoint's record's, with its first seq,
+/// end and header; a listing without headers only for a log no GC has rewritten, whose
+/// segments are all plain) are not opened. Their names must be in the directory; each
+/// is taken as the segment listed, and opened and checked (header, id, size) by the
+/// first read that reaches it ([`ListedSegment`]). The others are opened as
+/// `open_segments_in_order` opens them, so a segment a GC wrote since shows in the
+/// layout and the checkpoint is refused.
 pub(crate) fn open_segments_over(
     vfs: &Arc<dyn Vfs>,
     dir: &Path,
@@ -135,24 +136,36 @@ pub(crate) fn open_segments_over(
             continue;
         };
         let path = dir.join(&file_name);
+        // A checkpoint of an older format names no header: the caller takes it only
+        // for a log no GC rewrote, whose segments are all plain.
+        let header = t.header.unwrap_or(format::SegmentHeader {
+            data_start: SEGMENT_HEADER_BYTES,
+            compacted: None,
+        });
         let file = Arc::new(ListedSegment {
             vfs: vfs.clone(),
             path: path.clone(),
             id,
             end: t.end,
+            header,
             file: std::sync::OnceLock::new(),
         });
+        // The key an open of the file finds (`read_header_and_key`): the start of a GC
+        // segment's range, a plain one's first seq, or none for a segment without
+        // records (which the checkpoint lists with first seq 0).
+        let key = match (header.compacted, t.first_seq) {
+            (Some((first, _)), _) => first,
+            (None, 0) => u64::MAX,
+            (None, seq) => seq,
+        };
         out.push(OpenedSegment {
             id,
             path,
             name: format::segment_file_name(id),
             file,
             len: t.end,
-            header: Ok(format::SegmentHeader {
-                data_start: SEGMENT_HEADER_BYTES,
-                compacted: None,
-            }),
-            key: t.first_seq,
+            header: Ok(header),
+            key,
         });
     }
     sort_opened(&mut out);
@@ -202,7 +215,8 @@ fn sort_opened(out: &mut Vec<OpenedSegment>) {
 /// A sealed segment a checkpoint lists, opened by the first read that reaches it: an
 /// open over a checkpoint then costs the same whatever the number of segments before
 /// its record. The first use opens the file and checks what the open took on the
-/// checkpoint's word: a plain segment header naming this id, and at least `end` bytes.
+/// checkpoint's word: a segment header naming this id, the one the checkpoint lists
+/// (plain, or written by GC for the same seq range), and at least `end` bytes.
 /// A file that fails the check is a [`SegmentDamage`] error (the engine reports it as
 /// `Error::Corrupt`); a failed I/O call is returned as it is, a file removed since the
 /// open (by the owner's GC) as `NotFound` saying so. Neither is remembered: only a
@@ -213,6 +227,7 @@ struct ListedSegment {
     path: PathBuf,
     id: u64,
     end: u64,
+    header: format::SegmentHeader,
     file: std::sync::OnceLock<Arc<dyn VfsFile>>,
 }
 
@@ -253,14 +268,19 @@ impl ListedSegment {
                 ),
             ));
         }
-        let mut head = [0u8; SEGMENT_HEADER_BYTES as usize];
+        // The header and, in a segment GC wrote, its extension.
+        let head_bytes = SEGMENT_HEADER_BYTES + format::COMPACTED_EXT_BYTES;
+        let mut head = vec![0u8; head_bytes.min(len) as usize];
         file.read_at(&mut head, 0)?;
         match format::check_header(&head, self.id) {
-            Ok(h) if h.compacted.is_none() && h.data_start == SEGMENT_HEADER_BYTES => Ok(file),
-            Ok(_) => Err(damage(
+            Ok(h) if h == self.header => Ok(file),
+            Ok(h) => Err(damage(
                 0,
-                "written by GC, where the checkpoint the store was opened from has a plain segment"
-                    .into(),
+                format!(
+                    "{}, where the checkpoint the store was opened from has {}",
+                    describe(&h),
+                    describe(&self.header)
+                ),
             )),
             Err(format::HeaderProblem::Blank) => Err(damage(0, "blank segment header".into())),
             Err(format::HeaderProblem::FutureVersion(v)) => Err(damage(
@@ -297,6 +317,14 @@ impl VfsFile for ListedSegment {
     }
     fn map(&self) -> std::io::Result<Mapped> {
         self.file()?.map()
+    }
+}
+
+/// A segment header in words, for a damage report.
+fn describe(h: &format::SegmentHeader) -> String {
+    match h.compacted {
+        Some((first, last)) => format!("a segment GC wrote for seqs {first}..={last}"),
+        None => "a plain segment".into(),
     }
 }
 

@@ -610,3 +610,91 @@ fn a_damaged_segment_a_checkpoint_covers_is_found_by_the_read_that_reaches_it() 
     }
     assert_eq!(s.visit_at(positions[119], |c| c.seq).unwrap(), 120);
 }
+
+/// A log of `n` commits of 64 KiB on streams `keep` and `drop` in turn, the `drop`
+/// commits removed by a GC (every sealed segment rewritten), then closed: the
+/// positions of the `keep` commits (their seqs are odd, from 1).
+fn closed_gc_log_with_64k_commits(dir: &Path, opts: Options, n: u64) -> Vec<LogPosition> {
+    let s = Store::open(dir, opts.clone()).unwrap();
+    for i in 0..n {
+        let stream = ["keep", "drop"][(i % 2) as usize];
+        let event = EventData::new("e", vec![i as u8; 64 << 10]);
+        let c = NewCommit::new(stream, ExpectedVersion::Exact(i / 2), vec![event]);
+        assert!(matches!(s.append(c).unwrap(), AppendOutcome::Committed(_)));
+    }
+    let plan = s
+        .plan_gc(&|c: &RecordedCommit| c.info.stream == "keep")
+        .unwrap();
+    s.run_gc(plan).unwrap();
+    s.close().unwrap();
+    let s = Store::open_read_only(dir, opts).unwrap();
+    let kept = s.read_stream("keep", 1, usize::MAX).unwrap();
+    kept.iter().map(|c| c.info.position).collect()
+}
+
+/// A reader over a checkpoint of a log a GC rewrote opens no segment before the one
+/// holding its record either (the checkpoint lists each segment's header): its
+/// file-system calls are the same for a log of few segments and of many, a segment
+/// GC wrote is opened (once) by the first read that reaches it, and one whose header
+/// is not the one listed is `Corrupt` for that read.
+#[test]
+fn a_read_only_open_over_a_checkpoint_of_a_gc_log_opens_no_segment_before_its_record() {
+    use crate::vfs::{FaultKind, FaultVfs, OsVfs};
+    // Segments of at most 2 MiB, so that the GC writes many.
+    let opts = || {
+        Options::default()
+            .durability(Durability::Buffered)
+            .segment_bytes_max(2 << 20)
+    };
+    let calls = |dir: &Path, positions: &[LogPosition]| {
+        let vfs = FaultVfs::new(Arc::new(OsVfs));
+        let s = Store::open_read_only(dir, opts().vfs(Arc::new(vfs.clone()))).unwrap();
+        assert!(s.stats().open_checkpoint_seq.is_some());
+        let at_open = (vfs.count(FaultKind::Meta), vfs.count(FaultKind::Read));
+        let first = positions[0];
+        let gc_written = std::fs::read(dir.join(format::segment_file_name(first.segment)))
+            .map(|b| {
+                format::check_header(&b, first.segment)
+                    .unwrap()
+                    .compacted
+                    .is_some()
+            })
+            .unwrap();
+        assert!(gc_written, "the first commit is in a segment GC wrote");
+        s.visit_at(first, |c| assert_eq!(c.seq, 1)).unwrap();
+        assert_eq!(vfs.count(FaultKind::Meta), at_open.0 + 1, "its open");
+        s.visit_at(positions[1], |c| assert_eq!(c.seq, 3)).unwrap();
+        assert_eq!(vfs.count(FaultKind::Meta), at_open.0 + 1, "opened once");
+        at_open
+    };
+    let (small, large) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let few = closed_gc_log_with_64k_commits(small.path(), opts(), 240);
+    let many = closed_gc_log_with_64k_commits(large.path(), opts(), 2000);
+    let segments = |d: &Path| {
+        std::fs::read_dir(d)
+            .unwrap()
+            .filter(|e| e.as_ref().unwrap().path().extension() == Some("seg".as_ref()))
+            .count()
+    };
+    let (n_small, n_large) = (segments(small.path()), segments(large.path()));
+    assert!(n_small + 20 < n_large, "{n_small} and {n_large} segments");
+    assert_eq!(calls(small.path(), &few), calls(large.path(), &many));
+    // A GC segment replaced by a plain one of the same id and length: the checkpoint
+    // still opens, and the read that reaches it finds the header is not the one listed.
+    let name = format::segment_file_name(few[0].segment);
+    let path = small.path().join(&name);
+    let len = std::fs::metadata(&path).unwrap().len();
+    let plain = format::encode_header(few[0].segment);
+    let mut bytes = std::fs::read(&path).unwrap();
+    bytes[..plain.len()].copy_from_slice(&plain);
+    std::fs::write(&path, &bytes).unwrap();
+    assert_eq!(std::fs::metadata(&path).unwrap().len(), len);
+    let s = Store::open_read_only(small.path(), opts()).unwrap();
+    assert!(s.stats().open_checkpoint_seq.is_some());
+    match s.visit_at(few[0], |c| c.seq).unwrap_err() {
+        Error::Corrupt { segment, .. } => assert_eq!(segment, name),
+        other => panic!("{other}"),
+    }
+    let last = few[few.len() - 1];
+    assert_eq!(s.visit_at(last, |c| c.seq).unwrap(), 239);
+}
