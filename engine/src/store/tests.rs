@@ -518,19 +518,13 @@ fn a_bulk_open_reads_what_a_crashed_load_left_into_runs() {
 /// and of six, and a segment is opened (once) by the first read that reaches it.
 #[test]
 fn a_read_only_open_over_a_checkpoint_opens_no_segment_before_its_record() {
-    use crate::vfs::{FaultKind, FaultVfs, OsVfs};
     let opts = || Options::default().durability(Durability::Buffered);
     let calls = |dir: &Path, positions: &[LogPosition]| {
-        let vfs = FaultVfs::new(Arc::new(OsVfs));
-        let s = Store::open_read_only(dir, opts().vfs(Arc::new(vfs.clone()))).unwrap();
-        assert_eq!(s.stats().open_checkpoint_seq, Some(positions.len() as u64));
-        let at_open = (vfs.count(FaultKind::Meta), vfs.count(FaultKind::Read));
         // The first record is in the first segment, which the checkpoint covers.
         assert_ne!(positions[0].segment, positions[positions.len() - 1].segment);
-        s.visit_at(positions[0], |c| assert_eq!(c.seq, 1)).unwrap();
-        assert_eq!(vfs.count(FaultKind::Meta), at_open.0 + 1, "its open");
-        s.visit_at(positions[1], |c| assert_eq!(c.seq, 2)).unwrap();
-        assert_eq!(vfs.count(FaultKind::Meta), at_open.0 + 1, "opened once");
+        let reads = [(positions[0], 1), (positions[1], 2)];
+        let (at_open, ck) = reader_open_calls(dir, opts(), reads);
+        assert_eq!(ck, Some(positions.len() as u64));
         at_open
     };
     let (small, large) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
@@ -538,14 +532,42 @@ fn a_read_only_open_over_a_checkpoint_opens_no_segment_before_its_record() {
     // fourth, 1,000 fill five and most of a sixth.
     let few = closed_with_64k_commits(small.path(), opts(), 120);
     let many = closed_with_64k_commits(large.path(), opts(), 1000);
-    let segments = |d: &Path| {
-        std::fs::read_dir(d)
-            .unwrap()
-            .filter(|e| e.as_ref().unwrap().path().extension() == Some("seg".as_ref()))
-            .count()
-    };
-    assert_eq!((segments(small.path()), segments(large.path())), (4, 6));
+    assert_eq!(
+        (segment_files(small.path()), segment_files(large.path())),
+        (4, 6)
+    );
     assert_eq!(calls(small.path(), &few), calls(large.path(), &many));
+}
+
+/// The `.seg` files in `dir`.
+fn segment_files(dir: &Path) -> usize {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .filter(|e| e.as_ref().unwrap().path().extension() == Some("seg".as_ref()))
+        .count()
+}
+
+/// A read-only open of `dir` through a counting file system, then `reads` (each a
+/// position and the seq found there): the first read opens its segment (one call),
+/// the second, in the same segment, opens nothing. Returns the calls the open made
+/// (metadata, reads) and the checkpoint it was opened from.
+fn reader_open_calls(
+    dir: &Path,
+    opts: Options,
+    reads: [(LogPosition, u64); 2],
+) -> ((u64, u64), Option<u64>) {
+    use crate::vfs::{FaultKind, FaultVfs, OsVfs};
+    let vfs = FaultVfs::new(Arc::new(OsVfs));
+    let s = Store::open_read_only(dir, opts.vfs(Arc::new(vfs.clone()))).unwrap();
+    let at_open = (vfs.count(FaultKind::Meta), vfs.count(FaultKind::Read));
+    let [(first, first_seq), (second, second_seq)] = reads;
+    assert_eq!(first.segment, second.segment);
+    s.visit_at(first, |c| assert_eq!(c.seq, first_seq)).unwrap();
+    assert_eq!(vfs.count(FaultKind::Meta), at_open.0 + 1, "its open");
+    s.visit_at(second, |c| assert_eq!(c.seq, second_seq))
+        .unwrap();
+    assert_eq!(vfs.count(FaultKind::Meta), at_open.0 + 1, "opened once");
+    (at_open, s.stats().open_checkpoint_seq)
 }
 
 /// A segment a read-only open took from its checkpoint unopened is checked by the
@@ -639,7 +661,6 @@ fn closed_gc_log_with_64k_commits(dir: &Path, opts: Options, n: u64) -> Vec<LogP
 /// is not the one listed is `Corrupt` for that read.
 #[test]
 fn a_read_only_open_over_a_checkpoint_of_a_gc_log_opens_no_segment_before_its_record() {
-    use crate::vfs::{FaultKind, FaultVfs, OsVfs};
     // Segments of at most 2 MiB, so that the GC writes many.
     let opts = || {
         Options::default()
@@ -647,36 +668,22 @@ fn a_read_only_open_over_a_checkpoint_of_a_gc_log_opens_no_segment_before_its_re
             .segment_bytes_max(2 << 20)
     };
     let calls = |dir: &Path, positions: &[LogPosition]| {
-        let vfs = FaultVfs::new(Arc::new(OsVfs));
-        let s = Store::open_read_only(dir, opts().vfs(Arc::new(vfs.clone()))).unwrap();
-        assert!(s.stats().open_checkpoint_seq.is_some());
-        let at_open = (vfs.count(FaultKind::Meta), vfs.count(FaultKind::Read));
         let first = positions[0];
-        let gc_written = std::fs::read(dir.join(format::segment_file_name(first.segment)))
-            .map(|b| {
-                format::check_header(&b, first.segment)
-                    .unwrap()
-                    .compacted
-                    .is_some()
-            })
+        let header = std::fs::read(dir.join(format::segment_file_name(first.segment)))
+            .map(|b| format::check_header(&b, first.segment).unwrap())
             .unwrap();
-        assert!(gc_written, "the first commit is in a segment GC wrote");
-        s.visit_at(first, |c| assert_eq!(c.seq, 1)).unwrap();
-        assert_eq!(vfs.count(FaultKind::Meta), at_open.0 + 1, "its open");
-        s.visit_at(positions[1], |c| assert_eq!(c.seq, 3)).unwrap();
-        assert_eq!(vfs.count(FaultKind::Meta), at_open.0 + 1, "opened once");
+        assert!(
+            header.compacted.is_some(),
+            "the first commit is in a GC segment"
+        );
+        let (at_open, ck) = reader_open_calls(dir, opts(), [(first, 1), (positions[1], 3)]);
+        assert!(ck.is_some());
         at_open
     };
     let (small, large) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let few = closed_gc_log_with_64k_commits(small.path(), opts(), 240);
     let many = closed_gc_log_with_64k_commits(large.path(), opts(), 2000);
-    let segments = |d: &Path| {
-        std::fs::read_dir(d)
-            .unwrap()
-            .filter(|e| e.as_ref().unwrap().path().extension() == Some("seg".as_ref()))
-            .count()
-    };
-    let (n_small, n_large) = (segments(small.path()), segments(large.path()));
+    let (n_small, n_large) = (segment_files(small.path()), segment_files(large.path()));
     assert!(n_small + 20 < n_large, "{n_small} and {n_large} segments");
     assert_eq!(calls(small.path(), &few), calls(large.path(), &many));
     // A GC segment replaced by a plain one of the same id and length: the checkpoint
