@@ -48,6 +48,8 @@ pub mod session;
 pub mod store;
 #[cfg(feature = "test-hooks")]
 pub mod test_hooks;
+#[cfg(test)]
+mod test_rng;
 pub mod transcript;
 
 // The embedding API: what an application needs, at the crate root. The

@@ -516,16 +516,7 @@ mod tests {
     use crate::session::{AgentDefinition, AgentState};
     use crate::transcript::{ContentBlock, EntryId, Message};
 
-    /// A small deterministic generator (xorshift64*).
-    struct Rng(u64);
-    impl Rng {
-        fn below(&mut self, n: u64) -> u64 {
-            self.0 ^= self.0 >> 12;
-            self.0 ^= self.0 << 25;
-            self.0 ^= self.0 >> 27;
-            self.0.wrapping_mul(0x2545_F491_4F6C_DD1D) % n.max(1)
-        }
-    }
+    use crate::test_rng::Rng;
 
     fn text_entry(id: &str, parent: Option<EntryId>, text: String) -> Entry {
         Entry {
@@ -691,7 +682,7 @@ mod tests {
         let id = SessionId::parse("s-light").unwrap();
         let (mut accepted, mut refused) = (0, 0);
         for seed in 1..=400u64 {
-            let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+            let mut rng = Rng::seeded(seed);
             let n = 1 + rng.below(12) as usize;
             let events = history(&mut rng, &id, n);
             match decide_alike(&id, &events, seed) {

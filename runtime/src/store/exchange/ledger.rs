@@ -629,16 +629,7 @@ mod tests {
     use std::collections::HashSet;
     use std::path::Path;
 
-    /// A small deterministic generator (xorshift64*).
-    struct Rng(u64);
-    impl Rng {
-        fn below(&mut self, n: u64) -> u64 {
-            self.0 ^= self.0 >> 12;
-            self.0 ^= self.0 << 25;
-            self.0 ^= self.0 >> 27;
-            self.0.wrapping_mul(0x2545_F491_4F6C_DD1D) % n.max(1)
-        }
-    }
+    use crate::test_rng::Rng;
 
     #[derive(Clone, Debug)]
     enum Step {
@@ -755,7 +746,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let (mut refused, mut accepted) = (0, 0);
         for seed in 1..=300u64 {
-            let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+            let mut rng = Rng::seeded(seed);
             let n = 1 + rng.below(80) as usize;
             let steps = steps(&mut rng, n);
             let want = immediately(&steps);

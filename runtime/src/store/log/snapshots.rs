@@ -599,13 +599,7 @@ mod tests {
     fn the_settings_fold_reads_the_marked_commits_and_answers_as_the_whole_fold() {
         let seed = 0x5e77_1a65_u64;
         println!("seed {seed:#x}");
-        let mut x = seed;
-        let mut next = move || {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x
-        };
+        let mut rng = crate::test_rng::Rng::seeded(seed);
         let dir = tempfile::tempdir().unwrap();
         let store = open(dir.path());
         let def = AgentDefinition::new("a", "d", "p");
@@ -625,7 +619,7 @@ mod tests {
             let mut marked = 1u64;
             let mut head_marked = true;
             for i in 0..saves {
-                let kind = next() % 3;
+                let kind = rng.below(3);
                 if kind != 1 {
                     s.append(EntryKind::Message {
                         message: Message::User {
