@@ -384,11 +384,12 @@ impl LogStore {
     /// `upto`: only the commits with an event it reads (marked in the
     /// sessions index,
     /// [`KEY_SETTINGS_COMMITS`](super::sessions::KEY_SETTINGS_COMMITS)),
-    /// then the one at `upto`, for the session's version and update time. A commit without such an
-    /// event changes nothing here (its events are all skipped by kind), so
-    /// a session of transcript appends costs its `created` commit and its
-    /// head, whatever its length. An index whose marks do not read as
-    /// written is not trusted: every commit is folded then.
+    /// then the one at `upto`, for the session's version and update time.
+    /// A commit without such an event changes nothing here (its events are
+    /// all skipped by kind), so a session of transcript appends costs its
+    /// `created` commit and its head, whatever its length. An index whose
+    /// marks do not read as written is not trusted: every commit is folded
+    /// then.
     fn fold_settings(
         &self,
         id: &SessionId,
