@@ -35,7 +35,7 @@ use crate::seed::Rng;
 use crate::workload::{capturing_runtime, check_recovered, run_workload, Tracker};
 
 /// The fuzz targets, by name (also the corpus directory names).
-pub const TARGETS: [&str; 8] = [
+pub const TARGETS: [&str; 9] = [
     "frame_decode",
     "event_decode",
     "store_open",
@@ -44,6 +44,7 @@ pub const TARGETS: [&str; 8] = [
     "index_values",
     "redo_record",
     "key_filter",
+    "checkpoint_file",
 ];
 
 /// Runs the target `name` on `data`. Unknown names panic (a test bug).
@@ -57,6 +58,7 @@ pub fn run_target(name: &str, data: &[u8]) {
         "index_values" => index_values(data),
         "redo_record" => redo_record(data),
         "key_filter" => key_filter(data),
+        "checkpoint_file" => checkpoint_file(data),
         other => panic!("unknown fuzz target {other}"),
     }
 }
@@ -367,6 +369,54 @@ pub fn key_filter(data: &[u8]) {
         let key = &data[data.len().saturating_sub(n)..];
         assert!(engine_fz::key_filter_may_contain(data, key).is_some());
     }
+}
+
+/// `checkpoint_file`: a checkpoint (`DIR/checkpoints/<seq>.ckpt`, which a
+/// reader opens without a lock; a bulk load's runs have the same format) on
+/// arbitrary bytes, opened and read whole as a reader reads one. Neither
+/// panics nor allocates past the format's bounds (every length is checked
+/// against the file before it is used), and a file whose entries come out in
+/// ascending key order answers a lookup of each of them with its value.
+pub fn checkpoint_file(data: &[u8]) {
+    let data = &data[..data.len().min(INPUT_BYTES_MAX)];
+    let Ok((entries, found)) = engine_fz::checkpoint_entries(data, 64) else {
+        return;
+    };
+    if !entries.windows(2).all(|w| w[0].0 < w[1].0) {
+        return;
+    }
+    for ((k, v), f) in entries.iter().zip(&found) {
+        assert_eq!(f.as_deref(), Some(&v[..]), "the lookup of key {k:?}");
+    }
+}
+
+/// A checkpoint file as a clean close writes it: a store of a few hundred
+/// commits over several streams.
+fn checkpoint_seed() -> Vec<u8> {
+    let sim = SimVfs::new();
+    let dir = Path::new("/fuzz-checkpoint-store");
+    let ix = crate::seed::scratch_dir();
+    let opts = Options::default()
+        .durability(Durability::Buffered)
+        .vfs(Arc::new(sim.clone()))
+        .next_segment(spool_engine::NextSegment::Inline)
+        .index_dir(ix.path().join("index"));
+    let s = Store::open(dir, opts).expect("open a sim store");
+    for i in 0..300u64 {
+        let event = EventData::new("e", vec![i as u8; 40]);
+        let c = NewCommit::new(format!("s{}", i % 7), ExpectedVersion::Any, vec![event]);
+        s.append(c).expect("append");
+    }
+    s.close().expect("close");
+    let ckpts = dir.join(spool_engine::CHECKPOINT_DIR);
+    let name = sim
+        .read_dir(&ckpts)
+        .expect("the checkpoint directory")
+        .into_iter()
+        .find(|n| n.ends_with(".ckpt"))
+        .expect("a checkpoint written at close");
+    sim.read_file(&ckpts.join(name))
+        .expect("read the checkpoint")
 }
 
 /// `redo_record`: the index's redo log (`DIR/index/moves.redo`, written by
@@ -810,6 +860,19 @@ pub fn seed_inputs() -> Vec<(&'static str, String, Vec<u8>)> {
         }
         out.push(("frame_decode", "commit-payloads".to_string(), fd));
     }
+    // checkpoint_file: a real checkpoint, cut short, and with a byte flipped.
+    let ck = checkpoint_seed();
+    let (entries, _) = engine_fz::checkpoint_entries(&ck, 0).expect("a real checkpoint reads");
+    assert!(entries.len() > 7, "{} entries", entries.len());
+    let mut flipped = ck.clone();
+    flipped[ck.len() / 3] ^= 0x40;
+    out.push((
+        "checkpoint_file",
+        "cut".to_string(),
+        ck[..ck.len() / 2].to_vec(),
+    ));
+    out.push(("checkpoint_file", "flipped".to_string(), flipped));
+    out.push(("checkpoint_file", "real".to_string(), ck));
     // store_open: the real segments (headers included, as files).
     let mut so = vec![(seg_files.len() as u8).saturating_sub(1), 0];
     for (i, (_, seg)) in seg_files.iter().enumerate() {

@@ -65,3 +65,37 @@ pub fn key_filter_of(keys: &[&[u8]]) -> Vec<u8> {
     debug_assert!(kept, "a filter of a few keys is not saturated");
     out
 }
+
+/// Most entries [`checkpoint_entries`] reads from a checkpoint.
+pub const CHECKPOINT_ENTRIES_MAX: usize = 1 << 16;
+
+/// A checkpoint file holding `bytes`, read as a reader reads one: opened (header,
+/// footer and top index checked), every entry in key order (at most
+/// [`CHECKPOINT_ENTRIES_MAX`]), then each of the first `lookups` of their keys looked
+/// up again. The entries and what each lookup found, or where and why it failed.
+#[allow(clippy::type_complexity)]
+pub fn checkpoint_entries(
+    bytes: &[u8],
+    lookups: usize,
+) -> Result<(Vec<(Vec<u8>, Vec<u8>)>, Vec<Option<Vec<u8>>>), String> {
+    use crate::vfs::{OpenMode, SimVfs, Vfs};
+    let vfs = SimVfs::new();
+    let dir = Path::new("/fuzz-checkpoint");
+    let path = dir.join("0000000000000001.ckpt");
+    let write = |e: std::io::Error| format!("writing the input: {e}");
+    vfs.create_dir_all(dir).map_err(write)?;
+    let file = vfs.open(&path, OpenMode::CreateNew).map_err(write)?;
+    file.write_at(bytes, 0).map_err(write)?;
+    let ck = std::sync::Arc::new(crate::checkpoint::read::CheckpointFile::open(&vfs, &path)?);
+    let mut entries = Vec::new();
+    let all = ck.range(std::ops::Bound::Unbounded, std::ops::Bound::Unbounded);
+    for kv in all.take(CHECKPOINT_ENTRIES_MAX) {
+        let (k, v) = kv.map_err(|e| e.to_string())?;
+        entries.push((k.to_vec(), v.to_vec()));
+    }
+    let mut found = Vec::new();
+    for (k, _) in entries.iter().take(lookups) {
+        found.push(ck.get(k).map_err(|e| e.to_string())?.map(|v| v.to_vec()));
+    }
+    Ok((entries, found))
+}

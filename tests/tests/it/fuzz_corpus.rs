@@ -78,6 +78,11 @@ fn key_filter_corpus_replays() {
 }
 
 #[test]
+fn checkpoint_file_corpus_replays() {
+    replay("checkpoint_file");
+}
+
+#[test]
 fn generated_seed_inputs_pass_every_target() {
     let seeds = seed_inputs();
     for t in TARGETS {
